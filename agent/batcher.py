@@ -1,0 +1,301 @@
+"""Per-model request queue and dynamic batcher.
+
+`take_batch` is the policy: a pure function over the queue, unit-tested
+without processes. `Batcher` is the mechanism: one asyncio task per model
+that waits for requests, a free instance and (optionally) more requests,
+then hands a batch to the model's `execute` callable and splits the result.
+
+Guarantees:
+- requests whose non-batch dimensions or datatypes differ never share a batch
+  (they have different `key`s);
+- when a batch fails, every member gets the same error;
+- a batch lost with its runner is re-dispatched once, at the head of the
+  queue; a second loss fails it with UNAVAILABLE;
+- requests past their deadline are failed with DEADLINE_EXCEEDED, queued or not;
+- the queue is bounded: `submit` raises QueueFull beyond max_queue_size.
+
+All methods run on the agent's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeplex.agent.errors import (
+    DeadlineExceeded,
+    InferenceFailed,
+    QueueFull,
+    RunnerLost,
+    ServeError,
+    Unavailable,
+)
+from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.stats import ModelStats
+
+BatchKey = tuple[tuple[str, str, tuple[int, ...]], ...]
+# execute(inputs, output_names) -> (outputs, compute_ns)
+Execute = Callable[[dict[str, np.ndarray], list[str] | None],
+                   Awaitable[tuple[dict[str, np.ndarray], int]]]
+
+
+@dataclass(eq=False)
+class Request:
+    """One client request waiting for, or riding in, a batch."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: list[str] | None
+    batch_size: int
+    key: BatchKey
+    deadline: float  # loop.time()
+    future: asyncio.Future[dict[str, np.ndarray]]
+    enqueued: float = field(default_factory=time.monotonic)
+    attempts: int = 0
+    cold_start: bool = False
+
+
+def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:
+    """Requests may share a batch only when every input agrees on all but dim 0."""
+    return tuple(
+        sorted((n, a.dtype.str, a.shape[1:] if batching else a.shape) for n, a in inputs.items())
+    )
+
+
+def take_batch(queue: deque[Request], max_batch_size: int) -> list[Request]:
+    """Pop the next batch: the head plus later requests of the same key, in order,
+    while their summed batch sizes fit max_batch_size (0: the head alone).
+    Requests whose future is already done (cancelled by their caller) are dropped."""
+    while queue and queue[0].future.done():
+        queue.popleft()
+    if not queue:
+        return []
+    head = queue.popleft()
+    batch = [head]
+    if max_batch_size <= 0:
+        return batch
+    size = head.batch_size
+    kept: deque[Request] = deque()
+    while queue and size < max_batch_size:
+        request = queue.popleft()
+        if request.future.done():
+            continue
+        if request.key == head.key and size + request.batch_size <= max_batch_size:
+            batch.append(request)
+            size += request.batch_size
+        else:
+            kept.append(request)
+    queue.extendleft(reversed(kept))
+    return batch
+
+
+def batched_size(queue: deque[Request], key: BatchKey) -> int:
+    return sum(r.batch_size for r in queue if r.key == key and not r.future.done())
+
+
+class Batcher:
+    def __init__(
+        self,
+        model: str,
+        *,
+        max_batch_size: int,
+        max_queue_delay_us: int,
+        max_queue_size: int,
+        instance_count: int,
+        execute: Execute,
+        wait_ready: Callable[[], Awaitable[None]],
+        stats: ModelStats,
+    ) -> None:
+        self.model = model
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_s = max_queue_delay_us / 1e6
+        self.max_queue_size = max_queue_size
+        self._execute = execute
+        self._wait_ready = wait_ready
+        self._stats = stats
+        self._queue: deque[Request] = deque()
+        self._arrived = asyncio.Event()
+        self._slots = asyncio.Semaphore(instance_count)
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._closed: ServeError | None = None
+        self._task = asyncio.create_task(self._run(), name=f"batcher-{model}")
+        self._depth = METRICS.queue_depth.labels(model=model)
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def submit(self, request: Request) -> None:
+        if self._closed is not None:
+            raise self._closed
+        if len(self._queue) >= self.max_queue_size:
+            raise QueueFull(
+                f"model '{self.model}': queue is full ({self.max_queue_size} requests waiting)"
+            )
+        self._queue.append(request)
+        self._depth.set(len(self._queue))
+        self._arrived.set()
+
+    async def close(self, error: ServeError, drain: bool) -> None:
+        """Stop accepting requests. drain=True lets queued and running batches finish;
+        else queued requests fail with `error`. Running batches always finish."""
+        self._closed = error
+        if drain:
+            while self._queue:
+                self._arrived.set()
+                await asyncio.sleep(0.005)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        for request in self._queue:
+            _fail(request, error)
+        self._queue.clear()
+        self._depth.set(0)
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    def fail_queued(self, error: ServeError) -> None:
+        for request in self._queue:
+            _fail(request, error)
+        self._queue.clear()
+        self._depth.set(0)
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._expire(loop.time())
+            if not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            if not await self._ready_or_expire(loop):
+                continue
+            await self._slots.acquire()
+            if self.max_queue_delay_s and self.max_batch_size:
+                await self._gather_more(loop)
+            batch = take_batch(self._queue, self.max_batch_size)
+            self._depth.set(len(self._queue))
+            if not batch:
+                self._slots.release()
+                continue
+            task = asyncio.create_task(self._dispatch(batch))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _ready_or_expire(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Wait for the model to serve, at most until the earliest queued deadline."""
+        earliest = min(r.deadline for r in self._queue)
+        try:
+            await asyncio.wait_for(self._wait_ready(), max(0.0, earliest - loop.time()))
+            return True
+        except TimeoutError:
+            self._expire(loop.time())
+            return False
+
+    async def _gather_more(self, loop: asyncio.AbstractEventLoop) -> None:
+        head = self._queue[0]
+        until = loop.time() + self.max_queue_delay_s - (time.monotonic() - head.enqueued)
+        while batched_size(self._queue, head.key) < self.max_batch_size:
+            remaining = until - loop.time()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+
+    def _expire(self, now: float) -> None:
+        if not any(r.deadline <= now for r in self._queue):
+            return
+        keep: deque[Request] = deque()
+        for request in self._queue:
+            if request.deadline <= now:
+                _fail(request, DeadlineExceeded(
+                    f"model '{self.model}': request timed out after waiting in the queue"))
+            else:
+                keep.append(request)
+        self._queue = keep
+        self._depth.set(len(keep))
+
+    async def _dispatch(self, batch: list[Request]) -> None:
+        try:
+            await self._execute_batch(batch)
+        finally:
+            self._slots.release()
+
+    async def _execute_batch(self, batch: list[Request]) -> None:
+        started = time.monotonic()
+        batching = self.max_batch_size > 0
+        if len(batch) == 1:
+            inputs = batch[0].inputs
+        else:
+            inputs = {n: np.concatenate([r.inputs[n] for r in batch]) for n in batch[0].inputs}
+        wanted = _union_outputs(batch)
+        assembled = time.monotonic()
+        try:
+            outputs, compute_ns = await self._execute(inputs, wanted)
+        except RunnerLost:
+            self._redispatch_or_fail(batch)
+            return
+        except ServeError as exc:
+            for request in batch:
+                _fail(request, exc)
+            return
+        except Exception as exc:  # a bug must not leave clients hanging
+            error = InferenceFailed(f"model '{self.model}': {type(exc).__name__}: {exc}")
+            for request in batch:
+                _fail(request, error)
+            return
+        finished = time.monotonic()
+        offset = 0
+        for request in batch:
+            if batching:
+                mine = {n: a[offset:offset + request.batch_size] for n, a in outputs.items()}
+                offset += request.batch_size
+            else:
+                mine = outputs
+            if request.outputs is not None:
+                mine = {n: mine[n] for n in request.outputs}
+            if not request.future.done():
+                request.future.set_result(mine)
+        self._stats.record_batch(batch, started, assembled, compute_ns, time.monotonic(),
+                                 finished)
+        model = self.model
+        METRICS.batch_size.labels(model=model).observe(len(batch))
+        METRICS.compute_duration.labels(model=model).observe(compute_ns / 1e9)
+        queue_hist = METRICS.queue_duration.labels(model=model)
+        for request in batch:
+            queue_hist.observe(started - request.enqueued)
+
+    def _redispatch_or_fail(self, batch: list[Request]) -> None:
+        retry = [r for r in batch if r.attempts == 0 and not r.future.done()]
+        for request in batch:
+            if request not in retry:
+                _fail(request, Unavailable(
+                    f"model '{self.model}': its runner died twice while serving this request"))
+        for request in reversed(retry):
+            request.attempts += 1
+            self._queue.appendleft(request)
+        self._depth.set(len(self._queue))
+        self._arrived.set()
+
+
+def _union_outputs(batch: list[Request]) -> list[str] | None:
+    if any(r.outputs is None for r in batch):
+        return None
+    names: dict[str, None] = {}
+    for request in batch:
+        names.update(dict.fromkeys(request.outputs or ()))
+    return list(names)
+
+
+def _fail(request: Request, error: Any) -> None:
+    if not request.future.done():
+        request.future.set_exception(error)

@@ -1,0 +1,46 @@
+"""`edgeplex agent` and `edgeplex demo-repo`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    agent = sub.add_parser("agent", help="serve a model repository over OIP gRPC and HTTP")
+    agent.add_argument("--model-repo", type=Path, help="Triton-layout model repository")
+    agent.add_argument("--grpc-port", type=int)
+    agent.add_argument("--http-port", type=int)
+    agent.add_argument("--grpc-host")
+    agent.add_argument("--http-host")
+    agent.add_argument("--config", type=Path, help="YAML file of agent settings")
+    agent.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    agent.set_defaults(run=_run_agent)
+
+    demo = sub.add_parser("demo-repo", help="build the demo model repository")
+    demo.add_argument("directory", type=Path)
+    demo.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    demo.set_defaults(run=_run_demo_repo)
+
+
+def _run_agent(args: argparse.Namespace) -> int:
+    from edgeplex.agent.config import load_settings
+    from edgeplex.agent.server import run_agent
+
+    settings = load_settings(
+        args.config,
+        model_repo=args.model_repo,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        grpc_host=args.grpc_host,
+        http_host=args.http_host,
+        log_level=args.log_level,
+    )
+    return run_agent(settings)
+
+
+def _run_demo_repo(args: argparse.Namespace) -> int:
+    from edgeplex.agent.demo import build_demo_repo
+
+    build_demo_repo(args.directory, force=args.force)
+    return 0

@@ -1,0 +1,209 @@
+"""Typed configuration of the agent and of each model.
+
+This is the only module that reads the environment. Precedence, highest
+first: command-line flags, `EDGEPLEX_AGENT_*` environment variables (nested
+fields with `__`, e.g. EDGEPLEX_AGENT_RUNNER__INTRA_OP_THREADS), the YAML file
+given with --config, the defaults below. docs/configuration.md documents every
+field; tests/agent/test_config.py keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, YamlConfigSettingsSource
+
+MiB = 1024 * 1024
+
+_SUFFIXES = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": MiB, "mb": MiB, "mib": MiB,
+             "g": 1024**3, "gb": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4,
+             "tib": 1024**4}
+
+
+def parse_size(value: int | str) -> int:
+    """'64MiB', '1.5G', '4096' -> bytes (binary multiples)."""
+    if isinstance(value, int):
+        return value
+    text = value.strip().lower().replace(" ", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    suffix = text[len(number):]
+    if suffix not in _SUFFIXES or not number:
+        raise ValueError(f"not a size: {value!r} (use e.g. 512MiB, 2G, 1048576)")
+    return int(float(number) * _SUFFIXES[suffix])
+
+
+class ModelConfig(BaseModel):
+    """`<repo>/<model>/config.yaml`: how one model is served. Every field is optional."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch_size: int | None = Field(
+        default=None, ge=0,
+        description="Largest dynamic batch. Unset: 8 when every input and output has a "
+        "dynamic leading dimension, else 0. 0 disables batching; a value above 0 on a "
+        "model without a dynamic leading dimension is an error.",
+    )
+    max_queue_delay_us: int = Field(
+        default=0, ge=0,
+        description="How long the batcher may hold a request waiting for more to join its "
+        "batch. 0: batch only what is already queued when the model is free.",
+    )
+    max_queue_size: int = Field(
+        default=256, ge=1,
+        description="Requests that may wait in this model's queue; beyond it clients get "
+        "RESOURCE_EXHAUSTED / HTTP 429 with Retry-After.",
+    )
+    timeout_ms: int = Field(
+        default=30_000, ge=1,
+        description="Default per-request time limit, queueing included. A request's own "
+        "deadline (gRPC deadline or the `timeout` parameter, in microseconds) can shorten it.",
+    )
+    instance_count: int = Field(
+        default=1, ge=1, le=16,
+        description="Batches of this model that may execute at the same time.",
+    )
+    isolation: Literal["shared", "dedicated"] = Field(
+        default="shared",
+        description="`shared`: the model lives in its device's shared runner. `dedicated`: "
+        "it gets a runner process of its own, so a crash there touches nothing else.",
+    )
+    intra_op_threads: int | None = Field(
+        default=None, ge=1,
+        description="ONNX Runtime intra-op threads for this model; unset: the runner default.",
+    )
+    priority: int = Field(
+        default=0,
+        description="Relative importance, higher is more important. Reserved for eviction "
+        "(memory over-commit); stored and reported today.",
+    )
+    pin: bool = Field(
+        default=False,
+        description="Keep the model loaded whatever the demand. Reserved for eviction; "
+        "stored and reported today.",
+    )
+    memory_limit: int | None = Field(
+        default=None,
+        description="Bytes the model may use (size suffixes allowed). Reserved for memory "
+        "over-commit; stored and reported today.",
+    )
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return None if value is None else parse_size(value)
+
+
+class RunnerSettings(BaseModel):
+    """How the agent runs and supervises its runner processes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    intra_op_threads: int = Field(
+        default=0, ge=0,
+        description="ONNX Runtime intra-op threads per session; 0 = the number of CPU cores "
+        "this process may use.",
+    )
+    inter_op_threads: int = Field(default=1, ge=1, description="ONNX Runtime inter-op threads.")
+    allow_spinning: bool = Field(
+        default=False,
+        description="Let ORT's worker threads spin while idle. Faster on an idle box, but "
+        "several spinning runners starve each other and the agent.",
+    )
+    restart_backoff_initial_s: float = Field(
+        default=0.1, gt=0, description="Delay before the first restart of a dead runner."
+    )
+    restart_backoff_max_s: float = Field(
+        default=10.0, gt=0, description="Cap of the exponential restart backoff."
+    )
+    restart_backoff_reset_s: float = Field(
+        default=30.0, gt=0,
+        description="A runner that stays up this long resets its backoff to the initial delay.",
+    )
+    start_timeout_s: float = Field(
+        default=20.0, gt=0, description="Time a new runner has to connect back to the agent."
+    )
+    load_timeout_s: float = Field(
+        default=300.0, gt=0, description="Time one model load may take before it is FAILED."
+    )
+
+
+class AgentSettings(BaseSettings):
+    """Settings of `edgeplex agent`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EDGEPLEX_AGENT_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    model_repo: Path = Field(
+        default=Path("models"), description="Triton-layout model repository to serve."
+    )
+    grpc_host: str = Field(default="127.0.0.1", description="Address of the OIP gRPC server.")
+    grpc_port: int = Field(default=8001, ge=0, le=65535, description="OIP gRPC port; 0 = any.")
+    http_host: str = Field(default="127.0.0.1", description="Address of the OIP HTTP server.")
+    http_port: int = Field(default=8000, ge=0, le=65535, description="OIP HTTP port; 0 = any.")
+    max_payload_bytes: int = Field(
+        default=64 * MiB,
+        description="Largest tensor payload of one request (size suffixes allowed); larger "
+        "requests get INVALID_ARGUMENT / HTTP 400 naming the input that crossed it.",
+    )
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0,
+        description="On SIGTERM, how long in-flight requests may take to finish before exit.",
+    )
+    load_models_at_start: bool = Field(
+        default=True, description="Load every model of the repository when the agent starts."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Log level of the agent and its runners."
+    )
+    runner: RunnerSettings = Field(
+        default_factory=RunnerSettings, description="Runner processes (see RunnerSettings)."
+    )
+    model_defaults: ModelConfig = Field(
+        default_factory=ModelConfig,
+        description="Defaults for every model; a model's config.yaml overrides them field "
+        "by field.",
+    )
+
+    @field_validator("max_payload_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
+                                   dotenv_settings, file_secret_settings):  # type: ignore[override]
+        # Flags beat the environment, which beats the --config file.
+        sources = [init_settings, env_settings]
+        if _config_file.get() is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=_config_file.get()))
+        return tuple(sources)
+
+
+_config_file: ContextVar[Path | None] = ContextVar("edgeplex_agent_config_file", default=None)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> AgentSettings:
+    """Settings from flags (`overrides`; None means not given), env and the YAML file."""
+    if config_file is not None and not config_file.is_file():
+        raise FileNotFoundError(f"config file not found: {config_file.name}")
+    token = _config_file.set(config_file)
+    try:
+        return AgentSettings(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        _config_file.reset(token)
+
+
+def load_model_config(path: Path | None, defaults: ModelConfig) -> ModelConfig:
+    """A model's config.yaml laid over the agent-wide defaults."""
+    merged = defaults.model_dump()
+    if path is not None and path.exists():
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError("config.yaml: the top level must be a mapping")
+        merged.update(data)
+    return ModelConfig(**merged)

@@ -1,0 +1,263 @@
+"""What both front doors serve: the protocol-neutral agent API.
+
+grpc_api.py and http_api.py decode wire requests into calls on `Agent` and
+encode what it returns; neither touches models or runners directly. All
+methods run on the agent's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgeplex import __version__
+from edgeplex.agent.batcher import Request, batch_key
+from edgeplex.agent.config import AgentSettings
+from edgeplex.agent.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    ModelFailed,
+    ModelNotFound,
+    ServeError,
+    Unavailable,
+)
+from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.models import ModelEntry, ModelState, ModelTable
+from edgeplex.agent.tensors import check_against_spec
+
+EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]
+
+
+@dataclass
+class InferInput:
+    name: str
+    datatype: str
+    shape: list[int]
+    array: np.ndarray
+
+
+@dataclass
+class InferResult:
+    entry: ModelEntry
+    outputs: dict[str, np.ndarray]
+    cold_start: bool
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, table: ModelTable) -> None:
+        self.settings = settings
+        self.table = table
+        self.draining = False
+        self.started = False
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # --- health and metadata -------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.started and not self.draining
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "edgeplex", "version": __version__, "extensions": EXTENSIONS}
+
+    def entry(self, name: str, version: str = "") -> ModelEntry:
+        entry = self.table.get(name)
+        if entry is None:
+            raise ModelNotFound(f"model '{name}' is not in the repository")
+        if version and version != entry.version:
+            raise ModelNotFound(
+                f"model '{name}' has no version '{version}' (serving version {entry.version})"
+            )
+        return entry
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            entry = self.entry(name, version)
+        except ModelNotFound:
+            return False
+        return entry.state == ModelState.READY and not self.draining
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        entry = self.entry(name, version)
+        if entry.state != ModelState.READY and not entry.inputs:
+            raise Unavailable(f"model '{name}' is {entry.state}; its metadata is known once "
+                              "it has loaded")
+        return {
+            "name": entry.name,
+            "versions": [entry.version],
+            "platform": "onnxruntime_onnx",
+            "inputs": [t.to_json() for t in entry.inputs],
+            "outputs": [t.to_json() for t in entry.outputs],
+        }
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        entry = self.entry(name, version)
+        self.model_metadata(name, version)  # same availability rule
+
+        def dims(shape: tuple[int, ...]) -> list[int]:
+            return list(shape[1:] if entry.max_batch_size else shape)
+
+        config = entry.config
+        return {
+            "name": entry.name,
+            "platform": "onnxruntime_onnx",
+            "backend": "onnxruntime",
+            "max_batch_size": entry.max_batch_size,
+            "input": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": dims(t.shape)}
+                      for t in entry.inputs],
+            "output": [{"name": t.name, "data_type": f"TYPE_{t.datatype}",
+                        "dims": dims(t.shape)} for t in entry.outputs],
+            "dynamic_batching": {"max_queue_delay_microseconds": config.max_queue_delay_us},
+            "edgeplex": config.model_dump(),
+        }
+
+    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        entries = [self.entry(name, version)] if name else self.table.entries()
+        return [e.stats.to_json(e.name, e.version) for e in entries]
+
+    # --- repository ---------------------------------------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return [
+            {"name": e.name, "version": e.version, "state": str(e.state), "reason": e.reason}
+            for e in self.table.entries()
+            if not ready_only or e.state == ModelState.READY
+        ]
+
+    async def load(self, name: str) -> None:
+        await self.table.load(name)
+
+    async def unload(self, name: str) -> None:
+        await self.table.unload(name)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": e.name,
+                "version": e.version,
+                "state": str(e.state),
+                "reason": e.reason,
+                "runner": e.runner_id,
+                "runner_pid": self.table.runner_pid(e),
+                "memory_bytes": e.memory_bytes,
+                "load_ms": round(e.load_ms, 3),
+                "max_batch_size": e.max_batch_size,
+                "queue_depth": e.batcher.depth if e.batcher else 0,
+                "isolation": e.config.isolation if e.source.config else None,
+                "priority": e.config.priority if e.source.config else None,
+                "pinned": e.config.pin if e.source.config else None,
+            }
+            for e in self.table.entries()
+        ]
+
+    # --- inference ----------------------------------------------------------------------------
+
+    async def infer(self, name: str, version: str, inputs: list[InferInput],
+                    outputs: list[str] | None, timeout_s: float | None) -> InferResult:
+        """Validate, queue, wait for the batch result. Raises ServeError subclasses."""
+        started = time.monotonic()
+        METRICS.requests.labels(model=name).inc()
+        entry: ModelEntry | None = None
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            if self.draining:
+                raise Unavailable("the agent is shutting down")
+            entry = self.entry(name, version)
+            request = self._admit(entry, inputs, outputs, timeout_s)
+            assert entry.batcher is not None
+            entry.batcher.submit(request)
+            loop = asyncio.get_running_loop()
+            try:
+                result = await asyncio.wait_for(
+                    asyncio.shield(request.future), request.deadline - loop.time()
+                )
+            except TimeoutError:
+                request.future.cancel()
+                raise DeadlineExceeded(f"model '{name}': request timed out") from None
+            return InferResult(entry, result, request.cold_start)
+        except ServeError as exc:
+            METRICS.failures.labels(model=name, code=exc.grpc_code.name).inc()
+            if entry is not None:
+                entry.stats.record_failure(time.monotonic() - started)
+            raise
+        finally:
+            METRICS.request_duration.labels(model=name).observe(time.monotonic() - started)
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+    def _admit(self, entry: ModelEntry, inputs: list[InferInput], outputs: list[str] | None,
+               timeout_s: float | None) -> Request:
+        if entry.state == ModelState.FAILED:
+            raise ModelFailed(f"model '{entry.name}' failed to load: {entry.reason}")
+        if entry.state in (ModelState.UNAVAILABLE, ModelState.UNLOADING) or entry.batcher is None:
+            raise Unavailable(f"model '{entry.name}' is not loaded")
+        specs = {s.name: s for s in entry.inputs}
+        given: dict[str, np.ndarray] = {}
+        for tensor in inputs:
+            spec = specs.get(tensor.name)
+            if spec is None:
+                raise InvalidInput(
+                    f"model '{entry.name}' has no input '{tensor.name}'"
+                    f" (inputs: {', '.join(specs)})"
+                )
+            if tensor.name in given:
+                raise InvalidInput(f"input '{tensor.name}' is given twice")
+            check_against_spec(spec, tensor.datatype, tensor.shape)
+            given[tensor.name] = tensor.array
+        missing = [n for n in specs if n not in given]
+        if missing:
+            raise InvalidInput(f"model '{entry.name}': missing input '{missing[0]}'")
+        if outputs is not None:
+            known = {s.name for s in entry.outputs}
+            for out in outputs:
+                if out not in known:
+                    raise InvalidInput(f"model '{entry.name}' has no output '{out}'")
+        batch = 1
+        if entry.max_batch_size:
+            sizes = {a.shape[0] for a in given.values()}
+            if len(sizes) != 1:
+                raise InvalidInput(
+                    f"model '{entry.name}': inputs disagree on the batch dimension ({sorted(sizes)})"
+                )
+            batch = sizes.pop()
+            if not 1 <= batch <= entry.max_batch_size:
+                first = next(iter(given))
+                raise InvalidInput(
+                    f"input '{first}': batch size {batch} is outside 1..{entry.max_batch_size}"
+                )
+        limit = entry.config.timeout_ms / 1000
+        if timeout_s is not None:
+            if timeout_s <= 0:
+                raise DeadlineExceeded(f"model '{entry.name}': request arrived past its deadline")
+            limit = min(limit, timeout_s)
+        loop = asyncio.get_running_loop()
+        return Request(
+            inputs=given,
+            outputs=outputs,
+            batch_size=batch,
+            key=batch_key(given, entry.max_batch_size > 0),
+            deadline=loop.time() + limit,
+            future=loop.create_future(),
+            cold_start=entry.state != ModelState.READY,
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests and wait for in-flight ones; True if all finished."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False

@@ -1,0 +1,158 @@
+"""Builds the demo model repository and the models the tests and benches use.
+
+Needs the `onnx` package (extra `demo`). The real model is silero-vad, taken
+out of its PyPI wheel with `pip download --no-deps` (none of its dependencies
+are installed) and checked against a pinned sha256 before use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("edgeplex.demo")
+
+SILERO_PACKAGE = "silero-vad==6.2.3"
+SILERO_MEMBER = "silero_vad/data/silero_vad.onnx"
+SILERO_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
+
+# OIP datatype -> ONNX TensorProto enum name, for the identity models.
+IDENTITY_TYPES = {
+    "FP32": "FLOAT", "FP16": "FLOAT16", "FP64": "DOUBLE", "INT64": "INT64", "INT32": "INT32",
+    "INT16": "INT16", "INT8": "INT8", "UINT8": "UINT8", "BOOL": "BOOL",
+}
+
+
+def _save(model, directory: Path, config: str | None = None) -> Path:  # type: ignore[no-untyped-def]
+    import onnx
+
+    onnx.checker.check_model(model)
+    (directory / "1").mkdir(parents=True, exist_ok=True)
+    path = directory / "1" / "model.onnx"
+    onnx.save(model, path)
+    if config is not None:
+        (directory / "config.yaml").write_text(config)
+    return path
+
+
+def _model(graph):  # type: ignore[no-untyped-def]
+    from onnx import helper
+
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def make_add_sub(directory: Path, width: int = 16, config: str | None = None) -> Path:
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, FP32 [-1, width]."""
+    from onnx import TensorProto, helper
+
+    def v(name: str):  # type: ignore[no-untyped-def]
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", width])
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+         helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])],
+        "add_sub", [v("INPUT0"), v("INPUT1")], [v("OUTPUT0"), v("OUTPUT1")],
+    )
+    return _save(_model(graph), directory, config)
+
+
+def make_identity(directory: Path, datatype: str, width: int = 8) -> Path:
+    """OUTPUT = Identity(INPUT) for one datatype, shape [-1, width]."""
+    from onnx import TensorProto, helper
+
+    elem = getattr(TensorProto, IDENTITY_TYPES[datatype])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"])],
+        f"identity_{datatype.lower()}",
+        [helper.make_tensor_value_info("INPUT", elem, ["batch", width])],
+        [helper.make_tensor_value_info("OUTPUT", elem, ["batch", width])],
+    )
+    return _save(_model(graph), directory)
+
+
+def make_mlp(directory: Path, width: int, layers: int, seed: int = 0,
+             config: str | None = None, in_width: int | None = None) -> Path:
+    """A ReLU MLP over FP32 [-1, in_width]: `layers` Gemm layers of width x width."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    in_width = in_width or width
+    nodes, inits = [], []
+    prev, prev_width = "input", in_width
+    for i in range(layers):
+        w = (rng.standard_normal((prev_width, width)) / np.sqrt(prev_width)).astype(np.float32)
+        b = (rng.standard_normal(width) * 0.01).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        out = f"h{i}" if i < layers - 1 else "output"
+        gemm_out = out if i == layers - 1 else f"g{i}"
+        nodes.append(helper.make_node("Gemm", [prev, f"w{i}", f"b{i}"], [gemm_out]))
+        if i < layers - 1:
+            nodes.append(helper.make_node("Relu", [gemm_out], [out]))
+        prev, prev_width = out, width
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", in_width])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", width])],
+        initializer=inits,
+    )
+    return _save(_model(graph), directory, config)
+
+
+def make_broken(directory: Path) -> Path:
+    """A model.onnx that is not ONNX at all."""
+    (directory / "1").mkdir(parents=True, exist_ok=True)
+    path = directory / "1" / "model.onnx"
+    path.write_bytes(b"this is not an ONNX model\n" * 4)
+    return path
+
+
+def fetch_silero(directory: Path, cache: Path | None = None) -> Path:
+    """Extract silero-vad's ONNX file from its wheel into directory/1/model.onnx."""
+    target = directory / "1" / "model.onnx"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        download = Path(tmp)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "-q", "-d", str(download), SILERO_PACKAGE]
+        if cache is not None:
+            cmd[4:4] = ["--cache-dir", str(cache)]
+        subprocess.run(cmd, check=True)
+        wheel = next(download.glob("*.whl"))
+        with zipfile.ZipFile(wheel) as zf:
+            data = zf.read(SILERO_MEMBER)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != SILERO_SHA256:
+        raise RuntimeError(f"silero-vad model sha256 {digest} != pinned {SILERO_SHA256}")
+    partial = target.with_suffix(".partial")
+    partial.write_bytes(data)
+    partial.replace(target)
+    return target
+
+
+def build_demo_repo(repo: Path, force: bool = False, with_medium: bool = True) -> Path:
+    """The demo repository: silero-vad plus generated models. Idempotent."""
+    marker = repo / ".edgeplex-demo"
+    if marker.exists() and not force:
+        log.info("demo repository already built")
+        return repo
+    if force and repo.exists():
+        shutil.rmtree(repo)
+    repo.mkdir(parents=True, exist_ok=True)
+    fetch_silero(repo / "silero_vad")
+    make_add_sub(repo / "add_sub", config="max_batch_size: 8\nmax_queue_delay_us: 200\n")
+    make_mlp(repo / "mlp_small", width=320, layers=2, in_width=512)  # ~1 MB
+    if with_medium:
+        make_mlp(repo / "mlp_medium", width=1024, layers=12, seed=1,  # ~50 MB
+                 config="isolation: dedicated\nmax_batch_size: 16\n")
+    for datatype in ("FP32", "FP16", "INT64", "INT32", "INT8", "UINT8", "BOOL"):
+        make_identity(repo / f"identity_{datatype.lower()}", datatype)
+    marker.write_text("built by `edgeplex demo-repo`\n")
+    return repo

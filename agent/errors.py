@@ -1,0 +1,69 @@
+"""Errors that reach clients, each with its gRPC status and HTTP code.
+
+Raise these anywhere in the agent; the front doors (grpc_api.py, http_api.py)
+turn them into the right status. Messages name the model or input at fault and
+never a filesystem path.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class ServeError(Exception):
+    """Base of every client-visible error."""
+
+    grpc_code = grpc.StatusCode.INTERNAL
+    http_status = 500
+    retry_after_s: float | None = None
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ModelNotFound(ServeError):
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+
+
+class InvalidInput(ServeError):
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    http_status = 400
+
+
+class QueueFull(ServeError):
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+    retry_after_s = 1.0
+
+
+class DeadlineExceeded(ServeError):
+    grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
+    http_status = 504
+
+
+class Unavailable(ServeError):
+    """The model or the agent cannot serve now; retrying later may succeed."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    retry_after_s = 1.0
+
+
+class ModelFailed(ServeError):
+    """The model cannot be loaded (bad artifact); retrying will not help."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    http_status = 409
+
+
+class InferenceFailed(ServeError):
+    """ONNX Runtime rejected or failed a batch; every member gets this."""
+
+    grpc_code = grpc.StatusCode.INTERNAL
+    http_status = 500
+
+
+class RunnerLost(Exception):
+    """The runner holding a request died before it answered (internal only)."""

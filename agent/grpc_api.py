@@ -1,0 +1,227 @@
+"""The OIP v2 gRPC front door (inference.GRPCInferenceService).
+
+Decodes protobuf requests into `core.Agent` calls and encodes the results;
+ServeError becomes the gRPC status it names. Outputs always travel in
+raw_output_contents, as Triton sends them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from edgeplex.agent.core import Agent, InferInput
+from edgeplex.agent.errors import InvalidInput, ServeError
+from edgeplex.agent.tensors import (
+    CONTENTS_FIELD,
+    from_list,
+    from_raw,
+    oip_datatype,
+    to_raw,
+)
+from edgeplex.proto import inference_pb2 as pb
+from edgeplex.proto import inference_pb2_grpc as pb_grpc
+
+log = logging.getLogger("edgeplex.agent.grpc")
+
+
+def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def wrapper(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext
+                      ) -> Any:
+        try:
+            return await method(self, request, context)
+        except ServeError as exc:
+            if exc.retry_after_s is not None:
+                context.set_trailing_metadata((("retry-after", f"{exc.retry_after_s:g}"),))
+            await context.abort(exc.grpc_code, exc.message)
+
+    return wrapper
+
+
+def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list[InferInput]:
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs"
+        )
+    total = 0
+    decoded = []
+    for i, tensor in enumerate(request.inputs):
+        shape = list(tensor.shape)
+        if raw:
+            data = raw[i]
+            total += len(data)
+            _check_cap(tensor.name, total, max_payload_bytes)
+            array = from_raw(tensor.name, tensor.datatype, shape, data)
+        else:
+            field = CONTENTS_FIELD.get(tensor.datatype)
+            if field is None:
+                raise InvalidInput(
+                    f"input '{tensor.name}': {tensor.datatype} data must be sent in "
+                    "raw_input_contents"
+                )
+            values = getattr(tensor.contents, field)
+            total += len(values) * 4
+            _check_cap(tensor.name, total, max_payload_bytes)
+            array = from_list(tensor.name, tensor.datatype, shape, values)
+        decoded.append(InferInput(tensor.name, tensor.datatype, shape, array))
+    return decoded
+
+
+def _check_cap(name: str, total: int, cap: int) -> None:
+    if total > cap:
+        raise InvalidInput(
+            f"input '{name}': the request's tensor data exceeds the {cap}-byte payload cap"
+        )
+
+
+def request_timeout_s(request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+                      ) -> float | None:
+    limits = []
+    remaining = context.time_remaining()
+    if remaining is not None:
+        limits.append(remaining)
+    if "timeout" in request.parameters:
+        param = request.parameters["timeout"]
+        micros = param.int64_param or param.uint64_param
+        if micros > 0:
+            limits.append(micros / 1e6)
+    return min(limits) if limits else None
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.agent.live())
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.agent.ready())
+
+    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.agent.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**self.agent.server_metadata())
+
+    @_serve_errors
+    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        meta = self.agent.model_metadata(request.name, request.version)
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]],
+        )
+
+    @_serve_errors
+    async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        config = self.agent.model_config(request.name, request.version)
+        return pb.ModelConfigResponse(config=pb.ModelConfig(
+            name=config["name"],
+            platform=config["platform"],
+            backend=config["backend"],
+            max_batch_size=config["max_batch_size"],
+            input=[pb.ModelInput(name=t["name"], data_type=pb.DataType.Value(t["data_type"]),
+                                 dims=t["dims"]) for t in config["input"]],
+            output=[pb.ModelOutput(name=t["name"], data_type=pb.DataType.Value(t["data_type"]),
+                                   dims=t["dims"]) for t in config["output"]],
+            dynamic_batching=pb.ModelDynamicBatching(
+                max_queue_delay_microseconds=config["dynamic_batching"][
+                    "max_queue_delay_microseconds"]
+            ),
+        ))
+
+    @_serve_errors
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any
+                         ) -> pb.ModelInferResponse:
+        return await self._infer(request, context)
+
+    async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        inputs = decode_inputs(request, self.agent.settings.max_payload_bytes)
+        wanted = [o.name for o in request.outputs] or None
+        result = await self.agent.infer(
+            request.model_name, request.model_version, inputs, wanted,
+            request_timeout_s(request, context),
+        )
+        response = pb.ModelInferResponse(
+            model_name=result.entry.name, model_version=result.entry.version, id=request.id
+        )
+        for name, array in result.outputs.items():
+            response.outputs.add(name=name, datatype=oip_datatype(array), shape=array.shape)
+            response.raw_output_contents.append(to_raw(array))
+        return response
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        async for request in request_iterator:
+            try:
+                response = await self._infer(request, context)
+                yield pb.ModelStreamInferResponse(infer_response=response)
+            except ServeError as exc:
+                yield pb.ModelStreamInferResponse(error_message=exc.message)
+
+    @_serve_errors
+    async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
+        stats = self.agent.statistics(request.name, request.version)
+        response = pb.ModelStatisticsResponse()
+        for item in stats:
+            model = response.model_stats.add(
+                name=item["name"], version=item["version"],
+                last_inference=item["last_inference"],
+                inference_count=item["inference_count"],
+                execution_count=item["execution_count"],
+            )
+            for key, value in item["inference_stats"].items():
+                getattr(model.inference_stats, key).CopyFrom(pb.StatisticDuration(**value))
+            for batch in item["batch_stats"]:
+                model.batch_stats.add(
+                    batch_size=batch["batch_size"],
+                    compute_input=pb.StatisticDuration(**batch["compute_input"]),
+                    compute_infer=pb.StatisticDuration(**batch["compute_infer"]),
+                    compute_output=pb.StatisticDuration(**batch["compute_output"]),
+                )
+        return response
+
+    @_serve_errors
+    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        return pb.RepositoryIndexResponse(models=[
+            pb.RepositoryIndexResponse.ModelIndex(**m)
+            for m in self.agent.repository_index(request.ready)
+        ])
+
+    @_serve_errors
+    async def RepositoryModelLoad(self, request: Any, context: Any
+                                  ) -> pb.RepositoryModelLoadResponse:
+        await self.agent.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @_serve_errors
+    async def RepositoryModelUnload(self, request: Any, context: Any
+                                    ) -> pb.RepositoryModelUnloadResponse:
+        await self.agent.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+
+async def start_grpc_server(agent: Agent) -> tuple[grpc.aio.Server, int]:
+    """Start serving; returns the server and the bound port."""
+    settings = agent.settings
+    limit = 2 * settings.max_payload_bytes + 1024 * 1024
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.so_reuseport", 0),
+    ])
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(agent), server)
+    port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+    if port == 0:
+        raise OSError(f"cannot bind gRPC to {settings.grpc_host}:{settings.grpc_port}")
+    await server.start()
+    return server, port

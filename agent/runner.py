@@ -1,0 +1,186 @@
+"""The runner process: ONNX Runtime sessions behind a Unix socket.
+
+A runner is forked by the zygote (zygote.py) and never imports gRPC or
+asyncio. It connects to the agent, says Hello, then serves frames until the
+socket closes, when it exits. Threads:
+
+- the main thread reads frames and routes them;
+- one loader thread creates sessions, one at a time, so the memory growth it
+  measures around each creation belongs to that model;
+- each model has `instances` worker threads that run its batches (ORT
+  releases the GIL in `run`, so models execute in parallel);
+- replies from any thread go through `_send`, serialised by one lock.
+
+A load never blocks inference of models already loaded: it runs on the loader
+thread, and a model becomes visible to Infer only once its session exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from edgeplex.agent import ipc
+
+log = logging.getLogger("edgeplex.runner")
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def _dims(shape: Any) -> list[int]:
+    if shape is None:
+        return []
+    return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
+
+
+def _clean(message: str, path: str) -> str:
+    """ORT errors name the file they read; clients must not see local paths."""
+    parent = os.path.dirname(os.path.dirname(os.path.dirname(path)))
+    return message.replace(parent + os.sep, "").replace(parent, "<repository>")
+
+
+@dataclass
+class _Model:
+    name: str
+    session: ort.InferenceSession
+    output_names: list[str]
+    work: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
+class Runner:
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._send_lock = threading.Lock()
+        self._models: dict[str, _Model] = {}
+        self._loads: queue.SimpleQueue = queue.SimpleQueue()
+
+    def _send(self, message: ipc.Message, buffers: list[memoryview] | None = None) -> None:
+        with self._send_lock:
+            ipc.send_frame(self._sock, message, buffers)
+
+    def serve(self) -> None:
+        threading.Thread(target=self._loader, name="loader", daemon=True).start()
+        while True:
+            try:
+                message, payload = ipc.recv_frame(self._sock)
+            except (EOFError, ConnectionError):
+                return
+            if isinstance(message, ipc.Infer):
+                model = self._models.get(message.model)
+                if model is None:
+                    self._send(ipc.Failure(message.req_id, "not_loaded",
+                                           f"model '{message.model}' is not loaded here"))
+                else:
+                    model.work.put((message, payload))
+            elif isinstance(message, ipc.LoadModel):
+                self._loads.put(message)
+            elif isinstance(message, ipc.UnloadModel):
+                self._unload(message)
+            else:
+                raise ipc.ProtocolError(f"runner cannot handle {message.TAG}")
+
+    # --- loading --------------------------------------------------------------------------
+
+    def _loader(self) -> None:
+        while True:
+            request: ipc.LoadModel = self._loads.get()
+            try:
+                reply: ipc.Message = self._load(request)
+            except Exception as exc:
+                reply = ipc.Failure(request.req_id, "load", _clean(str(exc), request.path))
+            self._send(reply)
+
+    def _load(self, request: ipc.LoadModel) -> ipc.ModelLoaded:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = request.intra_op_threads
+        options.inter_op_num_threads = request.inter_op_threads
+        options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if request.allow_spinning else "0"
+        )
+        options.log_severity_level = 3
+        before = resident_bytes()
+        started = time.perf_counter()
+        session = ort.InferenceSession(
+            request.path, sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        load_ms = (time.perf_counter() - started) * 1000
+        grown = max(0, resident_bytes() - before)
+        inputs = [[i.name, i.type, _dims(i.shape)] for i in session.get_inputs()]
+        outputs = [[o.name, o.type, _dims(o.shape)] for o in session.get_outputs()]
+        old = self._models.pop(request.model, None)
+        if old is not None:
+            self._stop_workers(old)
+        model = _Model(request.model, session, [o[0] for o in outputs])
+        for i in range(request.instances):
+            thread = threading.Thread(
+                target=self._worker, args=(model,), name=f"{request.model}-{i}", daemon=True
+            )
+            thread.start()
+            model.threads.append(thread)
+        self._models[request.model] = model
+        return ipc.ModelLoaded(request.req_id, request.model, inputs, outputs, grown, load_ms)
+
+    def _unload(self, request: ipc.UnloadModel) -> None:
+        model = self._models.pop(request.model, None)
+        if model is not None:
+            self._stop_workers(model)
+        self._send(ipc.Unloaded(request.req_id))
+
+    @staticmethod
+    def _stop_workers(model: _Model) -> None:
+        # Work already queued still runs; the session is freed when the last
+        # worker drops its reference.
+        for _ in model.threads:
+            model.work.put(None)
+
+    # --- inference ------------------------------------------------------------------------
+
+    def _worker(self, model: _Model) -> None:
+        while True:
+            item = model.work.get()
+            if item is None:
+                return
+            message, payload = item
+            self._run(model, message, payload)
+
+    def _run(self, model: _Model, message: ipc.Infer, payload: memoryview) -> None:
+        try:
+            feeds = ipc.unpack_tensors(message.tensors, payload)
+            names = message.outputs or model.output_names
+            started = time.perf_counter_ns()
+            results = model.session.run(names, feeds)
+            compute_ns = time.perf_counter_ns() - started
+            arrays = {n: np.asarray(r) for n, r in zip(names, results, strict=True)}
+            descs, buffers = ipc.pack_tensors(arrays)
+        except Exception as exc:
+            kind = "invalid" if type(exc).__name__ in ("InvalidArgument", "ProtocolError") else (
+                "internal")
+            self._send(ipc.Failure(message.req_id, kind, str(exc)))
+            return
+        self._send(ipc.InferResult(message.req_id, compute_ns, descs), buffers)
+
+
+def main(runner_id: str, socket_path: str, log_level: str) -> None:
+    """Entry point in the forked child; returns when the agent disconnects."""
+    logging.basicConfig(
+        level=log_level, format=f"%(asctime)s runner[{runner_id}] %(levelname)s %(message)s"
+    )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(socket_path)
+    ipc.send_frame(sock, ipc.Hello(runner_id, os.getpid()))
+    Runner(sock).serve()

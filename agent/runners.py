@@ -1,0 +1,329 @@
+"""Agent side of the runner processes: the zygote client and the supervisor.
+
+Everything here runs on the agent's event loop. RunnerPool owns the zygote
+and every RunnerProcess; the model table (models.py) is told about runners
+going down and coming back through the two callbacks it passes in, and never
+touches processes itself.
+
+A RunnerProcess is a small state machine:
+
+    stopped --ensure_ready--> starting --hello--> ready --EOF--> restarting
+       ^                          |                                   |
+       +------ closed <-- stop ---+----------- backoff ---------------+
+
+Callers never check-then-act: they `await ensure_ready()` and `await call()`.
+A call whose runner dies before answering raises RunnerLost; the batcher
+decides whether to re-dispatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from edgeplex.agent import ipc
+from edgeplex.agent.config import RunnerSettings
+from edgeplex.agent.errors import RunnerLost, Unavailable
+from edgeplex.agent.metrics import METRICS
+
+log = logging.getLogger("edgeplex.agent.runners")
+
+
+class ZygoteClient:
+    """Starts the zygote with exec and asks it to fork runners."""
+
+    def __init__(self, on_exit: Callable[[str, int, int], None]) -> None:
+        self._on_exit = on_exit
+        self._process: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._spawned: dict[str, asyncio.Future[int]] = {}
+        self._reader_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    async def start(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "edgeplex.agent.zygote", "--fd", str(child.fileno()),
+            pass_fds=[child.fileno()], stdin=asyncio.subprocess.DEVNULL, env=env,
+        )
+        child.close()
+        reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        self._reader_task = asyncio.create_task(self._read(reader), name="zygote-reader")
+        log.info("zygote started (pid %d)", self._process.pid)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                message, _ = await ipc.read_frame(reader)
+                if isinstance(message, ipc.RunnerSpawned):
+                    future = self._spawned.pop(message.runner_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(message.pid)
+                elif isinstance(message, ipc.RunnerExited):
+                    self._on_exit(message.runner_id, message.pid, message.status)
+        except (asyncio.IncompleteReadError, ConnectionError, ipc.ProtocolError):
+            pass
+        for future in self._spawned.values():
+            if not future.done():
+                future.set_exception(Unavailable("the runner zygote exited"))
+        self._spawned.clear()
+        log.warning("zygote connection closed")
+
+    async def spawn(self, runner_id: str, socket_path: str, log_level: str) -> int:
+        async with self._lock:
+            if not self.alive:
+                await self.start()
+        assert self._writer is not None
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._spawned[runner_id] = future
+        ipc.write_frame(self._writer, ipc.SpawnRunner(runner_id, socket_path, log_level))
+        return await asyncio.wait_for(future, timeout=10)
+
+    def kill(self, runner_id: str, sig: int) -> None:
+        if self._writer is not None and self.alive:
+            ipc.write_frame(self._writer, ipc.KillRunner(runner_id, int(sig)))
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._process is not None and self._process.returncode is None:
+            try:
+                await asyncio.wait_for(self._process.wait(), timeout)
+            except TimeoutError:
+                self._process.kill()
+                await self._process.wait()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+
+
+class RunnerProcess:
+    """One runner: its connection, its pending calls and its restart policy."""
+
+    def __init__(self, runner_id: str, pool: RunnerPool) -> None:
+        self.runner_id = runner_id
+        self.state = "stopped"
+        self.pid: int | None = None
+        self.restarts = 0
+        self._pool = pool
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future[tuple[ipc.Message, memoryview]]] = {}
+        self._ready = asyncio.Event()
+        self._hello: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] | None
+        self._hello = None
+        self._task: asyncio.Task[None] | None = None
+        self._backoff = pool.settings.restart_backoff_initial_s
+        self._started_at = 0.0
+
+    # --- public ---------------------------------------------------------------------------
+
+    async def ensure_ready(self) -> None:
+        """Start the runner if it is stopped and wait until it serves."""
+        if self.state == "closed":
+            raise Unavailable("the agent is shutting down")
+        if self.state == "stopped":
+            self.state = "starting"
+            self._task = asyncio.create_task(self._start_loop(0.0), name=f"start-{self.runner_id}")
+        await self._ready.wait()
+
+    async def call(self, message: ipc.Message, buffers: list[memoryview] | None = None
+                   ) -> tuple[ipc.Message, memoryview]:
+        """Send a request carrying `req_id` and wait for its reply; RunnerLost if it dies."""
+        if self.state != "ready" or self._writer is None:
+            raise RunnerLost(self.runner_id)
+        req_id: int = message.req_id  # type: ignore[attr-defined]
+        future: asyncio.Future[tuple[ipc.Message, memoryview]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._pending[req_id] = future
+        try:
+            ipc.write_frame(self._writer, message, buffers)
+            return await future
+        finally:
+            self._pending.pop(req_id, None)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        self._pool.zygote.kill(self.runner_id, sig)
+
+    async def stop(self) -> None:
+        self.state = "closed"
+        if self._task is not None:
+            self._task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+        self._fail_pending()
+
+    # --- called by the pool ----------------------------------------------------------------
+
+    def accept(self, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+               ) -> bool:
+        if self._hello is None or self._hello.done() or (self.pid is not None and pid != self.pid):
+            return False
+        self._hello.set_result((reader, writer))
+        return True
+
+    def exited(self, pid: int, status: int) -> None:
+        if self._hello is not None and not self._hello.done() and pid == self.pid:
+            self._hello.set_exception(RunnerLost(f"runner exited with status {status}"))
+
+    # --- internals ------------------------------------------------------------------------
+
+    async def _start_loop(self, delay: float) -> None:
+        settings = self._pool.settings
+        while self.state != "closed":
+            if delay:
+                await asyncio.sleep(delay)
+            try:
+                await self._start_once()
+                return
+            except (RunnerLost, TimeoutError, Unavailable, OSError) as exc:
+                log.error("runner %s failed to start: %s", self.runner_id, exc)
+                delay = min(max(delay * 2, settings.restart_backoff_initial_s),
+                            settings.restart_backoff_max_s)
+
+    async def _start_once(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._hello = loop.create_future()
+        self.pid = None
+        self.pid = await self._pool.zygote.spawn(
+            self.runner_id, self._pool.socket_path, self._pool.log_level
+        )
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.shield(self._hello), self._pool.settings.start_timeout_s
+            )
+        except TimeoutError:
+            self.kill()
+            raise
+        self._writer = writer
+        self.state = "ready"
+        self._started_at = time.monotonic()
+        self._ready.set()
+        log.info("runner %s ready (pid %d)", self.runner_id, self.pid)
+        asyncio.create_task(self._read(reader), name=f"runner-{self.runner_id}")
+        self._pool.on_up(self.runner_id)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                message, payload = await ipc.read_frame(reader)
+                future = self._pending.get(getattr(message, "req_id", -1))
+                if future is not None and not future.done():
+                    future.set_result((message, payload))
+        except (asyncio.IncompleteReadError, ConnectionError, ipc.ProtocolError) as exc:
+            reason = "connection closed" if isinstance(exc, asyncio.IncompleteReadError) else exc
+        if self.state == "closed":
+            return
+        self._lost(str(reason))
+
+    def _lost(self, reason: str) -> None:
+        settings = self._pool.settings
+        log.error("runner %s (pid %s) lost: %s", self.runner_id, self.pid, reason)
+        self.state = "restarting"
+        self._ready.clear()
+        self._writer = None
+        # Models move to LOADING before their in-flight batches fail, so the
+        # batcher's re-dispatch waits for the reload instead of racing it.
+        self._pool.on_down(self.runner_id)
+        self._fail_pending()
+        self.restarts += 1
+        METRICS.runner_restarts.labels(runner=self.runner_id).inc()
+        if time.monotonic() - self._started_at > settings.restart_backoff_reset_s:
+            self._backoff = settings.restart_backoff_initial_s
+        delay = self._backoff
+        self._backoff = min(self._backoff * 2, settings.restart_backoff_max_s)
+        self._task = asyncio.create_task(self._start_loop(delay), name=f"start-{self.runner_id}")
+
+    def _fail_pending(self) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(RunnerLost(self.runner_id))
+        self._pending.clear()
+
+
+class RunnerPool:
+    """Owns the zygote, the runners' socket and every RunnerProcess.
+
+    on_up(runner_id) and on_down(runner_id) are called on the event loop when a
+    runner starts serving and when it is lost.
+    """
+
+    def __init__(self, settings: RunnerSettings, log_level: str,
+                 on_up: Callable[[str], None], on_down: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.log_level = log_level
+        self.on_up = on_up
+        self.on_down = on_down
+        self.zygote = ZygoteClient(self._runner_exited)
+        self._runners: dict[str, RunnerProcess] = {}
+        self._dir = Path(tempfile.mkdtemp(prefix="edgeplex-agent-"))
+        self.socket_path = str(self._dir / "runners.sock")
+        self._server: asyncio.AbstractServer | None = None
+        self._req_ids = itertools.count(1)
+
+    def next_req_id(self) -> int:
+        return next(self._req_ids)
+
+    async def start(self) -> None:
+        os.chmod(self._dir, 0o700)
+        self._server = await asyncio.start_unix_server(self._connected, path=self.socket_path)
+        await self.zygote.start()
+
+    def get(self, runner_id: str) -> RunnerProcess:
+        runner = self._runners.get(runner_id)
+        if runner is None:
+            runner = self._runners[runner_id] = RunnerProcess(runner_id, self)
+        return runner
+
+    def runners(self) -> list[RunnerProcess]:
+        return list(self._runners.values())
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                         ) -> None:
+        try:
+            message, _ = await asyncio.wait_for(ipc.read_frame(reader), timeout=10)
+        except (TimeoutError, asyncio.IncompleteReadError, ipc.ProtocolError):
+            writer.close()
+            return
+        runner = self._runners.get(getattr(message, "runner_id", ""))
+        if not isinstance(message, ipc.Hello) or runner is None or not runner.accept(
+            message.pid, reader, writer
+        ):
+            log.warning("rejected a runner connection that did not match a spawned runner")
+            writer.close()
+
+    def _runner_exited(self, runner_id: str, pid: int, status: int) -> None:
+        log.info("runner %s (pid %d) exited with status %d", runner_id, pid, status)
+        runner = self._runners.get(runner_id)
+        if runner is not None:
+            runner.exited(pid, status)
+
+    async def retire(self, runner_id: str) -> None:
+        """Stop a runner that no model needs any more (a dedicated one)."""
+        runner = self._runners.pop(runner_id, None)
+        if runner is not None:
+            await runner.stop()
+
+    async def stop(self) -> None:
+        for runner in self._runners.values():
+            await runner.stop()
+        if self._server is not None:
+            self._server.close()
+        await self.zygote.stop()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self._dir)

@@ -1,0 +1,98 @@
+"""Cumulative per-model statistics, in the shape of OIP ModelStatistics.
+
+Updated by the batcher on the event loop; read by the front doors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgeplex.agent.batcher import Request
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * 1e9)
+
+    def to_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass
+class ModelStats:
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    batches: dict[int, BatchStats] = field(default_factory=dict)
+
+    def record_batch(self, batch: list[Request], started: float, assembled: float,
+                     compute_ns: int, done: float, returned: float) -> None:
+        """A batch that succeeded: `started` when it left the queue, `assembled` when
+        its inputs were concatenated, `returned` when the runner answered, `done`
+        when every member had its result (monotonic seconds)."""
+        n = len(batch)
+        compute = compute_ns / 1e9
+        ipc_overhead = max(0.0, (returned - assembled) - compute)
+        self.execution_count += 1
+        self.last_inference_ms = int(time.time() * 1000)
+        per_batch = self.batches.setdefault(n, BatchStats())
+        per_batch.compute_input.add(assembled - started)
+        per_batch.compute_infer.add(compute)
+        per_batch.compute_output.add(done - returned + ipc_overhead)
+        for request in batch:
+            self.inference_count += request.batch_size
+            self.success.add(done - request.enqueued)
+            self.queue.add(started - request.enqueued)
+            self.compute_input.add(assembled - started)
+            self.compute_infer.add(compute)
+            self.compute_output.add(done - returned + ipc_overhead)
+
+    def record_failure(self, seconds: float) -> None:
+        self.fail.add(seconds)
+
+    def to_json(self, name: str, version: str) -> dict[str, object]:
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.to_json(),
+                "fail": self.fail.to_json(),
+                "queue": self.queue.to_json(),
+                "compute_input": self.compute_input.to_json(),
+                "compute_infer": self.compute_infer.to_json(),
+                "compute_output": self.compute_output.to_json(),
+            },
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": b.compute_input.to_json(),
+                    "compute_infer": b.compute_infer.to_json(),
+                    "compute_output": b.compute_output.to_json(),
+                }
+                for size, b in sorted(self.batches.items())
+            ],
+        }

@@ -1,0 +1,144 @@
+"""The zygote: a clean process that forks runners on request.
+
+The agent starts it with exec (`python -m edgeplex.agent.zygote --fd N`)
+before it starts gRPC or asyncio, and talks to it over the inherited socket N.
+The zygote imports numpy, onnxruntime and the runner code, so a fork pays for
+none of that, but it never creates a session, never starts gRPC or asyncio and
+never starts threads of its own: a fork copies only the calling thread, and
+state those would leave behind (locks, event loops, OpenMP pools) breaks the
+child. See docs/architecture.md, "Why a zygote".
+
+Messages in: SpawnRunner, KillRunner. Messages out: RunnerSpawned,
+RunnerExited. It exits when the agent's end of the socket closes, after
+sending SIGTERM to its runners, and dies with the agent (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import selectors
+import signal
+import socket
+import sys
+
+# Keep BLAS/OpenMP pools single-threaded until a runner sizes its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy  # noqa: E402,F401  (preloaded for the children)
+import onnxruntime  # noqa: E402,F401
+
+from edgeplex.agent import ipc, runner  # noqa: E402
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent exits (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Zygote:
+    def __init__(self, control: socket.socket) -> None:
+        self._control = control
+        self._children: dict[int, str] = {}  # pid -> runner id
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when we stop
+        signal.signal(signal.SIGTERM, lambda *_: self._shutdown())
+
+    def serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._control, selectors.EVENT_READ, "control")
+        selector.register(self._wake_r, selectors.EVENT_READ, "signal")
+        while True:
+            for key, _ in selector.select():
+                if key.data == "signal":
+                    os.read(self._wake_r, 4096)
+                    self._reap()
+                    continue
+                try:
+                    message, _ = ipc.recv_frame(self._control)
+                except (EOFError, ConnectionError):
+                    self._shutdown()
+                if isinstance(message, ipc.SpawnRunner):
+                    self._spawn(message)
+                elif isinstance(message, ipc.KillRunner):
+                    for pid, runner_id in self._children.items():
+                        if runner_id == message.runner_id:
+                            _kill(pid, message.signal)
+
+    def _spawn(self, request: ipc.SpawnRunner) -> None:
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                self._become_runner(request)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        self._children[pid] = request.runner_id
+        ipc.send_frame(self._control, ipc.RunnerSpawned(request.runner_id, pid))
+
+    def _become_runner(self, request: ipc.SpawnRunner) -> None:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self._control.close()
+        die_with_parent()
+        runner.main(request.runner_id, request.socket_path, request.log_level)
+
+    def _reap(self) -> None:
+        while self._children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            runner_id = self._children.pop(pid, "?")
+            code = os.waitstatus_to_exitcode(status)
+            try:
+                ipc.send_frame(self._control, ipc.RunnerExited(runner_id, pid, code))
+            except OSError:
+                pass
+
+    def _shutdown(self) -> None:
+        for pid in list(self._children):
+            _kill(pid, signal.SIGTERM)
+        os._exit(0)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="edgeplex runner zygote (started by the agent)")
+    parser.add_argument("--fd", type=int, required=True, help="inherited control socket")
+    args = parser.parse_args()
+    die_with_parent()
+    control = socket.socket(fileno=args.fd)
+    try:
+        Zygote(control).serve()
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from edgeplex.cli import main
+
+main()

@@ -1,0 +1,17 @@
+"""The `edgeplex` command: one console script, one subcommand per process role."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="edgeplex", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from edgeplex.agent import cli as agent_cli
+
+    agent_cli.add_commands(sub)
+    args = parser.parse_args(argv)
+    sys.exit(args.run(args) or 0)
