@@ -109,7 +109,7 @@ class Batcher:
         max_queue_size: int,
         instance_count: int,
         execute: Execute,
-        wait_ready: Callable[[], Awaitable[None]],
+        ready: asyncio.Event,
         stats: ModelStats,
     ) -> None:
         self.model = model
@@ -117,7 +117,7 @@ class Batcher:
         self.max_queue_delay_s = max_queue_delay_us / 1e6
         self.max_queue_size = max_queue_size
         self._execute = execute
-        self._wait_ready = wait_ready
+        self._ready = ready  # set by the model table while the model can serve
         self._stats = stats
         self._queue: deque[Request] = deque()
         self._arrived = asyncio.Event()
@@ -179,6 +179,10 @@ class Batcher:
             if not await self._ready_or_expire(loop):
                 continue
             await self._slots.acquire()
+            if not self._ready.is_set():
+                # The runner died while we waited for a slot: wait for the reload.
+                self._slots.release()
+                continue
             if self.max_queue_delay_s and self.max_batch_size:
                 await self._gather_more(loop)
             batch = take_batch(self._queue, self.max_batch_size)
@@ -194,7 +198,7 @@ class Batcher:
         """Wait for the model to serve, at most until the earliest queued deadline."""
         earliest = min(r.deadline for r in self._queue)
         try:
-            await asyncio.wait_for(self._wait_ready(), max(0.0, earliest - loop.time()))
+            await asyncio.wait_for(self._ready.wait(), max(0.0, earliest - loop.time()))
             return True
         except TimeoutError:
             self._expire(loop.time())

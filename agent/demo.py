@@ -115,15 +115,21 @@ def make_broken(directory: Path) -> Path:
 
 
 def fetch_silero(directory: Path, cache: Path | None = None) -> Path:
-    """Extract silero-vad's ONNX file from its wheel into directory/1/model.onnx."""
+    """Extract silero-vad's ONNX file from its wheel into directory/1/model.onnx.
+
+    `cache`, when given, keeps a verified copy so later calls skip the download."""
     target = directory / "1" / "model.onnx"
     target.parent.mkdir(parents=True, exist_ok=True)
+    cached = cache / f"silero_vad-{SILERO_SHA256[:16]}.onnx" if cache else None
+    if cached is not None and cached.is_file():
+        data = cached.read_bytes()
+        if hashlib.sha256(data).hexdigest() == SILERO_SHA256:
+            target.write_bytes(data)
+            return target
     with tempfile.TemporaryDirectory() as tmp:
         download = Path(tmp)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "-q", "-d", str(download), SILERO_PACKAGE]
-        if cache is not None:
-            cmd[4:4] = ["--cache-dir", str(cache)]
         subprocess.run(cmd, check=True)
         wheel = next(download.glob("*.whl"))
         with zipfile.ZipFile(wheel) as zf:
@@ -131,10 +137,36 @@ def fetch_silero(directory: Path, cache: Path | None = None) -> Path:
     digest = hashlib.sha256(data).hexdigest()
     if digest != SILERO_SHA256:
         raise RuntimeError(f"silero-vad model sha256 {digest} != pinned {SILERO_SHA256}")
-    partial = target.with_suffix(".partial")
-    partial.write_bytes(data)
-    partial.replace(target)
+    for path in (target, cached):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            partial.write_bytes(data)
+            partial.replace(path)
     return target
+
+
+def make_slow(directory: Path, size: int = 256, depth: int = 24, config: str | None = None
+              ) -> Path:
+    """FP32 [-1, size, size] -> `depth` chained self-MatMuls: slow, with no weights.
+
+    Each batch element costs depth * 2 * size^3 flops (~0.8 GFLOP by default), so
+    tests can make a request run long by sending a larger batch."""
+    from onnx import TensorProto, helper
+
+    nodes = []
+    prev = "input"
+    for i in range(depth):
+        out = "output" if i == depth - 1 else f"m{i}"
+        nodes.append(helper.make_node("MatMul", [prev, prev], [out]))
+        prev = out
+    shape = ["batch", size, size]
+    graph = helper.make_graph(
+        nodes, "slow",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, shape)],
+    )
+    return _save(_model(graph), directory, config)
 
 
 def build_demo_repo(repo: Path, force: bool = False, with_medium: bool = True) -> Path:

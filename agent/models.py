@@ -318,7 +318,7 @@ class ModelTable:
             max_queue_size=config.max_queue_size,
             instance_count=config.instance_count,
             execute=execute,
-            wait_ready=entry.ready.wait,
+            ready=entry.ready,
             stats=entry.stats,
         )
 

@@ -1,0 +1,50 @@
+"""SIGTERM: readiness turns false at once, in-flight requests finish, exit 0."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+from tritonclient.utils import InferenceServerException
+
+from tests.agent.test_oip_grpc import inputs_for
+from tests.conftest import start_agent
+
+pytestmark = pytest.mark.slow
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_zero(model_repo, tmp_path):
+    agent = start_agent(model_repo, tmp_path, env={"EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "16MiB"})
+    client = tg.InferenceServerClient(agent.grpc_url)
+    outcome: dict[str, object] = {}
+
+    def slow_request() -> None:
+        try:
+            result = tg.InferenceServerClient(agent.grpc_url).infer(
+                "slow", inputs_for({"input": np.ones((8, 512, 512), np.float32)}))
+            outcome["shape"] = result.as_numpy("output").shape
+        except InferenceServerException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=slow_request)
+    thread.start()
+    time.sleep(0.1)
+    agent.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        status, _ = agent.http_get("/v2/health/ready")
+        if status != 200:
+            break
+        time.sleep(0.01)
+    assert status == 503, "readiness did not turn false after SIGTERM"
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("add_sub", inputs_for({"INPUT0": np.ones((1, 16), np.float32),
+                                            "INPUT1": np.ones((1, 16), np.float32)}))
+    assert err.value.status() == "StatusCode.UNAVAILABLE"
+    thread.join(30)
+    assert outcome.get("shape") == (8, 512, 512), outcome
+    assert agent.process.wait(30) == 0, agent.log()

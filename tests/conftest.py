@@ -1,0 +1,114 @@
+"""Shared fixtures: a model repository and a running agent on free ports.
+
+The agent runs as a real `edgeplex agent` subprocess and is driven through
+tritonclient, exactly as users would; nothing in it is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from edgeplex.agent import demo
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("EDGEPLEX_TEST_CACHE", ROOT / ".cache" / "test-models"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every model the integration tests use (built once per session)."""
+    repo = tmp_path_factory.mktemp("repo")
+    demo.fetch_silero(repo / "silero_vad", cache=CACHE)
+    demo.make_add_sub(repo / "add_sub", config="max_batch_size: 16\nmax_queue_delay_us: 20000\n")
+    demo.make_add_sub(repo / "add_sub_nobatch", config="max_batch_size: 0\n")
+    demo.make_mlp(repo / "mlp_small", width=64, layers=2, in_width=32)
+    demo.make_mlp(repo / "mlp_dedicated", width=64, layers=2, in_width=32, seed=3,
+                  config="isolation: dedicated\n")
+    demo.make_slow(repo / "slow", size=512, depth=32,
+                   config="max_batch_size: 8\nmax_queue_size: 2\nisolation: dedicated\n")
+    for datatype in ("FP32", "FP16", "INT64", "INT32", "INT8", "UINT8", "BOOL"):
+        demo.make_identity(repo / f"identity_{datatype.lower()}", datatype)
+    demo.make_broken(repo / "broken")
+    return repo
+
+
+@dataclass
+class AgentProcess:
+    process: subprocess.Popen[bytes]
+    grpc_port: int
+    http_port: int
+    log_path: Path
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def http_get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+
+def start_agent(repo: Path, log_dir: Path, env: dict[str, str] | None = None,
+                wait_ready: bool = True) -> AgentProcess:
+    grpc_port, http_port = free_port(), free_port()
+    log_path = log_dir / f"agent-{grpc_port}.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edgeplex", "agent", "--model-repo", str(repo),
+         "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
+        stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    agent = AgentProcess(process, grpc_port, http_port, log_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"agent exited early:\n{agent.log()}")
+        try:
+            status, _ = agent.http_get("/v2/health/ready")
+            if status == 200 or (status == 503 and not wait_ready):
+                return agent
+        except OSError:
+            pass
+        time.sleep(0.1)
+    agent.stop()
+    raise RuntimeError(f"agent not ready in time:\n{agent.log()}")
+
+
+@pytest.fixture(scope="module")
+def agent(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    process = start_agent(model_repo, tmp_path_factory.mktemp("agent"),
+                          env={"EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "16MiB"})
+    yield process
+    assert process.stop() == 0, process.log()
