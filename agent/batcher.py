@@ -42,8 +42,9 @@ from edgeplex.agent.stats import ModelStats
 
 BatchKey = tuple[tuple[str, str, tuple[int, ...]], ...]
 # execute(inputs, output_names) -> (outputs, compute_ns)
-Execute = Callable[[dict[str, np.ndarray], list[str] | None],
-                   Awaitable[tuple[dict[str, np.ndarray], int]]]
+Execute = Callable[
+    [dict[str, np.ndarray], list[str] | None], Awaitable[tuple[dict[str, np.ndarray], int]]
+]
 
 
 @dataclass(eq=False)
@@ -221,8 +222,12 @@ class Batcher:
         keep: deque[Request] = deque()
         for request in self._queue:
             if request.deadline <= now:
-                _fail(request, DeadlineExceeded(
-                    f"model '{self.model}': request timed out after waiting in the queue"))
+                _fail(
+                    request,
+                    DeadlineExceeded(
+                        f"model '{self.model}': request timed out after waiting in the queue"
+                    ),
+                )
             else:
                 keep.append(request)
         self._queue = keep
@@ -261,7 +266,7 @@ class Batcher:
         offset = 0
         for request in batch:
             if batching:
-                mine = {n: a[offset:offset + request.batch_size] for n, a in outputs.items()}
+                mine = {n: a[offset : offset + request.batch_size] for n, a in outputs.items()}
                 offset += request.batch_size
             else:
                 mine = outputs
@@ -269,8 +274,7 @@ class Batcher:
                 mine = {n: mine[n] for n in request.outputs}
             if not request.future.done():
                 request.future.set_result(mine)
-        self._stats.record_batch(batch, started, assembled, compute_ns, time.monotonic(),
-                                 finished)
+        self._stats.record_batch(batch, started, assembled, compute_ns, time.monotonic(), finished)
         model = self.model
         METRICS.batch_size.labels(model=model).observe(len(batch))
         METRICS.compute_duration.labels(model=model).observe(compute_ns / 1e9)
@@ -282,8 +286,12 @@ class Batcher:
         retry = [r for r in batch if r.attempts == 0 and not r.future.done()]
         for request in batch:
             if request not in retry:
-                _fail(request, Unavailable(
-                    f"model '{self.model}': its runner died twice while serving this request"))
+                _fail(
+                    request,
+                    Unavailable(
+                        f"model '{self.model}': its runner died twice while serving this request"
+                    ),
+                )
         for request in reversed(retry):
             request.attempts += 1
             self._queue.appendleft(request)

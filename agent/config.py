@@ -19,9 +19,22 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, YamlConfigSettin
 
 MiB = 1024 * 1024
 
-_SUFFIXES = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": MiB, "mb": MiB, "mib": MiB,
-             "g": 1024**3, "gb": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4,
-             "tib": 1024**4}
+_SUFFIXES = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "kib": 1024,
+    "m": MiB,
+    "mb": MiB,
+    "mib": MiB,
+    "g": 1024**3,
+    "gb": 1024**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1024**4,
+    "tib": 1024**4,
+}
 
 
 def parse_size(value: int | str) -> int:
@@ -30,7 +43,7 @@ def parse_size(value: int | str) -> int:
         return value
     text = value.strip().lower().replace(" ", "")
     number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-    suffix = text[len(number):]
+    suffix = text[len(number) :]
     if suffix not in _SUFFIXES or not number:
         raise ValueError(f"not a size: {value!r} (use e.g. 512MiB, 2G, 1048576)")
     return int(float(number) * _SUFFIXES[suffix])
@@ -42,28 +55,34 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_batch_size: int | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="Largest dynamic batch. Unset: 8 when every input and output has a "
         "dynamic leading dimension, else 0. 0 disables batching; a value above 0 on a "
         "model without a dynamic leading dimension is an error.",
     )
     max_queue_delay_us: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="How long the batcher may hold a request waiting for more to join its "
         "batch. 0: batch only what is already queued when the model is free.",
     )
     max_queue_size: int = Field(
-        default=256, ge=1,
+        default=256,
+        ge=1,
         description="Requests that may wait in this model's queue; beyond it clients get "
         "RESOURCE_EXHAUSTED / HTTP 429 with Retry-After.",
     )
     timeout_ms: int = Field(
-        default=30_000, ge=1,
+        default=30_000,
+        ge=1,
         description="Default per-request time limit, queueing included. A request's own "
         "deadline (gRPC deadline or the `timeout` parameter, in microseconds) can shorten it.",
     )
     instance_count: int = Field(
-        default=1, ge=1, le=16,
+        default=1,
+        ge=1,
+        le=16,
         description="Batches of this model that may execute at the same time.",
     )
     isolation: Literal["shared", "dedicated"] = Field(
@@ -72,7 +91,8 @@ class ModelConfig(BaseModel):
         "it gets a runner process of its own, so a crash there touches nothing else.",
     )
     intra_op_threads: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="ONNX Runtime intra-op threads for this model; unset: the runner default.",
     )
     priority: int = Field(
@@ -103,9 +123,10 @@ class RunnerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     intra_op_threads: int = Field(
-        default=0, ge=0,
-        description="ONNX Runtime intra-op threads per session; 0 = the number of CPU cores "
-        "this process may use.",
+        default=0,
+        ge=0,
+        description="ONNX Runtime intra-op threads per session; 0 = ONNX Runtime's default "
+        "(one per physical core).",
     )
     inter_op_threads: int = Field(default=1, ge=1, description="ONNX Runtime inter-op threads.")
     allow_spinning: bool = Field(
@@ -120,7 +141,8 @@ class RunnerSettings(BaseModel):
         default=10.0, gt=0, description="Cap of the exponential restart backoff."
     )
     restart_backoff_reset_s: float = Field(
-        default=30.0, gt=0,
+        default=30.0,
+        gt=0,
         description="A runner that stays up this long resets its backoff to the initial delay.",
     )
     start_timeout_s: float = Field(
@@ -151,7 +173,8 @@ class AgentSettings(BaseSettings):
         "requests get INVALID_ARGUMENT / HTTP 400 naming the input that crossed it.",
     )
     drain_timeout_s: float = Field(
-        default=30.0, ge=0,
+        default=30.0,
+        ge=0,
         description="On SIGTERM, how long in-flight requests may take to finish before exit.",
     )
     load_models_at_start: bool = Field(
@@ -175,8 +198,9 @@ class AgentSettings(BaseSettings):
         return parse_size(value)
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
-                                   dotenv_settings, file_secret_settings):  # type: ignore[override]
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):  # type: ignore[override]
         # Flags beat the environment, which beats the --config file.
         sources = [init_settings, env_settings]
         if _config_file.get() is not None:
@@ -207,3 +231,26 @@ def load_model_config(path: Path | None, defaults: ModelConfig) -> ModelConfig:
             raise ValueError("config.yaml: the top level must be a mapping")
         merged.update(data)
     return ModelConfig(**merged)
+
+
+def reference_tables() -> str:
+    """The Markdown tables of docs/configuration.md, generated from the models above
+    (tests/agent/test_config.py fails when the document drifts from them)."""
+
+    def default(field: Any) -> str:
+        if field.default_factory is not None:
+            return "(see below)"
+        value = field.default
+        if value is None:
+            return "unset"
+        if isinstance(value, bool):
+            return str(value).lower()
+        return f"`{value}`"
+
+    lines: list[str] = []
+    for cls, prefix in ((AgentSettings, ""), (RunnerSettings, "runner."), (ModelConfig, "")):
+        lines += [f"### {cls.__name__}", "", "| field | default | meaning |", "| --- | --- | --- |"]
+        for name, field in cls.model_fields.items():
+            lines.append(f"| `{prefix}{name}` | {default(field)} | {field.description} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -88,8 +88,9 @@ class Agent:
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         entry = self.entry(name, version)
         if entry.state != ModelState.READY and not entry.inputs:
-            raise Unavailable(f"model '{name}' is {entry.state}; its metadata is known once "
-                              "it has loaded")
+            raise Unavailable(
+                f"model '{name}' is {entry.state}; its metadata is known once it has loaded"
+            )
         return {
             "name": entry.name,
             "versions": [entry.version],
@@ -111,10 +112,14 @@ class Agent:
             "platform": "onnxruntime_onnx",
             "backend": "onnxruntime",
             "max_batch_size": entry.max_batch_size,
-            "input": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": dims(t.shape)}
-                      for t in entry.inputs],
-            "output": [{"name": t.name, "data_type": f"TYPE_{t.datatype}",
-                        "dims": dims(t.shape)} for t in entry.outputs],
+            "input": [
+                {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": dims(t.shape)}
+                for t in entry.inputs
+            ],
+            "output": [
+                {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": dims(t.shape)}
+                for t in entry.outputs
+            ],
             "dynamic_batching": {"max_queue_delay_microseconds": config.max_queue_delay_us},
             "edgeplex": config.model_dump(),
         }
@@ -160,8 +165,14 @@ class Agent:
 
     # --- inference ----------------------------------------------------------------------------
 
-    async def infer(self, name: str, version: str, inputs: list[InferInput],
-                    outputs: list[str] | None, timeout_s: float | None) -> InferResult:
+    async def infer(
+        self,
+        name: str,
+        version: str,
+        inputs: list[InferInput],
+        outputs: list[str] | None,
+        timeout_s: float | None,
+    ) -> InferResult:
         """Validate, queue, wait for the batch result. Raises ServeError subclasses."""
         started = time.monotonic()
         METRICS.requests.labels(model=name).inc()
@@ -195,8 +206,13 @@ class Agent:
             if self._inflight == 0:
                 self._idle.set()
 
-    def _admit(self, entry: ModelEntry, inputs: list[InferInput], outputs: list[str] | None,
-               timeout_s: float | None) -> Request:
+    def _admit(
+        self,
+        entry: ModelEntry,
+        inputs: list[InferInput],
+        outputs: list[str] | None,
+        timeout_s: float | None,
+    ) -> Request:
         if entry.state == ModelState.FAILED:
             raise ModelFailed(f"model '{entry.name}' failed to load: {entry.reason}")
         if entry.state in (ModelState.UNAVAILABLE, ModelState.UNLOADING) or entry.batcher is None:
@@ -227,7 +243,8 @@ class Agent:
             sizes = {a.shape[0] for a in given.values()}
             if len(sizes) != 1:
                 raise InvalidInput(
-                    f"model '{entry.name}': inputs disagree on the batch dimension ({sorted(sizes)})"
+                    f"model '{entry.name}': inputs disagree on the batch dimension"
+                    f" ({sorted(sizes)})"
                 )
             batch = sizes.pop()
             if not 1 <= batch <= entry.max_batch_size:

@@ -26,8 +26,15 @@ SILERO_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e
 
 # OIP datatype -> ONNX TensorProto enum name, for the identity models.
 IDENTITY_TYPES = {
-    "FP32": "FLOAT", "FP16": "FLOAT16", "FP64": "DOUBLE", "INT64": "INT64", "INT32": "INT32",
-    "INT16": "INT16", "INT8": "INT8", "UINT8": "UINT8", "BOOL": "BOOL",
+    "FP32": "FLOAT",
+    "FP16": "FLOAT16",
+    "FP64": "DOUBLE",
+    "INT64": "INT64",
+    "INT32": "INT32",
+    "INT16": "INT16",
+    "INT8": "INT8",
+    "UINT8": "UINT8",
+    "BOOL": "BOOL",
 }
 
 
@@ -57,9 +64,13 @@ def make_add_sub(directory: Path, width: int = 16, config: str | None = None) ->
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", width])
 
     graph = helper.make_graph(
-        [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
-         helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])],
-        "add_sub", [v("INPUT0"), v("INPUT1")], [v("OUTPUT0"), v("OUTPUT1")],
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        "add_sub",
+        [v("INPUT0"), v("INPUT1")],
+        [v("OUTPUT0"), v("OUTPUT1")],
     )
     return _save(_model(graph), directory, config)
 
@@ -78,8 +89,14 @@ def make_identity(directory: Path, datatype: str, width: int = 8) -> Path:
     return _save(_model(graph), directory)
 
 
-def make_mlp(directory: Path, width: int, layers: int, seed: int = 0,
-             config: str | None = None, in_width: int | None = None) -> Path:
+def make_mlp(
+    directory: Path,
+    width: int,
+    layers: int,
+    seed: int = 0,
+    config: str | None = None,
+    in_width: int | None = None,
+) -> Path:
     """A ReLU MLP over FP32 [-1, in_width]: `layers` Gemm layers of width x width."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -98,7 +115,8 @@ def make_mlp(directory: Path, width: int, layers: int, seed: int = 0,
             nodes.append(helper.make_node("Relu", [gemm_out], [out]))
         prev, prev_width = out, width
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", in_width])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", width])],
         initializer=inits,
@@ -128,8 +146,18 @@ def fetch_silero(directory: Path, cache: Path | None = None) -> Path:
             return target
     with tempfile.TemporaryDirectory() as tmp:
         download = Path(tmp)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "-q", "-d", str(download), SILERO_PACKAGE]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            "-d",
+            str(download),
+            SILERO_PACKAGE,
+        ]
         subprocess.run(cmd, check=True)
         wheel = next(download.glob("*.whl"))
         with zipfile.ZipFile(wheel) as zf:
@@ -146,8 +174,7 @@ def fetch_silero(directory: Path, cache: Path | None = None) -> Path:
     return target
 
 
-def make_slow(directory: Path, size: int = 256, depth: int = 24, config: str | None = None
-              ) -> Path:
+def make_slow(directory: Path, size: int = 256, depth: int = 24, config: str | None = None) -> Path:
     """FP32 [-1, size, size] -> `depth` chained self-MatMuls: slow, with no weights.
 
     Each batch element costs depth * 2 * size^3 flops (~0.8 GFLOP by default), so
@@ -160,9 +187,10 @@ def make_slow(directory: Path, size: int = 256, depth: int = 24, config: str | N
         out = "output" if i == depth - 1 else f"m{i}"
         nodes.append(helper.make_node("MatMul", [prev, prev], [out]))
         prev = out
-    shape = ["batch", size, size]
+    shape: list[str | int | None] = ["batch", size, size]
     graph = helper.make_graph(
-        nodes, "slow",
+        nodes,
+        "slow",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, shape)],
     )
@@ -182,8 +210,13 @@ def build_demo_repo(repo: Path, force: bool = False, with_medium: bool = True) -
     make_add_sub(repo / "add_sub", config="max_batch_size: 8\nmax_queue_delay_us: 200\n")
     make_mlp(repo / "mlp_small", width=320, layers=2, in_width=512)  # ~1 MB
     if with_medium:
-        make_mlp(repo / "mlp_medium", width=1024, layers=12, seed=1,  # ~50 MB
-                 config="isolation: dedicated\nmax_batch_size: 16\n")
+        make_mlp(
+            repo / "mlp_medium",
+            width=1024,
+            layers=12,
+            seed=1,  # ~50 MB
+            config="isolation: dedicated\nmax_batch_size: 16\n",
+        )
     for datatype in ("FP32", "FP16", "INT64", "INT32", "INT8", "UINT8", "BOOL"):
         make_identity(repo / f"identity_{datatype.lower()}", datatype)
     marker.write_text("built by `edgeplex demo-repo`\n")

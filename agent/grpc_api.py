@@ -31,8 +31,9 @@ log = logging.getLogger("edgeplex.agent.grpc")
 
 def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
-    async def wrapper(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext
-                      ) -> Any:
+    async def wrapper(
+        self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
         try:
             return await method(self, request, context)
         except ServeError as exc:
@@ -80,8 +81,9 @@ def _check_cap(name: str, total: int, cap: int) -> None:
         )
 
 
-def request_timeout_s(request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
-                      ) -> float | None:
+def request_timeout_s(
+    request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+) -> float | None:
     limits = []
     remaining = context.time_remaining()
     if remaining is not None:
@@ -124,31 +126,46 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @_serve_errors
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
         config = self.agent.model_config(request.name, request.version)
-        return pb.ModelConfigResponse(config=pb.ModelConfig(
-            name=config["name"],
-            platform=config["platform"],
-            backend=config["backend"],
-            max_batch_size=config["max_batch_size"],
-            input=[pb.ModelInput(name=t["name"], data_type=pb.DataType.Value(t["data_type"]),
-                                 dims=t["dims"]) for t in config["input"]],
-            output=[pb.ModelOutput(name=t["name"], data_type=pb.DataType.Value(t["data_type"]),
-                                   dims=t["dims"]) for t in config["output"]],
-            dynamic_batching=pb.ModelDynamicBatching(
-                max_queue_delay_microseconds=config["dynamic_batching"][
-                    "max_queue_delay_microseconds"]
-            ),
-        ))
+        return pb.ModelConfigResponse(
+            config=pb.ModelConfig(
+                name=config["name"],
+                platform=config["platform"],
+                backend=config["backend"],
+                max_batch_size=config["max_batch_size"],
+                input=[
+                    pb.ModelInput(
+                        name=t["name"], data_type=pb.DataType.Value(t["data_type"]), dims=t["dims"]
+                    )
+                    for t in config["input"]
+                ],
+                output=[
+                    pb.ModelOutput(
+                        name=t["name"], data_type=pb.DataType.Value(t["data_type"]), dims=t["dims"]
+                    )
+                    for t in config["output"]
+                ],
+                dynamic_batching=pb.ModelDynamicBatching(
+                    max_queue_delay_microseconds=config["dynamic_batching"][
+                        "max_queue_delay_microseconds"
+                    ]
+                ),
+            )
+        )
 
     @_serve_errors
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any
-                         ) -> pb.ModelInferResponse:
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: Any
+    ) -> pb.ModelInferResponse:
         return await self._infer(request, context)
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         inputs = decode_inputs(request, self.agent.settings.max_payload_bytes)
         wanted = [o.name for o in request.outputs] or None
         result = await self.agent.infer(
-            request.model_name, request.model_version, inputs, wanted,
+            request.model_name,
+            request.model_version,
+            inputs,
+            wanted,
             request_timeout_s(request, context),
         )
         response = pb.ModelInferResponse(
@@ -159,8 +176,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             response.raw_output_contents.append(to_raw(array))
         return response
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
-                               context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         async for request in request_iterator:
             try:
                 response = await self._infer(request, context)
@@ -174,7 +192,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         response = pb.ModelStatisticsResponse()
         for item in stats:
             model = response.model_stats.add(
-                name=item["name"], version=item["version"],
+                name=item["name"],
+                version=item["version"],
                 last_inference=item["last_inference"],
                 inference_count=item["inference_count"],
                 execution_count=item["execution_count"],
@@ -192,20 +211,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_serve_errors
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
-        return pb.RepositoryIndexResponse(models=[
-            pb.RepositoryIndexResponse.ModelIndex(**m)
-            for m in self.agent.repository_index(request.ready)
-        ])
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponse.ModelIndex(**m)
+                for m in self.agent.repository_index(request.ready)
+            ]
+        )
 
     @_serve_errors
-    async def RepositoryModelLoad(self, request: Any, context: Any
-                                  ) -> pb.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(
+        self, request: Any, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
         await self.agent.load(request.model_name)
         return pb.RepositoryModelLoadResponse()
 
     @_serve_errors
-    async def RepositoryModelUnload(self, request: Any, context: Any
-                                    ) -> pb.RepositoryModelUnloadResponse:
+    async def RepositoryModelUnload(
+        self, request: Any, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
         await self.agent.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
@@ -214,11 +237,13 @@ async def start_grpc_server(agent: Agent) -> tuple[grpc.aio.Server, int]:
     """Start serving; returns the server and the bound port."""
     settings = agent.settings
     limit = 2 * settings.max_payload_bytes + 1024 * 1024
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", limit),
-        ("grpc.so_reuseport", 0),
-    ])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(agent), server)
     port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
     if port == 0:

@@ -48,8 +48,9 @@ async def serve_errors(request: web.Request, handler: Handler) -> web.StreamResp
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data).encode(), status=status,
-                        content_type="application/json")
+    return web.Response(
+        body=json.dumps(data).encode(), status=status, content_type="application/json"
+    )
 
 
 def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
@@ -68,8 +69,9 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     return out
 
 
-def parse_infer_body(body: bytes, header_length: str | None, cap: int
-                     ) -> tuple[dict[str, Any], list[InferInput]]:
+def parse_infer_body(
+    body: bytes, header_length: str | None, cap: int
+) -> tuple[dict[str, Any], list[InferInput]]:
     """Split the JSON header from the binary tensors and decode every input."""
     if header_length is not None:
         try:
@@ -98,8 +100,11 @@ def parse_infer_body(body: bytes, header_length: str | None, cap: int
         datatype = item.get("datatype")
         if not isinstance(name, str):
             raise InvalidInput("an input has no 'name'")
-        if (not isinstance(shape, list) or not all(isinstance(d, int) for d in shape)
-                or not isinstance(datatype, str)):
+        if (
+            not isinstance(shape, list)
+            or not all(isinstance(d, int) for d in shape)
+            or not isinstance(datatype, str)
+        ):
             raise InvalidInput(f"input '{name}': 'shape' (integers) and 'datatype' are required")
         params = item.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
@@ -108,7 +113,7 @@ def parse_infer_body(body: bytes, header_length: str | None, cap: int
                 raise InvalidInput(f"input '{name}': binary_data_size {size} exceeds the body")
             total += size
             _check_cap(name, total, cap)
-            array = from_raw(name, datatype, shape, bytes(binary[offset:offset + size]))
+            array = from_raw(name, datatype, shape, bytes(binary[offset : offset + size]))
             offset += size
         elif "data" in item:
             array = from_list(name, datatype, shape, item["data"])
@@ -129,8 +134,9 @@ def _check_cap(name: str, total: int, cap: int) -> None:
         )
 
 
-def encode_infer_response(doc: dict[str, Any], model: str, version: str,
-                          outputs: dict[str, np.ndarray]) -> web.Response:
+def encode_infer_response(
+    doc: dict[str, Any], model: str, version: str, outputs: dict[str, np.ndarray]
+) -> web.Response:
     requested = {}
     for out in doc.get("outputs") or []:
         if isinstance(out, dict) and isinstance(out.get("name"), str):
@@ -140,7 +146,9 @@ def encode_infer_response(doc: dict[str, Any], model: str, version: str,
     blobs = []
     for name, array in outputs.items():
         item: dict[str, Any] = {
-            "name": name, "datatype": oip_datatype(array), "shape": list(array.shape)
+            "name": name,
+            "datatype": oip_datatype(array),
+            "shape": list(array.shape),
         }
         binary = requested.get(name)
         if binary is None:
@@ -180,13 +188,17 @@ class HttpApi:
             web.post("/v2/repository/index", self.repository_index),
             web.post("/v2/repository/models/{model}/load", self.load),
             web.post("/v2/repository/models/{model}/unload", self.unload),
-            *[r for base in (m, v) for r in (
-                web.get(base, self.model_metadata),
-                web.get(base + "/ready", self.model_ready),
-                web.get(base + "/config", self.model_config),
-                web.get(base + "/stats", self.stats),
-                web.post(base + "/infer", self.infer),
-            )],
+            *[
+                r
+                for base in (m, v)
+                for r in (
+                    web.get(base, self.model_metadata),
+                    web.get(base + "/ready", self.model_ready),
+                    web.get(base + "/config", self.model_config),
+                    web.get(base + "/stats", self.stats),
+                    web.post(base + "/infer", self.infer),
+                )
+            ],
             web.get("/metrics", self.metrics),
             web.get("/edgeplex/v1/status", self.status),
         ]
@@ -216,8 +228,9 @@ class HttpApi:
 
     async def stats(self, request: web.Request) -> web.Response:
         mi = request.match_info
-        return _json({"model_stats": self.agent.statistics(mi.get("model", ""),
-                                                           mi.get("version", ""))})
+        return _json(
+            {"model_stats": self.agent.statistics(mi.get("model", ""), mi.get("version", ""))}
+        )
 
     async def repository_index(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -241,23 +254,28 @@ class HttpApi:
     async def infer(self, request: web.Request) -> web.Response:
         mi = request.match_info
         cap = self.agent.settings.max_payload_bytes
-        body = _decompress(await request.read(),
-                           request.headers.get("Content-Encoding", "").lower(), 2 * cap)
+        body = _decompress(
+            await request.read(), request.headers.get("Content-Encoding", "").lower(), 2 * cap
+        )
         doc, inputs = parse_infer_body(body, request.headers.get(HEADER_LENGTH), cap)
-        wanted = [o["name"] for o in doc.get("outputs") or [] if isinstance(o, dict)
-                  and isinstance(o.get("name"), str)] or None
+        wanted = [
+            o["name"]
+            for o in doc.get("outputs") or []
+            if isinstance(o, dict) and isinstance(o.get("name"), str)
+        ] or None
         timeout_s = None
         params = doc.get("parameters")
         if isinstance(params, dict) and isinstance(params.get("timeout"), int):
             timeout_s = params["timeout"] / 1e6
-        result = await self.agent.infer(mi["model"], mi.get("version", ""), inputs, wanted,
-                                        timeout_s)
-        return encode_infer_response(doc, result.entry.name, result.entry.version,
-                                     result.outputs)
+        result = await self.agent.infer(
+            mi["model"], mi.get("version", ""), inputs, wanted, timeout_s
+        )
+        return encode_infer_response(doc, result.entry.name, result.entry.version, result.outputs)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(METRICS.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(
+            body=generate_latest(METRICS.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
     async def status(self, request: web.Request) -> web.Response:
         return _json(self.agent.status())
@@ -273,6 +291,6 @@ async def start_http_server(agent: Agent) -> tuple[web.AppRunner, int]:
     await runner.setup()
     site = web.TCPSite(runner, settings.http_host, settings.http_port)
     await site.start()
-    sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+    sockets = getattr(site._server, "sockets", None) or []
     port = sockets[0].getsockname()[1] if sockets else settings.http_port
     return runner, port

@@ -195,7 +195,7 @@ def pack_tensors(arrays: dict[str, np.ndarray]) -> tuple[list[list[Any]], list[m
         if array.dtype.str not in TENSOR_DTYPES:
             raise ProtocolError(f"tensor '{name}': dtype {array.dtype} cannot cross IPC")
         descs.append([name, array.dtype.str, list(array.shape), array.nbytes])
-        buffers.append(memoryview(array).cast("B"))
+        buffers.append(memoryview(array).cast("B"))  # type: ignore[arg-type]
     return descs, buffers
 
 
@@ -235,7 +235,7 @@ def _decode_head(head: bytes) -> tuple[int, int]:
     return header_len, payload_len
 
 
-def _decode_header(raw: bytes | memoryview) -> Message:
+def _decode_header(raw: bytes | bytearray | memoryview) -> Message:
     try:
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -243,11 +243,14 @@ def _decode_header(raw: bytes | memoryview) -> Message:
     return message_from_header(header)
 
 
-def send_frame(sock: socket.socket, message: Message, buffers: list[memoryview] | None = None
-               ) -> None:
+def send_frame(
+    sock: socket.socket, message: Message, buffers: list[memoryview] | None = None
+) -> None:
     """Blocking send of one frame; the caller serialises concurrent senders."""
-    parts = [memoryview(p).cast("B") if not isinstance(p, memoryview) else p
-             for p in encode_frame(message, buffers)]
+    parts = [
+        memoryview(p).cast("B") if not isinstance(p, memoryview) else p
+        for p in encode_frame(message, buffers)
+    ]
     while parts:
         sent = sock.sendmsg(parts)
         while parts and sent >= parts[0].nbytes:
@@ -284,7 +287,8 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[Message, memoryview]
     return message, memoryview(payload)
 
 
-def write_frame(writer: asyncio.StreamWriter, message: Message,
-                buffers: list[memoryview] | None = None) -> None:
+def write_frame(
+    writer: asyncio.StreamWriter, message: Message, buffers: list[memoryview] | None = None
+) -> None:
     """Queue one frame on the transport (call from the event loop; no await needed)."""
     writer.writelines(encode_frame(message, buffers))

@@ -9,8 +9,22 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
-    5, 10,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
 )
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -20,53 +34,75 @@ class AgentMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "edgeplex_agent_requests_total", "Inference requests received, per model.",
-            ["model"], registry=r,
+            "edgeplex_agent_requests_total",
+            "Inference requests received, per model.",
+            ["model"],
+            registry=r,
         )
         self.failures = Counter(
             "edgeplex_agent_request_failures_total",
             "Inference requests that ended in an error, per model and gRPC status code.",
-            ["model", "code"], registry=r,
+            ["model", "code"],
+            registry=r,
         )
         self.request_duration = Histogram(
             "edgeplex_agent_request_duration_seconds",
             "Time from a request entering the model's queue to its result.",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=r,
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.queue_duration = Histogram(
             "edgeplex_agent_queue_duration_seconds",
             "Time a request waited in its model's queue before its batch was dispatched.",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=r,
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.compute_duration = Histogram(
             "edgeplex_agent_compute_duration_seconds",
             "ONNX Runtime execution time of one batch, measured in the runner.",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=r,
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.batch_size = Histogram(
             "edgeplex_agent_batch_size_requests",
             "Requests per executed batch.",
-            ["model"], buckets=_BATCH_BUCKETS, registry=r,
+            ["model"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
         )
         self.queue_depth = Gauge(
-            "edgeplex_agent_queue_depth_requests", "Requests waiting in a model's queue.",
-            ["model"], registry=r,
+            "edgeplex_agent_queue_depth_requests",
+            "Requests waiting in a model's queue.",
+            ["model"],
+            registry=r,
         )
         self.model_ready = Gauge(
-            "edgeplex_agent_model_ready", "1 when the model serves, else 0.", ["model"],
+            "edgeplex_agent_model_ready",
+            "1 when the model serves, else 0.",
+            ["model"],
             registry=r,
         )
         self.model_memory = Gauge(
             "edgeplex_agent_model_memory_bytes",
-            "Memory measured around the model's session creation.", ["model"], registry=r,
+            "Memory measured around the model's session creation.",
+            ["model"],
+            registry=r,
         )
         self.load_duration = Histogram(
-            "edgeplex_agent_model_load_duration_seconds", "Session creation time in the runner.",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=r,
+            "edgeplex_agent_model_load_duration_seconds",
+            "Session creation time in the runner.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.runner_restarts = Counter(
-            "edgeplex_runner_restarts_total", "Runner processes restarted after they died.",
-            ["runner"], registry=r,
+            "edgeplex_runner_restarts_total",
+            "Runner processes restarted after they died.",
+            ["runner"],
+            registry=r,
         )
 
 

@@ -221,15 +221,20 @@ class ModelTable:
             await asyncio.wait_for(runner.ensure_ready(), settings.start_timeout_s * 3)
             if generation != entry.generation:
                 return
-            reply, _ = await asyncio.wait_for(runner.call(ipc.LoadModel(
-                req_id=self._pool.next_req_id(),
-                model=entry.name,
-                path=str(entry.source.path),
-                intra_op_threads=config.intra_op_threads or settings.intra_op_threads,
-                inter_op_threads=settings.inter_op_threads,
-                allow_spinning=settings.allow_spinning,
-                instances=config.instance_count,
-            )), settings.load_timeout_s)
+            reply, _ = await asyncio.wait_for(
+                runner.call(
+                    ipc.LoadModel(
+                        req_id=self._pool.next_req_id(),
+                        model=entry.name,
+                        path=str(entry.source.path),
+                        intra_op_threads=config.intra_op_threads or settings.intra_op_threads,
+                        inter_op_threads=settings.inter_op_threads,
+                        allow_spinning=settings.allow_spinning,
+                        instances=config.instance_count,
+                    )
+                ),
+                settings.load_timeout_s,
+            )
         except RunnerLost:
             return  # runner_down has already moved the model; runner_up reloads it
         except (TimeoutError, ServeError) as exc:
@@ -240,8 +245,9 @@ class ModelTable:
         else:
             self._load_done(entry, generation, None, getattr(reply, "message", "load failed"))
 
-    def _load_done(self, entry: ModelEntry, generation: int, reply: ipc.ModelLoaded | None,
-                   error: str) -> None:
+    def _load_done(
+        self, entry: ModelEntry, generation: int, reply: ipc.ModelLoaded | None, error: str
+    ) -> None:
         if generation != entry.generation:
             return
         if reply is None:
@@ -262,8 +268,13 @@ class ModelTable:
         if entry.batcher is None:
             entry.batcher = self._make_batcher(entry)
         entry.ready.set()
-        log.info("model %s v%s ready in %.0f ms (%d bytes)", entry.name, entry.version,
-                 entry.load_ms, entry.memory_bytes)
+        log.info(
+            "model %s v%s ready in %.0f ms (%d bytes)",
+            entry.name,
+            entry.version,
+            entry.load_ms,
+            entry.memory_bytes,
+        )
         self._resolve_waiters(entry, None)
 
     def _apply_metadata(self, entry: ModelEntry, reply: ipc.ModelLoaded) -> None:
@@ -295,8 +306,9 @@ class ModelTable:
         config = entry.config
         pool = self._pool
 
-        async def execute(inputs: dict[str, np.ndarray], outputs: list[str] | None
-                          ) -> tuple[dict[str, np.ndarray], int]:
+        async def execute(
+            inputs: dict[str, np.ndarray], outputs: list[str] | None
+        ) -> tuple[dict[str, np.ndarray], int]:
             descs, buffers = ipc.pack_tensors(inputs)
             runner = pool.get(entry.runner_id)
             reply, payload = await runner.call(
@@ -394,4 +406,3 @@ class ModelTable:
                 await entry.batcher.close(Unavailable("the agent is shutting down"), drain=False)
         for task in list(self._tasks):
             task.cancel()
-

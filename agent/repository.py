@@ -43,8 +43,11 @@ def scan_model(repo: Path, name: str, defaults: ModelConfig) -> ModelSource | No
     if not model_dir.is_dir():
         return None
     versions = sorted(
-        (int(p.name) for p in model_dir.iterdir()
-         if p.is_dir() and p.name.isdigit() and int(p.name) > 0 and (p / MODEL_FILE).is_file()),
+        (
+            int(p.name)
+            for p in model_dir.iterdir()
+            if p.is_dir() and p.name.isdigit() and int(p.name) > 0 and (p / MODEL_FILE).is_file()
+        ),
         reverse=True,
     )
     if not versions:

@@ -83,8 +83,13 @@ class Runner:
             if isinstance(message, ipc.Infer):
                 model = self._models.get(message.model)
                 if model is None:
-                    self._send(ipc.Failure(message.req_id, "not_loaded",
-                                           f"model '{message.model}' is not loaded here"))
+                    self._send(
+                        ipc.Failure(
+                            message.req_id,
+                            "not_loaded",
+                            f"model '{message.model}' is not loaded here",
+                        )
+                    )
                 else:
                     model.work.put((message, payload))
             elif isinstance(message, ipc.LoadModel):
@@ -168,8 +173,11 @@ class Runner:
             arrays = {n: np.asarray(r) for n, r in zip(names, results, strict=True)}
             descs, buffers = ipc.pack_tensors(arrays)
         except Exception as exc:
-            kind = "invalid" if type(exc).__name__ in ("InvalidArgument", "ProtocolError") else (
-                "internal")
+            kind = (
+                "invalid"
+                if type(exc).__name__ in ("InvalidArgument", "ProtocolError")
+                else ("internal")
+            )
             self._send(ipc.Failure(message.req_id, kind, str(exc)))
             return
         self._send(ipc.InferResult(message.req_id, compute_ns, descs), buffers)

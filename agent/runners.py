@@ -59,8 +59,14 @@ class ZygoteClient:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         self._process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "edgeplex.agent.zygote", "--fd", str(child.fileno()),
-            pass_fds=[child.fileno()], stdin=asyncio.subprocess.DEVNULL, env=env,
+            sys.executable,
+            "-m",
+            "edgeplex.agent.zygote",
+            "--fd",
+            str(child.fileno()),
+            pass_fds=[child.fileno()],
+            stdin=asyncio.subprocess.DEVNULL,
+            env=env,
         )
         child.close()
         reader, self._writer = await asyncio.open_unix_connection(sock=parent)
@@ -127,6 +133,7 @@ class RunnerProcess:
         self._hello: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] | None
         self._hello = None
         self._task: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
         self._backoff = pool.settings.restart_backoff_initial_s
         self._started_at = 0.0
 
@@ -141,8 +148,9 @@ class RunnerProcess:
             self._task = asyncio.create_task(self._start_loop(0.0), name=f"start-{self.runner_id}")
         await self._ready.wait()
 
-    async def call(self, message: ipc.Message, buffers: list[memoryview] | None = None
-                   ) -> tuple[ipc.Message, memoryview]:
+    async def call(
+        self, message: ipc.Message, buffers: list[memoryview] | None = None
+    ) -> tuple[ipc.Message, memoryview]:
         """Send a request carrying `req_id` and wait for its reply; RunnerLost if it dies."""
         if self.state != "ready" or self._writer is None:
             raise RunnerLost(self.runner_id)
@@ -170,8 +178,7 @@ class RunnerProcess:
 
     # --- called by the pool ----------------------------------------------------------------
 
-    def accept(self, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-               ) -> bool:
+    def accept(self, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         if self._hello is None or self._hello.done() or (self.pid is not None and pid != self.pid):
             return False
         self._hello.set_result((reader, writer))
@@ -193,8 +200,10 @@ class RunnerProcess:
                 return
             except (RunnerLost, TimeoutError, Unavailable, OSError) as exc:
                 log.error("runner %s failed to start: %s", self.runner_id, exc)
-                delay = min(max(delay * 2, settings.restart_backoff_initial_s),
-                            settings.restart_backoff_max_s)
+                delay = min(
+                    max(delay * 2, settings.restart_backoff_initial_s),
+                    settings.restart_backoff_max_s,
+                )
 
     async def _start_once(self) -> None:
         loop = asyncio.get_running_loop()
@@ -215,7 +224,7 @@ class RunnerProcess:
         self._started_at = time.monotonic()
         self._ready.set()
         log.info("runner %s ready (pid %d)", self.runner_id, self.pid)
-        asyncio.create_task(self._read(reader), name=f"runner-{self.runner_id}")
+        self._reader = asyncio.create_task(self._read(reader), name=f"runner-{self.runner_id}")
         self._pool.on_up(self.runner_id)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
@@ -263,8 +272,13 @@ class RunnerPool:
     runner starts serving and when it is lost.
     """
 
-    def __init__(self, settings: RunnerSettings, log_level: str,
-                 on_up: Callable[[str], None], on_down: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        settings: RunnerSettings,
+        log_level: str,
+        on_up: Callable[[str], None],
+        on_down: Callable[[str], None],
+    ) -> None:
         self.settings = settings
         self.log_level = log_level
         self.on_up = on_up
@@ -293,16 +307,17 @@ class RunnerPool:
     def runners(self) -> list[RunnerProcess]:
         return list(self._runners.values())
 
-    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-                         ) -> None:
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             message, _ = await asyncio.wait_for(ipc.read_frame(reader), timeout=10)
         except (TimeoutError, asyncio.IncompleteReadError, ipc.ProtocolError):
             writer.close()
             return
         runner = self._runners.get(getattr(message, "runner_id", ""))
-        if not isinstance(message, ipc.Hello) or runner is None or not runner.accept(
-            message.pid, reader, writer
+        if (
+            not isinstance(message, ipc.Hello)
+            or runner is None
+            or not runner.accept(message.pid, reader, writer)
         ):
             log.warning("rejected a runner connection that did not match a spawned runner")
             writer.close()

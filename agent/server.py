@@ -34,17 +34,26 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         loop.add_signal_handler(sig, stop.set)
 
     table: ModelTable | None = None
-    pool = RunnerPool(settings.runner, settings.log_level,
-                      on_up=lambda rid: table.runner_up(rid) if table else None,
-                      on_down=lambda rid: table.runner_down(rid) if table else None)
+    pool = RunnerPool(
+        settings.runner,
+        settings.log_level,
+        on_up=lambda rid: table.runner_up(rid) if table else None,
+        on_down=lambda rid: table.runner_down(rid) if table else None,
+    )
     await pool.start()
     table = ModelTable(settings, pool)
     names = table.discover()
     agent = Agent(settings, table)
     grpc_server, grpc_port = await start_grpc_server(agent)
     http_runner, http_port = await start_http_server(agent)
-    log.info("serving %d models: grpc %s:%d, http %s:%d", len(names), settings.grpc_host,
-             grpc_port, settings.http_host, http_port)
+    log.info(
+        "serving %d models: grpc %s:%d, http %s:%d",
+        len(names),
+        settings.grpc_host,
+        grpc_port,
+        settings.http_host,
+        http_port,
+    )
 
     async def initial_loads() -> None:
         if settings.load_models_at_start:
@@ -55,8 +64,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     loader = asyncio.create_task(initial_loads())
     await stop.wait()
 
-    log.info("shutting down: draining in-flight requests (up to %.0f s)",
-             settings.drain_timeout_s)
+    log.info("shutting down: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
     agent.draining = True
     drained = await agent.drain(settings.drain_timeout_s)
     if not drained:

@@ -46,8 +46,15 @@ class ModelStats:
     compute_output: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStats] = field(default_factory=dict)
 
-    def record_batch(self, batch: list[Request], started: float, assembled: float,
-                     compute_ns: int, done: float, returned: float) -> None:
+    def record_batch(
+        self,
+        batch: list[Request],
+        started: float,
+        assembled: float,
+        compute_ns: int,
+        done: float,
+        returned: float,
+    ) -> None:
         """A batch that succeeded: `started` when it left the queue, `assembled` when
         its inputs were concatenated, `returned` when the runner answered, `done`
         when every member had its result (monotonic seconds)."""

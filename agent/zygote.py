@@ -28,10 +28,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-import numpy  # noqa: E402,F401  (preloaded for the children)
-import onnxruntime  # noqa: E402,F401
+import contextlib
 
-from edgeplex.agent import ipc, runner  # noqa: E402
+import numpy  # noqa: F401  (preloaded for the children)
+import onnxruntime  # noqa: F401
+
+from edgeplex.agent import ipc, runner
 
 _PR_SET_PDEATHSIG = 1
 
@@ -110,10 +112,8 @@ class Zygote:
                 return
             runner_id = self._children.pop(pid, "?")
             code = os.waitstatus_to_exitcode(status)
-            try:
+            with contextlib.suppress(OSError):
                 ipc.send_frame(self._control, ipc.RunnerExited(runner_id, pid, code))
-            except OSError:
-                pass
 
     def _shutdown(self) -> None:
         for pid in list(self._children):
@@ -122,10 +122,8 @@ class Zygote:
 
 
 def _kill(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def main() -> None:

@@ -40,15 +40,16 @@ def generate(out_dir: Path) -> list[Path]:
     for path in sorted(out_dir.glob("*_pb2*.py*")):
         text = path.read_text()
         for stem in stems:
-            text = re.sub(rf"^import {stem}_pb2 as", f"from . import {stem}_pb2 as", text, flags=re.M)
+            text = re.sub(
+                rf"^import {stem}_pb2 as", f"from . import {stem}_pb2 as", text, flags=re.M
+            )
         # Our messages use Triton's package name `inference` (wire compatibility),
         # so registering them in protobuf's default pool would clash with
         # tritonclient's copies in any process that imports both. Each file gets
         # a private pool instead; the wire format is unchanged.
         text = text.replace(
             "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(",
-            "_POOL = _descriptor_pool.DescriptorPool()\n"
-            "DESCRIPTOR = _POOL.AddSerializedFile(",
+            "_POOL = _descriptor_pool.DescriptorPool()\nDESCRIPTOR = _POOL.AddSerializedFile(",
         )
         path.write_text(text)
         written.append(path)

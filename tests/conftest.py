@@ -39,10 +39,20 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     demo.make_add_sub(repo / "add_sub", config="max_batch_size: 16\nmax_queue_delay_us: 20000\n")
     demo.make_add_sub(repo / "add_sub_nobatch", config="max_batch_size: 0\n")
     demo.make_mlp(repo / "mlp_small", width=64, layers=2, in_width=32)
-    demo.make_mlp(repo / "mlp_dedicated", width=64, layers=2, in_width=32, seed=3,
-                  config="isolation: dedicated\n")
-    demo.make_slow(repo / "slow", size=512, depth=32,
-                   config="max_batch_size: 8\nmax_queue_size: 2\nisolation: dedicated\n")
+    demo.make_mlp(
+        repo / "mlp_dedicated",
+        width=64,
+        layers=2,
+        in_width=32,
+        seed=3,
+        config="isolation: dedicated\n",
+    )
+    demo.make_slow(
+        repo / "slow",
+        size=512,
+        depth=32,
+        config="max_batch_size: 8\nmax_queue_size: 2\nisolation: dedicated\n",
+    )
     for datatype in ("FP32", "FP16", "INT64", "INT32", "INT8", "UINT8", "BOOL"):
         demo.make_identity(repo / f"identity_{datatype.lower()}", datatype)
     demo.make_broken(repo / "broken")
@@ -80,14 +90,26 @@ class AgentProcess:
         return self.process.wait(timeout)
 
 
-def start_agent(repo: Path, log_dir: Path, env: dict[str, str] | None = None,
-                wait_ready: bool = True) -> AgentProcess:
+def start_agent(
+    repo: Path, log_dir: Path, env: dict[str, str] | None = None, wait_ready: bool = True
+) -> AgentProcess:
     grpc_port, http_port = free_port(), free_port()
     log_path = log_dir / f"agent-{grpc_port}.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "edgeplex", "agent", "--model-repo", str(repo),
-         "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
-        stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "edgeplex",
+            "agent",
+            "--model-repo",
+            str(repo),
+            "--grpc-port",
+            str(grpc_port),
+            "--http-port",
+            str(http_port),
+        ],
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
     )
     agent = AgentProcess(process, grpc_port, http_port, log_path)
@@ -108,7 +130,10 @@ def start_agent(repo: Path, log_dir: Path, env: dict[str, str] | None = None,
 
 @pytest.fixture(scope="module")
 def agent(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
-    process = start_agent(model_repo, tmp_path_factory.mktemp("agent"),
-                          env={"EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "16MiB"})
+    process = start_agent(
+        model_repo,
+        tmp_path_factory.mktemp("agent"),
+        env={"EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "16MiB"},
+    )
     yield process
     assert process.stop() == 0, process.log()

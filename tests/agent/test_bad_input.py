@@ -36,8 +36,9 @@ def grpc_error(call) -> InferenceServerException:
 
 
 def http_post(agent, path: str, body: bytes, headers: dict[str, str] | None = None):
-    request = urllib.request.Request(f"http://{agent.http_url}{path}", data=body,
-                                     headers=headers or {}, method="POST")
+    request = urllib.request.Request(
+        f"http://{agent.http_url}{path}", data=body, headers=headers or {}, method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as r:
             return r.status, dict(r.headers), r.read()
@@ -63,14 +64,17 @@ def test_unknown_model_is_not_found(client):
     assert "no_such_model" in err.message()
 
 
-@pytest.mark.parametrize("feeds,needle", [
-    ({"INPUT0": ones(1, 16, dtype=np.int32), "INPUT1": ones(1, 16)}, "INPUT0"),
-    ({"INPUT0": ones(1, 15), "INPUT1": ones(1, 15)}, "INPUT0"),
-    ({"INPUT0": ones(1, 16, 1), "INPUT1": ones(1, 16)}, "INPUT0"),
-    ({"INPUT0": ones(1, 16)}, "INPUT1"),
-    ({"INPUT0": ones(1, 16), "INPUT1": ones(1, 16), "EXTRA": ones(1, 16)}, "EXTRA"),
-    ({"INPUT0": ones(99, 16), "INPUT1": ones(99, 16)}, "INPUT0"),
-])
+@pytest.mark.parametrize(
+    "feeds,needle",
+    [
+        ({"INPUT0": ones(1, 16, dtype=np.int32), "INPUT1": ones(1, 16)}, "INPUT0"),
+        ({"INPUT0": ones(1, 15), "INPUT1": ones(1, 15)}, "INPUT0"),
+        ({"INPUT0": ones(1, 16, 1), "INPUT1": ones(1, 16)}, "INPUT0"),
+        ({"INPUT0": ones(1, 16)}, "INPUT1"),
+        ({"INPUT0": ones(1, 16), "INPUT1": ones(1, 16), "EXTRA": ones(1, 16)}, "EXTRA"),
+        ({"INPUT0": ones(99, 16), "INPUT1": ones(99, 16)}, "INPUT0"),
+    ],
+)
 def test_wrong_inputs_are_invalid_argument_naming_the_input(client, feeds, needle):
     err = grpc_error(lambda: client.infer("add_sub", inputs_for(feeds)))
     assert err.status() == "StatusCode.INVALID_ARGUMENT", err.message()
@@ -92,7 +96,8 @@ def test_wrong_element_count_in_raw_contents(stub, client):
 def test_wrong_typed_element_count(stub):
     request = pb.ModelInferRequest(model_name="identity_int32")
     request.inputs.add(name="INPUT", datatype="INT32", shape=[1, 8]).contents.int_contents.extend(
-        [1, 2, 3])
+        [1, 2, 3]
+    )
     with pytest.raises(grpc.RpcError) as err:
         stub.ModelInfer(request)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -122,8 +127,9 @@ def test_broken_model_is_failed_with_a_reason_and_no_path(client, agent, model_r
 
 
 def test_request_timeout_is_deadline_exceeded(client):
-    err = grpc_error(lambda: client.infer("slow", inputs_for({"input": ones(8, 512, 512)}),
-                                          timeout=50_000))
+    err = grpc_error(
+        lambda: client.infer("slow", inputs_for({"input": ones(8, 512, 512)}), timeout=50_000)
+    )
     assert err.status() == "StatusCode.DEADLINE_EXCEEDED"
     add_sub_ok(client)
 
@@ -158,34 +164,75 @@ def test_http_unknown_model_is_404(agent):
     assert status == 404 and "nope" in json.loads(body)["error"]
 
 
-@pytest.mark.parametrize("inputs,needle", [
-    ([{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
-      {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": [1] * 16}], "INPUT0"),
-    ([{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1] * 15},
-      {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": [1] * 16}], "INPUT0"),
-    ([{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1] * 16}], "INPUT1"),
-    ([{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": ["a"] * 16},
-      {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": [1] * 16}], "INPUT0"),
-])
+@pytest.mark.parametrize(
+    "inputs,needle",
+    [
+        (
+            [
+                {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": [1] * 16},
+            ],
+            "INPUT0",
+        ),
+        (
+            [
+                {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1] * 15},
+                {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": [1] * 16},
+            ],
+            "INPUT0",
+        ),
+        ([{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1] * 16}], "INPUT1"),
+        (
+            [
+                {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": ["a"] * 16},
+                {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": [1] * 16},
+            ],
+            "INPUT0",
+        ),
+    ],
+)
 def test_http_wrong_inputs_are_400_naming_the_input(agent, inputs, needle):
-    status, _, body = http_post(agent, "/v2/models/add_sub/infer",
-                                json.dumps({"inputs": inputs}).encode())
+    status, _, body = http_post(
+        agent, "/v2/models/add_sub/infer", json.dumps({"inputs": inputs}).encode()
+    )
     assert status == 400
     assert needle in json.loads(body)["error"]
 
 
 def test_http_binary_size_mismatch_is_400(agent):
-    header = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, 8], "datatype": "FP32",
-                                     "parameters": {"binary_data_size": 32}}]}).encode()
-    status, _, body = http_post(agent, "/v2/models/identity_fp32/infer", header + b"\0" * 31,
-                                {"Inference-Header-Content-Length": str(len(header))})
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT",
+                    "shape": [1, 8],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 32},
+                }
+            ]
+        }
+    ).encode()
+    status, _, body = http_post(
+        agent,
+        "/v2/models/identity_fp32/infer",
+        header + b"\0" * 31,
+        {"Inference-Header-Content-Length": str(len(header))},
+    )
     assert status == 400 and "INPUT" in json.loads(body)["error"]
 
 
 def test_http_timeout_is_504_and_queue_full_is_429(agent):
-    doc = {"inputs": [{"name": "input", "shape": [8, 512, 512], "datatype": "FP32",
-                       "parameters": {"binary_data_size": 8 * 512 * 512 * 4}}],
-           "parameters": {"timeout": 50_000}}
+    doc = {
+        "inputs": [
+            {
+                "name": "input",
+                "shape": [8, 512, 512],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": 8 * 512 * 512 * 4},
+            }
+        ],
+        "parameters": {"timeout": 50_000},
+    }
     header = json.dumps(doc).encode()
     body = header + bytes(8 * 512 * 512 * 4)
     headers = {"Inference-Header-Content-Length": str(len(header))}
@@ -196,8 +243,9 @@ def test_http_timeout_is_504_and_queue_full_is_429(agent):
     body = header + bytes(8 * 512 * 512 * 4)
     headers = {"Inference-Header-Content-Length": str(len(header))}
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda _: http_post(agent, "/v2/models/slow/infer", body, headers),
-                                range(8)))
+        results = list(
+            pool.map(lambda _: http_post(agent, "/v2/models/slow/infer", body, headers), range(8))
+        )
     codes = [r[0] for r in results]
     assert 429 in codes and 200 in codes
     assert all(r[1].get("Retry-After") for r in results if r[0] == 429)

@@ -16,8 +16,13 @@ from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
 
 DTYPES = {
-    "FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32,
-    "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_,
+    "FP32": np.float32,
+    "FP16": np.float16,
+    "INT64": np.int64,
+    "INT32": np.int32,
+    "INT8": np.int8,
+    "UINT8": np.uint8,
+    "BOOL": np.bool_,
 }
 
 
@@ -52,11 +57,16 @@ def test_server_health_and_metadata(client):
 def test_model_metadata_comes_from_the_onnx_graph(client):
     meta = client.get_model_metadata("silero_vad")
     inputs = {t.name: (t.datatype, list(t.shape)) for t in meta.inputs}
-    assert inputs == {"input": ("FP32", [-1, -1]), "state": ("FP32", [2, -1, 128]),
-                      "sr": ("INT64", [])}
+    assert inputs == {
+        "input": ("FP32", [-1, -1]),
+        "state": ("FP32", [2, -1, 128]),
+        "sr": ("INT64", []),
+    }
     meta = client.get_model_metadata("add_sub")
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [
-        ("OUTPUT0", "FP32", [-1, 16]), ("OUTPUT1", "FP32", [-1, 16])]
+        ("OUTPUT0", "FP32", [-1, 16]),
+        ("OUTPUT1", "FP32", [-1, 16]),
+    ]
     assert client.is_model_ready("add_sub")
     assert not client.is_model_ready("add_sub", "7")
     config = client.get_model_config("add_sub").config
@@ -65,8 +75,10 @@ def test_model_metadata_comes_from_the_onnx_graph(client):
 
 def test_infer_matches_direct_onnxruntime_exactly(client, model_repo):
     rng = np.random.default_rng(0)
-    feeds = {"INPUT0": rng.standard_normal((3, 16), dtype=np.float32),
-             "INPUT1": rng.standard_normal((3, 16), dtype=np.float32)}
+    feeds = {
+        "INPUT0": rng.standard_normal((3, 16), dtype=np.float32),
+        "INPUT1": rng.standard_normal((3, 16), dtype=np.float32),
+    }
     result = client.infer("add_sub_nobatch", inputs_for(feeds))
     expected = direct(model_repo, "add_sub_nobatch", feeds)
     for name, value in expected.items():
@@ -75,9 +87,11 @@ def test_infer_matches_direct_onnxruntime_exactly(client, model_repo):
 
 def test_real_packaged_model_matches_direct_onnxruntime(client, model_repo):
     rng = np.random.default_rng(1)
-    feeds = {"input": rng.standard_normal((1, 512), dtype=np.float32) * 0.1,
-             "state": np.zeros((2, 1, 128), dtype=np.float32),
-             "sr": np.array(16000, dtype=np.int64)}
+    feeds = {
+        "input": rng.standard_normal((1, 512), dtype=np.float32) * 0.1,
+        "state": np.zeros((2, 1, 128), dtype=np.float32),
+        "sr": np.array(16000, dtype=np.int64),
+    }
     result = client.infer("silero_vad", inputs_for(feeds))
     expected = direct(model_repo, "silero_vad", feeds)
     np.testing.assert_array_equal(result.as_numpy("output"), expected["output"])
@@ -101,10 +115,17 @@ def test_every_datatype_round_trips(client, datatype):
     np.testing.assert_array_equal(out, array)
 
 
-@pytest.mark.parametrize("datatype,field", [
-    ("FP32", "fp32_contents"), ("INT64", "int64_contents"), ("INT32", "int_contents"),
-    ("INT8", "int_contents"), ("UINT8", "uint_contents"), ("BOOL", "bool_contents"),
-])
+@pytest.mark.parametrize(
+    "datatype,field",
+    [
+        ("FP32", "fp32_contents"),
+        ("INT64", "int64_contents"),
+        ("INT32", "int_contents"),
+        ("INT8", "int_contents"),
+        ("UINT8", "uint_contents"),
+        ("BOOL", "bool_contents"),
+    ],
+)
 def test_typed_contents_are_accepted(agent, datatype, field):
     values = [1, 0, 1, 1, 0, 0, 1, 0] if datatype == "BOOL" else [1, 2, 3, 4, 5, 6, 7, 8]
     request = pb.ModelInferRequest(model_name=f"identity_{datatype.lower()}")
@@ -119,9 +140,13 @@ def test_typed_contents_are_accepted(agent, datatype, field):
 
 def test_concurrent_requests_are_batched_and_match_within_tolerance(client, model_repo):
     rng = np.random.default_rng(3)
-    requests = [{"INPUT0": rng.standard_normal((1 + i % 3, 16), dtype=np.float32),
-                 "INPUT1": rng.standard_normal((1 + i % 3, 16), dtype=np.float32)}
-                for i in range(24)]
+    requests = [
+        {
+            "INPUT0": rng.standard_normal((1 + i % 3, 16), dtype=np.float32),
+            "INPUT1": rng.standard_normal((1 + i % 3, 16), dtype=np.float32),
+        }
+        for i in range(24)
+    ]
     before = client.get_inference_statistics("add_sub").model_stats[0]
 
     def call(feeds):

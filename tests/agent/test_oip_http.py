@@ -36,10 +36,14 @@ def test_health_and_metadata(client):
 @pytest.mark.parametrize("binary", [True, False])
 def test_infer_matches_direct_onnxruntime(client, model_repo, binary):
     rng = np.random.default_rng(0)
-    feeds = {"INPUT0": rng.standard_normal((2, 16), dtype=np.float32),
-             "INPUT1": rng.standard_normal((2, 16), dtype=np.float32)}
-    outputs = [th.InferRequestedOutput("OUTPUT0", binary_data=binary),
-               th.InferRequestedOutput("OUTPUT1", binary_data=not binary)]
+    feeds = {
+        "INPUT0": rng.standard_normal((2, 16), dtype=np.float32),
+        "INPUT1": rng.standard_normal((2, 16), dtype=np.float32),
+    }
+    outputs = [
+        th.InferRequestedOutput("OUTPUT0", binary_data=binary),
+        th.InferRequestedOutput("OUTPUT1", binary_data=not binary),
+    ]
     result = client.infer("add_sub_nobatch", inputs_for(feeds, binary), outputs=outputs)
     expected = direct(model_repo, "add_sub_nobatch", feeds)
     for name, value in expected.items():
@@ -48,9 +52,11 @@ def test_infer_matches_direct_onnxruntime(client, model_repo, binary):
 
 def test_real_packaged_model(client, model_repo):
     rng = np.random.default_rng(1)
-    feeds = {"input": rng.standard_normal((1, 512), dtype=np.float32) * 0.1,
-             "state": np.zeros((2, 1, 128), dtype=np.float32),
-             "sr": np.array(16000, dtype=np.int64)}
+    feeds = {
+        "input": rng.standard_normal((1, 512), dtype=np.float32) * 0.1,
+        "state": np.zeros((2, 1, 128), dtype=np.float32),
+        "sr": np.array(16000, dtype=np.int64),
+    }
     result = client.infer("silero_vad", inputs_for(feeds))
     expected = direct(model_repo, "silero_vad", feeds)
     np.testing.assert_array_equal(result.as_numpy("output"), expected["output"])
@@ -68,15 +74,23 @@ def test_every_datatype_round_trips(client, datatype, binary):
         array = rng.integers(info.min, info.max, (2, 8), dtype=dtype, endpoint=True)
     else:
         array = rng.standard_normal((2, 8)).astype(dtype)
-    result = client.infer(f"identity_{datatype.lower()}", inputs_for({"INPUT": array}, binary),
-                          outputs=[th.InferRequestedOutput("OUTPUT", binary_data=binary)])
+    result = client.infer(
+        f"identity_{datatype.lower()}",
+        inputs_for({"INPUT": array}, binary),
+        outputs=[th.InferRequestedOutput("OUTPUT", binary_data=binary)],
+    )
     np.testing.assert_array_equal(result.as_numpy("OUTPUT"), array)
 
 
 def test_batched_requests_match_within_tolerance(client, model_repo):
     rng = np.random.default_rng(3)
-    requests = [{"INPUT0": rng.standard_normal((1, 16), dtype=np.float32),
-                 "INPUT1": rng.standard_normal((1, 16), dtype=np.float32)} for _ in range(16)]
+    requests = [
+        {
+            "INPUT0": rng.standard_normal((1, 16), dtype=np.float32),
+            "INPUT1": rng.standard_normal((1, 16), dtype=np.float32),
+        }
+        for _ in range(16)
+    ]
     # tritonclient.http is gevent-based: concurrency comes from async_infer, not threads.
     pending = [client.async_infer("add_sub", inputs_for(f)) for f in requests]
     results = [p.get_result() for p in pending]
@@ -108,13 +122,22 @@ def test_status_lists_every_model_with_runner_and_bytes(agent):
 
 
 def test_metrics_are_exported(agent, client):
-    client.infer("add_sub", inputs_for({"INPUT0": np.ones((1, 16), np.float32),
-                                        "INPUT1": np.ones((1, 16), np.float32)}))
+    client.infer(
+        "add_sub",
+        inputs_for(
+            {"INPUT0": np.ones((1, 16), np.float32), "INPUT1": np.ones((1, 16), np.float32)}
+        ),
+    )
     status, body = agent.http_get("/metrics")
     text = body.decode()
     assert status == 200
-    for name in ("edgeplex_agent_requests_total", "edgeplex_agent_request_failures_total",
-                 "edgeplex_agent_queue_duration_seconds", "edgeplex_agent_compute_duration_seconds",
-                 "edgeplex_agent_batch_size_requests", "edgeplex_runner_restarts_total"):
+    for name in (
+        "edgeplex_agent_requests_total",
+        "edgeplex_agent_request_failures_total",
+        "edgeplex_agent_queue_duration_seconds",
+        "edgeplex_agent_compute_duration_seconds",
+        "edgeplex_agent_batch_size_requests",
+        "edgeplex_runner_restarts_total",
+    ):
         assert name in text, name
     assert 'edgeplex_agent_requests_total{model="add_sub"}' in text

@@ -21,8 +21,10 @@ from tests.conftest import start_agent
 pytestmark = pytest.mark.slow
 
 FEEDS = {
-    "add_sub_nobatch": {"INPUT0": np.ones((1, 16), np.float32),
-                        "INPUT1": np.ones((1, 16), np.float32)},
+    "add_sub_nobatch": {
+        "INPUT0": np.ones((1, 16), np.float32),
+        "INPUT1": np.ones((1, 16), np.float32),
+    },
     "mlp_small": {"input": np.ones((2, 32), np.float32)},
     "mlp_dedicated": {"input": np.ones((2, 32), np.float32)},
 }
@@ -48,8 +50,9 @@ class Load:
         self.outcomes: dict[str, Counter[str]] = {m: Counter() for m in models}
         self.errors: dict[str, list[str]] = {m: [] for m in models}
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(m,)) for m in models
-                         for _ in range(2)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(m,)) for m in models for _ in range(2)
+        ]
 
     def _run(self, model: str) -> None:
         client = tg.InferenceServerClient(self.agent.grpc_url)
@@ -81,10 +84,13 @@ def wait_ready(client, model: str, timeout: float) -> float:
     raise AssertionError(f"{model} not ready within {timeout} s")
 
 
-@pytest.mark.parametrize("victim,survivors", [
-    ("mlp_dedicated", ["add_sub_nobatch", "mlp_small"]),
-    ("add_sub_nobatch", ["mlp_dedicated"]),
-])
+@pytest.mark.parametrize(
+    "victim,survivors",
+    [
+        ("mlp_dedicated", ["add_sub_nobatch", "mlp_small"]),
+        ("add_sub_nobatch", ["mlp_dedicated"]),
+    ],
+)
 def test_sigkill_runner_under_load(crash_agent, victim, survivors):
     client = tg.InferenceServerClient(crash_agent.grpc_url)
     pids = runner_pids(crash_agent)

@@ -25,7 +25,8 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(model_repo, tmp_path):
     def slow_request() -> None:
         try:
             result = tg.InferenceServerClient(agent.grpc_url).infer(
-                "slow", inputs_for({"input": np.ones((8, 512, 512), np.float32)}))
+                "slow", inputs_for({"input": np.ones((8, 512, 512), np.float32)})
+            )
             outcome["shape"] = result.as_numpy("output").shape
         except InferenceServerException as exc:
             outcome["error"] = exc
@@ -42,8 +43,12 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(model_repo, tmp_path):
         time.sleep(0.01)
     assert status == 503, "readiness did not turn false after SIGTERM"
     with pytest.raises(InferenceServerException) as err:
-        client.infer("add_sub", inputs_for({"INPUT0": np.ones((1, 16), np.float32),
-                                            "INPUT1": np.ones((1, 16), np.float32)}))
+        client.infer(
+            "add_sub",
+            inputs_for(
+                {"INPUT0": np.ones((1, 16), np.float32), "INPUT1": np.ones((1, 16), np.float32)}
+            ),
+        )
     assert err.value.status() == "StatusCode.UNAVAILABLE"
     thread.join(30)
     assert outcome.get("shape") == (8, 512, 512), outcome

@@ -1,0 +1,31 @@
+# Targets named in the README. Each one sets up what it needs first.
+PY := .venv/bin/python
+DEMO_REPO ?= .cache/demo-repo
+
+.PHONY: setup test lint proto demo bench clean
+
+setup:
+	./scripts/setup.sh
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+test: setup lint
+	$(PY) -m pytest -q
+
+proto: setup
+	$(PY) scripts/gen_proto.py
+
+demo: setup
+	@[ -f $(DEMO_REPO)/.edgeplex-demo ] || .venv/bin/edgeplex demo-repo $(DEMO_REPO)
+	.venv/bin/edgeplex agent --model-repo $(DEMO_REPO) --grpc-port 8001 --http-port 8000
+
+bench:
+	EDGEPLEX_SETUP_BENCH=1 ./scripts/setup.sh
+	@[ -f $(DEMO_REPO)/.edgeplex-demo ] || .venv/bin/edgeplex demo-repo $(DEMO_REPO)
+	$(PY) bench/agent_overhead.py --repo $(DEMO_REPO)
+
+clean:
+	rm -rf .venv .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian/Ubuntu machine (or this checkout again, cheaply):
+# system packages where missing, a virtual environment in .venv, and the
+# project with its dev dependencies installed editable. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$PWD/.cache/pip}"
+PYTHON="${PYTHON:-python3}"
+
+apt_install() {
+    local missing=()
+    for pkg in "$@"; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+}
+
+if ! "$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1; then
+    apt_install python3-venv
+fi
+if [ "${EDGEPLEX_SETUP_BENCH:-0}" = 1 ] && ! command -v wrk >/dev/null 2>&1; then
+    apt_install wrk
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+stamp=".venv/.edgeplex-installed"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
+    .venv/bin/python -m pip install -q -e ".[dev]"
+    echo "$want" > "$stamp"
+fi

@@ -1,0 +1,78 @@
+"""The wheel installs into a clean virtual environment and imports under `edgeplex` only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def test_wheel_installs_cleanly_and_owns_only_edgeplex(tmp_path):
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+    )
+    wheel = next((tmp_path / "dist").glob("edgeplex-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {name.split("/")[0] for name in zf.namelist()}
+        names = set(zf.namelist())
+    assert tops == {"edgeplex", wheel.name.split("-py3")[0] + ".dist-info"}
+    for module in (
+        "agent/server.py",
+        "agent/zygote.py",
+        "proto/inference_pb2.py",
+        "proto/inference.proto",
+        "cli.py",
+    ):
+        assert f"edgeplex/{module}" in names, module
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, env=env, cwd=tmp_path
+    )
+    probe = (
+        "import edgeplex, edgeplex.agent.server, edgeplex.agent.zygote, edgeplex.proto, sys;"
+        "import importlib.util as u;"
+        "assert u.find_spec('agent') is None and u.find_spec('proto') is None;"
+        "assert 'site-packages' in edgeplex.__file__, edgeplex.__file__;"
+        "print(edgeplex.__version__)"
+    )
+    out = subprocess.run(
+        [str(python), "-c", probe],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.stdout.strip() == "0.1.0"
+    help_text = subprocess.run(
+        [str(env_dir / "bin" / "edgeplex"), "agent", "--help"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout
+    assert "--model-repo" in help_text
