@@ -197,6 +197,8 @@ class Batcher:
 
     async def _ready_or_expire(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait for the model to serve, at most until the earliest queued deadline."""
+        if self._ready.is_set():
+            return True
         earliest = min(r.deadline for r in self._queue)
         try:
             await asyncio.wait_for(self._ready.wait(), max(0.0, earliest - loop.time()))

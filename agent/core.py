@@ -186,14 +186,15 @@ class Agent:
             request = self._admit(entry, inputs, outputs, timeout_s)
             assert entry.batcher is not None
             entry.batcher.submit(request)
-            loop = asyncio.get_running_loop()
+            # A timer, not wait_for: one fewer task and loop hop on the hot path. The
+            # batcher skips requests whose future is already done.
+            timer = asyncio.get_running_loop().call_at(
+                request.deadline, _time_out, request.future, name
+            )
             try:
-                result = await asyncio.wait_for(
-                    asyncio.shield(request.future), request.deadline - loop.time()
-                )
-            except TimeoutError:
-                request.future.cancel()
-                raise DeadlineExceeded(f"model '{name}': request timed out") from None
+                result = await request.future
+            finally:
+                timer.cancel()
             return InferResult(entry, result, request.cold_start)
         except ServeError as exc:
             METRICS.failures.labels(model=name, code=exc.grpc_code.name).inc()
@@ -278,3 +279,8 @@ class Agent:
             return True
         except TimeoutError:
             return False
+
+
+def _time_out(future: asyncio.Future[dict[str, np.ndarray]], model: str) -> None:
+    if not future.done():
+        future.set_exception(DeadlineExceeded(f"model '{model}': request timed out"))

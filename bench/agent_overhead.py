@@ -1,0 +1,289 @@
+"""What the agent costs over calling ONNX Runtime directly, measured side by side.
+
+For each model and concurrency, in one run on one machine:
+  direct  ONNX Runtime in one process, `concurrency` threads calling session.run;
+  grpc    the agent, driven by tritonclient.grpc.aio with `concurrency` in-flight calls;
+  http    the agent, driven by wrk (C) with `concurrency` connections, binary tensors.
+It reports throughput ratios agent/direct and the p50/p99 latency the agent adds,
+plus the round trip of an empty gRPC call (ServerLive) from the same client: the
+floor of the Python gRPC transport on this machine.
+
+Every load generator runs in its own process. Usage:
+    python bench/agent_overhead.py --repo .cache/demo-repo [--duration 8] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+MODELS = {"mlp_small": (512, "~1 MB"), "mlp_medium": (1024, "~50 MB")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    arr = np.asarray(latencies) * 1000
+    return {"p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99))}
+
+
+# --- load generators (each runs as `python agent_overhead.py _<kind> ...`) ----------------
+
+
+def run_direct(path: str, width: int, concurrency: int, duration: float) -> dict:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((1, width), dtype=np.float32)
+    for _ in range(20):
+        session.run(None, {"input": x})
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    stop = time.perf_counter() + duration
+
+    def worker(out: list[float]) -> None:
+        while (start := time.perf_counter()) < stop:
+            session.run(None, {"input": x})
+            out.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=worker, args=(lat,)) for lat in latencies]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flat = [v for lat in latencies for v in lat]
+    return {"rps": len(flat) / (time.perf_counter() - began), **percentiles(flat)}
+
+
+async def _grpc_load(url: str, model: str, width: int, concurrency: int, duration: float) -> dict:
+    import tritonclient.grpc.aio as tga
+
+    client = tga.InferenceServerClient(url)
+    x = np.random.default_rng(0).standard_normal((1, width), dtype=np.float32)
+    tensor = tga.InferInput("input", [1, width], "FP32")
+    tensor.set_data_from_numpy(x)
+    for _ in range(20):
+        await client.infer(model, [tensor])
+    live = []
+    for _ in range(300):
+        start = time.perf_counter()
+        await client.is_server_live()
+        live.append(time.perf_counter() - start)
+    latencies: list[float] = []
+    errors = 0
+    stop = time.perf_counter() + duration
+
+    async def worker() -> None:
+        nonlocal errors
+        while (start := time.perf_counter()) < stop:
+            try:
+                await client.infer(model, [tensor])
+                latencies.append(time.perf_counter() - start)
+            except Exception:
+                errors += 1
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - began
+    await client.close()
+    return {
+        "rps": len(latencies) / elapsed,
+        "errors": errors,
+        **percentiles(latencies),
+        "empty_rpc_p50_ms": percentiles(live)["p50_ms"],
+    }
+
+
+def run_wrk(http_url: str, model: str, width: int, concurrency: int, duration: float) -> dict:
+    x = np.random.default_rng(0).standard_normal((1, width), dtype=np.float32)
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": [1, width],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
+        }
+    )
+    with tempfile.NamedTemporaryFile(suffix=".bin", delete=False) as f:
+        f.write(header.encode() + x.tobytes())
+        body = f.name
+    env = dict(os.environ, EDGEPLEX_WRK_BODY=body, EDGEPLEX_WRK_HEADER=str(len(header)))
+    threads = min(concurrency, 2)
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t",
+            str(threads),
+            "-c",
+            str(concurrency),
+            "-d",
+            f"{duration:.0f}s",
+            "--latency",
+            "-s",
+            str(HERE / "infer.lua"),
+            f"http://{http_url}/v2/models/{model}/infer",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    os.unlink(body)
+
+    def ms(label: str) -> float:
+        value, unit = re.search(rf"{label}\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
+        return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {
+        "rps": rps,
+        "p50_ms": ms("50%"),
+        "p99_ms": ms("99%"),
+        "errors": int(non2xx.group(1)) if non2xx else 0,
+    }
+
+
+# --- orchestration ------------------------------------------------------------------------
+
+
+def sub(kind: str, *args: object) -> dict:
+    cmd = [sys.executable, __file__, f"_{kind}", *map(str, args)]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+def start_agent(repo: Path) -> tuple[subprocess.Popen, str, str]:
+    grpc_port, http_port = free_port(), free_port()
+    log = open(Path(tempfile.gettempdir()) / f"edgeplex-bench-agent-{grpc_port}.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edgeplex",
+            "agent",
+            "--model-repo",
+            str(repo),
+            "--grpc-port",
+            str(grpc_port),
+            "--http-port",
+            str(http_port),
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    http = f"127.0.0.1:{http_port}"
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return proc, f"127.0.0.1:{grpc_port}", http
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the agent did not become ready")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", type=Path, required=True)
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--models", default="mlp_small,mlp_medium")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    has_wrk = shutil.which("wrk") is not None
+    proc, grpc_url, http_url = start_agent(args.repo)
+    results = []
+    try:
+        for model in args.models.split(","):
+            width = MODELS[model][0]
+            path = args.repo / model / "1" / "model.onnx"
+            for c in levels:
+                row = {
+                    "model": model,
+                    "size": MODELS[model][1],
+                    "concurrency": c,
+                    "direct": sub("direct", path, width, c, args.duration),
+                    "grpc": sub("grpc", grpc_url, model, width, c, args.duration),
+                }
+                if has_wrk:
+                    row["http"] = run_wrk(http_url, model, width, c, args.duration)
+                results.append(row)
+                print_row(row)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    meta = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "duration_s": args.duration,
+        "command": "python bench/agent_overhead.py " + " ".join(sys.argv[1:]),
+    }
+    print(json.dumps(meta))
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+
+
+def print_row(row: dict) -> None:
+    d = row["direct"]
+    parts = [
+        f"{row['model']:<10} c={row['concurrency']:<3} direct {d['rps']:8.0f} rps "
+        f"p50 {d['p50_ms']:.3f} ms"
+    ]
+    for kind in ("grpc", "http"):
+        if kind in row:
+            r = row[kind]
+            parts.append(
+                f"{kind} {r['rps']:7.0f} rps ratio {r['rps'] / d['rps']:.2f} "
+                f"p50 {r['p50_ms']:.3f} (+{r['p50_ms'] - d['p50_ms']:.3f}) "
+                f"p99 {r['p99_ms']:.3f} (+{r['p99_ms'] - d['p99_ms']:.3f}) ms err {r['errors']}"
+            )
+    if "grpc" in row:
+        parts.append(f"empty gRPC call p50 {row['grpc']['empty_rpc_p50_ms']:.3f} ms")
+    print(" | ".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
+        kind, rest = sys.argv[1], sys.argv[2:]
+        if kind == "_direct":
+            out = run_direct(rest[0], int(rest[1]), int(rest[2]), float(rest[3]))
+        elif kind == "_grpc":
+            out = asyncio.run(
+                _grpc_load(rest[0], rest[1], int(rest[2]), int(rest[3]), float(rest[4]))
+            )
+        else:
+            raise SystemExit(f"unknown {kind}")
+        print(json.dumps(out))
+    else:
+        main()
