@@ -180,7 +180,7 @@ def sub(kind: str, *args: object) -> dict:
 
 def start_agent(repo: Path) -> tuple[subprocess.Popen, str, str]:
     grpc_port, http_port = free_port(), free_port()
-    log = open(Path(tempfile.gettempdir()) / f"edgeplex-bench-agent-{grpc_port}.log", "wb")
+    log = open(Path(tempfile.gettempdir()) / f"edgeplex-bench-agent-{grpc_port}.log", "wb")  # noqa: SIM115 (lives as long as the agent)
     proc = subprocess.Popen(
         [
             sys.executable,
