@@ -122,7 +122,8 @@ class Batcher:
         self._stats = stats
         self._queue: deque[Request] = deque()
         self._arrived = asyncio.Event()
-        self._slots = asyncio.Semaphore(instance_count)
+        self._free_slots = instance_count  # batches that may start now
+        self._slot_freed = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
         self._closed: ServeError | None = None
         self._task = asyncio.create_task(self._run(), name=f"batcher-{model}")
@@ -139,6 +140,11 @@ class Batcher:
             raise QueueFull(
                 f"model '{self.model}': queue is full ({self.max_queue_size} requests waiting)"
             )
+        if (not self._queue and self._free_slots and self._ready.is_set()
+                and not (self.max_queue_delay_s and self.max_batch_size)):
+            # Fast path: an idle model starts the request now, skipping one loop hop.
+            self._start([request])
+            return
         self._queue.append(request)
         self._depth.set(len(self._queue))
         self._arrived.set()
@@ -179,21 +185,23 @@ class Batcher:
                 continue
             if not await self._ready_or_expire(loop):
                 continue
-            await self._slots.acquire()
+            while not self._free_slots:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
             if not self._ready.is_set():
-                # The runner died while we waited for a slot: wait for the reload.
-                self._slots.release()
-                continue
+                continue  # the runner died while we waited for a slot: wait for the reload
             if self.max_queue_delay_s and self.max_batch_size:
                 await self._gather_more(loop)
             batch = take_batch(self._queue, self.max_batch_size)
             self._depth.set(len(self._queue))
-            if not batch:
-                self._slots.release()
-                continue
-            task = asyncio.create_task(self._dispatch(batch))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            if batch:
+                self._start(batch)
+
+    def _start(self, batch: list[Request]) -> None:
+        self._free_slots -= 1
+        task = asyncio.create_task(self._dispatch(batch))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
 
     async def _ready_or_expire(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait for the model to serve, at most until the earliest queued deadline."""
@@ -239,7 +247,8 @@ class Batcher:
         try:
             await self._execute_batch(batch)
         finally:
-            self._slots.release()
+            self._free_slots += 1
+            self._slot_freed.set()
 
     async def _execute_batch(self, batch: list[Request]) -> None:
         started = time.monotonic()

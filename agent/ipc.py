@@ -260,24 +260,63 @@ def send_frame(
             parts[0] = parts[0][sent:]
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise EOFError("peer closed the connection")
-        got += k
-    return buf
+class FrameReader:
+    """Blocking frame reader over a socket, buffered so that a small frame costs one
+    recv() instead of three. One reader per socket; not thread-safe."""
+
+    def __init__(self, sock: socket.socket, buffer_size: int = 256 * 1024) -> None:
+        self._sock = sock
+        self._buf = bytearray(buffer_size)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+
+    def _fill(self, n: int) -> None:
+        """Make at least n bytes available from self._start (n <= buffer size)."""
+        if self._end - self._start >= n:
+            return
+        if self._start + n > len(self._buf):
+            pending = self._end - self._start
+            self._buf[:pending] = self._buf[self._start:self._end]
+            self._start, self._end = 0, pending
+        while self._end - self._start < n:
+            k = self._sock.recv_into(self._view[self._end:])
+            if k == 0:
+                raise EOFError("peer closed the connection")
+            self._end += k
+
+    def _take(self, n: int) -> memoryview | bytearray:
+        if n <= len(self._buf):
+            self._fill(n)
+            out = bytes(self._view[self._start:self._start + n])
+            self._start += n
+            return memoryview(out)
+        # Larger than the buffer: copy what is buffered, then read the rest directly.
+        out_buf = bytearray(n)
+        have = min(n, self._end - self._start)
+        out_buf[:have] = self._view[self._start:self._start + have]
+        self._start += have
+        view = memoryview(out_buf)
+        while have < n:
+            k = self._sock.recv_into(view[have:], n - have)
+            if k == 0:
+                raise EOFError("peer closed the connection")
+            have += k
+        return view
+
+    def read(self) -> tuple[Message, memoryview]:
+        self._fill(FRAME_HEAD.size)
+        header_len, payload_len = _decode_head(
+            bytes(self._view[self._start:self._start + FRAME_HEAD.size]))
+        self._start += FRAME_HEAD.size
+        message = _decode_header(self._take(header_len))
+        payload = self._take(payload_len) if payload_len else memoryview(b"")
+        return message, memoryview(payload)
 
 
 def recv_frame(sock: socket.socket) -> tuple[Message, memoryview]:
-    """Blocking receive of one frame: the message and its (possibly empty) payload."""
-    header_len, payload_len = _decode_head(bytes(_recv_exactly(sock, FRAME_HEAD.size)))
-    message = _decode_header(_recv_exactly(sock, header_len))
-    payload = _recv_exactly(sock, payload_len) if payload_len else bytearray()
-    return message, memoryview(payload)
+    """Unbuffered blocking receive of one frame (for sockets read once or rarely)."""
+    return FrameReader(sock, buffer_size=FRAME_HEAD.size).read()
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[Message, memoryview]:

@@ -75,9 +75,10 @@ class Runner:
 
     def serve(self) -> None:
         threading.Thread(target=self._loader, name="loader", daemon=True).start()
+        reader = ipc.FrameReader(self._sock)
         while True:
             try:
-                message, payload = ipc.recv_frame(self._sock)
+                message, payload = reader.read()
             except (EOFError, ConnectionError):
                 return
             if isinstance(message, ipc.Infer):
