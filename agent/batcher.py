@@ -140,8 +140,12 @@ class Batcher:
             raise QueueFull(
                 f"model '{self.model}': queue is full ({self.max_queue_size} requests waiting)"
             )
-        if (not self._queue and self._free_slots and self._ready.is_set()
-                and not (self.max_queue_delay_s and self.max_batch_size)):
+        if (
+            not self._queue
+            and self._free_slots
+            and self._ready.is_set()
+            and not (self.max_queue_delay_s and self.max_batch_size)
+        ):
             # Fast path: an idle model starts the request now, skipping one loop hop.
             self._start([request])
             return
@@ -185,9 +189,9 @@ class Batcher:
                 continue
             if not await self._ready_or_expire(loop):
                 continue
-            while not self._free_slots:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
+            if not self._free_slots:
+                await self._wait_for_slot(loop)
+                continue  # re-check deadlines, readiness and the queue
             if not self._ready.is_set():
                 continue  # the runner died while we waited for a slot: wait for the reload
             if self.max_queue_delay_s and self.max_batch_size:
@@ -214,6 +218,13 @@ class Batcher:
         except TimeoutError:
             self._expire(loop.time())
             return False
+
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for a running batch to finish, at most until the earliest deadline."""
+        self._slot_freed.clear()
+        earliest = min((r.deadline for r in self._queue), default=loop.time() + 1.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._slot_freed.wait(), max(0.0, earliest - loop.time()))
 
     async def _gather_more(self, loop: asyncio.AbstractEventLoop) -> None:
         head = self._queue[0]

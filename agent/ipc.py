@@ -277,10 +277,10 @@ class FrameReader:
             return
         if self._start + n > len(self._buf):
             pending = self._end - self._start
-            self._buf[:pending] = self._buf[self._start:self._end]
+            self._buf[:pending] = self._buf[self._start : self._end]
             self._start, self._end = 0, pending
         while self._end - self._start < n:
-            k = self._sock.recv_into(self._view[self._end:])
+            k = self._sock.recv_into(self._view[self._end :])
             if k == 0:
                 raise EOFError("peer closed the connection")
             self._end += k
@@ -288,13 +288,13 @@ class FrameReader:
     def _take(self, n: int) -> memoryview | bytearray:
         if n <= len(self._buf):
             self._fill(n)
-            out = bytes(self._view[self._start:self._start + n])
+            out = bytes(self._view[self._start : self._start + n])
             self._start += n
             return memoryview(out)
         # Larger than the buffer: copy what is buffered, then read the rest directly.
         out_buf = bytearray(n)
         have = min(n, self._end - self._start)
-        out_buf[:have] = self._view[self._start:self._start + have]
+        out_buf[:have] = self._view[self._start : self._start + have]
         self._start += have
         view = memoryview(out_buf)
         while have < n:
@@ -307,7 +307,8 @@ class FrameReader:
     def read(self) -> tuple[Message, memoryview]:
         self._fill(FRAME_HEAD.size)
         header_len, payload_len = _decode_head(
-            bytes(self._view[self._start:self._start + FRAME_HEAD.size]))
+            bytes(self._view[self._start : self._start + FRAME_HEAD.size])
+        )
         self._start += FRAME_HEAD.size
         message = _decode_header(self._take(header_len))
         payload = self._take(payload_len) if payload_len else memoryview(b"")

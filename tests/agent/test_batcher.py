@@ -1,0 +1,148 @@
+"""The batcher's mechanism with a stand-in `execute` at the runner boundary."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from edgeplex.agent.batcher import Batcher, Request, batch_key
+from edgeplex.agent.errors import InferenceFailed, QueueFull, RunnerLost, Unavailable
+from edgeplex.agent.stats import ModelStats
+
+
+def make_request(
+    loop: asyncio.AbstractEventLoop, rows: int = 1, value: float = 1.0, timeout: float = 5.0
+) -> Request:
+    inputs = {"x": np.full((rows, 2), value, np.float32)}
+    return Request(
+        inputs=inputs,
+        outputs=None,
+        batch_size=rows,
+        key=batch_key(inputs, True),
+        deadline=loop.time() + timeout,
+        future=loop.create_future(),
+    )
+
+
+def batcher(execute, *, ready=None, max_batch=8, delay_us=0, queue=16, instances=1) -> Batcher:
+    if ready is None:
+        ready = asyncio.Event()
+        ready.set()
+    return Batcher(
+        "m",
+        max_batch_size=max_batch,
+        max_queue_delay_us=delay_us,
+        max_queue_size=queue,
+        instance_count=instances,
+        execute=execute,
+        ready=ready,
+        stats=ModelStats(),
+    )
+
+
+async def test_requests_queued_while_busy_share_one_batch_and_get_their_rows():
+    calls = []
+    gate = asyncio.Event()
+
+    async def execute(inputs, outputs):
+        calls.append(inputs["x"].shape[0])
+        await gate.wait()
+        return {"y": inputs["x"] * 2}, 1000
+
+    loop = asyncio.get_running_loop()
+    b = batcher(execute)
+    first = make_request(loop)
+    b.submit(first)
+    await asyncio.sleep(0)
+    rest = [make_request(loop, rows=r, value=v) for r, v in ((1, 2.0), (2, 3.0))]
+    for r in rest:
+        b.submit(r)
+    gate.set()
+    results = await asyncio.gather(first.future, *(r.future for r in rest))
+    assert calls == [1, 3]
+    assert results[2]["y"].shape == (2, 2) and float(results[2]["y"][0, 0]) == 6.0
+    await b.close(Unavailable("done"), drain=True)
+
+
+async def test_a_failed_batch_fails_every_member_with_the_same_error():
+    gate = asyncio.Event()
+
+    async def execute(inputs, outputs):
+        await gate.wait()
+        raise InferenceFailed("boom")
+
+    loop = asyncio.get_running_loop()
+    b = batcher(execute)
+    first = make_request(loop)
+    b.submit(first)  # starts alone, at once
+    await asyncio.sleep(0)
+    batch = [make_request(loop) for _ in range(3)]  # queue behind it: one batch
+    for r in batch:
+        b.submit(r)
+    gate.set()
+    await asyncio.gather(first.future, return_exceptions=True)
+    errors = await asyncio.gather(*(r.future for r in batch), return_exceptions=True)
+    assert len({id(e) for e in errors}) == 1 and isinstance(errors[0], InferenceFailed)
+    await b.close(Unavailable("done"), drain=False)
+
+
+async def test_runner_loss_redispatches_once_after_the_model_is_ready_again():
+    ready = asyncio.Event()
+    ready.set()
+    attempts = 0
+
+    async def execute(inputs, outputs):
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            ready.clear()  # what the model table does when the runner dies
+            asyncio.get_running_loop().call_later(0.05, ready.set)
+            raise RunnerLost("r")
+        return {"y": inputs["x"]}, 0
+
+    loop = asyncio.get_running_loop()
+    b = batcher(execute, ready=ready)
+    request = make_request(loop)
+    b.submit(request)
+    assert (await request.future)["y"].shape == (1, 2)
+    assert attempts == 2 and request.attempts == 1
+    await b.close(Unavailable("done"), drain=False)
+
+
+async def test_second_runner_loss_is_unavailable():
+    async def execute(inputs, outputs):
+        raise RunnerLost("r")
+
+    loop = asyncio.get_running_loop()
+    b = batcher(execute)
+    request = make_request(loop)
+    b.submit(request)
+    with pytest.raises(Unavailable):
+        await request.future
+    await b.close(Unavailable("done"), drain=False)
+
+
+async def test_queue_bound_and_queued_deadlines():
+    gate = asyncio.Event()
+
+    async def execute(inputs, outputs):
+        await gate.wait()
+        return {"y": inputs["x"]}, 0
+
+    loop = asyncio.get_running_loop()
+    b = batcher(execute, queue=2, max_batch=0)
+    running = make_request(loop)
+    b.submit(running)
+    await asyncio.sleep(0)
+    short = make_request(loop, timeout=0.05)
+    b.submit(short)
+    b.submit(make_request(loop))
+    with pytest.raises(QueueFull):
+        b.submit(make_request(loop))
+    with pytest.raises(Exception, match="timed out"):
+        await short.future
+    gate.set()
+    await running.future
+    await b.close(Unavailable("done"), drain=True)
