@@ -33,7 +33,13 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(model_repo, tmp_path):
 
     thread = threading.Thread(target=slow_request)
     thread.start()
-    time.sleep(0.1)
+    # SIGTERM only once the agent has the request in hand.
+    deadline = time.monotonic() + 10
+    while (
+        'edgeplex_agent_requests_total{model="slow"}' not in agent.http_get("/metrics")[1].decode()
+    ):
+        assert time.monotonic() < deadline, "the slow request never arrived"
+        time.sleep(0.01)
     agent.process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
