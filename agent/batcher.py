@@ -59,7 +59,6 @@ class Request:
     future: asyncio.Future[dict[str, np.ndarray]]
     enqueued: float = field(default_factory=time.monotonic)
     attempts: int = 0
-    cold_start: bool = False
 
 
 def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:
@@ -123,6 +122,7 @@ class Batcher:
         self._queue: deque[Request] = deque()
         self._arrived = asyncio.Event()
         self._free_slots = instance_count  # batches that may start now
+        self._running = 0  # requests in batches that have started
         self._slot_freed = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
         self._closed: ServeError | None = None
@@ -132,6 +132,11 @@ class Batcher:
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def load(self) -> int:
+        """Requests queued or running: what a demotion would have to drain."""
+        return len(self._queue) + self._running
 
     def submit(self, request: Request) -> None:
         if self._closed is not None:
@@ -203,6 +208,7 @@ class Batcher:
 
     def _start(self, batch: list[Request]) -> None:
         self._free_slots -= 1
+        self._running += len(batch)
         task = asyncio.create_task(self._dispatch(batch))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
@@ -259,6 +265,7 @@ class Batcher:
             await self._execute_batch(batch)
         finally:
             self._free_slots += 1
+            self._running -= len(batch)
             self._slot_freed.set()
 
     async def _execute_batch(self, batch: list[Request]) -> None:

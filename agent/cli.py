@@ -15,6 +15,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     agent.add_argument("--http-host")
     agent.add_argument("--config", type=Path, help="YAML file of agent settings")
     agent.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    agent.add_argument("--device-memory-budget", help="bytes the loaded tier may hold (2GiB)")
+    agent.add_argument("--host-memory-budget", help="bytes the staged tier may hold")
+    agent.add_argument("--disk-cache-budget", help="bytes of cached artifacts on disk")
+    agent.add_argument("--eviction-policy", choices=["gdsf", "lru", "ttl", "none"])
     agent.set_defaults(run=_run_agent)
 
     demo = sub.add_parser("demo-repo", help="build the demo model repository")
@@ -35,6 +39,10 @@ def _run_agent(args: argparse.Namespace) -> int:
         grpc_host=args.grpc_host,
         http_host=args.http_host,
         log_level=args.log_level,
+        device_memory_budget=args.device_memory_budget,
+        host_memory_budget=args.host_memory_budget,
+        disk_cache_budget=args.disk_cache_budget,
+        eviction_policy=args.eviction_policy,
     )
     return run_agent(settings)
 

@@ -97,13 +97,13 @@ class ModelConfig(BaseModel):
     )
     priority: int = Field(
         default=0,
-        description="Relative importance, higher is more important. Reserved for eviction "
-        "(memory over-commit); stored and reported today.",
+        description="Relative importance, higher is more important: loaded first at start and "
+        "weighted 2**priority in the eviction cost.",
     )
     pin: bool = Field(
         default=False,
-        description="Keep the model loaded whatever the demand. Reserved for eviction; "
-        "stored and reported today.",
+        description="Load the model at start and never evict it (the `pin` verb does the same "
+        "at run time).",
     )
     memory_limit: int | None = Field(
         default=None,
@@ -133,6 +133,14 @@ class RunnerSettings(BaseModel):
         default=False,
         description="Let ORT's worker threads spin while idle. Faster on an idle box, but "
         "several spinning runners starve each other and the agent.",
+    )
+    prepack_weights: bool = Field(
+        default=True,
+        description="Let ORT repack weights for its GEMM kernels when a session is created: "
+        "results identical to a default ORT session and up to ~2x faster batched GEMM, but "
+        "a promotion then copies every weight. false: sessions map the staged weights "
+        "directly, so a staged -> loaded promotion costs about a memcpy (docs/benchmarks.md); "
+        "results differ from default ORT in the last bits.",
     )
     restart_backoff_initial_s: float = Field(
         default=0.1, gt=0, description="Delay before the first restart of a dead runner."
@@ -178,7 +186,47 @@ class AgentSettings(BaseSettings):
         description="On SIGTERM, how long in-flight requests may take to finish before exit.",
     )
     load_models_at_start: bool = Field(
-        default=True, description="Load every model of the repository when the agent starts."
+        default=True,
+        description="At start, load the repository's models (pinned first, then by priority) "
+        "while they fit the device budget without evicting; the rest stay cached and load "
+        "on their first request.",
+    )
+    device_memory_budget: int | None = Field(
+        default=None,
+        description="Bytes the `loaded` tier may hold (size suffixes allowed), measured per "
+        "session. Unset: no limit. On the CPU, device memory is the runners' RAM.",
+    )
+    host_memory_budget: int | None = Field(
+        default=None,
+        description="Bytes the `staged` tier (pre-optimized models in host RAM) may hold. "
+        "Staged copies of models that are not loaded are dropped, least recently used "
+        "first, beyond it. Unset: no limit.",
+    )
+    disk_cache_budget: int | None = Field(
+        default=None,
+        description="Bytes of downloaded artifacts kept on local disk (the `cached` tier). "
+        "Reported today; enforced once artifacts are fetched from a store (control plane).",
+    )
+    eviction_policy: Literal["gdsf", "lru", "ttl", "none"] = Field(
+        default="gdsf",
+        description="How victims are chosen when a load needs device memory: `gdsf` "
+        "(GreedyDual-Size-Frequency: cost-aware), `lru` (least recently used, at most "
+        "`lru_max_models` loaded, as Ray Serve multiplexing), `ttl` (only models idle for "
+        "`idle_ttl_s`, as Ollama keep_alive), `none` (no over-commit: refuse what does not "
+        "fit).",
+    )
+    lru_max_models: int = Field(
+        default=8, ge=1, description="Most models loaded at once under the `lru` policy."
+    )
+    idle_ttl_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Under the `ttl` policy, models idle this long are demoted to staged.",
+    )
+    staging_dir: Path | None = Field(
+        default=None,
+        description="Directory in host RAM (tmpfs) for the staged tier. Unset: a private "
+        "directory under /dev/shm, removed at exit.",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level of the agent and its runners."
@@ -192,10 +240,16 @@ class AgentSettings(BaseSettings):
         "by field.",
     )
 
-    @field_validator("max_payload_bytes", mode="before")
+    @field_validator(
+        "max_payload_bytes",
+        "device_memory_budget",
+        "host_memory_budget",
+        "disk_cache_budget",
+        mode="before",
+    )
     @classmethod
     def _size(cls, value: Any) -> Any:
-        return parse_size(value)
+        return None if value is None else parse_size(value)
 
     @classmethod
     def settings_customise_sources(

@@ -26,7 +26,7 @@ from edgeplex.agent.errors import (
     Unavailable,
 )
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.models import ModelEntry, ModelState, ModelTable
+from edgeplex.agent.models import ModelEntry, ModelState, ModelTable, Tier
 from edgeplex.agent.tensors import check_against_spec
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]
@@ -44,7 +44,9 @@ class InferInput:
 class InferResult:
     entry: ModelEntry
     outputs: dict[str, np.ndarray]
-    cold_start: bool
+    # The tier this request had to promote the model from ("staged" or "cached"),
+    # or "" when it was loaded already.
+    cold_start: str
 
 
 class Agent:
@@ -154,14 +156,40 @@ class Agent:
                 "runner_pid": self.table.runner_pid(e),
                 "memory_bytes": e.memory_bytes,
                 "load_ms": round(e.load_ms, 3),
+                "tier": str(e.tier),
+                "staged_bytes": e.staged_bytes,
+                "last_promotion": {"source": e.last_source, "stages_ms": e.stages},
                 "max_batch_size": e.max_batch_size,
                 "queue_depth": e.batcher.depth if e.batcher else 0,
                 "isolation": e.config.isolation if e.source.config else None,
                 "priority": e.config.priority if e.source.config else None,
-                "pinned": e.config.pin if e.source.config else None,
+                "pinned": e.pinned,
             }
             for e in self.table.entries()
         ]
+
+    def memory(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "policy": s.eviction_policy,
+            "tiers": {
+                "loaded": {"bytes": self.table.device_bytes(), "budget": s.device_memory_budget},
+                "staged": {"bytes": self.table.host_bytes(), "budget": s.host_memory_budget},
+                "cached": {"bytes": self.table.disk_bytes(), "budget": s.disk_cache_budget},
+            },
+        }
+
+    def pin(self, name: str, pinned: bool) -> None:
+        self.table.pin(name, pinned)
+
+    async def demote(self, name: str, tier: str) -> None:
+        try:
+            target = Tier(tier)
+        except ValueError:
+            raise InvalidInput(f"unknown tier '{tier}' (use 'staged' or 'cached')") from None
+        if target == Tier.LOADED:
+            raise InvalidInput("demote to 'staged' or 'cached'; `load` promotes")
+        await self.table.demote(name, target)
 
     # --- inference ----------------------------------------------------------------------------
 
@@ -183,6 +211,8 @@ class Agent:
             if self.draining:
                 raise Unavailable("the agent is shutting down")
             entry = self.entry(name, version)
+            self.table.touch(entry)
+            cold_start = await self._promote_if_needed(entry, timeout_s)
             request = self._admit(entry, inputs, outputs, timeout_s)
             assert entry.batcher is not None
             entry.batcher.submit(request)
@@ -195,7 +225,7 @@ class Agent:
                 result = await request.future
             finally:
                 timer.cancel()
-            return InferResult(entry, result, request.cold_start)
+            return InferResult(entry, result, cold_start)
         except ServeError as exc:
             METRICS.failures.labels(model=name, code=exc.grpc_code.name).inc()
             if entry is not None:
@@ -206,6 +236,27 @@ class Agent:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+
+    async def _promote_if_needed(self, entry: ModelEntry, timeout_s: float | None) -> str:
+        """Load on first request: wait (bounded by the request's deadline) for the one
+        load of this model in flight, starting it if needed. Returns the source tier,
+        or "" when the model was servable already. A model whose runner is restarting
+        keeps its queue and is not waited for here."""
+        if entry.batcher is not None and entry.state in (ModelState.READY, ModelState.LOADING):
+            return ""
+        if entry.state == ModelState.FAILED:
+            raise ModelFailed(f"model '{entry.name}' failed to load: {entry.reason}")
+        source = str(entry.tier)
+        limit = entry.config.timeout_ms / 1000 if entry.source.config else 30.0
+        if timeout_s is not None:
+            limit = min(limit, timeout_s)
+        try:
+            await asyncio.wait_for(asyncio.shield(self.table.ensure_loaded(entry.name)), limit)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"model '{entry.name}': request timed out waiting for the model to load"
+            ) from None
+        return source
 
     def _admit(
         self,
@@ -266,7 +317,6 @@ class Agent:
             key=batch_key(given, entry.max_batch_size > 0),
             deadline=loop.time() + limit,
             future=loop.create_future(),
-            cold_start=entry.state != ModelState.READY,
         )
 
     # --- lifecycle ------------------------------------------------------------------------

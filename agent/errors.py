@@ -38,6 +38,13 @@ class QueueFull(ServeError):
     retry_after_s = 1.0
 
 
+class NoRoom(ServeError):
+    """A model cannot be loaded: not enough device memory even after eviction."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 507
+
+
 class DeadlineExceeded(ServeError):
     grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
     http_status = 504

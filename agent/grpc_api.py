@@ -28,6 +28,9 @@ from edgeplex.proto import inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger("edgeplex.agent.grpc")
 
+# Trailing metadata set when the request waited for its model's promotion.
+COLD_START = "edgeplex-cold-start"
+
 
 def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
@@ -168,6 +171,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             wanted,
             request_timeout_s(request, context),
         )
+        if result.cold_start:
+            context.set_trailing_metadata(((COLD_START, result.cold_start),))
         response = pb.ModelInferResponse(
             model_name=result.entry.name, model_version=result.entry.version, id=request.id
         )

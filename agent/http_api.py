@@ -29,6 +29,9 @@ from edgeplex.agent.tensors import from_list, from_raw, oip_datatype, to_raw
 log = logging.getLogger("edgeplex.agent.http")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+# Set when the request had to wait for its model's promotion; the value names the
+# tier it came from ("staged" or "cached").
+COLD_START = "edgeplex-cold-start"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -201,6 +204,10 @@ class HttpApi:
             ],
             web.get("/metrics", self.metrics),
             web.get("/edgeplex/v1/status", self.status),
+            web.get("/edgeplex/v1/memory", self.memory),
+            web.post("/edgeplex/v1/models/{model}/pin", self.pin),
+            web.post("/edgeplex/v1/models/{model}/unpin", self.unpin),
+            web.post("/edgeplex/v1/models/{model}/demote", self.demote),
         ]
 
     async def server_metadata(self, request: web.Request) -> web.Response:
@@ -270,7 +277,12 @@ class HttpApi:
         result = await self.agent.infer(
             mi["model"], mi.get("version", ""), inputs, wanted, timeout_s
         )
-        return encode_infer_response(doc, result.entry.name, result.entry.version, result.outputs)
+        response = encode_infer_response(
+            doc, result.entry.name, result.entry.version, result.outputs
+        )
+        if result.cold_start:
+            response.headers[COLD_START] = result.cold_start
+        return response
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -279,6 +291,32 @@ class HttpApi:
 
     async def status(self, request: web.Request) -> web.Response:
         return _json(self.agent.status())
+
+    async def memory(self, request: web.Request) -> web.Response:
+        return _json(self.agent.memory())
+
+    async def pin(self, request: web.Request) -> web.Response:
+        self.agent.pin(request.match_info["model"], True)
+        return web.Response(status=200)
+
+    async def unpin(self, request: web.Request) -> web.Response:
+        self.agent.pin(request.match_info["model"], False)
+        return web.Response(status=200)
+
+    async def demote(self, request: web.Request) -> web.Response:
+        """Body {"tier": "staged" | "cached"}; default staged."""
+        body = await request.read()
+        tier = "staged"
+        if body.strip():
+            try:
+                doc = json.loads(body)
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("tier", "staged"), str):
+                raise InvalidInput('body must be {"tier": "staged" | "cached"}')
+            tier = doc.get("tier", "staged")
+        await self.agent.demote(request.match_info["model"], tier)
+        return web.Response(status=200)
 
 
 async def start_http_server(agent: Agent) -> tuple[web.AppRunner, int]:

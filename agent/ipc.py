@@ -84,10 +84,15 @@ class LoadModel(Message):
     TAG: ClassVar[str] = "load"
     req_id: int
     model: str
+    # The verified model file (cached tier).
     path: str
+    # Where the pre-optimized copy lives (staged tier, in host RAM): used when it
+    # exists, else written from `path` first.
+    staged_dir: str
     intra_op_threads: int
     inter_op_threads: int
     allow_spinning: bool
+    prepack_weights: bool
     # Worker threads that may run this model's batches concurrently.
     instances: int
 
@@ -100,9 +105,15 @@ class ModelLoaded(Message):
     # [name, ORT type string, shape with -1 for dynamic dims]
     inputs: list[list[Any]]
     outputs: list[list[Any]]
-    # Growth of the runner's resident memory across session creation.
+    # Growth of the runner's resident memory across session creation and warm-up.
     bytes: int
     load_ms: float
+    # Tier the load started from ("staged" or "cached") and its stages in ms:
+    # read, optimize, create, warmup.
+    source: str
+    stages: dict[str, float]
+    # Bytes of the staged copy (graph + weights) in host RAM.
+    staged_bytes: int
 
 
 @_message

@@ -98,6 +98,39 @@ class AgentMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.tier_bytes = Gauge(
+            "edgeplex_agent_tier_bytes",
+            "Bytes held per residency tier (loaded, staged).",
+            ["tier"],
+            registry=r,
+        )
+        self.promotions = Counter(
+            "edgeplex_agent_promotions_total",
+            "Models promoted to loaded, by the tier they came from (staged, cached).",
+            ["source"],
+            registry=r,
+        )
+        self.demotions = Counter(
+            "edgeplex_agent_demotions_total",
+            "Models demoted, by reason (evicted, idle, requested, unload, replaced, oversize, "
+            "staged_dropped).",
+            ["reason"],
+            registry=r,
+        )
+        self.promotion_duration = Histogram(
+            "edgeplex_agent_promotion_duration_seconds",
+            "Time to promote a model to loaded, by source tier.",
+            ["source"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.promotion_stage_duration = Histogram(
+            "edgeplex_agent_promotion_stage_duration_seconds",
+            "Promotion time by stage: read, optimize, create, warmup.",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.runner_restarts = Counter(
             "edgeplex_runner_restarts_total",
             "Runner processes restarted after they died.",

@@ -1,12 +1,19 @@
-"""The model table: every model of the repository, its state and its runner.
+"""The model table: every model of the repository, its state, tier and runner.
 
 State machine of one model:
 
-    UNAVAILABLE --load--> LOADING --ok--> READY --unload--> UNLOADING --> UNAVAILABLE
+    UNAVAILABLE --load--> LOADING --ok--> READY --demote/unload--> UNLOADING --> UNAVAILABLE
                              |  ^           |
                           error |      runner lost
                              v  +-----------+   (reloaded when the runner is back)
                            FAILED --load--> LOADING
+
+Tiers (docs/architecture.md, "Memory over-commit"): a READY model is `loaded`
+(a live session); otherwise it is `staged` when its pre-optimized copy is in
+host RAM, else `cached` (its verified file on local disk). A request for a
+model that is not loaded promotes it (`ensure_loaded`); a load that needs
+device memory first demotes victims chosen by the eviction policy, and waits
+until they have released it, so the loaded bytes never exceed the budget.
 
 Ownership: the table is mutated only by its own methods, and only on the
 agent's event loop. No method awaits between reading and writing state, so
@@ -17,7 +24,8 @@ so a stale result is ignored. Front doors read entries but never write them.
 Guarantees: at most one load per model is in flight; a model whose load fails
 is FAILED with the reason (no path in it) and touches no other model; a model
 whose load crashes its runner twice is FAILED rather than crash-looping the
-runner it shares with others.
+runner it shares with others; pinned models are never evicted; a model with
+requests in flight is drained before it is demoted.
 """
 
 from __future__ import annotations
@@ -25,8 +33,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 
 import numpy as np
 
@@ -38,10 +49,12 @@ from edgeplex.agent.errors import (
     InvalidInput,
     ModelFailed,
     ModelNotFound,
+    NoRoom,
     RunnerLost,
     ServeError,
     Unavailable,
 )
+from edgeplex.agent.eviction import Candidate, GreedyDualSizeFrequency, IdleTimeToLive, make_policy
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.repository import ModelSource, scan_model, scan_repository
 from edgeplex.agent.runners import RunnerPool
@@ -52,6 +65,8 @@ log = logging.getLogger("edgeplex.agent.models")
 
 DEFAULT_MAX_BATCH_SIZE = 8
 SHARED_RUNNER = "shared-0"
+# Before a model's first load its memory is unknown: assume its file size times this.
+FIRST_LOAD_ESTIMATE = 1.25
 
 
 class ModelState(StrEnum):
@@ -62,6 +77,12 @@ class ModelState(StrEnum):
     FAILED = "FAILED"
 
 
+class Tier(StrEnum):
+    LOADED = "loaded"
+    STAGED = "staged"
+    CACHED = "cached"
+
+
 @dataclass(eq=False)
 class ModelEntry:
     source: ModelSource
@@ -70,16 +91,29 @@ class ModelEntry:
     inputs: list[TensorSpec] = field(default_factory=list)
     outputs: list[TensorSpec] = field(default_factory=list)
     max_batch_size: int = 0
-    memory_bytes: int = 0
+    memory_bytes: int = 0  # measured device bytes of the live session (0 when none)
+    reserved_bytes: int = 0  # device bytes held for a load in progress
+    staged_bytes: int = 0  # host bytes of the staged copy (0 when not staged)
     load_ms: float = 0.0
+    promote_ms: float = 0.0  # last staged -> loaded promotion
+    stages: dict[str, float] = field(default_factory=dict)
+    last_source: str = ""
     generation: int = 0
     load_crashes: int = 0
     reload_when_runner_up: bool = False
     load_after_unload: bool = False
+    drop_staged_after_unload: bool = False
+    disabled: bool = False  # OIP unload: not served until an explicit load
+    pinned: bool = False
+    last_used: float = 0.0
+    frequency: float = 0.0
+    credit: float = 0.0
     batcher: Batcher | None = None
     stats: ModelStats = field(default_factory=ModelStats)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    unloaded: asyncio.Event = field(default_factory=asyncio.Event)
+    last_measured: int = 0  # device bytes the last session measured
 
     @property
     def name(self) -> str:
@@ -100,14 +134,37 @@ class ModelEntry:
             return f"dedicated-{self.name}"
         return SHARED_RUNNER
 
+    @property
+    def tier(self) -> Tier:
+        if self.state == ModelState.READY:
+            return Tier.LOADED
+        return Tier.STAGED if self.staged_bytes else Tier.CACHED
+
+    def estimate_bytes(self) -> int:
+        if self.memory_bytes:
+            return self.memory_bytes
+        if self.last_measured:
+            return self.last_measured
+        try:
+            size = self.source.path.stat().st_size
+        except OSError:
+            size = 0
+        return int(size * FIRST_LOAD_ESTIMATE)
+
 
 class ModelTable:
-    def __init__(self, settings: AgentSettings, pool: RunnerPool) -> None:
+    def __init__(self, settings: AgentSettings, pool: RunnerPool, staging_root: Path) -> None:
         self._settings = settings
         self._repo = settings.model_repo
         self._pool = pool
+        self._staging = staging_root
         self._entries: dict[str, ModelEntry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.policy = make_policy(
+            settings.eviction_policy,
+            lru_max_models=settings.lru_max_models,
+            idle_ttl_s=settings.idle_ttl_s,
+        )
 
     # --- queries --------------------------------------------------------------------------
 
@@ -121,19 +178,68 @@ class ModelTable:
         runner = self._pool.get(entry.runner_id)
         return runner.pid if runner.state == "ready" else None
 
+    def device_bytes(self) -> int:
+        """Device bytes held now: live sessions plus reservations of loads in progress."""
+        return sum(e.memory_bytes + e.reserved_bytes for e in self._entries.values())
+
+    def host_bytes(self) -> int:
+        return sum(e.staged_bytes for e in self._entries.values())
+
+    def disk_bytes(self) -> int:
+        total = 0
+        for e in self._entries.values():
+            with contextlib.suppress(OSError):
+                total += e.source.path.stat().st_size
+        return total
+
+    def staged_dir(self, entry: ModelEntry) -> Path:
+        return self._staging / entry.name / entry.version
+
     # --- commands -------------------------------------------------------------------------
 
     def discover(self) -> list[str]:
         """Add every model of the repository (UNAVAILABLE) and return their names."""
         for name, source in scan_repository(self._repo, self._settings.model_defaults).items():
             if name not in self._entries:
-                self._entries[name] = ModelEntry(source)
+                entry = self._entries[name] = ModelEntry(source)
+                entry.pinned = bool(source.config and source.config.pin)
+        self._publish_tiers()
         return sorted(self._entries)
 
-    def load(self, name: str) -> asyncio.Future[None]:
+    def startup_order(self) -> list[str]:
+        """Pinned models first, then by priority, then by name."""
+
+        def key(e: ModelEntry) -> tuple[bool, int, str]:
+            priority = e.source.config.priority if e.source.config else 0
+            return (not e.pinned, -priority, e.name)
+
+        return [e.name for e in sorted(self._entries.values(), key=key)]
+
+    def fits_without_eviction(self, name: str) -> bool:
+        budget = self._settings.device_memory_budget
+        entry = self._entries[name]
+        return budget is None or self.device_bytes() + entry.estimate_bytes() <= budget
+
+    def touch(self, entry: ModelEntry) -> None:
+        """Record a request for `entry` (recency, frequency, GDSF credit)."""
+        entry.last_used = time.monotonic()
+        entry.frequency += 1
+        if isinstance(self.policy, GreedyDualSizeFrequency):
+            entry.credit = self.policy.clock
+
+    def ensure_loaded(self, name: str) -> asyncio.Future[None]:
+        """Promote `name` for a request unless the operator disabled it (OIP unload)."""
+        entry = self._entries.get(name)
+        if entry is not None and entry.disabled:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            future.set_exception(Unavailable(f"model '{name}' is unloaded; load it first"))
+            return future
+        return self.load(name, explicit=False)
+
+    def load(self, name: str, explicit: bool = True) -> asyncio.Future[None]:
         """Start loading `name` (re-reading it from the repository) unless it is READY at
         the same version or already loading. The future resolves when it serves, or
-        raises ModelNotFound / ModelFailed."""
+        raises ModelNotFound / ModelFailed / NoRoom."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         source = scan_model(self._repo, name, self._settings.model_defaults)
         entry = self._entries.get(name)
@@ -142,8 +248,14 @@ class ModelTable:
             return future
         if entry is None:
             entry = self._entries[name] = ModelEntry(source)
+            entry.pinned = bool(source.config and source.config.pin)
+        if explicit:
+            entry.disabled = False
         if entry.state == ModelState.READY and entry.source == source:
             future.set_result(None)
+            return future
+        if entry.state == ModelState.FAILED and not explicit:
+            future.set_exception(ModelFailed(f"model '{name}' failed to load: {entry.reason}"))
             return future
         entry.waiters.append(future)
         if entry.state == ModelState.LOADING:
@@ -154,28 +266,60 @@ class ModelTable:
         if entry.state == ModelState.READY:
             # New version on disk: finish serving the old one, then load the new one.
             entry.load_after_unload = True
-            self._begin_unload(entry)
+            entry.drop_staged_after_unload = True
+            self._begin_unload(entry, "replaced")
             return future
+        if entry.source != source:
+            self._drop_staged(entry)
         entry.source = source
         entry.load_crashes = 0
         self._begin_load(entry)
         return future
 
     def unload(self, name: str) -> asyncio.Future[None]:
-        """Stop serving `name`: queued and running requests finish first."""
+        """OIP unload: stop serving `name` (queued and running requests finish first),
+        keep its staged copy, and serve it again only after an explicit load."""
+        entry = self._entries.get(name)
+        if entry is not None:
+            entry.disabled = True
+        return self.demote(name, Tier.STAGED, reason="unload")
+
+    def demote(self, name: str, tier: Tier, reason: str = "requested") -> asyncio.Future[None]:
+        """Move `name` down to `tier` (staged: drop the session; cached: drop the staged
+        copy too). Draining first; a no-op when it is already there or lower."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = self._entries.get(name)
         if entry is None:
             future.set_exception(ModelNotFound(f"model '{name}' is not in the repository"))
             return future
+        if tier == Tier.LOADED:
+            future.set_exception(InvalidInput("demote to 'staged' or 'cached'"))
+            return future
         entry.load_after_unload = False
+        if tier == Tier.CACHED:
+            entry.drop_staged_after_unload = True
         if entry.state in (ModelState.UNAVAILABLE, ModelState.FAILED):
+            if tier == Tier.CACHED:
+                self._drop_staged(entry)
             future.set_result(None)
             return future
         entry.waiters.append(future)
         if entry.state != ModelState.UNLOADING:
-            self._begin_unload(entry)
+            self._begin_unload(entry, reason)
         return future
+
+    def pin(self, name: str, pinned: bool) -> None:
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ModelNotFound(f"model '{name}' is not in the repository")
+        entry.pinned = pinned
+
+    def expire_idle(self) -> None:
+        """Under the ttl policy: demote models idle past the TTL (called on a timer)."""
+        if not isinstance(self.policy, IdleTimeToLive):
+            return
+        for victim in self.policy.expired(self._candidates(exclude=None), time.monotonic()):
+            self.demote(victim.name, Tier.STAGED, reason="idle")
 
     # --- runner events (called by the pool on the loop) ----------------------------------
 
@@ -186,50 +330,124 @@ class ModelTable:
             if entry.state == ModelState.LOADING:
                 entry.load_crashes += 1
             if entry.state in (ModelState.READY, ModelState.LOADING):
+                entry.last_measured = entry.memory_bytes or entry.last_measured
+                entry.memory_bytes = 0
                 if entry.load_crashes >= 2:
                     self._set_failed(entry, "its runner crashed twice while loading it")
                     continue
                 entry.generation += 1
                 entry.state = ModelState.LOADING
                 entry.reason = "runner restarting"
+                entry.reserved_bytes = entry.estimate_bytes()
                 entry.ready.clear()
                 entry.reload_when_runner_up = True
                 METRICS.model_ready.labels(model=entry.name).set(0)
+            elif entry.state == ModelState.UNLOADING:
+                entry.memory_bytes = 0
+        self._publish_tiers()
 
     def runner_up(self, runner_id: str) -> None:
         for entry in self._entries.values():
             if entry.runner_id == runner_id and entry.reload_when_runner_up:
                 entry.reload_when_runner_up = False
-                self._begin_load(entry)
+                entry.generation += 1
+                self._spawn(self._load_task(entry, entry.generation, []))
 
-    # --- transitions ----------------------------------------------------------------------
+    # --- transitions: load ----------------------------------------------------------------
 
     def _begin_load(self, entry: ModelEntry) -> None:
         if entry.source.config is None:
             self._set_failed(entry, entry.source.config_error)
             return
+        needed = entry.estimate_bytes()
+        try:
+            victims = self._make_room(entry, needed)
+        except NoRoom as exc:
+            entry.state = ModelState.UNAVAILABLE
+            self._resolve_waiters(entry, exc)
+            return
         entry.generation += 1
         entry.state = ModelState.LOADING
         entry.reason = ""
-        self._spawn(self._load_task(entry, entry.generation))
+        entry.reserved_bytes = needed
+        self._publish_tiers()
+        self._spawn(self._load_task(entry, entry.generation, victims))
 
-    async def _load_task(self, entry: ModelEntry, generation: int) -> None:
+    def _candidates(self, exclude: ModelEntry | None) -> list[Candidate]:
+        return [
+            Candidate(
+                name=e.name,
+                bytes=e.memory_bytes,
+                promote_s=(e.promote_ms or e.load_ms) / 1000,
+                last_used=e.last_used,
+                frequency=e.frequency,
+                priority=e.source.config.priority if e.source.config else 0,
+                pinned=e.pinned,
+                in_flight=e.batcher.load if e.batcher else 0,
+                credit=e.credit,
+            )
+            for e in self._entries.values()
+            if e is not exclude and e.state == ModelState.READY
+        ]
+
+    def _make_room(self, entry: ModelEntry, needed: int) -> list[asyncio.Event]:
+        """Demote victims so that `needed` more device bytes fit; returns the events to
+        wait for. Raises NoRoom when even every evictable model would not do."""
+        budget = self._settings.device_memory_budget
+        count_based = self.policy.name == "lru"
+        if budget is None and not count_based:
+            return []
+        loaded = sum(
+            1
+            for e in self._entries.values()
+            if e.state in (ModelState.READY, ModelState.LOADING) and e is not entry
+        )
+        others = self.device_bytes() - entry.reserved_bytes - entry.memory_bytes
+        missing = 0 if budget is None else others + needed - budget
+        if missing <= 0 and not count_based:
+            return []
+        candidates = self._candidates(exclude=entry)
+        victims = self.policy.choose(candidates, max(0, missing), loaded, time.monotonic())
+        if victims is None:
+            evictable = sum(c.bytes for c in candidates if not c.pinned)
+            free = (budget or 0) - self.device_bytes()
+            raise NoRoom(
+                f"model '{entry.name}' needs {needed} bytes of device memory; {max(free, 0)} "
+                f"are free and {evictable} could be freed by eviction "
+                f"(budget {budget}, policy {self.policy.name})"
+            )
+        events = []
+        for victim in victims:
+            victim_entry = self._entries[victim.name]
+            victim_entry.unloaded.clear()
+            self.demote(victim.name, Tier.STAGED, reason="evicted")
+            events.append(victim_entry.unloaded)
+        return events
+
+    async def _load_task(
+        self, entry: ModelEntry, generation: int, victims: list[asyncio.Event]
+    ) -> None:
         settings = self._settings.runner
         runner = self._pool.get(entry.runner_id)
         config = entry.config
         try:
+            for event in victims:  # their memory is free only once they are unloaded
+                await event.wait()
             await asyncio.wait_for(runner.ensure_ready(), settings.start_timeout_s * 3)
             if generation != entry.generation:
                 return
+            staged = self.staged_dir(entry)
             reply, _ = await asyncio.wait_for(
                 runner.call(
                     ipc.LoadModel(
                         req_id=self._pool.next_req_id(),
                         model=entry.name,
                         path=str(entry.source.path),
+                        staged_dir=str(staged),
                         intra_op_threads=config.intra_op_threads or settings.intra_op_threads,
                         inter_op_threads=settings.inter_op_threads,
                         allow_spinning=settings.allow_spinning,
+                        prepack_weights=settings.prepack_weights,
                         instances=config.instance_count,
                     )
                 ),
@@ -250,6 +468,7 @@ class ModelTable:
     ) -> None:
         if generation != entry.generation:
             return
+        entry.reserved_bytes = 0
         if reply is None:
             self._set_failed(entry, error)
             return
@@ -262,20 +481,53 @@ class ModelTable:
         entry.state = ModelState.READY
         entry.reason = ""
         entry.load_crashes = 0
-        METRICS.model_ready.labels(model=entry.name).set(1)
-        METRICS.model_memory.labels(model=entry.name).set(entry.memory_bytes)
-        METRICS.load_duration.labels(model=entry.name).observe(entry.load_ms / 1000)
+        self._record_promotion(entry, reply)
+        budget = self._settings.device_memory_budget
+        if budget is not None and self.device_bytes() > budget:
+            # Measured bigger than estimated: make room now, or give the memory back.
+            try:
+                self._make_room(entry, 0)
+            except NoRoom:
+                too_big = NoRoom(
+                    f"model '{entry.name}' measured {entry.memory_bytes} bytes of device "
+                    f"memory, more than the {budget}-byte budget can hold next to the "
+                    "models that cannot be evicted"
+                )
+                waiters, entry.waiters = entry.waiters, []
+                self.demote(entry.name, Tier.STAGED, reason="oversize")
+                for future in waiters:
+                    if not future.done():
+                        future.set_exception(too_big)
+                return
         if entry.batcher is None:
             entry.batcher = self._make_batcher(entry)
         entry.ready.set()
+        METRICS.model_ready.labels(model=entry.name).set(1)
         log.info(
-            "model %s v%s ready in %.0f ms (%d bytes)",
+            "model %s v%s loaded from %s in %.0f ms (%d bytes)",
             entry.name,
             entry.version,
+            reply.source,
             entry.load_ms,
             entry.memory_bytes,
         )
+        self._enforce_host_budget()
+        self._publish_tiers()
         self._resolve_waiters(entry, None)
+
+    def _record_promotion(self, entry: ModelEntry, reply: ipc.ModelLoaded) -> None:
+        entry.stages = {k: round(v, 3) for k, v in reply.stages.items()}
+        entry.last_source = reply.source
+        entry.staged_bytes = reply.staged_bytes
+        if reply.source == "staged":
+            entry.promote_ms = reply.load_ms
+        else:
+            entry.promote_ms = reply.stages.get("create", 0) + reply.stages.get("warmup", 0)
+        METRICS.promotions.labels(source=reply.source).inc()
+        METRICS.promotion_duration.labels(source=reply.source).observe(reply.load_ms / 1000)
+        for stage, ms in reply.stages.items():
+            METRICS.promotion_stage_duration.labels(stage=stage).observe(ms / 1000)
+        METRICS.model_memory.labels(model=entry.name).set(entry.memory_bytes)
 
     def _apply_metadata(self, entry: ModelEntry, reply: ipc.ModelLoaded) -> None:
         def specs(items: list[list]) -> list[TensorSpec]:
@@ -300,7 +552,8 @@ class ModelTable:
         else:
             max_batch = wanted
         entry.inputs, entry.outputs, entry.max_batch_size = inputs, outputs, max_batch
-        entry.memory_bytes, entry.load_ms = reply.bytes, reply.load_ms
+        entry.memory_bytes, entry.load_ms = max(reply.bytes, 1), reply.load_ms
+        entry.last_measured = entry.memory_bytes
 
     def _make_batcher(self, entry: ModelEntry) -> Batcher:
         config = entry.config
@@ -339,18 +592,25 @@ class ModelTable:
         entry.generation += 1
         entry.state = ModelState.FAILED
         entry.reason = reason
+        entry.reserved_bytes = 0
+        entry.memory_bytes = 0
         entry.ready.clear()
         entry.reload_when_runner_up = False
         METRICS.model_ready.labels(model=entry.name).set(0)
         error = ModelFailed(f"model '{entry.name}' failed to load: {reason}")
         if entry.batcher is not None:
             entry.batcher.fail_queued(error)
+        self._publish_tiers()
         self._resolve_waiters(entry, error)
 
-    def _begin_unload(self, entry: ModelEntry) -> None:
+    # --- transitions: unload / demote -------------------------------------------------------
+
+    def _begin_unload(self, entry: ModelEntry, reason: str) -> None:
         entry.generation += 1
         entry.state = ModelState.UNLOADING
         entry.reason = ""
+        entry.unloaded.clear()
+        METRICS.demotions.labels(reason=reason).inc()
         self._spawn(self._unload_task(entry, entry.generation))
 
     async def _unload_task(self, entry: ModelEntry, generation: int) -> None:
@@ -371,11 +631,17 @@ class ModelTable:
             await self._pool.retire(entry.runner_id)
 
     def _unload_done(self, entry: ModelEntry, generation: int) -> None:
+        entry.memory_bytes = 0
+        entry.unloaded.set()
         if generation != entry.generation:
+            self._publish_tiers()
             return
         entry.state = ModelState.UNAVAILABLE
         entry.ready.clear()
         METRICS.model_ready.labels(model=entry.name).set(0)
+        if entry.drop_staged_after_unload:
+            self._drop_staged(entry)
+        self._publish_tiers()
         if entry.load_after_unload:
             entry.load_after_unload = False
             source = scan_model(self._repo, entry.name, self._settings.model_defaults)
@@ -384,6 +650,40 @@ class ModelTable:
                 self._begin_load(entry)
                 return
         self._resolve_waiters(entry, None)
+
+    def _drop_staged(self, entry: ModelEntry) -> None:
+        entry.drop_staged_after_unload = False
+        if entry.staged_bytes or self.staged_dir(entry).exists():
+            # Safe even if a session still maps the file: unlinked pages live on until
+            # the last mapping goes.
+            shutil.rmtree(self._staging / entry.name, ignore_errors=True)
+            entry.staged_bytes = 0
+            METRICS.demotions.labels(reason="staged_dropped").inc()
+        self._publish_tiers()
+
+    def _enforce_host_budget(self) -> None:
+        budget = self._settings.host_memory_budget
+        if budget is None:
+            return
+        idle = sorted(
+            (
+                e
+                for e in self._entries.values()
+                if e.staged_bytes and e.state in (ModelState.UNAVAILABLE, ModelState.FAILED)
+            ),
+            key=lambda e: e.last_used,
+        )
+        for entry in idle:
+            if self.host_bytes() <= budget:
+                return
+            self._drop_staged(entry)
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _publish_tiers(self) -> None:
+        loaded = sum(e.memory_bytes for e in self._entries.values())
+        METRICS.tier_bytes.labels(tier="loaded").set(loaded)
+        METRICS.tier_bytes.labels(tier="staged").set(self.host_bytes())
 
     def _resolve_waiters(self, entry: ModelEntry, error: ServeError | None) -> None:
         waiters, entry.waiters = entry.waiters, []

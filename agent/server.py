@@ -15,7 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import signal
+import tempfile
+from pathlib import Path
 
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
@@ -41,7 +45,8 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         on_down=lambda rid: table.runner_down(rid) if table else None,
     )
     await pool.start()
-    table = ModelTable(settings, pool)
+    staging = make_staging_root(settings)
+    table = ModelTable(settings, pool, staging)
     names = table.discover()
     agent = Agent(settings, table)
     grpc_server, grpc_port = await start_grpc_server(agent)
@@ -56,12 +61,26 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     )
 
     async def initial_loads() -> None:
-        if settings.load_models_at_start:
-            await asyncio.gather(*(table.load(n) for n in names), return_exceptions=True)
+        # Pinned models always; the others while they fit without evicting anything.
+        # The rest stay cached and load on their first request.
+        for name in table.startup_order():
+            entry = table.get(name)
+            assert entry is not None
+            if entry.pinned or (
+                settings.load_models_at_start and table.fits_without_eviction(name)
+            ):
+                with contextlib.suppress(Exception):
+                    await table.load(name)
         agent.started = True
         log.info("agent ready")
 
+    async def expire_idle() -> None:
+        while True:
+            await asyncio.sleep(min(settings.idle_ttl_s / 4, 5.0))
+            table.expire_idle()
+
     loader = asyncio.create_task(initial_loads())
+    janitor = asyncio.create_task(expire_idle()) if settings.eviction_policy == "ttl" else None
     await stop.wait()
 
     log.info("shutting down: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
@@ -70,11 +89,27 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     if not drained:
         log.warning("drain timeout: some requests did not finish")
     loader.cancel()
+    if janitor is not None:
+        janitor.cancel()
     await grpc_server.stop(grace=1.0)
     await http_runner.cleanup()
     await table.stop()
     await pool.stop()
+    if settings.staging_dir is None:
+        shutil.rmtree(staging, ignore_errors=True)
     log.info("stopped")
+
+
+def make_staging_root(settings: AgentSettings) -> Path:
+    """The staged tier's directory: in host RAM (tmpfs), private to this agent."""
+    if settings.staging_dir is not None:
+        settings.staging_dir.mkdir(parents=True, exist_ok=True)
+        return settings.staging_dir
+    shm = Path("/dev/shm")
+    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    if parent is None:
+        log.warning("no writable /dev/shm: staged models live in the temp directory")
+    return Path(tempfile.mkdtemp(prefix="edgeplex-staged-", dir=parent))
 
 
 def run_agent(settings: AgentSettings) -> int:

@@ -1,0 +1,156 @@
+"""Which loaded models to demote when a load needs device memory: pure policies.
+
+A policy sees candidates (every loaded model but the one being loaded) and the
+bytes still missing, and returns the victims, in order, or None when no choice
+of victims frees enough. Policies never log, never touch processes and keep no
+hidden state beyond what `choose` documents, so tests and benchmarks drive them
+directly.
+
+Pinned models are never victims. Models with requests in flight may be, but
+are chosen last; the model table drains them before demoting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+PolicyName = Literal["gdsf", "lru", "ttl", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    name: str
+    bytes: int
+    promote_s: float  # measured staged -> loaded time (the cost of bringing it back)
+    last_used: float  # monotonic seconds
+    frequency: float  # requests served while loaded (decayed by the table)
+    priority: int = 0
+    pinned: bool = False
+    in_flight: int = 0
+    # GDSF: the policy's clock when the model was last used (the table stamps it).
+    credit: float = 0.0
+
+
+class EvictionPolicy(Protocol):
+    name: str
+
+    def choose(
+        self, candidates: list[Candidate], needed: int, loaded_count: int, now: float
+    ) -> list[Candidate] | None:
+        """Victims freeing at least `needed` bytes (and, for count-based policies,
+        making room for one more model), or None if impossible."""
+
+
+def _take_until(ordered: list[Candidate], needed: int) -> list[Candidate] | None:
+    victims, freed = [], 0
+    for candidate in ordered:
+        if freed >= needed:
+            break
+        victims.append(candidate)
+        freed += candidate.bytes
+    return victims if freed >= needed else None
+
+
+class GreedyDualSizeFrequency:
+    """GDSF (Cherkasova 1998): keep the models whose frequency x reload cost / size
+    is highest. H = credit + frequency * promote_s * 2**priority / bytes, where
+    credit is the clock when the model was last used; evict the lowest H, then
+    raise the clock to the highest victim's H, so that a model hot long ago ages
+    out against models used since.
+
+    `clock` is the only state: read it, or pass it back, to replay decisions."""
+
+    name = "gdsf"
+
+    def __init__(self, clock: float = 0.0) -> None:
+        self.clock = clock
+
+    def value(self, c: Candidate) -> float:
+        cost = max(c.promote_s, 1e-4) * (2.0**c.priority)
+        return c.credit + max(c.frequency, 1.0) * cost / max(c.bytes, 1) * 1e9
+
+    def choose(
+        self, candidates: list[Candidate], needed: int, loaded_count: int, now: float
+    ) -> list[Candidate] | None:
+        movable = [c for c in candidates if not c.pinned]
+        ordered = sorted(movable, key=lambda c: (c.in_flight > 0, self.value(c), c.name))
+        victims = _take_until(ordered, needed)
+        if victims:
+            self.clock = max(self.clock, max(self.value(v) for v in victims))
+        return victims
+
+
+class LeastRecentlyUsedByCount:
+    """Ray Serve multiplexing's rule: at most `max_models` loaded; evict the least
+    recently used. Bytes are still respected (evicting more when needed)."""
+
+    name = "lru"
+
+    def __init__(self, max_models: int) -> None:
+        self.max_models = max_models
+
+    def choose(
+        self, candidates: list[Candidate], needed: int, loaded_count: int, now: float
+    ) -> list[Candidate] | None:
+        movable = sorted(
+            (c for c in candidates if not c.pinned),
+            key=lambda c: (c.in_flight > 0, c.last_used, c.name),
+        )
+        excess = max(0, loaded_count + 1 - self.max_models)
+        victims = movable[:excess]
+        if len(victims) < excess:
+            return None
+        freed = sum(v.bytes for v in victims)
+        if freed < needed:
+            more = _take_until(movable[excess:], needed - freed)
+            if more is None:
+                return None
+            victims += more
+        return victims
+
+
+class IdleTimeToLive:
+    """Ollama's keep_alive: a model stays loaded until idle for `ttl_s`; only models
+    idle that long may be evicted (the table also unloads them on a timer)."""
+
+    name = "ttl"
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+
+    def expired(self, candidates: list[Candidate], now: float) -> list[Candidate]:
+        return sorted(
+            (
+                c
+                for c in candidates
+                if not c.pinned and not c.in_flight and now - c.last_used >= self.ttl_s
+            ),
+            key=lambda c: c.last_used,
+        )
+
+    def choose(
+        self, candidates: list[Candidate], needed: int, loaded_count: int, now: float
+    ) -> list[Candidate] | None:
+        return _take_until(self.expired(candidates, now), needed)
+
+
+class NoOverCommit:
+    """The baseline: what does not fit is refused."""
+
+    name = "none"
+
+    def choose(
+        self, candidates: list[Candidate], needed: int, loaded_count: int, now: float
+    ) -> list[Candidate] | None:
+        return [] if needed <= 0 else None
+
+
+def make_policy(name: PolicyName, *, lru_max_models: int, idle_ttl_s: float) -> EvictionPolicy:
+    if name == "gdsf":
+        return GreedyDualSizeFrequency()
+    if name == "lru":
+        return LeastRecentlyUsedByCount(lru_max_models)
+    if name == "ttl":
+        return IdleTimeToLive(idle_ttl_s)
+    return NoOverCommit()
