@@ -66,7 +66,7 @@ log = logging.getLogger("edgeplex.agent.models")
 DEFAULT_MAX_BATCH_SIZE = 8
 SHARED_RUNNER = "shared-0"
 # Before a model's first load its memory is unknown: assume its file size times this.
-FIRST_LOAD_ESTIMATE = 1.25
+FIRST_LOAD_ESTIMATE = 1.05
 
 
 class ModelState(StrEnum):

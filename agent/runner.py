@@ -17,6 +17,7 @@ thread, and a model becomes visible to Infer only once its session exists.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import queue
@@ -43,6 +44,15 @@ STAGED_WEIGHTS = "weights.bin"
 def resident_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * _PAGE
+
+
+def trim_heap() -> None:
+    """Give freed heap pages back to the kernel (glibc), so the next resident-memory
+    reading is not hiding a new session inside memory an earlier one left behind."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _dims(shape: Any) -> list[int]:
@@ -201,6 +211,7 @@ class Runner:
         if source == "cached":
             stage_model(Path(request.path), staged, stages)
         options = self._options(request)
+        trim_heap()
         before = resident_bytes()
         started = time.perf_counter()
         session = ort.InferenceSession(

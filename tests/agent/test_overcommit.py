@@ -1,0 +1,181 @@
+"""Memory over-commit against a real agent: tiers, load on demand, eviction,
+pins, demotion, and loads that cannot fit."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+from tritonclient.utils import InferenceServerException
+
+from edgeplex.agent import demo
+from tests.agent.test_oip_grpc import inputs_for
+from tests.conftest import start_agent
+
+pytestmark = pytest.mark.slow
+MiB = 1 << 20
+N_MODELS = 6
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory):
+    """Six ~3.3 MB models, one 118 MB slow loader,
+    one model larger than the whole budget."""
+    repo = tmp_path_factory.mktemp("catalog")
+    for i in range(N_MODELS):
+        demo.make_mlp(repo / f"m{i}", width=512, layers=4, seed=i, in_width=64)
+    demo.make_mlp(
+        repo / "slowload", width=2048, layers=8, seed=9, in_width=64, config="isolation: shared\n"
+    )
+    demo.make_mlp(
+        repo / "huge", width=2048, layers=12, seed=8, in_width=64, config="isolation: dedicated\n"
+    )
+    return repo
+
+
+@pytest.fixture(scope="module")
+def agent(catalog, tmp_path_factory):
+    proc = start_agent(
+        catalog,
+        tmp_path_factory.mktemp("overcommit"),
+        env={
+            "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "130MiB",
+            "EDGEPLEX_AGENT_LOAD_MODELS_AT_START": "false",
+        },
+    )
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+def status(agent) -> dict[str, dict]:
+    return {m["name"]: m for m in json.loads(agent.http_get("/edgeplex/v1/status")[1])}
+
+
+def memory(agent) -> dict:
+    return json.loads(agent.http_get("/edgeplex/v1/memory")[1])
+
+
+def post(agent, path: str, body: dict | None = None) -> int:
+    data = json.dumps(body).encode() if body is not None else b""
+    request = urllib.request.Request(f"http://{agent.http_url}{path}", data=data, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def infer_http(agent, model: str) -> tuple[int, dict[str, str], dict]:
+    x = np.ones((1, 64), np.float32)
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}
+            ]
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"http://{agent.http_url}/v2/models/{model}/infer", data=body, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read())
+
+
+def loaded_bytes(agent) -> int:
+    return sum(m["memory_bytes"] for m in status(agent).values() if m["tier"] == "loaded")
+
+
+def test_models_load_on_first_request_and_say_so(agent):
+    assert status(agent)["m0"]["tier"] == "cached"
+    code, headers, _ = infer_http(agent, "m0")
+    assert code == 200 and headers.get("edgeplex-cold-start") == "cached"
+    code, headers, _ = infer_http(agent, "m0")
+    assert code == 200 and "edgeplex-cold-start" not in headers
+    model = status(agent)["m0"]
+    assert model["tier"] == "loaded" and model["memory_bytes"] > 0
+    assert set(model["last_promotion"]["stages_ms"]) == {"read", "optimize", "create", "warmup"}
+
+
+def test_demoted_model_comes_back_from_staged_faster(agent):
+    infer_http(agent, "m1")
+    assert post(agent, "/edgeplex/v1/models/m1/demote", {"tier": "staged"}) == 200
+    assert status(agent)["m1"]["tier"] == "staged"
+    code, headers, _ = infer_http(agent, "m1")
+    assert code == 200 and headers.get("edgeplex-cold-start") == "staged"
+    stages = status(agent)["m1"]["last_promotion"]["stages_ms"]
+    assert set(stages) == {"create", "warmup"}  # no read, no optimize
+    assert post(agent, "/edgeplex/v1/models/m1/demote", {"tier": "cached"}) == 200
+    assert status(agent)["m1"]["tier"] == "cached"
+    assert post(agent, "/edgeplex/v1/models/m1/demote", {"tier": "loaded"}) == 400
+
+
+def test_eviction_keeps_the_budget_and_never_touches_pins(agent):
+    budget = memory(agent)["tiers"]["loaded"]["budget"]
+    infer_http(agent, "m2")
+    assert post(agent, "/edgeplex/v1/models/m2/pin") == 200
+    for _ in range(2):
+        for name in ["slowload", *(f"m{i}" for i in range(N_MODELS))]:
+            code, _, body = infer_http(agent, name)
+            assert code == 200, body
+            assert loaded_bytes(agent) <= budget
+            assert status(agent)["m2"]["tier"] == "loaded"
+    assert post(agent, "/edgeplex/v1/models/m2/unpin") == 200
+    _, metrics = agent.http_get("/metrics")
+    text = metrics.decode()
+    assert 'edgeplex_agent_demotions_total{reason="evicted"}' in text
+    assert 'edgeplex_agent_promotions_total{source="staged"}' in text
+    assert "edgeplex_agent_promotion_duration_seconds_bucket" in text
+    assert 'edgeplex_agent_tier_bytes{tier="loaded"}' in text
+
+
+def test_a_model_that_cannot_fit_is_resource_exhausted_and_disturbs_nothing(agent):
+    infer_http(agent, "m3")
+    before = {n: m["tier"] for n, m in status(agent).items()}
+    client = tg.InferenceServerClient(agent.grpc_url)
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("huge", inputs_for({"input": np.ones((1, 64), np.float32)}))
+    assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert "needs" in err.value.message() and "bytes" in err.value.message()
+    code, _, body = infer_http(agent, "huge")
+    assert code == 507 and "needs" in body["error"]
+    after = {n: m["tier"] for n, m in status(agent).items()}
+    assert after == before
+    assert infer_http(agent, "m3")[0] == 200
+
+
+def test_loaded_models_never_wait_behind_a_slow_load(agent):
+    assert post(agent, "/edgeplex/v1/models/slowload/demote", {"tier": "cached"}) == 200
+    infer_http(agent, "m4")
+    assert status(agent)["m4"]["tier"] == "loaded"
+    client = tg.InferenceServerClient(agent.grpc_url)
+    feeds = inputs_for({"input": np.ones((1, 64), np.float32)})
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def hammer() -> None:
+        local = tg.InferenceServerClient(agent.grpc_url)
+        while not done.is_set():
+            start = time.perf_counter()
+            local.infer("m4", feeds)
+            latencies.append(time.perf_counter() - start)
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    time.sleep(0.2)
+    started = time.perf_counter()
+    client.infer("slowload", feeds)  # cached -> staged -> loaded, in the same shared runner
+    load_s = time.perf_counter() - started
+    done.set()
+    thread.join()
+    slow_load = status(agent)["slowload"]["last_promotion"]["stages_ms"]
+    assert sum(slow_load.values()) > 150, slow_load  # it really was slow
+    during = latencies[-max(1, int(len(latencies) * load_s / (load_s + 0.2))) :]
+    assert max(during) < 0.1, f"a loaded model waited {max(during):.3f} s behind a load"
