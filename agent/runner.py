@@ -17,6 +17,7 @@ thread, and a model becomes visible to Infer only once its session exists.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -49,10 +50,8 @@ def resident_bytes() -> int:
 def trim_heap() -> None:
     """Give freed heap pages back to the kernel (glibc), so the next resident-memory
     reading is not hiding a new session inside memory an earlier one left behind."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _dims(shape: Any) -> list[int]:

@@ -29,7 +29,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(model_repo, tmp_path):
             )
             outcome["shape"] = result.as_numpy("output").shape
         except InferenceServerException as exc:
-            outcome["error"] = exc
+            outcome["error"] = f"{exc.status()}: {exc.message()}"
 
     thread = threading.Thread(target=slow_request)
     thread.start()
