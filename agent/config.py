@@ -191,6 +191,12 @@ class AgentSettings(BaseSettings):
         "while they fit the device budget without evicting; the rest stay cached and load "
         "on their first request.",
     )
+    prestage: bool = Field(
+        default=True,
+        description="After start, stage (optimize into host RAM) every model that is not "
+        "loaded, within the host budget, so that first requests promote from staged. "
+        "Models with `isolation: dedicated` are staged at their first load instead.",
+    )
     device_memory_budget: int | None = Field(
         default=None,
         description="Bytes the `loaded` tier may hold (size suffixes allowed), measured per "

@@ -117,6 +117,26 @@ class ModelLoaded(Message):
 
 
 @_message
+class StageModel(Message):
+    """agent -> runner: cached -> staged only (no session). Answered by ModelStaged
+    or Failure. Runs on its own thread, so promotions never queue behind it."""
+
+    TAG: ClassVar[str] = "stage"
+    req_id: int
+    model: str
+    path: str
+    staged_dir: str
+
+
+@_message
+class ModelStaged(Message):
+    TAG: ClassVar[str] = "staged"
+    req_id: int
+    staged_bytes: int
+    stages: dict[str, float]
+
+
+@_message
 class UnloadModel(Message):
     TAG: ClassVar[str] = "unload"
     req_id: int

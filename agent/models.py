@@ -308,6 +308,42 @@ class ModelTable:
             self._begin_unload(entry, reason)
         return future
 
+    async def stage(self, name: str) -> bool:
+        """cached -> staged in the background (no session, shared runner only), if the
+        host budget allows. True when the model is staged afterwards."""
+        entry = self._entries.get(name)
+        if (
+            entry is None
+            or entry.staged_bytes
+            or entry.source.config is None
+            or entry.runner_id != SHARED_RUNNER
+            or entry.state != ModelState.UNAVAILABLE
+        ):
+            return bool(entry and entry.staged_bytes)
+        budget = self._settings.host_memory_budget
+        if budget is not None and self.host_bytes() + entry.estimate_bytes() > budget:
+            return False
+        runner = self._pool.get(SHARED_RUNNER)
+        await runner.ensure_ready()
+        try:
+            reply, _ = await runner.call(
+                ipc.StageModel(
+                    self._pool.next_req_id(),
+                    entry.name,
+                    str(entry.source.path),
+                    str(self.staged_dir(entry)),
+                )
+            )
+        except RunnerLost:
+            return False
+        if not isinstance(reply, ipc.ModelStaged):
+            log.warning("staging %s failed: %s", name, getattr(reply, "message", reply))
+            return False
+        if entry.state != ModelState.READY:  # a load may have raced us; it reports too
+            entry.staged_bytes = reply.staged_bytes
+        self._publish_tiers()
+        return True
+
     def pin(self, name: str, pinned: bool) -> None:
         entry = self._entries.get(name)
         if entry is None:

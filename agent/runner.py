@@ -81,7 +81,7 @@ def stage_model(source: Path, staged: Path, stages: dict[str, float]) -> None:
             pass
     stages["read"] = _ms_since(started)
     started = time.perf_counter()
-    tmp = staged.with_name(f"{staged.name}.tmp-{os.getpid()}")
+    tmp = staged.with_name(f"{staged.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     options = ort.SessionOptions()
@@ -98,8 +98,10 @@ def stage_model(source: Path, staged: Path, stages: dict[str, float]) -> None:
     try:
         # By path, so that models with external data find it next to them.
         ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
-        shutil.rmtree(staged, ignore_errors=True)
-        tmp.rename(staged)
+        try:
+            tmp.rename(staged)
+        except OSError:  # staged meanwhile by the other thread: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -159,6 +161,7 @@ class Runner:
         self._send_lock = threading.Lock()
         self._models: dict[str, _Model] = {}
         self._loads: queue.SimpleQueue = queue.SimpleQueue()
+        self._stages: queue.SimpleQueue = queue.SimpleQueue()
 
     def _send(self, message: ipc.Message, buffers: list[memoryview] | None = None) -> None:
         with self._send_lock:
@@ -166,6 +169,7 @@ class Runner:
 
     def serve(self) -> None:
         threading.Thread(target=self._loader, name="loader", daemon=True).start()
+        threading.Thread(target=self._stager, name="stager", daemon=True).start()
         reader = ipc.FrameReader(self._sock)
         while True:
             try:
@@ -186,6 +190,8 @@ class Runner:
                     model.work.put((message, payload))
             elif isinstance(message, ipc.LoadModel):
                 self._loads.put(message)
+            elif isinstance(message, ipc.StageModel):
+                self._stages.put(message)
             elif isinstance(message, ipc.UnloadModel):
                 self._unload(message)
             else:
@@ -198,6 +204,22 @@ class Runner:
             request: ipc.LoadModel = self._loads.get()
             try:
                 reply: ipc.Message = self._load(request)
+            except Exception as exc:
+                message = _clean(_clean(str(exc), request.path), request.staged_dir)
+                reply = ipc.Failure(request.req_id, "load", message)
+            self._send(reply)
+
+    def _stager(self) -> None:
+        while True:
+            request: ipc.StageModel = self._stages.get()
+            stages: dict[str, float] = {}
+            staged = Path(request.staged_dir)
+            try:
+                if not (staged / STAGED_MODEL).is_file():
+                    stage_model(Path(request.path), staged, stages)
+                reply: ipc.Message = ipc.ModelStaged(
+                    request.req_id, directory_bytes(staged), stages
+                )
             except Exception as exc:
                 message = _clean(_clean(str(exc), request.path), request.staged_dir)
                 reply = ipc.Failure(request.req_id, "load", message)

@@ -73,6 +73,12 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
                     await table.load(name)
         agent.started = True
         log.info("agent ready")
+        if settings.prestage:
+            # Everything else goes to host RAM now, so its first request pays a
+            # staged promotion (~memcpy) instead of read + optimize.
+            for name in table.startup_order():
+                with contextlib.suppress(Exception):
+                    await table.stage(name)
 
     async def expire_idle() -> None:
         while True:

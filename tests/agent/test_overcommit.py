@@ -46,6 +46,7 @@ def agent(catalog, tmp_path_factory):
         env={
             "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "130MiB",
             "EDGEPLEX_AGENT_LOAD_MODELS_AT_START": "false",
+            "EDGEPLEX_AGENT_PRESTAGE": "false",
         },
     )
     yield proc
@@ -179,3 +180,27 @@ def test_loaded_models_never_wait_behind_a_slow_load(agent):
     assert sum(slow_load.values()) > 150, slow_load  # it really was slow
     during = latencies[-max(1, int(len(latencies) * load_s / (load_s + 0.2))) :]
     assert max(during) < 0.1, f"a loaded model waited {max(during):.3f} s behind a load"
+
+
+def test_prestage_puts_models_in_host_ram_at_start(catalog, tmp_path):
+    proc = start_agent(
+        catalog,
+        tmp_path,
+        env={
+            "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "130MiB",
+            "EDGEPLEX_AGENT_LOAD_MODELS_AT_START": "false",
+        },
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            tiers = {n: m["tier"] for n, m in status(proc).items()}
+            if all(tiers[f"m{i}"] == "staged" for i in range(N_MODELS)):
+                break
+            time.sleep(0.1)
+        assert all(tiers[f"m{i}"] == "staged" for i in range(N_MODELS)), tiers
+        assert tiers["huge"] == "cached"  # dedicated models stage at their first load
+        code, headers, _ = infer_http(proc, "m5")
+        assert code == 200 and headers.get("edgeplex-cold-start") == "staged"
+    finally:
+        assert proc.stop() == 0, proc.log()

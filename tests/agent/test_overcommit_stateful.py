@@ -28,6 +28,7 @@ def agent(tmp_path_factory):
         env={
             "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "12MiB",  # about three of the five
             "EDGEPLEX_AGENT_LOAD_MODELS_AT_START": "false",
+            "EDGEPLEX_AGENT_PRESTAGE": "false",
         },
     )
     yield proc
