@@ -134,6 +134,13 @@ class RunnerSettings(BaseModel):
         description="Let ORT's worker threads spin while idle. Faster on an idle box, but "
         "several spinning runners starve each other and the agent.",
     )
+    execution_provider: Literal["cpu", "cuda"] = Field(
+        default="cpu",
+        description="Where sessions run. `cuda` needs onnxruntime-gpu (docs/architecture.md, "
+        "GPU builds); device memory is then measured with NVML when nvidia-ml-py is "
+        "installed, else from the ORT arena's growth as seen by the process.",
+    )
+    device_id: int = Field(default=0, ge=0, description="CUDA device of this agent's runners.")
     prepack_weights: bool = Field(
         default=True,
         description="Let ORT repack weights for its GEMM kernels when a session is created: "

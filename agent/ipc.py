@@ -93,6 +93,10 @@ class LoadModel(Message):
     inter_op_threads: int
     allow_spinning: bool
     prepack_weights: bool
+    # "cpu" or "cuda"; with cuda, memory_limit (bytes, 0 = none) caps the arena.
+    provider: str
+    device_id: int
+    memory_limit: int
     # Worker threads that may run this model's batches concurrently.
     instances: int
 

@@ -484,6 +484,9 @@ class ModelTable:
                         inter_op_threads=settings.inter_op_threads,
                         allow_spinning=settings.allow_spinning,
                         prepack_weights=settings.prepack_weights,
+                        provider=settings.execution_provider,
+                        device_id=settings.device_id,
+                        memory_limit=config.memory_limit or 0,
                         instances=config.instance_count,
                     )
                 ),
@@ -517,6 +520,12 @@ class ModelTable:
         entry.state = ModelState.READY
         entry.reason = ""
         entry.load_crashes = 0
+        # Insertion counts as a use, stamped after this load's evictions moved the
+        # GDSF clock: otherwise the model could be the next victim before the
+        # request that promoted it is even served.
+        entry.last_used = time.monotonic()
+        if isinstance(self.policy, GreedyDualSizeFrequency):
+            entry.credit = self.policy.clock
         self._record_promotion(entry, reply)
         budget = self._settings.device_memory_budget
         if budget is not None and self.device_bytes() > budget:

@@ -47,6 +47,38 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * _PAGE
 
 
+def providers(request: ipc.LoadModel) -> list[Any]:
+    if request.provider != "cuda":
+        return ["CPUExecutionProvider"]
+    cuda: dict[str, Any] = {
+        "device_id": request.device_id,
+        "arena_extend_strategy": "kSameAsRequested",
+    }
+    if request.memory_limit:
+        cuda["gpu_mem_limit"] = request.memory_limit
+    return [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+
+
+def device_bytes() -> int:
+    """This process's memory on its GPU (NVML), or resident memory without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        total, used = 0, 0
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            used += pynvml.nvmlDeviceGetMemoryInfo(handle).used
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == os.getpid() and proc.usedGpuMemory:
+                    total += proc.usedGpuMemory
+        # In a PID namespace NVML may not list us: fall back to the device-wide
+        # reading, exact when this agent is the card's only user.
+        return total or used
+    except Exception:
+        return resident_bytes()
+
+
 def trim_heap() -> None:
     """Give freed heap pages back to the kernel (glibc), so the next resident-memory
     reading is not hiding a new session inside memory an earlier one left behind."""
@@ -233,16 +265,17 @@ class Runner:
             stage_model(Path(request.path), staged, stages)
         options = self._options(request)
         trim_heap()
-        before = resident_bytes()
+        measure = device_bytes if request.provider == "cuda" else resident_bytes
+        before = measure()
         started = time.perf_counter()
         session = ort.InferenceSession(
-            str(staged / STAGED_MODEL), sess_options=options, providers=["CPUExecutionProvider"]
+            str(staged / STAGED_MODEL), sess_options=options, providers=providers(request)
         )
         stages["create"] = _ms_since(started)
         started = time.perf_counter()
         warm_up(session)
         stages["warmup"] = _ms_since(started)
-        grown = max(0, resident_bytes() - before)
+        grown = max(0, measure() - before)
         inputs = [[i.name, i.type, _dims(i.shape)] for i in session.get_inputs()]
         outputs = [[o.name, o.type, _dims(o.shape)] for o in session.get_outputs()]
         old = self._models.pop(request.model, None)

@@ -174,7 +174,8 @@ def main() -> None:
             # Let background pre-staging finish, so it does not compete with the stream.
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and any(
-                    m["tier"] == "cached" for m in agent.status().values()):
+                m["tier"] == "cached" for m in agent.status().values()
+            ):
                 time.sleep(0.5)
             # Same warm start for every policy: the most popular models, while they fit.
             for name in models:

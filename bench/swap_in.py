@@ -57,16 +57,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--sizes", default=",".join(SIZES), help="subset of " + ",".join(SIZES))
     args = parser.parse_args()
+    sizes = {name: SIZES[name] for name in args.sizes.split(",")}
     repo = Path(tempfile.mkdtemp(prefix="edgeplex-swapin-"))
-    for name, (width, layers) in SIZES.items():
+    for name, (width, layers) in sizes.items():
         demo.make_mlp(repo / f"m{name}", width=width, layers=layers, in_width=64)
     x = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
     rows = []
     for prepack in ("true", "false"):
         agent = Agent(repo, load_models_at_start="false", runner__prepack_weights=prepack)
         try:
-            for name in SIZES:
+            for name in sizes:
                 model = f"m{name}"
                 assert agent.post(f"/v2/models/{model}/infer", x) == 200
                 promote = []
