@@ -23,6 +23,8 @@ from edgeplex.agent.tensors import (
     oip_datatype,
     to_raw,
 )
+from edgeplex.proto import edgeplex_agent_pb2 as ctl
+from edgeplex.proto import edgeplex_agent_pb2_grpc as ctl_grpc
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
 
@@ -34,9 +36,7 @@ COLD_START = "edgeplex-cold-start"
 
 def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
-    async def wrapper(
-        self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext
-    ) -> Any:
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await method(self, request, context)
         except ServeError as exc:
@@ -238,6 +238,37 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
 
+class ControlServicer(ctl_grpc.AgentControlServicer):
+    """edgeplex.v1.AgentControl: the residency verbs (pin, unpin, demote, memory)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    @_serve_errors
+    async def Pin(self, request: Any, context: Any) -> ctl.Ack:
+        self.agent.pin(request.name, True)
+        return ctl.Ack()
+
+    @_serve_errors
+    async def Unpin(self, request: Any, context: Any) -> ctl.Ack:
+        self.agent.pin(request.name, False)
+        return ctl.Ack()
+
+    @_serve_errors
+    async def Demote(self, request: Any, context: Any) -> ctl.Ack:
+        await self.agent.demote(request.name, request.tier or "staged")
+        return ctl.Ack()
+
+    @_serve_errors
+    async def Memory(self, request: Any, context: Any) -> ctl.MemoryResponse:
+        memory = self.agent.memory()
+        response = ctl.MemoryResponse(policy=memory["policy"])
+        for tier, usage in memory["tiers"].items():
+            response.tiers[tier].bytes = usage["bytes"]
+            response.tiers[tier].budget = usage["budget"] or 0
+        return response
+
+
 async def start_grpc_server(agent: Agent) -> tuple[grpc.aio.Server, int]:
     """Start serving; returns the server and the bound port."""
     settings = agent.settings
@@ -250,6 +281,7 @@ async def start_grpc_server(agent: Agent) -> tuple[grpc.aio.Server, int]:
         ]
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(agent), server)
+    ctl_grpc.add_AgentControlServicer_to_server(ControlServicer(agent), server)
     port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
     if port == 0:
         raise OSError(f"cannot bind gRPC to {settings.grpc_host}:{settings.grpc_port}")

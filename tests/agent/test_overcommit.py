@@ -204,3 +204,27 @@ def test_prestage_puts_models_in_host_ram_at_start(catalog, tmp_path):
         assert code == 200 and headers.get("edgeplex-cold-start") == "staged"
     finally:
         assert proc.stop() == 0, proc.log()
+
+
+def test_grpc_verbs(agent):
+    import grpc
+
+    from edgeplex.proto import edgeplex_agent_pb2 as ctl
+    from edgeplex.proto import edgeplex_agent_pb2_grpc as ctl_grpc
+
+    infer_http(agent, "m5")
+    with grpc.insecure_channel(agent.grpc_url) as channel:
+        stub = ctl_grpc.AgentControlStub(channel)
+        stub.Pin(ctl.ModelRef(name="m5"))
+        assert status(agent)["m5"]["pinned"] is True
+        stub.Unpin(ctl.ModelRef(name="m5"))
+        stub.Demote(ctl.DemoteRequest(name="m5", tier="cached"))
+        assert status(agent)["m5"]["tier"] == "cached"
+        memory_now = stub.Memory(ctl.MemoryRequest())
+        assert memory_now.policy == "gdsf" and memory_now.tiers["loaded"].budget == 130 * MiB
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Demote(ctl.DemoteRequest(name="m5", tier="orbit"))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Pin(ctl.ModelRef(name="nope"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
