@@ -107,8 +107,10 @@ class ModelConfig(BaseModel):
     )
     memory_limit: int | None = Field(
         default=None,
-        description="Bytes the model may use (size suffixes allowed). Reserved for memory "
-        "over-commit; stored and reported today.",
+        description="Bytes the model may use (size suffixes allowed). With `isolation: "
+        "dedicated`, its runner's host memory is capped (cgroup v2, else v1, else "
+        "RLIMIT_AS; the agent logs which at start); on CUDA it is also ORT's "
+        "`gpu_mem_limit`.",
     )
 
     @field_validator("memory_limit", mode="before")

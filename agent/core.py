@@ -172,6 +172,7 @@ class Agent:
         s = self.settings
         return {
             "policy": s.eviction_policy,
+            "runner_memory_limits": self.table.limit_mechanism(),
             "tiers": {
                 "loaded": {"bytes": self.table.device_bytes(), "budget": s.device_memory_budget},
                 "staged": {"bytes": self.table.host_bytes(), "budget": s.host_memory_budget},

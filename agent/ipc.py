@@ -190,6 +190,8 @@ class SpawnRunner(Message):
     runner_id: str
     socket_path: str
     log_level: str
+    # RLIMIT_AS the child sets on itself before it starts (0 = none).
+    rlimit_as: int
 
 
 @_message

@@ -178,6 +178,9 @@ class ModelTable:
         runner = self._pool.get(entry.runner_id)
         return runner.pid if runner.state == "ready" else None
 
+    def limit_mechanism(self) -> str:
+        return self._pool.limiter.mechanism
+
     def device_bytes(self) -> int:
         """Device bytes held now: live sessions plus reservations of loads in progress."""
         return sum(e.memory_bytes + e.reserved_bytes for e in self._entries.values())
@@ -466,6 +469,8 @@ class ModelTable:
         settings = self._settings.runner
         runner = self._pool.get(entry.runner_id)
         config = entry.config
+        if entry.runner_id != SHARED_RUNNER and config.memory_limit:
+            self._pool.memory_limits[entry.runner_id] = config.memory_limit
         try:
             for event in victims:  # their memory is free only once they are unloaded
                 await event.wait()

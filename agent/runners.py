@@ -35,6 +35,7 @@ from pathlib import Path
 from edgeplex.agent import ipc
 from edgeplex.agent.config import RunnerSettings
 from edgeplex.agent.errors import RunnerLost, Unavailable
+from edgeplex.agent.limits import MemoryLimiter
 from edgeplex.agent.metrics import METRICS
 
 log = logging.getLogger("edgeplex.agent.runners")
@@ -91,14 +92,16 @@ class ZygoteClient:
         self._spawned.clear()
         log.warning("zygote connection closed")
 
-    async def spawn(self, runner_id: str, socket_path: str, log_level: str) -> int:
+    async def spawn(
+        self, runner_id: str, socket_path: str, log_level: str, rlimit_as: int = 0
+    ) -> int:
         async with self._lock:
             if not self.alive:
                 await self.start()
         assert self._writer is not None
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._spawned[runner_id] = future
-        ipc.write_frame(self._writer, ipc.SpawnRunner(runner_id, socket_path, log_level))
+        ipc.write_frame(self._writer, ipc.SpawnRunner(runner_id, socket_path, log_level, rlimit_as))
         return await asyncio.wait_for(future, timeout=10)
 
     def kill(self, runner_id: str, sig: int) -> None:
@@ -209,9 +212,14 @@ class RunnerProcess:
         loop = asyncio.get_running_loop()
         self._hello = loop.create_future()
         self.pid = None
+        limit = self._pool.memory_limits.get(self.runner_id, 0)
         self.pid = await self._pool.zygote.spawn(
-            self.runner_id, self._pool.socket_path, self._pool.log_level
+            self.runner_id,
+            self._pool.socket_path,
+            self._pool.log_level,
+            self._pool.limiter.rlimit_for(limit),
         )
+        self._pool.limiter.apply(self.runner_id, self.pid, limit)
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.shield(self._hello), self._pool.settings.start_timeout_s
@@ -289,6 +297,11 @@ class RunnerPool:
         self.socket_path = str(self._dir / "runners.sock")
         self._server: asyncio.AbstractServer | None = None
         self._req_ids = itertools.count(1)
+        self.limiter = MemoryLimiter()
+        # Host memory limits of dedicated runners, set by the model table before
+        # it first asks for the runner.
+        self.memory_limits: dict[str, int] = {}
+        log.info("runner memory limits use %s", self.limiter.mechanism)
 
     def next_req_id(self) -> int:
         return next(self._req_ids)
@@ -333,6 +346,7 @@ class RunnerPool:
         runner = self._runners.pop(runner_id, None)
         if runner is not None:
             await runner.stop()
+        self.limiter.release(runner_id)
 
     async def stop(self) -> None:
         for runner in self._runners.values():
@@ -340,5 +354,6 @@ class RunnerPool:
         if self._server is not None:
             self._server.close()
         await self.zygote.stop()
+        self.limiter.close()
         with contextlib.suppress(OSError):
             shutil.rmtree(self._dir)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -100,6 +101,8 @@ class Zygote:
         os.close(self._wake_w)
         self._control.close()
         die_with_parent()
+        if request.rlimit_as:
+            resource.setrlimit(resource.RLIMIT_AS, (request.rlimit_as, request.rlimit_as))
         runner.main(request.runner_id, request.socket_path, request.log_level)
 
     def _reap(self) -> None:
