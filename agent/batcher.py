@@ -95,6 +95,27 @@ def take_batch(queue: deque[Request], max_batch_size: int) -> list[Request]:
     return batch
 
 
+def scale_target(
+    *,
+    depth: int,
+    instances: int,
+    minimum: int,
+    maximum: int,
+    max_batch_size: int,
+    idle_s: float,
+    scale_down_idle_s: float,
+) -> int:
+    """Elastic instances, as a pure decision: one more instance while the queue holds
+    more than the running instances can take in one round (a full batch each), back
+    to `minimum` once the queue has been empty for `scale_down_idle_s`."""
+    per_round = instances * max(1, max_batch_size)
+    if depth > per_round and instances < maximum:
+        return instances + 1
+    if depth == 0 and idle_s >= scale_down_idle_s and instances > minimum:
+        return minimum
+    return instances
+
+
 def batched_size(queue: deque[Request], key: BatchKey) -> int:
     return sum(r.batch_size for r in queue if r.key == key and not r.future.done())
 
@@ -121,7 +142,9 @@ class Batcher:
         self._stats = stats
         self._queue: deque[Request] = deque()
         self._arrived = asyncio.Event()
+        self.instances = instance_count
         self._free_slots = instance_count  # batches that may start now
+        self.last_queued = time.monotonic()  # when the queue was last non-empty
         self._running = 0  # requests in batches that have started
         self._slot_freed = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
@@ -147,7 +170,7 @@ class Batcher:
             )
         if (
             not self._queue
-            and self._free_slots
+            and self._free_slots > 0
             and self._ready.is_set()
             and not (self.max_queue_delay_s and self.max_batch_size)
         ):
@@ -155,6 +178,7 @@ class Batcher:
             self._start([request])
             return
         self._queue.append(request)
+        self.last_queued = time.monotonic()
         self._depth.set(len(self._queue))
         self._arrived.set()
 
@@ -176,6 +200,14 @@ class Batcher:
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
 
+    def set_instances(self, instances: int) -> None:
+        """The runner now runs `instances` workers: allow that many batches at once.
+        Fewer: running batches finish; new ones start only under the new count."""
+        self._free_slots += instances - self.instances
+        self.instances = instances
+        if self._free_slots > 0:
+            self._slot_freed.set()
+
     def fail_queued(self, error: ServeError) -> None:
         for request in self._queue:
             _fail(request, error)
@@ -194,7 +226,7 @@ class Batcher:
                 continue
             if not await self._ready_or_expire(loop):
                 continue
-            if not self._free_slots:
+            if self._free_slots <= 0:
                 await self._wait_for_slot(loop)
                 continue  # re-check deadlines, readiness and the queue
             if not self._ready.is_set():

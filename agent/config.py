@@ -85,6 +85,20 @@ class ModelConfig(BaseModel):
         le=16,
         description="Batches of this model that may execute at the same time.",
     )
+    max_instances: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="Elastic instances: when the queue stays deeper than the running "
+        "instances can absorb, add instances (threads over the same session, so no extra "
+        "weights) up to this many; back to `instance_count` after `scale_down_idle_s` "
+        "without a queue. Unset: fixed at `instance_count`.",
+    )
+    scale_down_idle_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds without a queue before an elastic model drops its extra instances.",
+    )
     isolation: Literal["shared", "dedicated"] = Field(
         default="shared",
         description="`shared`: the model lives in its device's shared runner. `dedicated`: "

@@ -160,6 +160,7 @@ class Agent:
                 "staged_bytes": e.staged_bytes,
                 "last_promotion": {"source": e.last_source, "stages_ms": e.stages},
                 "max_batch_size": e.max_batch_size,
+                "instances": e.batcher.instances if e.batcher else 0,
                 "queue_depth": e.batcher.depth if e.batcher else 0,
                 "isolation": e.config.isolation if e.source.config else None,
                 "priority": e.config.priority if e.source.config else None,

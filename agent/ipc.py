@@ -141,6 +141,24 @@ class ModelStaged(Message):
 
 
 @_message
+class SetInstances(Message):
+    """agent -> runner: run `model` on this many worker threads. Answered by
+    InstancesSet."""
+
+    TAG: ClassVar[str] = "instances"
+    req_id: int
+    model: str
+    instances: int
+
+
+@_message
+class InstancesSet(Message):
+    TAG: ClassVar[str] = "instances_set"
+    req_id: int
+    instances: int
+
+
+@_message
 class UnloadModel(Message):
     TAG: ClassVar[str] = "unload"
     req_id: int

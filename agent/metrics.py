@@ -131,6 +131,12 @@ class AgentMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.instances = Gauge(
+            "edgeplex_agent_model_instances",
+            "Instances (worker threads) serving a model.",
+            ["model"],
+            registry=r,
+        )
         self.runner_restarts = Counter(
             "edgeplex_runner_restarts_total",
             "Runner processes restarted after they died.",

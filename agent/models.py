@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeplex.agent import ipc
-from edgeplex.agent.batcher import Batcher
+from edgeplex.agent.batcher import Batcher, scale_target
 from edgeplex.agent.config import AgentSettings, ModelConfig
 from edgeplex.agent.errors import (
     InferenceFailed,
@@ -104,6 +104,7 @@ class ModelEntry:
     load_after_unload: bool = False
     drop_staged_after_unload: bool = False
     disabled: bool = False  # OIP unload: not served until an explicit load
+    scaling: bool = False  # a SetInstances is in flight
     pinned: bool = False
     last_used: float = 0.0
     frequency: float = 0.0
@@ -347,6 +348,60 @@ class ModelTable:
         self._publish_tiers()
         return True
 
+    def autoscale(self) -> None:
+        """Elastic instances (called on a timer): grow a model's instances while its queue
+        outruns them, shrink after it idles. Instances share one session, so growth
+        costs activations only; none is added while the device budget is nearly full."""
+        budget = self._settings.device_memory_budget
+        room = budget is None or self.device_bytes() < 0.95 * budget
+        now = time.monotonic()
+        for entry in self._entries.values():
+            config = entry.source.config
+            batcher = entry.batcher
+            if (
+                config is None
+                or config.max_instances is None
+                or batcher is None
+                or entry.state != ModelState.READY
+                or entry.scaling
+            ):
+                continue
+            target = scale_target(
+                depth=batcher.depth,
+                instances=batcher.instances,
+                minimum=config.instance_count,
+                maximum=max(config.max_instances, config.instance_count),
+                max_batch_size=entry.max_batch_size,
+                idle_s=now - batcher.last_queued,
+                scale_down_idle_s=config.scale_down_idle_s,
+            )
+            if target > batcher.instances and not room:
+                continue
+            if target != batcher.instances:
+                entry.scaling = True
+                self._spawn(self._scale_task(entry, entry.generation, target))
+
+    async def _scale_task(self, entry: ModelEntry, generation: int, target: int) -> None:
+        try:
+            reply, _ = await self._pool.get(entry.runner_id).call(
+                ipc.SetInstances(self._pool.next_req_id(), entry.name, target)
+            )
+        except RunnerLost:
+            return
+        finally:
+            entry.scaling = False
+        if (
+            generation == entry.generation
+            and entry.batcher is not None
+            and isinstance(reply, ipc.InstancesSet)
+            and reply.instances
+        ):
+            log.info(
+                "model %s: %d -> %d instances", entry.name, entry.batcher.instances, reply.instances
+            )
+            METRICS.instances.labels(model=entry.name).set(reply.instances)
+            entry.batcher.set_instances(reply.instances)
+
     def pin(self, name: str, pinned: bool) -> None:
         entry = self._entries.get(name)
         if entry is None:
@@ -551,6 +606,9 @@ class ModelTable:
                 return
         if entry.batcher is None:
             entry.batcher = self._make_batcher(entry)
+        else:  # a reload starts over at the configured instance count
+            entry.batcher.set_instances(entry.config.instance_count)
+        METRICS.instances.labels(model=entry.name).set(entry.config.instance_count)
         entry.ready.set()
         METRICS.model_ready.labels(model=entry.name).set(1)
         log.info(

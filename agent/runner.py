@@ -226,6 +226,8 @@ class Runner:
                 self._stages.put(message)
             elif isinstance(message, ipc.UnloadModel):
                 self._unload(message)
+            elif isinstance(message, ipc.SetInstances):
+                self._set_instances(message)
             else:
                 raise ipc.ProtocolError(f"runner cannot handle {message.TAG}")
 
@@ -283,11 +285,7 @@ class Runner:
             self._stop_workers(old)
         model = _Model(request.model, session, [o[0] for o in outputs])
         for i in range(request.instances):
-            thread = threading.Thread(
-                target=self._worker, args=(model,), name=f"{request.model}-{i}", daemon=True
-            )
-            thread.start()
-            model.threads.append(thread)
+            self._start_worker(model, i)
         self._models[request.model] = model
         return ipc.ModelLoaded(
             request.req_id,
@@ -317,6 +315,25 @@ class Runner:
             options.add_session_config_entry("session.disable_prepacking", "1")
         options.log_severity_level = 3
         return options
+
+    def _set_instances(self, request: ipc.SetInstances) -> None:
+        model = self._models.get(request.model)
+        if model is not None:
+            model.threads = [t for t in model.threads if t.is_alive()]
+            while len(model.threads) < request.instances:
+                self._start_worker(model, len(model.threads))
+            for _ in range(len(model.threads) - request.instances):
+                model.work.put(None)  # one worker exits per sentinel, after queued work
+                model.threads.pop()
+        count = len(model.threads) if model is not None else 0
+        self._send(ipc.InstancesSet(request.req_id, count))
+
+    def _start_worker(self, model: _Model, index: int) -> None:
+        thread = threading.Thread(
+            target=self._worker, args=(model,), name=f"{model.name}-{index}", daemon=True
+        )
+        thread.start()
+        model.threads.append(thread)
 
     def _unload(self, request: ipc.UnloadModel) -> None:
         model = self._models.pop(request.model, None)

@@ -87,6 +87,13 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
 
     loader = asyncio.create_task(initial_loads())
     janitor = asyncio.create_task(expire_idle()) if settings.eviction_policy == "ttl" else None
+
+    async def autoscale() -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            table.autoscale()
+
+    scaler = asyncio.create_task(autoscale())
     await stop.wait()
 
     log.info("shutting down: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
@@ -97,6 +104,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     loader.cancel()
     if janitor is not None:
         janitor.cancel()
+    scaler.cancel()
     await grpc_server.stop(grace=1.0)
     await http_runner.cleanup()
     await table.stop()

@@ -17,10 +17,16 @@ pytestmark = pytest.mark.slow
 def test_dedicated_runner_over_its_memory_limit_fails_alone(tmp_path):
     repo = tmp_path / "repo"
     demo.make_mlp(repo / "ok", width=256, layers=2, in_width=64)
-    demo.make_mlp(repo / "greedy", width=2048, layers=6, in_width=64,  # ~84 MB of weights
-                  config="isolation: dedicated\nmemory_limit: 48MiB\n")
-    agent = start_agent(repo, tmp_path, env={"EDGEPLEX_AGENT_RUNNER__RESTART_BACKOFF_INITIAL_S":
-                                             "0.05"})
+    demo.make_mlp(
+        repo / "greedy",
+        width=2048,
+        layers=6,
+        in_width=64,  # ~84 MB of weights
+        config="isolation: dedicated\nmemory_limit: 48MiB\n",
+    )
+    agent = start_agent(
+        repo, tmp_path, env={"EDGEPLEX_AGENT_RUNNER__RESTART_BACKOFF_INITIAL_S": "0.05"}
+    )
     try:
         memory = json.loads(agent.http_get("/edgeplex/v1/memory")[1])
         assert memory["runner_memory_limits"] in ("cgroup2", "cgroup1", "rlimit")
