@@ -45,7 +45,7 @@ else
     $PY -m pip install -q nvidia-ml-py
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
     PROVIDER=cuda
-    DURATION=20; FACTOR=4; BUDGET=2GiB; SWAP_REPEAT=3; SWAP_SIZES=10MB,100MB,300MB
+    DURATION=20; FACTOR=4; BUDGET=512MiB; SWAP_REPEAT=3; SWAP_SIZES=10MB,100MB,300MB
 fi
 
 run() { timeout 480 "$@"; }

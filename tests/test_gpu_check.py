@@ -1,0 +1,23 @@
+"""bench/gpu_check.sh must keep working: CI runs it on the CPU with --dry-run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def test_gpu_check_dry_run_writes_its_json(tmp_path):
+    subprocess.run([str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", "--out", str(tmp_path)],
+                   check=True, timeout=480, capture_output=True)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["bandwidth"]["gb_per_s"] > 0
+    assert {row["prepack_weights"] for row in summary["swap_in"]} == {True, False}
+    assert all(row["promote_over_transfer"] > 0 for row in summary["swap_in"])
+    assert set(summary["density"]) == {"none", "gdsf"}
+    assert summary["density"]["gdsf"]["requests"] > 0
