@@ -165,6 +165,14 @@ class RunnerSettings(BaseModel):
         "directly, so a staged -> loaded promotion costs about a memcpy (docs/benchmarks.md); "
         "results differ from default ORT in the last bits.",
     )
+    prepack_after_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="With prepack_weights, a model promoted on demand first serves from a "
+        "session over the mapped staged weights (fast), and is rebuilt prepacked in the "
+        "background once it has stayed loaded this long, if the device budget has room "
+        "for the transient second copy. Loads at start and explicit loads prepack at once.",
+    )
     restart_backoff_initial_s: float = Field(
         default=0.1, gt=0, description="Delay before the first restart of a dead runner."
     )

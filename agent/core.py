@@ -161,6 +161,7 @@ class Agent:
                 "last_promotion": {"source": e.last_source, "stages_ms": e.stages},
                 "max_batch_size": e.max_batch_size,
                 "instances": e.batcher.instances if e.batcher else 0,
+                "prepacked": e.prepacked if e.state == ModelState.READY else None,
                 "queue_depth": e.batcher.depth if e.batcher else 0,
                 "isolation": e.config.isolation if e.source.config else None,
                 "priority": e.config.priority if e.source.config else None,

@@ -118,6 +118,8 @@ class ModelLoaded(Message):
     stages: dict[str, float]
     # Bytes of the staged copy (graph + weights) in host RAM.
     staged_bytes: int
+    # Whether the session was created with prepacked weights.
+    prepacked: bool
 
 
 @_message
@@ -138,6 +140,25 @@ class ModelStaged(Message):
     req_id: int
     staged_bytes: int
     stages: dict[str, float]
+
+
+@_message
+class Prepack(Message):
+    """agent -> runner: rebuild `model`'s session with ORT's weight prepacking and swap
+    it in (the model keeps serving meanwhile). Answered by Prepacked or Failure."""
+
+    TAG: ClassVar[str] = "prepack"
+    req_id: int
+    model: str
+
+
+@_message
+class Prepacked(Message):
+    TAG: ClassVar[str] = "prepacked"
+    req_id: int
+    # Change of the runner's measured memory across the swap (may be negative).
+    bytes_delta: int
+    ms: float
 
 
 @_message

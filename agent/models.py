@@ -105,6 +105,10 @@ class ModelEntry:
     drop_staged_after_unload: bool = False
     disabled: bool = False  # OIP unload: not served until an explicit load
     scaling: bool = False  # a SetInstances is in flight
+    fast_load: bool = False  # next load: skip prepacking (promotion on demand)
+    prepacked: bool = False  # the live session has prepacked weights
+    upgrading: bool = False  # a Prepack is in flight
+    loaded_at: float = 0.0
     pinned: bool = False
     last_used: float = 0.0
     frequency: float = 0.0
@@ -238,6 +242,8 @@ class ModelTable:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             future.set_exception(Unavailable(f"model '{name}' is unloaded; load it first"))
             return future
+        if entry is not None:
+            entry.fast_load = True
         return self.load(name, explicit=False)
 
     def load(self, name: str, explicit: bool = True) -> asyncio.Future[None]:
@@ -348,6 +354,50 @@ class ModelTable:
         self._publish_tiers()
         return True
 
+    def upgrade_sessions(self) -> None:
+        """Rebuild with prepacked weights the models that stayed loaded after a fast
+        promotion (called on a timer), one at a time, while the budget has room for
+        the transient copy."""
+        settings = self._settings
+        if not settings.runner.prepack_weights or any(e.upgrading for e in self._entries.values()):
+            return
+        budget = settings.device_memory_budget
+        now = time.monotonic()
+        for entry in self._entries.values():
+            if (
+                entry.state != ModelState.READY
+                or entry.prepacked
+                or now - entry.loaded_at < settings.runner.prepack_after_s
+            ):
+                continue
+            if budget is not None and self.device_bytes() + entry.staged_bytes > budget:
+                continue
+            entry.upgrading = True
+            self._spawn(self._prepack_task(entry, entry.generation))
+            return
+
+    async def _prepack_task(self, entry: ModelEntry, generation: int) -> None:
+        try:
+            reply, _ = await self._pool.get(entry.runner_id).call(
+                ipc.Prepack(self._pool.next_req_id(), entry.name)
+            )
+        except RunnerLost:
+            return
+        finally:
+            entry.upgrading = False
+        if generation != entry.generation or entry.state != ModelState.READY:
+            return
+        if isinstance(reply, ipc.Prepacked):
+            entry.prepacked = True
+            entry.memory_bytes = max(1, entry.memory_bytes + reply.bytes_delta)
+            entry.last_measured = entry.memory_bytes
+            METRICS.model_memory.labels(model=entry.name).set(entry.memory_bytes)
+            METRICS.promotion_stage_duration.labels(stage="prepack").observe(reply.ms / 1000)
+            self._publish_tiers()
+        else:
+            entry.prepacked = True  # do not retry a model that cannot be prepacked
+            log.warning("prepacking %s failed: %s", entry.name, getattr(reply, "message", ""))
+
     def autoscale(self) -> None:
         """Elastic instances (called on a timer): grow a model's instances while its queue
         outruns them, shrink after it idles. Instances share one session, so growth
@@ -445,6 +495,7 @@ class ModelTable:
             if entry.runner_id == runner_id and entry.reload_when_runner_up:
                 entry.reload_when_runner_up = False
                 entry.generation += 1
+                entry.fast_load = True  # back in service first, prepacked later
                 self._spawn(self._load_task(entry, entry.generation, []))
 
     # --- transitions: load ----------------------------------------------------------------
@@ -524,6 +575,8 @@ class ModelTable:
         settings = self._settings.runner
         runner = self._pool.get(entry.runner_id)
         config = entry.config
+        prepack = settings.prepack_weights and not entry.fast_load
+        entry.fast_load = False
         if entry.runner_id != SHARED_RUNNER and config.memory_limit:
             self._pool.memory_limits[entry.runner_id] = config.memory_limit
         try:
@@ -543,7 +596,7 @@ class ModelTable:
                         intra_op_threads=config.intra_op_threads or settings.intra_op_threads,
                         inter_op_threads=settings.inter_op_threads,
                         allow_spinning=settings.allow_spinning,
-                        prepack_weights=settings.prepack_weights,
+                        prepack_weights=prepack,
                         provider=settings.execution_provider,
                         device_id=settings.device_id,
                         memory_limit=config.memory_limit or 0,
@@ -583,7 +636,8 @@ class ModelTable:
         # Insertion counts as a use, stamped after this load's evictions moved the
         # GDSF clock: otherwise the model could be the next victim before the
         # request that promoted it is even served.
-        entry.last_used = time.monotonic()
+        entry.last_used = entry.loaded_at = time.monotonic()
+        entry.prepacked = reply.prepacked
         if isinstance(self.policy, GreedyDualSizeFrequency):
             entry.credit = self.policy.clock
         self._record_promotion(entry, reply)

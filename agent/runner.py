@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import queue
@@ -183,6 +184,7 @@ class _Model:
     name: str
     session: ort.InferenceSession
     output_names: list[str]
+    request: ipc.LoadModel
     work: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     threads: list[threading.Thread] = field(default_factory=list)
 
@@ -220,8 +222,8 @@ class Runner:
                     )
                 else:
                     model.work.put((message, payload))
-            elif isinstance(message, ipc.LoadModel):
-                self._loads.put(message)
+            elif isinstance(message, (ipc.LoadModel, ipc.Prepack)):
+                self._loads.put(message)  # one loader thread: loads and prepacks in order
             elif isinstance(message, ipc.StageModel):
                 self._stages.put(message)
             elif isinstance(message, ipc.UnloadModel):
@@ -235,7 +237,13 @@ class Runner:
 
     def _loader(self) -> None:
         while True:
-            request: ipc.LoadModel = self._loads.get()
+            request = self._loads.get()
+            if isinstance(request, ipc.Prepack):
+                try:
+                    self._send(self._prepack(request))
+                except Exception as exc:  # the loader thread must outlive any request
+                    self._send(ipc.Failure(request.req_id, "internal", str(exc)))
+                continue
             try:
                 reply: ipc.Message = self._load(request)
             except Exception as exc:
@@ -283,7 +291,7 @@ class Runner:
         old = self._models.pop(request.model, None)
         if old is not None:
             self._stop_workers(old)
-        model = _Model(request.model, session, [o[0] for o in outputs])
+        model = _Model(request.model, session, [o[0] for o in outputs], request)
         for i in range(request.instances):
             self._start_worker(model, i)
         self._models[request.model] = model
@@ -297,6 +305,7 @@ class Runner:
             source,
             stages,
             directory_bytes(staged),
+            request.prepack_weights,
         )
 
     @staticmethod
@@ -315,6 +324,35 @@ class Runner:
             options.add_session_config_entry("session.disable_prepacking", "1")
         options.log_severity_level = 3
         return options
+
+    def _prepack(self, request: ipc.Prepack) -> ipc.Message:
+        """Swap in a prepacked session: workers pick it up at their next batch; the old
+        session (and its mapping of the staged weights) goes with its last run."""
+        model = self._models.get(request.model)
+        if model is None:
+            return ipc.Failure(request.req_id, "not_loaded", f"{request.model} is not loaded")
+        load = model.request
+        upgraded = dataclasses.replace(load, prepack_weights=True)
+        measure = device_bytes if load.provider == "cuda" else resident_bytes
+        started = time.perf_counter()
+        trim_heap()
+        before = measure()
+        try:
+            session = ort.InferenceSession(
+                str(Path(load.staged_dir) / STAGED_MODEL),
+                sess_options=self._options(upgraded),
+                providers=providers(upgraded),
+            )
+            warm_up(session)
+        except Exception as exc:
+            return ipc.Failure(request.req_id, "internal", _clean(str(exc), load.staged_dir))
+        if self._models.get(request.model) is not model:
+            return ipc.Failure(request.req_id, "not_loaded", f"{request.model} was replaced")
+        model.session = session
+        model.request = upgraded
+        del session
+        trim_heap()
+        return ipc.Prepacked(request.req_id, measure() - before, _ms_since(started))
 
     def _set_instances(self, request: ipc.SetInstances) -> None:
         model = self._models.get(request.model)

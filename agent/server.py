@@ -92,6 +92,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         while True:
             await asyncio.sleep(0.1)
             table.autoscale()
+            table.upgrade_sessions()
 
     scaler = asyncio.create_task(autoscale())
     await stop.wait()

@@ -13,8 +13,12 @@ pytestmark = pytest.mark.slow
 
 
 def test_gpu_check_dry_run_writes_its_json(tmp_path):
-    subprocess.run([str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", "--out", str(tmp_path)],
-                   check=True, timeout=480, capture_output=True)
+    subprocess.run(
+        [str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", "--out", str(tmp_path)],
+        check=True,
+        timeout=480,
+        capture_output=True,
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["bandwidth"]["gb_per_s"] > 0
     assert {row["prepack_weights"] for row in summary["swap_in"]} == {True, False}

@@ -228,3 +228,25 @@ def test_grpc_verbs(agent):
         with pytest.raises(grpc.RpcError) as err:
             stub.Pin(ctl.ModelRef(name="nope"))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_fast_promotion_is_prepacked_in_the_background_and_then_exact(agent, catalog):
+    import onnxruntime as ort
+
+    # Room in the budget for the transient second copy that prepacking needs.
+    assert post(agent, "/edgeplex/v1/models/slowload/demote", {"tier": "staged"}) == 200
+    infer_http(agent, "m0")  # staged once
+    assert post(agent, "/edgeplex/v1/models/m0/demote", {"tier": "staged"}) == 200
+    code, headers, _ = infer_http(agent, "m0")
+    assert code == 200 and headers.get("edgeplex-cold-start") == "staged"
+    assert status(agent)["m0"]["prepacked"] is False  # served at once over mapped weights
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not status(agent)["m0"]["prepacked"]:
+        infer_http(agent, "m0")
+        time.sleep(0.2)
+    assert status(agent)["m0"]["prepacked"] is True
+    x = np.random.default_rng(5).standard_normal((1, 64), dtype=np.float32)
+    client = tg.InferenceServerClient(agent.grpc_url)
+    served = client.infer("m0", inputs_for({"input": x})).as_numpy("output")
+    direct = ort.InferenceSession(str(catalog / "m0" / "1" / "model.onnx"))
+    np.testing.assert_array_equal(served, direct.run(None, {"input": x})[0])
