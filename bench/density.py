@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--slo-ms", type=float, default=50.0)
     parser.add_argument("--alpha", type=float, default=1.0)
     parser.add_argument("--policies", default="none,gdsf,lru,ttl")
-    parser.add_argument("--prepack", default="false", choices=["true", "false"])
+    parser.add_argument("--prepack", default="true", choices=["true", "false"])
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
