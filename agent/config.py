@@ -166,7 +166,7 @@ class RunnerSettings(BaseModel):
         "results differ from default ORT in the last bits.",
     )
     prepack_after_s: float = Field(
-        default=2.0,
+        default=10.0,
         ge=0,
         description="With prepack_weights, a model promoted on demand first serves from a "
         "session over the mapped staged weights (fast), and is rebuilt prepacked in the "

@@ -67,6 +67,7 @@ DEFAULT_MAX_BATCH_SIZE = 8
 SHARED_RUNNER = "shared-0"
 # Before a model's first load its memory is unknown: assume its file size times this.
 FIRST_LOAD_ESTIMATE = 1.05
+FREQUENCY_HALF_LIFE_S = 30.0
 
 
 class ModelState(StrEnum):
@@ -165,6 +166,7 @@ class ModelTable:
         self._staging = staging_root
         self._entries: dict[str, ModelEntry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._last_upgrade = 0.0
         self.policy = make_policy(
             settings.eviction_policy,
             lru_max_models=settings.lru_max_models,
@@ -229,8 +231,12 @@ class ModelTable:
         return budget is None or self.device_bytes() + entry.estimate_bytes() <= budget
 
     def touch(self, entry: ModelEntry) -> None:
-        """Record a request for `entry` (recency, frequency, GDSF credit)."""
-        entry.last_used = time.monotonic()
+        """Record a request for `entry` (recency, GDSF credit, and a frequency that
+        halves every FREQUENCY_HALF_LIFE_S, so demand that moved away stops counting)."""
+        now = time.monotonic()
+        if entry.last_used:
+            entry.frequency *= 0.5 ** ((now - entry.last_used) / FREQUENCY_HALF_LIFE_S)
+        entry.last_used = now
         entry.frequency += 1
         if isinstance(self.policy, GreedyDualSizeFrequency):
             entry.credit = self.policy.clock
@@ -359,10 +365,14 @@ class ModelTable:
         promotion (called on a timer), one at a time, while the budget has room for
         the transient copy."""
         settings = self._settings
-        if not settings.runner.prepack_weights or any(e.upgrading for e in self._entries.values()):
-            return
-        budget = settings.device_memory_budget
         now = time.monotonic()
+        if (
+            not settings.runner.prepack_weights
+            or now - self._last_upgrade < 1.0
+            or any(e.upgrading for e in self._entries.values())
+        ):
+            return  # at most one rebuild a second: each one copies a model's weights
+        budget = settings.device_memory_budget
         for entry in self._entries.values():
             if (
                 entry.state != ModelState.READY
@@ -373,6 +383,7 @@ class ModelTable:
             if budget is not None and self.device_bytes() + entry.staged_bytes > budget:
                 continue
             entry.upgrading = True
+            self._last_upgrade = now
             self._spawn(self._prepack_task(entry, entry.generation))
             return
 

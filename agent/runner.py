@@ -5,8 +5,11 @@ asyncio. It connects to the agent, says Hello, then serves frames until the
 socket closes, when it exits. Threads:
 
 - the main thread reads frames and routes them;
-- one loader thread creates sessions, one at a time, so the memory growth it
-  measures around each creation belongs to that model;
+- one loader thread creates sessions for promotions, one at a time, so the
+  memory growth it measures around each creation belongs to that model;
+- one stager thread does background work that must never delay a promotion:
+  cached -> staged (StageModel) and prepacked rebuilds (Prepack); memory it
+  measures may overlap a concurrent load, so its readings are approximate;
 - each model has `instances` worker threads that run its batches (ORT
   releases the GIL in `run`, so models execute in parallel);
 - replies from any thread go through `_send`, serialised by one lock.
@@ -222,10 +225,10 @@ class Runner:
                     )
                 else:
                     model.work.put((message, payload))
-            elif isinstance(message, (ipc.LoadModel, ipc.Prepack)):
-                self._loads.put(message)  # one loader thread: loads and prepacks in order
-            elif isinstance(message, ipc.StageModel):
-                self._stages.put(message)
+            elif isinstance(message, ipc.LoadModel):
+                self._loads.put(message)
+            elif isinstance(message, (ipc.StageModel, ipc.Prepack)):
+                self._stages.put(message)  # background work never delays a promotion
             elif isinstance(message, ipc.UnloadModel):
                 self._unload(message)
             elif isinstance(message, ipc.SetInstances):
@@ -238,12 +241,6 @@ class Runner:
     def _loader(self) -> None:
         while True:
             request = self._loads.get()
-            if isinstance(request, ipc.Prepack):
-                try:
-                    self._send(self._prepack(request))
-                except Exception as exc:  # the loader thread must outlive any request
-                    self._send(ipc.Failure(request.req_id, "internal", str(exc)))
-                continue
             try:
                 reply: ipc.Message = self._load(request)
             except Exception as exc:
@@ -253,7 +250,13 @@ class Runner:
 
     def _stager(self) -> None:
         while True:
-            request: ipc.StageModel = self._stages.get()
+            request = self._stages.get()
+            if isinstance(request, ipc.Prepack):
+                try:
+                    self._send(self._prepack(request))
+                except Exception as exc:  # the thread must outlive any request
+                    self._send(ipc.Failure(request.req_id, "internal", str(exc)))
+                continue
             stages: dict[str, float] = {}
             staged = Path(request.staged_dir)
             try:

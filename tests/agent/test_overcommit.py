@@ -47,6 +47,7 @@ def agent(catalog, tmp_path_factory):
             "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "130MiB",
             "EDGEPLEX_AGENT_LOAD_MODELS_AT_START": "false",
             "EDGEPLEX_AGENT_PRESTAGE": "false",
+            "EDGEPLEX_AGENT_RUNNER__PREPACK_AFTER_S": "1",
         },
     )
     yield proc
@@ -240,7 +241,7 @@ def test_fast_promotion_is_prepacked_in_the_background_and_then_exact(agent, cat
     code, headers, _ = infer_http(agent, "m0")
     assert code == 200 and headers.get("edgeplex-cold-start") == "staged"
     assert status(agent)["m0"]["prepacked"] is False  # served at once over mapped weights
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30  # prepack_after_s is 10 s by default
     while time.monotonic() < deadline and not status(agent)["m0"]["prepacked"]:
         infer_http(agent, "m0")
         time.sleep(0.2)
