@@ -21,26 +21,20 @@ import os
 import platform
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import Agent  # noqa: E402
+
 MODELS = {"mlp_small": (512, "~1 MB"), "mlp_medium": (1024, "~50 MB")}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentiles(latencies: list[float]) -> dict[str, float]:
@@ -178,39 +172,6 @@ def sub(kind: str, *args: object) -> dict:
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
-def start_agent(repo: Path) -> tuple[subprocess.Popen, str, str]:
-    grpc_port, http_port = free_port(), free_port()
-    log = open(Path(tempfile.gettempdir()) / f"edgeplex-bench-agent-{grpc_port}.log", "wb")  # noqa: SIM115 (lives as long as the agent)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edgeplex",
-            "agent",
-            "--model-repo",
-            str(repo),
-            "--grpc-port",
-            str(grpc_port),
-            "--http-port",
-            str(http_port),
-            "--log-level",
-            "WARNING",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    http = f"127.0.0.1:{http_port}"
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return proc, f"127.0.0.1:{grpc_port}", http
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the agent did not become ready")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, required=True)
@@ -221,7 +182,8 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     has_wrk = shutil.which("wrk") is not None
-    proc, grpc_url, http_url = start_agent(args.repo)
+    agent = Agent(args.repo, log_level="WARNING")
+    grpc_url, http_url = agent.grpc, agent.http
     results = []
     try:
         for model in args.models.split(","):
@@ -240,8 +202,7 @@ def main() -> None:
                 results.append(row)
                 print_row(row)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        agent.stop()
     meta = {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
