@@ -17,6 +17,7 @@ import numpy as np
 from edgeplex import __version__
 from edgeplex.agent.batcher import Request, batch_key
 from edgeplex.agent.config import AgentSettings
+from edgeplex.agent.entry import ModelEntry, ModelState, Tier
 from edgeplex.agent.errors import (
     DeadlineExceeded,
     InvalidInput,
@@ -26,7 +27,7 @@ from edgeplex.agent.errors import (
     Unavailable,
 )
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.models import ModelEntry, ModelState, ModelTable, Tier
+from edgeplex.agent.models import ModelTable
 from edgeplex.agent.tensors import check_against_spec
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]

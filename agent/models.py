@@ -35,15 +35,21 @@ import contextlib
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 
 from edgeplex.agent import ipc
-from edgeplex.agent.batcher import Batcher, scale_target
-from edgeplex.agent.config import AgentSettings, ModelConfig
+from edgeplex.agent.batcher import Batcher
+from edgeplex.agent.config import AgentSettings
+from edgeplex.agent.entry import (
+    DEFAULT_MAX_BATCH_SIZE,
+    FREQUENCY_HALF_LIFE_S,
+    SHARED_RUNNER,
+    ModelEntry,
+    ModelState,
+    Tier,
+)
 from edgeplex.agent.errors import (
     InferenceFailed,
     InvalidInput,
@@ -54,111 +60,17 @@ from edgeplex.agent.errors import (
     ServeError,
     Unavailable,
 )
-from edgeplex.agent.eviction import Candidate, GreedyDualSizeFrequency, IdleTimeToLive, make_policy
+from edgeplex.agent.eviction import Candidate, GreedyDualSizeFrequency, make_policy
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.repository import ModelSource, scan_model, scan_repository
+from edgeplex.agent.repository import scan_model, scan_repository
 from edgeplex.agent.runners import RunnerPool
-from edgeplex.agent.stats import ModelStats
 from edgeplex.agent.tensors import ORT_TO_OIP, TensorSpec
+from edgeplex.agent.upkeep import TableUpkeep
 
 log = logging.getLogger("edgeplex.agent.models")
 
-DEFAULT_MAX_BATCH_SIZE = 8
-SHARED_RUNNER = "shared-0"
-# Before a model's first load its memory is unknown: assume its file size times this.
-FIRST_LOAD_ESTIMATE = 1.05
-FREQUENCY_HALF_LIFE_S = 30.0
 
-
-class ModelState(StrEnum):
-    UNAVAILABLE = "UNAVAILABLE"
-    LOADING = "LOADING"
-    READY = "READY"
-    UNLOADING = "UNLOADING"
-    FAILED = "FAILED"
-
-
-class Tier(StrEnum):
-    LOADED = "loaded"
-    STAGED = "staged"
-    CACHED = "cached"
-
-
-@dataclass(eq=False)
-class ModelEntry:
-    source: ModelSource
-    state: ModelState = ModelState.UNAVAILABLE
-    reason: str = ""
-    inputs: list[TensorSpec] = field(default_factory=list)
-    outputs: list[TensorSpec] = field(default_factory=list)
-    max_batch_size: int = 0
-    memory_bytes: int = 0  # measured device bytes of the live session (0 when none)
-    reserved_bytes: int = 0  # device bytes held for a load in progress
-    staged_bytes: int = 0  # host bytes of the staged copy (0 when not staged)
-    load_ms: float = 0.0
-    promote_ms: float = 0.0  # last staged -> loaded promotion
-    stages: dict[str, float] = field(default_factory=dict)
-    last_source: str = ""
-    generation: int = 0
-    load_crashes: int = 0
-    reload_when_runner_up: bool = False
-    load_after_unload: bool = False
-    drop_staged_after_unload: bool = False
-    disabled: bool = False  # OIP unload: not served until an explicit load
-    scaling: bool = False  # a SetInstances is in flight
-    fast_load: bool = False  # next load: skip prepacking (promotion on demand)
-    prepacked: bool = False  # the live session has prepacked weights
-    upgrading: bool = False  # a Prepack is in flight
-    loaded_at: float = 0.0
-    pinned: bool = False
-    last_used: float = 0.0
-    frequency: float = 0.0
-    credit: float = 0.0
-    batcher: Batcher | None = None
-    stats: ModelStats = field(default_factory=ModelStats)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
-    unloaded: asyncio.Event = field(default_factory=asyncio.Event)
-    last_measured: int = 0  # device bytes the last session measured
-
-    @property
-    def name(self) -> str:
-        return self.source.name
-
-    @property
-    def version(self) -> str:
-        return self.source.version
-
-    @property
-    def config(self) -> ModelConfig:
-        assert self.source.config is not None
-        return self.source.config
-
-    @property
-    def runner_id(self) -> str:
-        if self.source.config is not None and self.source.config.isolation == "dedicated":
-            return f"dedicated-{self.name}"
-        return SHARED_RUNNER
-
-    @property
-    def tier(self) -> Tier:
-        if self.state == ModelState.READY:
-            return Tier.LOADED
-        return Tier.STAGED if self.staged_bytes else Tier.CACHED
-
-    def estimate_bytes(self) -> int:
-        if self.memory_bytes:
-            return self.memory_bytes
-        if self.last_measured:
-            return self.last_measured
-        try:
-            size = self.source.path.stat().st_size
-        except OSError:
-            size = 0
-        return int(size * FIRST_LOAD_ESTIMATE)
-
-
-class ModelTable:
+class ModelTable(TableUpkeep):
     def __init__(self, settings: AgentSettings, pool: RunnerPool, staging_root: Path) -> None:
         self._settings = settings
         self._repo = settings.model_repo
@@ -324,157 +236,11 @@ class ModelTable:
             self._begin_unload(entry, reason)
         return future
 
-    async def stage(self, name: str) -> bool:
-        """cached -> staged in the background (no session, shared runner only), if the
-        host budget allows. True when the model is staged afterwards."""
-        entry = self._entries.get(name)
-        if (
-            entry is None
-            or entry.staged_bytes
-            or entry.source.config is None
-            or entry.runner_id != SHARED_RUNNER
-            or entry.state != ModelState.UNAVAILABLE
-        ):
-            return bool(entry and entry.staged_bytes)
-        budget = self._settings.host_memory_budget
-        if budget is not None and self.host_bytes() + entry.estimate_bytes() > budget:
-            return False
-        runner = self._pool.get(SHARED_RUNNER)
-        await runner.ensure_ready()
-        try:
-            reply, _ = await runner.call(
-                ipc.StageModel(
-                    self._pool.next_req_id(),
-                    entry.name,
-                    str(entry.source.path),
-                    str(self.staged_dir(entry)),
-                )
-            )
-        except RunnerLost:
-            return False
-        if not isinstance(reply, ipc.ModelStaged):
-            log.warning("staging %s failed: %s", name, getattr(reply, "message", reply))
-            return False
-        if entry.state != ModelState.READY:  # a load may have raced us; it reports too
-            entry.staged_bytes = reply.staged_bytes
-        self._publish_tiers()
-        return True
-
-    def upgrade_sessions(self) -> None:
-        """Rebuild with prepacked weights the models that stayed loaded after a fast
-        promotion (called on a timer), one at a time, while the budget has room for
-        the transient copy."""
-        settings = self._settings
-        now = time.monotonic()
-        if (
-            not settings.runner.prepack_weights
-            or now - self._last_upgrade < 1.0
-            or any(e.upgrading for e in self._entries.values())
-        ):
-            return  # at most one rebuild a second: each one copies a model's weights
-        budget = settings.device_memory_budget
-        for entry in self._entries.values():
-            if (
-                entry.state != ModelState.READY
-                or entry.prepacked
-                or now - entry.loaded_at < settings.runner.prepack_after_s
-            ):
-                continue
-            if budget is not None and self.device_bytes() + entry.staged_bytes > budget:
-                continue
-            entry.upgrading = True
-            self._last_upgrade = now
-            self._spawn(self._prepack_task(entry, entry.generation))
-            return
-
-    async def _prepack_task(self, entry: ModelEntry, generation: int) -> None:
-        try:
-            reply, _ = await self._pool.get(entry.runner_id).call(
-                ipc.Prepack(self._pool.next_req_id(), entry.name)
-            )
-        except RunnerLost:
-            return
-        finally:
-            entry.upgrading = False
-        if generation != entry.generation or entry.state != ModelState.READY:
-            return
-        if isinstance(reply, ipc.Prepacked):
-            entry.prepacked = True
-            entry.memory_bytes = max(1, entry.memory_bytes + reply.bytes_delta)
-            entry.last_measured = entry.memory_bytes
-            METRICS.model_memory.labels(model=entry.name).set(entry.memory_bytes)
-            METRICS.promotion_stage_duration.labels(stage="prepack").observe(reply.ms / 1000)
-            self._publish_tiers()
-        else:
-            entry.prepacked = True  # do not retry a model that cannot be prepacked
-            log.warning("prepacking %s failed: %s", entry.name, getattr(reply, "message", ""))
-
-    def autoscale(self) -> None:
-        """Elastic instances (called on a timer): grow a model's instances while its queue
-        outruns them, shrink after it idles. Instances share one session, so growth
-        costs activations only; none is added while the device budget is nearly full."""
-        budget = self._settings.device_memory_budget
-        room = budget is None or self.device_bytes() < 0.95 * budget
-        now = time.monotonic()
-        for entry in self._entries.values():
-            config = entry.source.config
-            batcher = entry.batcher
-            if (
-                config is None
-                or config.max_instances is None
-                or batcher is None
-                or entry.state != ModelState.READY
-                or entry.scaling
-            ):
-                continue
-            target = scale_target(
-                depth=batcher.depth,
-                instances=batcher.instances,
-                minimum=config.instance_count,
-                maximum=max(config.max_instances, config.instance_count),
-                max_batch_size=entry.max_batch_size,
-                idle_s=now - batcher.last_queued,
-                scale_down_idle_s=config.scale_down_idle_s,
-            )
-            if target > batcher.instances and not room:
-                continue
-            if target != batcher.instances:
-                entry.scaling = True
-                self._spawn(self._scale_task(entry, entry.generation, target))
-
-    async def _scale_task(self, entry: ModelEntry, generation: int, target: int) -> None:
-        try:
-            reply, _ = await self._pool.get(entry.runner_id).call(
-                ipc.SetInstances(self._pool.next_req_id(), entry.name, target)
-            )
-        except RunnerLost:
-            return
-        finally:
-            entry.scaling = False
-        if (
-            generation == entry.generation
-            and entry.batcher is not None
-            and isinstance(reply, ipc.InstancesSet)
-            and reply.instances
-        ):
-            log.info(
-                "model %s: %d -> %d instances", entry.name, entry.batcher.instances, reply.instances
-            )
-            METRICS.instances.labels(model=entry.name).set(reply.instances)
-            entry.batcher.set_instances(reply.instances)
-
     def pin(self, name: str, pinned: bool) -> None:
         entry = self._entries.get(name)
         if entry is None:
             raise ModelNotFound(f"model '{name}' is not in the repository")
         entry.pinned = pinned
-
-    def expire_idle(self) -> None:
-        """Under the ttl policy: demote models idle past the TTL (called on a timer)."""
-        if not isinstance(self.policy, IdleTimeToLive):
-            return
-        for victim in self.policy.expired(self._candidates(exclude=None), time.monotonic()):
-            self.demote(victim.name, Tier.STAGED, reason="idle")
 
     # --- runner events (called by the pool on the loop) ----------------------------------
 
