@@ -46,11 +46,17 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     )
     await pool.start()
     staging = make_staging_root(settings)
-    table = ModelTable(settings, pool, staging)
-    names = table.discover()
-    agent = Agent(settings, table)
-    grpc_server, grpc_port = await start_grpc_server(agent)
-    http_runner, http_port = await start_http_server(agent)
+    try:
+        table = ModelTable(settings, pool, staging)
+        names = table.discover()
+        agent = Agent(settings, table)
+        grpc_server, grpc_port = await start_grpc_server(agent)
+        http_runner, http_port = await start_http_server(agent)
+    except BaseException:
+        await pool.stop()
+        if settings.staging_dir is None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
     log.info(
         "serving %d models: grpc %s:%d, http %s:%d",
         len(names),
@@ -106,7 +112,9 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     if janitor is not None:
         janitor.cancel()
     scaler.cancel()
-    await grpc_server.stop(grace=1.0)
+    # Responses still being written (an 8 MB tensor to a slow client) get the rest
+    # of the drain time; stop() returns as soon as they are done.
+    await grpc_server.stop(grace=max(1.0, settings.drain_timeout_s))
     await http_runner.cleanup()
     await table.stop()
     await pool.stop()
@@ -131,6 +139,11 @@ def run_agent(settings: AgentSettings) -> int:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    with contextlib.suppress(KeyboardInterrupt):
+    try:
         asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        pass
+    except (OSError, RuntimeError) as exc:  # a port in use, a missing repository
+        log.error("edgeplex agent cannot start: %s", exc)
+        return 1
     return 0

@@ -59,3 +59,38 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(model_repo, tmp_path):
     thread.join(30)
     assert outcome.get("shape") == (8, 512, 512), outcome
     assert agent.process.wait(30) == 0, agent.log()
+
+
+def test_a_port_in_use_or_a_missing_repository_is_a_clear_error(model_repo, tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for repo, grpc_port, needle in (
+            (model_repo, port, "bind"),
+            (tmp_path / "missing", 0, "repository"),
+        ):
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "edgeplex",
+                    "agent",
+                    "--model-repo",
+                    str(repo),
+                    "--grpc-port",
+                    str(grpc_port),
+                    "--http-port",
+                    "0",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert proc.returncode == 1
+            assert "cannot start" in proc.stderr and needle in proc.stderr
+            assert "Traceback" not in proc.stderr
