@@ -21,6 +21,9 @@ SHARED_RUNNER = "shared-0"
 # Before a model's first load its memory is unknown: assume its file size times this.
 FIRST_LOAD_ESTIMATE = 1.05
 FREQUENCY_HALF_LIFE_S = 30.0
+# How long a load waits for other loads and demotions to free device memory before
+# it fails with RESOURCE_EXHAUSTED (requests stop waiting at their own deadline).
+ROOM_WAIT_S = 30.0
 
 
 class ModelState(StrEnum):
@@ -59,6 +62,7 @@ class ModelEntry:
     drop_staged_after_unload: bool = False
     disabled: bool = False  # OIP unload: not served until an explicit load
     scaling: bool = False  # a SetInstances is in flight
+    waiting_for_room: bool = False  # a load waits for memory held by loads in flight
     fast_load: bool = False  # next load: skip prepacking (promotion on demand)
     prepacked: bool = False  # the live session has prepacked weights
     upgrading: bool = False  # a Prepack is in flight

@@ -45,6 +45,7 @@ from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.entry import (
     DEFAULT_MAX_BATCH_SIZE,
     FREQUENCY_HALF_LIFE_S,
+    ROOM_WAIT_S,
     SHARED_RUNNER,
     ModelEntry,
     ModelState,
@@ -79,6 +80,7 @@ class ModelTable(TableUpkeep):
         self._entries: dict[str, ModelEntry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_upgrade = 0.0
+        self._room_changed = asyncio.Event()  # set whenever device memory is released
         self.policy = make_policy(
             settings.eviction_policy,
             lru_max_models=settings.lru_max_models,
@@ -186,7 +188,7 @@ class ModelTable(TableUpkeep):
             future.set_exception(ModelFailed(f"model '{name}' failed to load: {entry.reason}"))
             return future
         entry.waiters.append(future)
-        if entry.state == ModelState.LOADING:
+        if entry.state == ModelState.LOADING or entry.waiting_for_room:
             return future
         if entry.state == ModelState.UNLOADING:
             entry.load_after_unload = True
@@ -286,14 +288,63 @@ class ModelTable(TableUpkeep):
             victims = self._make_room(entry, needed)
         except NoRoom as exc:
             entry.state = ModelState.UNAVAILABLE
-            self._resolve_waiters(entry, exc)
+            if self._fits_someday(needed) and not entry.waiting_for_room:
+                # Only other loads and demotions in flight hold the memory: wait for
+                # them to settle, then try again (bounded; see _retry_when_room).
+                entry.waiting_for_room = True
+                self._spawn(self._retry_when_room(entry, exc))
+            elif entry.waiting_for_room:
+                pass  # the retry loop already running tries again on the next release
+            else:
+                self._resolve_waiters(entry, exc)
             return
         entry.generation += 1
         entry.state = ModelState.LOADING
         entry.reason = ""
         entry.reserved_bytes = needed
+        entry.waiting_for_room = False
         self._publish_tiers()
         self._spawn(self._load_task(entry, entry.generation, victims))
+
+    def _fits_someday(self, needed: int) -> bool:
+        """Whether `needed` bytes would fit once loads and demotions in flight settle:
+        the policy evicts on demand (gdsf, lru) and the pinned models leave room."""
+        if self.policy.name not in ("gdsf", "lru"):
+            return False  # ttl and none refuse rather than wait
+        budget = self._settings.device_memory_budget
+        if budget is None:
+            return True
+        pinned = sum(e.memory_bytes for e in self._entries.values() if e.pinned)
+        return needed <= budget - pinned
+
+    async def _retry_when_room(self, entry: ModelEntry, error: NoRoom) -> None:
+        deadline = time.monotonic() + ROOM_WAIT_S
+        while time.monotonic() < deadline:
+            self._room_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room_changed.wait(), deadline - time.monotonic())
+            if not entry.waiters or entry.state != ModelState.UNAVAILABLE:
+                break
+            if self._can_start(entry):
+                self._begin_load(entry)  # clears waiting_for_room when the load starts
+                if not entry.waiting_for_room:
+                    return
+        entry.waiting_for_room = False
+        if entry.state == ModelState.UNAVAILABLE:
+            self._resolve_waiters(entry, error)
+
+    def _can_start(self, entry: ModelEntry) -> bool:
+        """True when a load of `entry` would find victims (or room) now."""
+        needed = entry.estimate_bytes()
+        budget = self._settings.device_memory_budget
+        if budget is None:
+            return True
+        others = self.device_bytes() - entry.reserved_bytes - entry.memory_bytes
+        missing = others + needed - budget
+        if missing <= 0:
+            return True
+        movable = sum(c.bytes for c in self._candidates(exclude=entry) if not c.pinned)
+        return movable >= missing
 
     def _candidates(self, exclude: ModelEntry | None) -> list[Candidate]:
         return [
@@ -398,6 +449,7 @@ class ModelTable(TableUpkeep):
         if generation != entry.generation:
             return
         entry.reserved_bytes = 0
+        self._room_changed.set()
         if reply is None:
             self._set_failed(entry, error)
             return
@@ -533,6 +585,7 @@ class ModelTable(TableUpkeep):
         entry.reason = reason
         entry.reserved_bytes = 0
         entry.memory_bytes = 0
+        self._room_changed.set()
         entry.ready.clear()
         entry.reload_when_runner_up = False
         METRICS.model_ready.labels(model=entry.name).set(0)
@@ -572,6 +625,7 @@ class ModelTable(TableUpkeep):
     def _unload_done(self, entry: ModelEntry, generation: int) -> None:
         entry.memory_bytes = 0
         entry.unloaded.set()
+        self._room_changed.set()
         if generation != entry.generation:
             self._publish_tiers()
             return

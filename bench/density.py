@@ -69,7 +69,7 @@ def zipf_weights(n: int, alpha: float) -> np.ndarray:
 
 async def drive(
     http: str, models: list[str], weights: np.ndarray, rate: float, duration: float, seed: int
-) -> list[tuple[str, int, float]]:
+) -> list[tuple[str, int, float, str]]:
     rng = np.random.default_rng(seed)
     n = int(rate * duration)
     gaps = rng.exponential(1 / rate, n)
@@ -77,7 +77,7 @@ async def drive(
     body = json.dumps(
         {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
     )
-    results: list[tuple[str, int, float]] = []
+    results: list[tuple[str, int, float, str]] = []
     connector = aiohttp.TCPConnector(limit=256)
     async with aiohttp.ClientSession(connector=connector) as session:
 
@@ -91,9 +91,10 @@ async def drive(
                 ) as r:
                     await r.read()
                     code = r.status
+                    cold = r.headers.get("edgeplex-cold-start", "")
             except (aiohttp.ClientError, TimeoutError):
-                code = 599
-            results.append((model, code, time.perf_counter() - start))
+                code, cold = 599, ""
+            results.append((model, code, time.perf_counter() - start, cold))
 
         tasks = []
         t0 = time.perf_counter()
@@ -120,7 +121,18 @@ def summarize(results, kinds, slo_s, duration, only=None) -> dict:
         mine = [r for r in rows if kinds[r[0]] == kind]
         hit = [r for r in mine if r[1] == 200 and r[2] <= slo_s]
         by_kind[kind] = round(len(hit) / max(len(mine), 1), 4)
+    misses = [r for r in rows if not (r[1] == 200 and r[2] <= slo_s)]
     return {
+        # Why requests missed: waited for a promotion, were slow though warm, or failed.
+        "misses": {
+            "cold": sum(1 for r in misses if r[1] == 200 and r[3]),
+            "warm": sum(1 for r in misses if r[1] == 200 and not r[3]),
+            "errors": sum(1 for r in misses if r[1] != 200),
+        },
+        "error_codes": {
+            str(c): sum(1 for r in rows if r[1] == c)
+            for c in sorted({r[1] for r in rows if r[1] != 200})
+        },
         "slo_by_kind": by_kind,
         "requests": len(rows),
         "ok": len(ok),
@@ -205,7 +217,8 @@ def main() -> None:
             f"{policy:>5}: SLO {summary['slo_attainment']:.4f} (small "
             f"{summary['slo_attainment_small']:.4f})  {summary['throughput_rps']:.1f} rps  "
             f"p50 {summary['p50_ms']:.1f} ms  p99 {summary['p99_ms']:.1f} ms  "
-            f"promotions {promotions:.0f}  by kind {summary['slo_by_kind']}"
+            f"promotions {promotions:.0f}  by kind {summary['slo_by_kind']}  "
+            f"misses {summary['misses']} codes {summary['error_codes']}"
             + (
                 f"  on none's models {summary['throughput_on_none_models_rps']:.1f} rps"
                 if "throughput_on_none_models_rps" in summary
