@@ -217,6 +217,9 @@ class Agent:
             entry = self.entry(name, version)
             self.table.touch(entry)
             cold_start = await self._promote_if_needed(entry, timeout_s)
+            if entry.batcher is None and not entry.disabled:
+                # Evicted between its promotion and this request's turn: promote again.
+                cold_start = await self._promote_if_needed(entry, timeout_s) or cold_start
             request = self._admit(entry, inputs, outputs, timeout_s)
             assert entry.batcher is not None
             entry.batcher.submit(request)
