@@ -10,11 +10,14 @@ import asyncio
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from edgeplex.agent import ipc
 from edgeplex.agent.batcher import Batcher
 from edgeplex.agent.config import ModelConfig
+from edgeplex.agent.errors import ModelFailed
+from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.repository import ModelSource
 from edgeplex.agent.stats import ModelStats
-from edgeplex.agent.tensors import TensorSpec
+from edgeplex.agent.tensors import ORT_TO_OIP, TensorSpec
 
 DEFAULT_MAX_BATCH_SIZE = 8
 SHARED_RUNNER = "shared-0"
@@ -113,3 +116,49 @@ class ModelEntry:
         except OSError:
             size = 0
         return int(size * FIRST_LOAD_ESTIMATE)
+
+
+def record_promotion(entry: ModelEntry, reply: ipc.ModelLoaded) -> None:
+    """Stages, source and staged bytes of the promotion that just finished."""
+    entry.stages = {k: round(v, 3) for k, v in reply.stages.items()}
+    entry.last_source = reply.source
+    entry.staged_bytes = reply.staged_bytes
+    if reply.source == "staged":
+        entry.promote_ms = reply.load_ms
+    else:
+        entry.promote_ms = reply.stages.get("create", 0) + reply.stages.get("warmup", 0)
+    METRICS.promotions.labels(source=reply.source).inc()
+    METRICS.promotion_duration.labels(source=reply.source).observe(reply.load_ms / 1000)
+    for stage, ms in reply.stages.items():
+        METRICS.promotion_stage_duration.labels(stage=stage).observe(ms / 1000)
+    METRICS.model_memory.labels(model=entry.name).set(entry.memory_bytes)
+
+
+def apply_metadata(entry: ModelEntry, reply: ipc.ModelLoaded) -> None:
+    """Inputs, outputs, batching and measured memory from a load's reply; raises
+    ModelFailed when the model cannot be served as configured."""
+
+    def specs(items: list[list]) -> list[TensorSpec]:
+        out = []
+        for name, ort_type, shape in items:
+            datatype = ORT_TO_OIP.get(ort_type)
+            if datatype is None or datatype in ("BYTES", "BF16"):
+                raise ModelFailed(f"tensor '{name}' has type {ort_type}, not supported")
+            out.append(TensorSpec(name, datatype, tuple(shape)))
+        return out
+
+    inputs, outputs = specs(reply.inputs), specs(reply.outputs)
+    batchable = all(t.shape and t.shape[0] == -1 for t in inputs + outputs)
+    wanted = entry.config.max_batch_size
+    if wanted is None:
+        max_batch = DEFAULT_MAX_BATCH_SIZE if batchable else 0
+    elif wanted > 0 and not batchable:
+        raise ModelFailed(
+            f"max_batch_size {wanted} needs a dynamic leading dimension on every input"
+            " and output, and this model has none"
+        )
+    else:
+        max_batch = wanted
+    entry.inputs, entry.outputs, entry.max_batch_size = inputs, outputs, max_batch
+    entry.memory_bytes, entry.load_ms = max(reply.bytes, 1), reply.load_ms
+    entry.last_measured = entry.memory_bytes

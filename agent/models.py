@@ -37,22 +37,18 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
-
 from edgeplex.agent import ipc
-from edgeplex.agent.batcher import Batcher
 from edgeplex.agent.config import AgentSettings
+from edgeplex.agent.dispatch import make_batcher
 from edgeplex.agent.entry import (
-    DEFAULT_MAX_BATCH_SIZE,
-    FREQUENCY_HALF_LIFE_S,
-    ROOM_WAIT_S,
     SHARED_RUNNER,
     ModelEntry,
     ModelState,
     Tier,
+    apply_metadata,
+    record_promotion,
 )
 from edgeplex.agent.errors import (
-    InferenceFailed,
     InvalidInput,
     ModelFailed,
     ModelNotFound,
@@ -61,17 +57,17 @@ from edgeplex.agent.errors import (
     ServeError,
     Unavailable,
 )
-from edgeplex.agent.eviction import Candidate, GreedyDualSizeFrequency, make_policy
+from edgeplex.agent.eviction import GreedyDualSizeFrequency, make_policy
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.repository import scan_model, scan_repository
+from edgeplex.agent.room import TableRoom
 from edgeplex.agent.runners import RunnerPool
-from edgeplex.agent.tensors import ORT_TO_OIP, TensorSpec
 from edgeplex.agent.upkeep import TableUpkeep
 
 log = logging.getLogger("edgeplex.agent.models")
 
 
-class ModelTable(TableUpkeep):
+class ModelTable(TableRoom, TableUpkeep):
     def __init__(self, settings: AgentSettings, pool: RunnerPool, staging_root: Path) -> None:
         self._settings = settings
         self._repo = settings.model_repo
@@ -138,22 +134,6 @@ class ModelTable(TableUpkeep):
             return (not e.pinned, -priority, e.name)
 
         return [e.name for e in sorted(self._entries.values(), key=key)]
-
-    def fits_without_eviction(self, name: str) -> bool:
-        budget = self._settings.device_memory_budget
-        entry = self._entries[name]
-        return budget is None or self.device_bytes() + entry.estimate_bytes() <= budget
-
-    def touch(self, entry: ModelEntry) -> None:
-        """Record a request for `entry` (recency, GDSF credit, and a frequency that
-        halves every FREQUENCY_HALF_LIFE_S, so demand that moved away stops counting)."""
-        now = time.monotonic()
-        if entry.last_used:
-            entry.frequency *= 0.5 ** ((now - entry.last_used) / FREQUENCY_HALF_LIFE_S)
-        entry.last_used = now
-        entry.frequency += 1
-        if isinstance(self.policy, GreedyDualSizeFrequency):
-            entry.credit = self.policy.clock
 
     def ensure_loaded(self, name: str) -> asyncio.Future[None]:
         """Promote `name` for a request unless the operator disabled it (OIP unload)."""
@@ -306,97 +286,6 @@ class ModelTable(TableUpkeep):
         self._publish_tiers()
         self._spawn(self._load_task(entry, entry.generation, victims))
 
-    def _fits_someday(self, needed: int) -> bool:
-        """Whether `needed` bytes would fit once loads and demotions in flight settle:
-        the policy evicts on demand (gdsf, lru) and the pinned models leave room."""
-        if self.policy.name not in ("gdsf", "lru"):
-            return False  # ttl and none refuse rather than wait
-        budget = self._settings.device_memory_budget
-        if budget is None:
-            return True
-        pinned = sum(e.memory_bytes for e in self._entries.values() if e.pinned)
-        return needed <= budget - pinned
-
-    async def _retry_when_room(self, entry: ModelEntry, error: NoRoom) -> None:
-        deadline = time.monotonic() + ROOM_WAIT_S
-        while time.monotonic() < deadline:
-            self._room_changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._room_changed.wait(), deadline - time.monotonic())
-            if not entry.waiters or entry.state != ModelState.UNAVAILABLE:
-                break
-            if self._can_start(entry):
-                self._begin_load(entry)  # clears waiting_for_room when the load starts
-                if not entry.waiting_for_room:
-                    return
-        entry.waiting_for_room = False
-        if entry.state == ModelState.UNAVAILABLE:
-            self._resolve_waiters(entry, error)
-
-    def _can_start(self, entry: ModelEntry) -> bool:
-        """True when a load of `entry` would find victims (or room) now."""
-        needed = entry.estimate_bytes()
-        budget = self._settings.device_memory_budget
-        if budget is None:
-            return True
-        others = self.device_bytes() - entry.reserved_bytes - entry.memory_bytes
-        missing = others + needed - budget
-        if missing <= 0:
-            return True
-        movable = sum(c.bytes for c in self._candidates(exclude=entry) if not c.pinned)
-        return movable >= missing
-
-    def _candidates(self, exclude: ModelEntry | None) -> list[Candidate]:
-        return [
-            Candidate(
-                name=e.name,
-                bytes=e.memory_bytes,
-                promote_s=(e.promote_ms or e.load_ms) / 1000,
-                last_used=e.last_used,
-                frequency=e.frequency,
-                priority=e.source.config.priority if e.source.config else 0,
-                pinned=e.pinned,
-                in_flight=e.batcher.load if e.batcher else 0,
-                credit=e.credit,
-            )
-            for e in self._entries.values()
-            if e is not exclude and e.state == ModelState.READY
-        ]
-
-    def _make_room(self, entry: ModelEntry, needed: int) -> list[asyncio.Event]:
-        """Demote victims so that `needed` more device bytes fit; returns the events to
-        wait for. Raises NoRoom when even every evictable model would not do."""
-        budget = self._settings.device_memory_budget
-        count_based = self.policy.name == "lru"
-        if budget is None and not count_based:
-            return []
-        loaded = sum(
-            1
-            for e in self._entries.values()
-            if e.state in (ModelState.READY, ModelState.LOADING) and e is not entry
-        )
-        others = self.device_bytes() - entry.reserved_bytes - entry.memory_bytes
-        missing = 0 if budget is None else others + needed - budget
-        if missing <= 0 and not count_based:
-            return []
-        candidates = self._candidates(exclude=entry)
-        victims = self.policy.choose(candidates, max(0, missing), loaded, time.monotonic())
-        if victims is None:
-            evictable = sum(c.bytes for c in candidates if not c.pinned)
-            free = (budget or 0) - self.device_bytes()
-            raise NoRoom(
-                f"model '{entry.name}' needs {needed} bytes of device memory; {max(free, 0)} "
-                f"are free and {evictable} could be freed by eviction "
-                f"(budget {budget}, policy {self.policy.name})"
-            )
-        events = []
-        for victim in victims:
-            victim_entry = self._entries[victim.name]
-            victim_entry.unloaded.clear()
-            self.demote(victim.name, Tier.STAGED, reason="evicted")
-            events.append(victim_entry.unloaded)
-        return events
-
     async def _load_task(
         self, entry: ModelEntry, generation: int, victims: list[asyncio.Event]
     ) -> None:
@@ -454,7 +343,7 @@ class ModelTable(TableUpkeep):
             self._set_failed(entry, error)
             return
         try:
-            self._apply_metadata(entry, reply)
+            apply_metadata(entry, reply)
         except ModelFailed as exc:
             self._set_failed(entry, exc.message)
             self._spawn(self._unload_in_runner(entry))
@@ -469,7 +358,7 @@ class ModelTable(TableUpkeep):
         entry.prepacked = reply.prepacked
         if isinstance(self.policy, GreedyDualSizeFrequency):
             entry.credit = self.policy.clock
-        self._record_promotion(entry, reply)
+        record_promotion(entry, reply)
         budget = self._settings.device_memory_budget
         if budget is not None and self.device_bytes() > budget:
             # Measured bigger than estimated: make room now, or give the memory back.
@@ -488,7 +377,7 @@ class ModelTable(TableUpkeep):
                         future.set_exception(too_big)
                 return
         if entry.batcher is None:
-            entry.batcher = self._make_batcher(entry)
+            entry.batcher = make_batcher(entry, self._pool)
         else:  # a reload starts over at the configured instance count
             entry.batcher.set_instances(entry.config.instance_count)
         METRICS.instances.labels(model=entry.name).set(entry.config.instance_count)
@@ -505,78 +394,6 @@ class ModelTable(TableUpkeep):
         self._enforce_host_budget()
         self._publish_tiers()
         self._resolve_waiters(entry, None)
-
-    def _record_promotion(self, entry: ModelEntry, reply: ipc.ModelLoaded) -> None:
-        entry.stages = {k: round(v, 3) for k, v in reply.stages.items()}
-        entry.last_source = reply.source
-        entry.staged_bytes = reply.staged_bytes
-        if reply.source == "staged":
-            entry.promote_ms = reply.load_ms
-        else:
-            entry.promote_ms = reply.stages.get("create", 0) + reply.stages.get("warmup", 0)
-        METRICS.promotions.labels(source=reply.source).inc()
-        METRICS.promotion_duration.labels(source=reply.source).observe(reply.load_ms / 1000)
-        for stage, ms in reply.stages.items():
-            METRICS.promotion_stage_duration.labels(stage=stage).observe(ms / 1000)
-        METRICS.model_memory.labels(model=entry.name).set(entry.memory_bytes)
-
-    def _apply_metadata(self, entry: ModelEntry, reply: ipc.ModelLoaded) -> None:
-        def specs(items: list[list]) -> list[TensorSpec]:
-            out = []
-            for name, ort_type, shape in items:
-                datatype = ORT_TO_OIP.get(ort_type)
-                if datatype is None or datatype in ("BYTES", "BF16"):
-                    raise ModelFailed(f"tensor '{name}' has type {ort_type}, not supported")
-                out.append(TensorSpec(name, datatype, tuple(shape)))
-            return out
-
-        inputs, outputs = specs(reply.inputs), specs(reply.outputs)
-        batchable = all(t.shape and t.shape[0] == -1 for t in inputs + outputs)
-        wanted = entry.config.max_batch_size
-        if wanted is None:
-            max_batch = DEFAULT_MAX_BATCH_SIZE if batchable else 0
-        elif wanted > 0 and not batchable:
-            raise ModelFailed(
-                f"max_batch_size {wanted} needs a dynamic leading dimension on every input"
-                " and output, and this model has none"
-            )
-        else:
-            max_batch = wanted
-        entry.inputs, entry.outputs, entry.max_batch_size = inputs, outputs, max_batch
-        entry.memory_bytes, entry.load_ms = max(reply.bytes, 1), reply.load_ms
-        entry.last_measured = entry.memory_bytes
-
-    def _make_batcher(self, entry: ModelEntry) -> Batcher:
-        config = entry.config
-        pool = self._pool
-
-        async def execute(
-            inputs: dict[str, np.ndarray], outputs: list[str] | None
-        ) -> tuple[dict[str, np.ndarray], int]:
-            descs, buffers = ipc.pack_tensors(inputs)
-            runner = pool.get(entry.runner_id)
-            reply, payload = await runner.call(
-                ipc.Infer(pool.next_req_id(), entry.name, outputs, descs), buffers
-            )
-            if isinstance(reply, ipc.InferResult):
-                return ipc.unpack_tensors(reply.tensors, payload), reply.compute_ns
-            assert isinstance(reply, ipc.Failure)
-            if reply.kind == "invalid":
-                raise InvalidInput(f"model '{entry.name}': {reply.message}")
-            if reply.kind == "not_loaded":
-                raise RunnerLost(entry.runner_id)
-            raise InferenceFailed(f"model '{entry.name}': {reply.message}")
-
-        return Batcher(
-            entry.name,
-            max_batch_size=entry.max_batch_size,
-            max_queue_delay_us=config.max_queue_delay_us,
-            max_queue_size=config.max_queue_size,
-            instance_count=config.instance_count,
-            execute=execute,
-            ready=entry.ready,
-            stats=entry.stats,
-        )
 
     def _set_failed(self, entry: ModelEntry, reason: str) -> None:
         log.error("model %s failed: %s", entry.name, reason)
@@ -653,25 +470,6 @@ class ModelTable(TableUpkeep):
             entry.staged_bytes = 0
             METRICS.demotions.labels(reason="staged_dropped").inc()
         self._publish_tiers()
-
-    def _enforce_host_budget(self) -> None:
-        budget = self._settings.host_memory_budget
-        if budget is None:
-            return
-        idle = sorted(
-            (
-                e
-                for e in self._entries.values()
-                if e.staged_bytes and e.state in (ModelState.UNAVAILABLE, ModelState.FAILED)
-            ),
-            key=lambda e: e.last_used,
-        )
-        for entry in idle:
-            if self.host_bytes() <= budget:
-                return
-            self._drop_staged(entry)
-
-    # --- helpers ----------------------------------------------------------------------------
 
     def _publish_tiers(self) -> None:
         loaded = sum(e.memory_bytes for e in self._entries.values())
