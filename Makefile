@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 DEMO_REPO ?= .cache/demo-repo
 
-.PHONY: setup test lint proto demo bench clean
+.PHONY: setup test lint proto demo bench bench-overcommit clean
 
 setup:
 	./scripts/setup.sh
@@ -26,6 +26,11 @@ bench:
 	EDGEPLEX_SETUP_BENCH=1 ./scripts/setup.sh
 	@[ -f $(DEMO_REPO)/.edgeplex-demo ] || .venv/bin/edgeplex demo-repo $(DEMO_REPO)
 	$(PY) bench/agent_overhead.py --repo $(DEMO_REPO)
+
+bench-overcommit: setup
+	$(PY) bench/swap_in.py
+	$(PY) bench/density.py --factor 4 --budget 128MiB
+	$(PY) bench/density.py --factor 10 --budget 128MiB
 
 clean:
 	rm -rf .venv .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
