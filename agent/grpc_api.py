@@ -18,6 +18,7 @@ from edgeplex.agent.core import Agent, InferInput
 from edgeplex.agent.errors import InvalidInput, ServeError
 from edgeplex.agent.tensors import (
     CONTENTS_FIELD,
+    check_payload_cap,
     from_list,
     from_raw,
     oip_datatype,
@@ -60,7 +61,7 @@ def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list
         if raw:
             data = raw[i]
             total += len(data)
-            _check_cap(tensor.name, total, max_payload_bytes)
+            check_payload_cap(tensor.name, total, max_payload_bytes)
             array = from_raw(tensor.name, tensor.datatype, shape, data)
         else:
             field = CONTENTS_FIELD.get(tensor.datatype)
@@ -71,17 +72,10 @@ def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list
                 )
             values = getattr(tensor.contents, field)
             total += len(values) * 4
-            _check_cap(tensor.name, total, max_payload_bytes)
+            check_payload_cap(tensor.name, total, max_payload_bytes)
             array = from_list(tensor.name, tensor.datatype, shape, values)
         decoded.append(InferInput(tensor.name, tensor.datatype, shape, array))
     return decoded
-
-
-def _check_cap(name: str, total: int, cap: int) -> None:
-    if total > cap:
-        raise InvalidInput(
-            f"input '{name}': the request's tensor data exceeds the {cap}-byte payload cap"
-        )
 
 
 def request_timeout_s(

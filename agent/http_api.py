@@ -24,7 +24,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from edgeplex.agent.core import Agent, InferInput
 from edgeplex.agent.errors import InvalidInput, ServeError
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.tensors import from_list, from_raw, oip_datatype, to_raw
+from edgeplex.agent.tensors import (
+    check_payload_cap,
+    from_list,
+    from_raw,
+    oip_datatype,
+    to_raw,
+)
 
 log = logging.getLogger("edgeplex.agent.http")
 
@@ -115,26 +121,19 @@ def parse_infer_body(
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
                 raise InvalidInput(f"input '{name}': binary_data_size {size} exceeds the body")
             total += size
-            _check_cap(name, total, cap)
-            array = from_raw(name, datatype, shape, bytes(binary[offset : offset + size]))
+            check_payload_cap(name, total, cap)
+            array = from_raw(name, datatype, shape, binary[offset : offset + size])
             offset += size
         elif "data" in item:
             array = from_list(name, datatype, shape, item["data"])
             total += array.nbytes
-            _check_cap(name, total, cap)
+            check_payload_cap(name, total, cap)
         else:
             raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
         inputs.append(InferInput(name, datatype, shape, array))
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data match no input")
     return doc, inputs
-
-
-def _check_cap(name: str, total: int, cap: int) -> None:
-    if total > cap:
-        raise InvalidInput(
-            f"input '{name}': the request's tensor data exceeds the {cap}-byte payload cap"
-        )
 
 
 def encode_infer_response(

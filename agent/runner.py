@@ -176,10 +176,16 @@ _ORT_TO_NUMPY = {
 }
 
 
-def _clean(message: str, path: str) -> str:
-    """ORT errors name the file they read; clients must not see local paths."""
-    parent = os.path.dirname(os.path.dirname(os.path.dirname(path)))
-    return message.replace(parent + os.sep, "").replace(parent, "<repository>")
+def scrub(message: str, model_file: str, staged_dir: str) -> str:
+    """ORT errors name the files they read; clients must not see local paths. Keeps
+    only what lies below the repository or the staging root: <model>/<version>/..."""
+    for path, depth in ((model_file, 3), (staged_dir, 2)):
+        root = Path(path)
+        for _ in range(depth):
+            root = root.parent
+        if root != root.parent:  # never strip a bare "/"
+            message = message.replace(f"{root}{os.sep}", "").replace(str(root), "<root>")
+    return message
 
 
 @dataclass
@@ -244,7 +250,7 @@ class Runner:
             try:
                 reply: ipc.Message = self._load(request)
             except Exception as exc:
-                message = _clean(_clean(str(exc), request.path), request.staged_dir)
+                message = scrub(str(exc), request.path, request.staged_dir)
                 reply = ipc.Failure(request.req_id, "load", message)
             self._send(reply)
 
@@ -255,7 +261,7 @@ class Runner:
                 try:
                     self._send(self._prepack(request))
                 except Exception as exc:  # the thread must outlive any request
-                    self._send(ipc.Failure(request.req_id, "internal", str(exc)))
+                    self._send(ipc.Failure(request.req_id, "internal", str(exc)[:500]))
                 continue
             stages: dict[str, float] = {}
             staged = Path(request.staged_dir)
@@ -266,7 +272,7 @@ class Runner:
                     request.req_id, directory_bytes(staged), stages
                 )
             except Exception as exc:
-                message = _clean(_clean(str(exc), request.path), request.staged_dir)
+                message = scrub(str(exc), request.path, request.staged_dir)
                 reply = ipc.Failure(request.req_id, "load", message)
             self._send(reply)
 
@@ -348,7 +354,9 @@ class Runner:
             )
             warm_up(session)
         except Exception as exc:
-            return ipc.Failure(request.req_id, "internal", _clean(str(exc), load.staged_dir))
+            return ipc.Failure(
+                request.req_id, "internal", scrub(str(exc), load.path, load.staged_dir)
+            )
         if self._models.get(request.model) is not model:
             return ipc.Failure(request.req_id, "not_loaded", f"{request.model} was replaced")
         model.session = session

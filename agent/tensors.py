@@ -93,8 +93,18 @@ def check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(d) for d in shape)
 
 
-def from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> np.ndarray:
-    """Decode raw little-endian bytes; the length must match shape x itemsize."""
+def check_payload_cap(name: str, total: int, cap: int) -> None:
+    """Both front doors: `total` bytes of tensor data so far, `name` the input that
+    brought it there."""
+    if total > cap:
+        raise InvalidInput(
+            f"input '{name}': the request's tensor data exceeds the {cap}-byte payload cap"
+        )
+
+
+def from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes | memoryview) -> np.ndarray:
+    """Decode raw little-endian bytes (no copy: the array views `raw`); the length
+    must match shape x itemsize."""
     dims = check_shape(name, shape)
     dtype = numpy_dtype(datatype, name)
     expected = prod(dims) * dtype.itemsize

@@ -90,24 +90,28 @@ class AgentProcess:
         return self.process.wait(timeout)
 
 
+def agent_command(repo: Path, grpc_port: int, http_port: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "edgeplex",
+        "agent",
+        "--model-repo",
+        str(repo),
+        "--grpc-port",
+        str(grpc_port),
+        "--http-port",
+        str(http_port),
+    ]
+
+
 def start_agent(
     repo: Path, log_dir: Path, env: dict[str, str] | None = None, wait_ready: bool = True
 ) -> AgentProcess:
     grpc_port, http_port = free_port(), free_port()
     log_path = log_dir / f"agent-{grpc_port}.log"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edgeplex",
-            "agent",
-            "--model-repo",
-            str(repo),
-            "--grpc-port",
-            str(grpc_port),
-            "--http-port",
-            str(http_port),
-        ],
+        agent_command(repo, grpc_port, http_port),
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},

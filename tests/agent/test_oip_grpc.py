@@ -85,13 +85,18 @@ def test_infer_matches_direct_onnxruntime_exactly(client, model_repo):
         np.testing.assert_array_equal(result.as_numpy(name), value)
 
 
-def test_real_packaged_model_matches_direct_onnxruntime(client, model_repo):
+def silero_feeds() -> dict[str, np.ndarray]:
+    """One 32 ms chunk of quiet noise at 16 kHz, with a fresh state."""
     rng = np.random.default_rng(1)
-    feeds = {
+    return {
         "input": rng.standard_normal((1, 512), dtype=np.float32) * 0.1,
         "state": np.zeros((2, 1, 128), dtype=np.float32),
         "sr": np.array(16000, dtype=np.int64),
     }
+
+
+def test_real_packaged_model_matches_direct_onnxruntime(client, model_repo):
+    feeds = silero_feeds()
     result = client.infer("silero_vad", inputs_for(feeds))
     expected = direct(model_repo, "silero_vad", feeds)
     np.testing.assert_array_equal(result.as_numpy("output"), expected["output"])

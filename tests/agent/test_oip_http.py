@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 
-from tests.agent.test_oip_grpc import DTYPES, direct
+from tests.agent.test_oip_grpc import DTYPES, direct, silero_feeds
 
 
 def inputs_for(feeds, binary=True):
@@ -51,12 +51,7 @@ def test_infer_matches_direct_onnxruntime(client, model_repo, binary):
 
 
 def test_real_packaged_model(client, model_repo):
-    rng = np.random.default_rng(1)
-    feeds = {
-        "input": rng.standard_normal((1, 512), dtype=np.float32) * 0.1,
-        "state": np.zeros((2, 1, 128), dtype=np.float32),
-        "sr": np.array(16000, dtype=np.int64),
-    }
+    feeds = silero_feeds()
     result = client.infer("silero_vad", inputs_for(feeds))
     expected = direct(model_repo, "silero_vad", feeds)
     np.testing.assert_array_equal(result.as_numpy("output"), expected["output"])

@@ -12,7 +12,7 @@ import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
 from tests.agent.test_oip_grpc import inputs_for
-from tests.conftest import start_agent
+from tests.conftest import agent_command, start_agent
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,6 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(model_repo, tmp_path):
 def test_a_port_in_use_or_a_missing_repository_is_a_clear_error(model_repo, tmp_path):
     import socket
     import subprocess
-    import sys
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -75,18 +74,7 @@ def test_a_port_in_use_or_a_missing_repository_is_a_clear_error(model_repo, tmp_
             (tmp_path / "missing", 0, "repository"),
         ):
             proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "edgeplex",
-                    "agent",
-                    "--model-repo",
-                    str(repo),
-                    "--grpc-port",
-                    str(grpc_port),
-                    "--http-port",
-                    "0",
-                ],
+                agent_command(repo, grpc_port, 0),
                 capture_output=True,
                 text=True,
                 timeout=60,
