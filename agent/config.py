@@ -192,6 +192,52 @@ class RunnerSettings(BaseModel):
     )
 
 
+class FleetSettings(BaseModel):
+    """Membership in a fleet run by `edgeplex control-plane`. Off unless
+    `control_plane` is set; then `site_id`, `region` and `mqtt_url` are required."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    control_plane: str | None = Field(
+        default=None, description="host:port of the control plane's gRPC API; unset: standalone."
+    )
+    site_id: str = Field(default="", description="This site's name, unique in the fleet.")
+    region: str = Field(default="", description="The region this site serves.")
+    mqtt_url: str | None = Field(
+        default=None,
+        description="MQTT broker carrying desired state: mqtt://[user:password@]host:port "
+        "(mqtts:// for TLS).",
+    )
+    advertise_address: str | None = Field(
+        default=None,
+        description="host:port peers and clients reach this agent's OIP gRPC port at. Unset: "
+        "grpc_host:grpc_port.",
+    )
+    advertise_http_address: str | None = Field(
+        default=None, description="Same for the OIP HTTP port. Unset: http_host:http_port."
+    )
+    artifact_dir: Path | None = Field(
+        default=None,
+        description="Content-addressed cache of downloaded artifacts. Unset: `.artifacts` "
+        "inside the model repository.",
+    )
+    max_artifact_bytes: int = Field(
+        default=8 * 1024**3, gt=0, description="Largest artifact this agent downloads, in bytes."
+    )
+    tls_ca: Path | None = Field(
+        default=None, description="PEM CA of the control plane's certificate; set: TLS is on."
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="PEM client certificate for mTLS to the control plane."
+    )
+    tls_key: Path | None = Field(default=None, description="PEM key of tls_cert.")
+
+    @field_validator("max_artifact_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value)
+
+
 class AgentSettings(BaseSettings):
     """Settings of `edgeplex agent`."""
 
@@ -271,6 +317,10 @@ class AgentSettings(BaseSettings):
     runner: RunnerSettings = Field(
         default_factory=RunnerSettings, description="Runner processes (see RunnerSettings)."
     )
+    fleet: FleetSettings = Field(
+        default_factory=FleetSettings,
+        description="Fleet membership: control plane, site, region, MQTT (see FleetSettings).",
+    )
     model_defaults: ModelConfig = Field(
         default_factory=ModelConfig,
         description="Defaults for every model; a model's config.yaml overrides them field "
@@ -339,7 +389,13 @@ def reference_tables() -> str:
         return f"`{value}`"
 
     lines: list[str] = []
-    for cls, prefix in ((AgentSettings, ""), (RunnerSettings, "runner."), (ModelConfig, "")):
+    classes = (
+        (AgentSettings, ""),
+        (RunnerSettings, "runner."),
+        (FleetSettings, "fleet."),
+        (ModelConfig, ""),
+    )
+    for cls, prefix in classes:
         lines += [f"### {cls.__name__}", "", "| field | default | meaning |", "| --- | --- | --- |"]
         for name, field in cls.model_fields.items():
             lines.append(f"| `{prefix}{name}` | {default(field)} | {field.description} |")

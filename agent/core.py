@@ -26,6 +26,7 @@ from edgeplex.agent.errors import (
     ServeError,
     Unavailable,
 )
+from edgeplex.agent.load_window import LoadWindow
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.models import ModelTable
 from edgeplex.agent.tensors import check_against_spec
@@ -59,6 +60,8 @@ class Agent:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self.load_window = LoadWindow()
+        self.region = settings.fleet.region or "local"
 
     # --- health and metadata -------------------------------------------------------------
 
@@ -204,8 +207,11 @@ class Agent:
         inputs: list[InferInput],
         outputs: list[str] | None,
         timeout_s: float | None,
+        origin: str = "",
     ) -> InferResult:
-        """Validate, queue, wait for the batch result. Raises ServeError subclasses."""
+        """Validate, queue, wait for the batch result. Raises ServeError subclasses.
+        `origin` is the region the request came from (a forwarder's header); the
+        agent's own region when empty. It feeds the demand the control plane sees."""
         started = time.monotonic()
         METRICS.requests.labels(model=name).inc()
         entry: ModelEntry | None = None
@@ -239,7 +245,10 @@ class Agent:
                 entry.stats.record_failure(time.monotonic() - started)
             raise
         finally:
-            METRICS.request_duration.labels(model=name).observe(time.monotonic() - started)
+            elapsed = time.monotonic() - started
+            METRICS.request_duration.labels(model=name).observe(elapsed)
+            if entry is not None:
+                self.load_window.record(name, origin or self.region, elapsed)
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()

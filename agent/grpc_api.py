@@ -16,6 +16,7 @@ import grpc
 
 from edgeplex.agent.core import Agent, InferInput
 from edgeplex.agent.errors import InvalidInput, ServeError
+from edgeplex.agent.repository import valid_name
 from edgeplex.agent.tensors import (
     CONTENTS_FIELD,
     check_payload_cap,
@@ -33,6 +34,15 @@ log = logging.getLogger("edgeplex.agent.grpc")
 
 # Trailing metadata set when the request waited for its model's promotion.
 COLD_START = "edgeplex-cold-start"
+ORIGIN_REGION = "edgeplex-origin-region"
+
+
+def origin_region(metadata: Any) -> str:
+    """The `edgeplex-origin-region` a forwarding peer set, if it is a valid name."""
+    for key, value in metadata or ():
+        if key == ORIGIN_REGION and isinstance(value, str) and valid_name(value):
+            return value
+    return ""
 
 
 def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -164,6 +174,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             inputs,
             wanted,
             request_timeout_s(request, context),
+            origin_region(context.invocation_metadata()),
         )
         if result.cold_start:
             context.set_trailing_metadata(((COLD_START, result.cold_start),))

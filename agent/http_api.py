@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from edgeplex.agent.core import Agent, InferInput
 from edgeplex.agent.errors import InvalidInput, ServeError
 from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.repository import valid_name
 from edgeplex.agent.tensors import (
     check_payload_cap,
     from_list,
@@ -38,6 +39,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 # Set when the request had to wait for its model's promotion; the value names the
 # tier it came from ("staged" or "cached").
 COLD_START = "edgeplex-cold-start"
+ORIGIN_REGION = "edgeplex-origin-region"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -273,8 +275,14 @@ class HttpApi:
         params = doc.get("parameters")
         if isinstance(params, dict) and isinstance(params.get("timeout"), int):
             timeout_s = params["timeout"] / 1e6
+        origin = request.headers.get(ORIGIN_REGION, "")
         result = await self.agent.infer(
-            mi["model"], mi.get("version", ""), inputs, wanted, timeout_s
+            mi["model"],
+            mi.get("version", ""),
+            inputs,
+            wanted,
+            timeout_s,
+            origin if valid_name(origin) else "",
         )
         response = encode_infer_response(
             doc, result.entry.name, result.entry.version, result.outputs

@@ -13,5 +13,9 @@ def main(argv: list[str] | None = None) -> None:
     from edgeplex.agent import cli as agent_cli
 
     agent_cli.add_commands(sub)
+
+    from edgeplex.control_plane import cli as control_plane_cli
+
+    control_plane_cli.add_commands(sub)
     args = parser.parse_args(argv)
     sys.exit(args.run(args) or 0)

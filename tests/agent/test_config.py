@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from edgeplex.agent.config import (
     AgentSettings,
+    FleetSettings,
     ModelConfig,
     RunnerSettings,
     load_model_config,
@@ -37,6 +38,7 @@ def test_example_config_sets_every_option_to_its_default():
     data = yaml.safe_load(path.read_text())
     assert set(data) == set(AgentSettings.model_fields)
     assert set(data["runner"]) == set(RunnerSettings.model_fields)
+    assert set(data["fleet"]) == set(FleetSettings.model_fields)
     assert set(data["model_defaults"]) == set(ModelConfig.model_fields)
     assert load_settings(path) == AgentSettings()
 

@@ -1,0 +1,1 @@
+"""The edgeplex control plane: catalog, site registry, demand, placement; state in Redis."""

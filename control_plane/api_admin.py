@@ -1,0 +1,304 @@
+"""AdminService: the catalog, sites and placement, behind a bearer token.
+
+Catalog entries start PENDING; a verification task fetches the artifact into
+the control plane's content-addressed cache, checks its sha256 and opens it
+with ONNX Runtime in a child process, then marks it READY (with its size) or
+FAILED (with the reason, shown by `model show`). Only READY models are placed.
+An entry left PENDING by a replica that died is verified again by the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from redis.exceptions import RedisError
+
+from edgeplex.agent.repository import valid_name
+from edgeplex.artifacts import (
+    ArtifactCache,
+    ArtifactError,
+    check_sha256,
+    check_uri,
+    model_file,
+    probe_onnx,
+)
+from edgeplex.control_plane.explain import explain
+from edgeplex.control_plane.placement import PlacementResult
+from edgeplex.control_plane.planner import Planner
+from edgeplex.control_plane.store import Store
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+
+log = logging.getLogger("edgeplex.control_plane.admin")
+
+ADMIN_PREFIX = "/edgeplex.v1.AdminService/"
+
+
+class TokenAuth(grpc.aio.ServerInterceptor):
+    """Every AdminService call needs `authorization: Bearer <token>`; others pass."""
+
+    def __init__(self, token: str) -> None:
+        self._token = f"Bearer {token}".encode()
+
+        async def deny(request, context):  # type: ignore[no-untyped-def]
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "admin API: missing or wrong bearer token (set EDGEPLEX_ADMIN_TOKEN)",
+            )
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+    async def intercept_service(self, continuation, details):  # type: ignore[no-untyped-def]
+        if details.method.startswith(ADMIN_PREFIX):
+            given = dict(details.invocation_metadata or ()).get("authorization", "")
+            if not hmac.compare_digest(
+                given.encode() if isinstance(given, str) else given, self._token
+            ):
+                return self._deny
+        return await continuation(details)
+
+
+def _redis_down(context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+    return context.abort(grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable")
+
+
+class AdminServicer(pb_grpc.AdminServiceServicer):
+    def __init__(
+        self, store: Store, planner: Planner, artifacts: ArtifactCache, poke: Callable[[], None]
+    ) -> None:
+        self._store = store
+        self._planner = planner
+        self._artifacts = artifacts
+        self._poke = poke
+        self._verifying: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- catalog --------------------------------------------------------------------------
+
+    async def AddModel(
+        self, request: pb.CatalogModel, context: grpc.aio.ServicerContext
+    ) -> pb.CatalogModel:
+        problems = []
+        if not valid_name(request.name):
+            problems.append("name: letters, digits, '_.-', at most 128 characters")
+        try:
+            check_uri(request.artifact_uri)
+        except ArtifactError as exc:
+            problems.append(f"artifact_uri: {exc}")
+        try:
+            sha = check_sha256(request.sha256)
+        except ArtifactError as exc:
+            problems.append(f"sha256: {exc}")
+        if request.slo_ms < 0:
+            problems.append("slo_ms: must be positive")
+        if problems:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+        model = pb.CatalogModel()
+        model.CopyFrom(request)
+        model.sha256 = sha
+        model.version = model.version or "1"
+        model.state, model.reason, model.size_bytes = "PENDING", "", 0
+        model.added_at = time.time()
+        try:
+            existing = await self._store.get_model(model.name)
+            if existing is not None and (existing.sha256, existing.artifact_uri) == (
+                sha,
+                model.artifact_uri,
+            ):
+                # Same artifact: keep its verification, update the serving options.
+                model.state, model.reason = existing.state, existing.reason
+                model.size_bytes, model.device_bytes = existing.size_bytes, existing.device_bytes
+                model.added_at = existing.added_at
+            await self._store.put_model(model)
+            await self._store.notify("catalog")
+        except RedisError:
+            await _redis_down(context)
+        if model.state == "PENDING":
+            self.verify(model.name)
+        self._poke()
+        return model
+
+    def verify(self, name: str) -> None:
+        if name in self._verifying:
+            return
+        self._verifying.add(name)
+        task = asyncio.create_task(self._verify(name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def verify_pending(self) -> None:
+        """Verify entries left PENDING (by a replica that died mid-verification)."""
+        for model in await self._store.models():
+            if model.state == "PENDING":
+                self.verify(model.name)
+
+    async def _verify(self, name: str) -> None:
+        try:
+            model = await self._store.get_model(name)
+            if model is None:
+                return
+            try:
+                path = await asyncio.to_thread(
+                    self._artifacts.fetch, model.artifact_uri, model.sha256
+                )
+                onnx = model_file(path)
+                await asyncio.to_thread(probe_onnx, onnx)
+                size = _tree_bytes(path)
+                state, reason = "READY", ""
+            except ArtifactError as exc:
+                state, reason, size = "FAILED", str(exc), 0
+            current = await self._store.get_model(name)
+            if current is None or current.sha256 != model.sha256:
+                return  # removed or replaced meanwhile
+            current.state, current.reason, current.size_bytes = state, reason, size
+            # A session needs about its weights plus ORT's working memory until an
+            # agent reports the measured figure.
+            current.device_bytes = int(size * 1.1)
+            await self._store.put_model(current)
+            await self._store.notify("catalog")
+            log.info("model %s: %s%s", name, state, f" ({reason})" if reason else "")
+            self._poke()
+        except RedisError as exc:
+            log.warning("verification of %s interrupted: %s", name, exc)
+        finally:
+            self._verifying.discard(name)
+
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListModelsResponse:
+        try:
+            return pb.ListModelsResponse(models=await self._store.models())
+        except RedisError:
+            await _redis_down(context)
+            raise
+
+    async def GetModel(
+        self, request: pb.ModelName, context: grpc.aio.ServicerContext
+    ) -> pb.ModelDetail:
+        try:
+            model = await self._store.get_model(request.name)
+            reports = await self._store.reports()
+        except RedisError:
+            await _redis_down(context)
+            raise
+        if model is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"model '{request.name}' is not in the catalog"
+            )
+        detail = pb.ModelDetail(model=model)
+        for site_id in sorted(reports):
+            for m in reports[site_id].models:
+                if m.name == request.name:
+                    detail.sites.append(
+                        pb.SiteModelState(
+                            site_id=site_id,
+                            tier=m.tier,
+                            state=m.state,
+                            reason=m.reason,
+                            rate=sum(m.rate_by_region.values()),
+                        )
+                    )
+        return detail
+
+    async def RemoveModel(
+        self, request: pb.ModelName, context: grpc.aio.ServicerContext
+    ) -> pb.Empty:
+        try:
+            removed = await self._store.remove_model(request.name)
+            await self._store.notify("catalog")
+        except RedisError:
+            await _redis_down(context)
+        if not removed:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"model '{request.name}' is not in the catalog"
+            )
+        self._poke()
+        return pb.Empty()
+
+    # --- sites ----------------------------------------------------------------------------
+
+    async def ListSites(
+        self, request: pb.ListSitesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListSitesResponse:
+        try:
+            sites = await self._store.sites()
+            seen = await self._store.seen()
+            reports = await self._store.reports()
+        except RedisError:
+            await _redis_down(context)
+            raise
+        for site in sites:
+            site.last_report_at = seen.get(site.site_id, 0.0)
+            report = reports.get(site.site_id)
+            if report is not None:
+                site.loaded[:] = sorted(m.name for m in report.models if m.tier == "loaded")
+                site.device_used_bytes = sum(d.used_bytes for d in report.devices)
+        return pb.ListSitesResponse(sites=sites)
+
+    async def CordonSite(
+        self, request: pb.SiteAction, context: grpc.aio.ServicerContext
+    ) -> pb.Site:
+        return await self._flag(request, context, "cordoned")
+
+    async def DrainSite(self, request: pb.SiteAction, context: grpc.aio.ServicerContext) -> pb.Site:
+        return await self._flag(request, context, "draining")
+
+    async def _flag(
+        self, request: pb.SiteAction, context: grpc.aio.ServicerContext, flag: str
+    ) -> pb.Site:
+        try:
+            site = await self._store.get_site(request.site_id)
+            if site is None:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND, f"site '{request.site_id}' is not registered"
+                )
+            assert site is not None
+            setattr(site, flag, not request.undo)
+            await self._store.put_site(site)
+            await self._store.notify("sites")
+        except RedisError:
+            await _redis_down(context)
+            raise
+        self._poke()
+        return site
+
+    # --- placement ------------------------------------------------------------------------
+
+    async def GetPlacement(
+        self, request: pb.PlacementRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Placement:
+        try:
+            placement = await self._store.placement()
+        except RedisError:
+            await _redis_down(context)
+            raise
+        return placement or pb.Placement()
+
+    async def ExplainPlacement(
+        self, request: pb.ModelName, context: grpc.aio.ServicerContext
+    ) -> pb.PlacementExplanation:
+        try:
+            inp, _, _ = await self._planner.build_input(update_demand=False)
+            placement = await self._store.placement() or pb.Placement()
+        except RedisError:
+            await _redis_down(context)
+            raise
+        result = PlacementResult(
+            loaded={s.site_id: list(s.loaded) for s in placement.sites},
+            staged={s.site_id: list(s.staged) for s in placement.sites},
+            objective=placement.objective,
+            served_fraction=placement.served_fraction,
+        )
+        return pb.PlacementExplanation(model=request.name, lines=explain(inp, result, request.name))
+
+
+def _tree_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,140 @@
+"""AgentService: agents register and stream load reports.
+
+Reports are written behind: the servicer only validates and buffers them,
+and one task (`ReportSink.run`) writes the newest report of each site to Redis
+in one pipelined round trip every `flush_interval_s`. Losing the last 50 ms of
+reports on a crash costs nothing (the next report replaces them); writing each
+one synchronously would cap ingestion at Redis round trips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+from redis.exceptions import RedisError
+
+from edgeplex.agent.repository import valid_name
+from edgeplex.control_plane.config import ControlPlaneSettings
+from edgeplex.control_plane.metrics import METRICS
+from edgeplex.control_plane.store import Store
+from edgeplex.fleet import desired_topic
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+
+log = logging.getLogger("edgeplex.control_plane.agents")
+
+
+class ReportSink:
+    def __init__(self, store: Store, flush_interval_s: float = 0.05) -> None:
+        self._store = store
+        self._interval = flush_interval_s
+        self._buffer: dict[str, pb.LoadReport] = {}
+        self.written = 0
+
+    def add(self, report: pb.LoadReport) -> None:
+        self._buffer[report.site_id] = report
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self._buffer:
+            return
+        batch, self._buffer = self._buffer, {}
+        started = time.perf_counter()
+        try:
+            await self._store.write_reports(batch.values())
+        except RedisError as exc:
+            log.warning("reports not written, will retry: %s", exc)
+            for site, report in batch.items():
+                self._buffer.setdefault(site, report)
+            await asyncio.sleep(0.5)
+            return
+        self.written += len(batch)
+        METRICS.report_flush_seconds.observe(time.perf_counter() - started)
+
+
+class AgentServicer(pb_grpc.AgentServiceServicer):
+    def __init__(
+        self, settings: ControlPlaneSettings, store: Store, sink: ReportSink, on_change
+    ) -> None:  # type: ignore[no-untyped-def]
+        self._settings = settings
+        self._store = store
+        self._sink = sink
+        self._on_change = on_change
+
+    async def Register(
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterResponse:
+        if not valid_name(request.site_id):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "site_id: letters, digits, '_.-', at most 128"
+            )
+        if not valid_name(request.region):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "region: letters, digits, '_.-', at most 128"
+            )
+        if not request.address:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "address: the site's OIP gRPC host:port is required",
+            )
+        try:
+            existing = await self._store.get_site(request.site_id)
+            now = time.time()
+            site = pb.Site(
+                site_id=request.site_id,
+                region=request.region,
+                address=request.address,
+                http_address=request.http_address,
+                budgets=request.budgets,
+                execution_providers=list(request.execution_providers),
+                up=True,
+                cordoned=existing.cordoned if existing else False,
+                draining=existing.draining if existing else False,
+                registered_at=now,
+                last_report_at=now,
+            )
+            await self._store.put_site(site)
+            await self._store.touch(site.site_id, now)
+            await self._store.notify("sites")
+        except RedisError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
+            )
+        log.info("site %s (%s) registered at %s", request.site_id, request.region, request.address)
+        self._on_change()
+        return pb.RegisterResponse(
+            lease_s=self._settings.site_lease_s,
+            report_interval_s=self._settings.report_interval_s,
+            desired_topic=desired_topic(request.site_id),
+        )
+
+    async def Report(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ReportSummary:  # type: ignore[no-untyped-def]
+        count = 0
+        known: str | None = None
+        async for report in request_iterator:
+            if report.site_id != known:
+                try:
+                    site = await self._store.get_site(report.site_id)
+                except RedisError:
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
+                    )
+                if site is None:
+                    await context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"site '{report.site_id}' is not registered; register again",
+                    )
+                known = report.site_id
+            # The lease runs on the control plane's clock, not the agent's.
+            report.sent_at = time.time()
+            self._sink.add(report)
+            METRICS.reports.inc()
+            count += 1
+        return pb.ReportSummary(reports=count)

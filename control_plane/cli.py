@@ -1,0 +1,265 @@
+"""`edgeplex control-plane` and `edgeplex admin ...` (the admin API's CLI).
+
+The CLI finds the control plane with --control-plane ADDR or
+EDGEPLEX_CONTROL_PLANE, and its token in EDGEPLEX_ADMIN_TOKEN. Errors print
+the gRPC status and message on one line and exit 1 (2 for usage errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToJson
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    cp = sub.add_parser("control-plane", help="run the control plane (state in Redis)")
+    cp.add_argument("--redis", dest="redis_url", help="redis://host:port/db")
+    cp.add_argument("--mqtt", dest="mqtt_url", help="mqtt://[user:password@]host:port")
+    cp.add_argument("--grpc-port", type=int)
+    cp.add_argument("--grpc-host")
+    cp.add_argument("--http-port", type=int, help="serve /metrics and /healthz here")
+    cp.add_argument("--config", type=Path, help="YAML file of control-plane settings")
+    cp.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    cp.set_defaults(run=_run_control_plane)
+
+    admin = sub.add_parser("admin", help="operate the fleet through the admin API")
+    admin.add_argument(
+        "--control-plane",
+        default=os.environ.get("EDGEPLEX_CONTROL_PLANE", "127.0.0.1:7070"),
+        help="host:port of the control plane (env EDGEPLEX_CONTROL_PLANE)",
+    )
+    admin.add_argument("--tls-ca", type=Path, help="PEM CA of the control plane's certificate")
+    admin.add_argument("--json", action="store_true", help="print replies as JSON")
+    nouns = admin.add_subparsers(dest="noun", required=True)
+
+    model = nouns.add_parser("model", help="the catalog").add_subparsers(dest="verb", required=True)
+    add = model.add_parser("add", help="add or update a model")
+    add.add_argument("name")
+    add.add_argument("--artifact", required=True, help="file://, http:// or https:// URI")
+    add.add_argument("--sha256", required=True)
+    add.add_argument("--version", default="1")
+    add.add_argument("--slo-ms", type=float, default=100.0)
+    add.add_argument("--min-replicas", type=int, default=0)
+    add.add_argument("--regions", default="", help="comma-separated allowed regions")
+    add.add_argument("--priority", type=int, default=0)
+    add.add_argument("--pin", action="store_true", help="keep loaded at every eligible site")
+    add.set_defaults(call=_model_add)
+    model.add_parser("list").set_defaults(call=_model_list)
+    for verb, fn in (("show", _model_show), ("remove", _model_remove)):
+        p = model.add_parser(verb)
+        p.add_argument("name")
+        p.set_defaults(call=fn)
+
+    site = nouns.add_parser("site", help="edge sites").add_subparsers(dest="verb", required=True)
+    site.add_parser("list").set_defaults(call=_site_list)
+    for verb in ("cordon", "drain"):
+        p = site.add_parser(verb)
+        p.add_argument("site_id")
+        p.add_argument("--undo", action="store_true", help=f"un{verb} the site")
+        p.set_defaults(call=_site_action(verb))
+
+    placement = nouns.add_parser("placement").add_subparsers(dest="verb", required=True)
+    placement.add_parser("show").set_defaults(call=_placement_show)
+    p = placement.add_parser("explain")
+    p.add_argument("model")
+    p.set_defaults(call=_placement_explain)
+    admin.set_defaults(run=_run_admin)
+
+
+def _run_control_plane(args: argparse.Namespace) -> int:
+    from edgeplex.control_plane.config import load_settings
+    from edgeplex.control_plane.server import run_control_plane
+
+    settings = load_settings(
+        args.config,
+        redis_url=args.redis_url,
+        mqtt_url=args.mqtt_url,
+        grpc_port=args.grpc_port,
+        grpc_host=args.grpc_host,
+        http_port=args.http_port,
+        log_level=args.log_level,
+    )
+    return run_control_plane(settings)
+
+
+def _run_admin(args: argparse.Namespace) -> int:
+    import grpc
+
+    from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+
+    token = os.environ.get("EDGEPLEX_ADMIN_TOKEN", "")
+    if args.tls_ca:
+        creds = grpc.ssl_channel_credentials(args.tls_ca.read_bytes())
+        channel = grpc.secure_channel(args.control_plane, creds)
+    else:
+        channel = grpc.insecure_channel(args.control_plane)
+    stub = pb_grpc.AdminServiceStub(channel)
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+
+    def call(method: str, request: Any) -> Any:
+        return getattr(stub, method)(request, metadata=metadata, timeout=30)
+
+    try:
+        reply = args.call(args, call)
+    except grpc.RpcError as exc:
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    finally:
+        channel.close()
+    if args.json and reply is not None:
+        print(MessageToJson(reply, preserving_proto_field_name=True))
+    elif reply is not None:
+        print(_render(reply))
+    return 0
+
+
+Call = Callable[[str, Any], Any]
+
+
+def _model_add(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    regions = [r.strip() for r in args.regions.split(",") if r.strip()]
+    return call(
+        "AddModel",
+        pb.CatalogModel(
+            name=args.name,
+            version=args.version,
+            artifact_uri=args.artifact,
+            sha256=args.sha256,
+            slo_ms=args.slo_ms,
+            min_replicas=args.min_replicas,
+            regions=regions,
+            priority=args.priority,
+            pin=args.pin,
+        ),
+    )
+
+
+def _model_list(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    return call("ListModels", pb.ListModelsRequest())
+
+
+def _model_show(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    return call("GetModel", pb.ModelName(name=args.name))
+
+
+def _model_remove(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    call("RemoveModel", pb.ModelName(name=args.name))
+    print(f"removed {args.name}")
+    return None
+
+
+def _site_list(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    return call("ListSites", pb.ListSitesRequest())
+
+
+def _site_action(verb: str) -> Callable[[argparse.Namespace, Call], Any]:
+    def run(args: argparse.Namespace, call: Call) -> Any:
+        from edgeplex.proto import edgeplex_control_pb2 as pb
+
+        method = "CordonSite" if verb == "cordon" else "DrainSite"
+        return call(method, pb.SiteAction(site_id=args.site_id, undo=args.undo))
+
+    return run
+
+
+def _placement_show(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    return call("GetPlacement", pb.PlacementRequest())
+
+
+def _placement_explain(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    return call("ExplainPlacement", pb.ModelName(name=args.model))
+
+
+def _render(reply: Any) -> str:
+    """Plain-text views of the replies; --json gives every field."""
+    kind = type(reply).__name__
+    if kind == "ListModelsResponse":
+        rows: list[tuple[str, ...]] = [
+            ("NAME", "STATE", "BYTES", "SLO_MS", "MIN", "REGIONS", "REASON")
+        ]
+        for m in reply.models:
+            rows.append(
+                (
+                    m.name,
+                    m.state,
+                    str(m.size_bytes),
+                    f"{m.slo_ms:g}",
+                    str(m.min_replicas),
+                    ",".join(m.regions) or "*",
+                    m.reason,
+                )
+            )
+        return _table(rows)
+    if kind == "ListSitesResponse":
+        rows = [("SITE", "REGION", "ADDRESS", "UP", "FLAGS", "LOADED")]
+        for s in reply.sites:
+            flags = ",".join(
+                f for f, on in (("cordoned", s.cordoned), ("draining", s.draining)) if on
+            )
+            rows.append(
+                (
+                    s.site_id,
+                    s.region,
+                    s.address,
+                    "yes" if s.up else "no",
+                    flags or "-",
+                    " ".join(s.loaded),
+                )
+            )
+        return _table(rows)
+    if kind == "Placement":
+        lines = [
+            f"version {reply.version}  leader {reply.leader}  served within SLO "
+            f"{reply.served_fraction:.1%}  objective {reply.objective:.4g}"
+        ]
+        for sp in reply.sites:
+            lines.append(
+                f"{sp.site_id}: loaded [{' '.join(sp.loaded)}] staged [{' '.join(sp.staged)}]"
+            )
+        return "\n".join(lines)
+    if kind == "PlacementExplanation":
+        return "\n".join(reply.lines)
+    if kind == "ModelDetail":
+        m = reply.model
+        lines = [
+            f"{m.name} v{m.version}: {m.state}" + (f" ({m.reason})" if m.reason else ""),
+            f"  artifact {m.artifact_uri}",
+            f"  sha256 {m.sha256}",
+            f"  bytes {m.size_bytes}",
+            f"  slo {m.slo_ms:g} ms, min replicas {m.min_replicas}, priority {m.priority}, "
+            f"pin {str(m.pin).lower()}, regions {','.join(m.regions) or '*'}",
+        ]
+        for s in reply.sites:
+            lines.append(
+                f"  {s.site_id}: {s.tier} {s.state} {s.rate:.3g} req/s"
+                + (f" ({s.reason})" if s.reason else "")
+            )
+        return "\n".join(lines)
+    return MessageToJson(reply, preserving_proto_field_name=True)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )

@@ -1,0 +1,136 @@
+"""Typed configuration of `edgeplex control-plane`.
+
+The only module of the control plane that reads the environment. Precedence,
+highest first: command-line flags, `EDGEPLEX_CP_*` environment variables, the
+YAML file given with --config, the defaults below. The admin token is also
+read from `EDGEPLEX_ADMIN_TOKEN`, the variable the admin CLI uses.
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, YamlConfigSettingsSource
+
+
+class ControlPlaneSettings(BaseSettings):
+    """Settings of `edgeplex control-plane`."""
+
+    model_config = SettingsConfigDict(env_prefix="EDGEPLEX_CP_", extra="forbid")
+
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0", description="Redis holding all control-plane state."
+    )
+    mqtt_url: str = Field(
+        default="mqtt://127.0.0.1:1883",
+        description="MQTT broker for desired state and routes: mqtt://[user:password@]host:port "
+        "(mqtts:// for TLS).",
+    )
+    grpc_host: str = Field(default="127.0.0.1", description="Address of the gRPC server.")
+    grpc_port: int = Field(default=7070, ge=0, le=65535, description="gRPC port; 0 = any.")
+    http_host: str = Field(default="127.0.0.1", description="Address of /metrics and /healthz.")
+    http_port: int | None = Field(
+        default=None, ge=0, le=65535, description="HTTP port of /metrics and /healthz; unset: off."
+    )
+    admin_token: str | None = Field(
+        default=None,
+        description="Bearer token the admin API requires (also EDGEPLEX_ADMIN_TOKEN). Without "
+        "one the control plane does not start.",
+    )
+    replica_id: str = Field(
+        default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}",
+        description="Name of this replica in the leader lease. Default: host-pid.",
+    )
+    leader_lease_s: float = Field(
+        default=5.0, gt=0, description="Leader lease; a standby takes over within this long."
+    )
+    site_lease_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A site that has not reported for this long is marked down and its models "
+        "are placed elsewhere.",
+    )
+    report_interval_s: float = Field(
+        default=2.0, gt=0, description="How often agents are told to report load."
+    )
+    placement_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Placement runs this often on the leader, and at once "
+        "on events (a site down or up, a catalog change).",
+    )
+    demand_half_life_s: float = Field(
+        default=60.0, gt=0, description="Half-life of the EWMA that turns reports into demand."
+    )
+    churn_cost: float = Field(
+        default=1.0,
+        ge=0,
+        description="Hysteresis of placement: requests/s of demand that loading one more GiB "
+        "somewhere must gain.",
+    )
+    region_latency_ms: dict[str, float] = Field(
+        default_factory=dict,
+        description="One-way latency between regions, keyed 'a,b' (symmetric). A pair that is "
+        "absent is treated as unreachable for SLO purposes.",
+    )
+    artifact_dir: Path | None = Field(
+        default=None,
+        description="Content-addressed cache where the control plane verifies artifacts. "
+        "Unset: a private temporary directory.",
+    )
+    max_artifact_bytes: int = Field(
+        default=8 * 1024**3, gt=0, description="Largest artifact accepted, in bytes."
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="PEM certificate of the gRPC server; with tls_key, TLS is on."
+    )
+    tls_key: Path | None = Field(default=None, description="PEM private key of the gRPC server.")
+    tls_client_ca: Path | None = Field(
+        default=None,
+        description="PEM CA bundle; when set, clients must present a certificate it signed "
+        "(mTLS for the agent link).",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Log level."
+    )
+
+    @field_validator("admin_token", mode="before")
+    @classmethod
+    def _token_from_env(cls, value: Any) -> Any:
+        return value or os.environ.get("EDGEPLEX_ADMIN_TOKEN") or None
+
+    def latency_pairs(self) -> dict[tuple[str, str], float]:
+        pairs = {}
+        for key, ms in self.region_latency_ms.items():
+            a, _, b = key.partition(",")
+            if not b:
+                raise ValueError(f"region_latency_ms key {key!r}: use 'region_a,region_b'")
+            pairs[(a.strip(), b.strip())] = float(ms)
+        return pairs
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):  # type: ignore[override]
+        sources = [init_settings, env_settings]
+        if _config_file.get() is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=_config_file.get()))
+        return tuple(sources)
+
+
+_config_file: ContextVar[Path | None] = ContextVar("edgeplex_cp_config_file", default=None)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> ControlPlaneSettings:
+    """Settings from flags (`overrides`; None means not given), env and the YAML file."""
+    if config_file is not None and not config_file.is_file():
+        raise FileNotFoundError(f"config file not found: {config_file.name}")
+    token = _config_file.set(config_file)
+    try:
+        return ControlPlaneSettings(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        _config_file.reset(token)

@@ -1,0 +1,41 @@
+"""Demand: the region x model matrix placement optimises, from agents' load reports.
+
+Pure functions. Each report carries, per model, the request rate by origin
+region over the agent's last interval; the fleet's current demand is the sum
+over live sites, and the matrix placement reads is its exponentially weighted
+moving average, so one noisy interval does not move models around.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from edgeplex.proto import edgeplex_control_pb2 as pb
+
+Demand = dict[tuple[str, str], float]  # (origin region, model) -> requests/s
+
+
+def current_demand(reports: Iterable[pb.LoadReport]) -> Demand:
+    out: Demand = {}
+    for report in reports:
+        for model in report.models:
+            for region, rate in model.rate_by_region.items():
+                if rate > 0:
+                    key = (region, model.name)
+                    out[key] = out.get(key, 0.0) + rate
+    return out
+
+
+def ewma(previous: Demand, now: Demand, dt_s: float, half_life_s: float) -> Demand:
+    """Blend `now` into `previous` with weight 1 - 0.5**(dt/half_life). Entries that
+    decay below 1e-3 requests/s are dropped."""
+    if not previous:
+        return dict(now)
+    alpha = 1.0 - math.pow(0.5, max(dt_s, 0.0) / half_life_s)
+    out: Demand = {}
+    for key in previous.keys() | now.keys():
+        value = (1 - alpha) * previous.get(key, 0.0) + alpha * now.get(key, 0.0)
+        if value >= 1e-3:
+            out[key] = value
+    return out

@@ -1,0 +1,83 @@
+"""Leader election by a Redis lease: `SET edgeplex:leader <replica> NX PX <lease>`.
+
+The holder renews every lease/3 with a compare-and-extend script, so only the
+holder can extend or release it. A replica that cannot reach Redis stops
+considering itself leader at once (it cannot know whether its lease still
+holds); a standby takes over at most one lease period after the leader dies.
+
+Owned by one task (`run`); `is_leader` may be read from any task on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+log = logging.getLogger("edgeplex.control_plane.leader")
+
+KEY = "edgeplex:leader"
+
+_EXTEND = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+class LeaderLease:
+    def __init__(self, redis: aioredis.Redis, replica_id: str, lease_s: float) -> None:
+        self._redis = redis
+        self.replica_id = replica_id
+        self._lease_ms = max(1, int(lease_s * 1000))
+        self.is_leader = False
+        self.changed = asyncio.Event()  # set on every change of is_leader
+
+    async def run(self) -> None:
+        while True:
+            try:
+                held = await self._try_acquire()
+            except RedisError as exc:
+                if self.is_leader:
+                    log.warning("lost Redis (%s): stepping down", exc)
+                held = False
+            if held != self.is_leader:
+                self.is_leader = held
+                self.changed.set()
+                log.info("%s is %s", self.replica_id, "the leader" if held else "a standby")
+            await asyncio.sleep(self._lease_ms / 3000)
+
+    async def _try_acquire(self) -> bool:
+        if self.is_leader:
+            return bool(await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms))
+        won = await self._redis.set(KEY, self.replica_id, nx=True, px=self._lease_ms)
+        if won:
+            return True
+        holder = await self._redis.get(KEY)
+        if (
+            holder is not None
+            and (holder.decode() if isinstance(holder, bytes) else holder) == self.replica_id
+        ):
+            # Our own lease from before a Redis blip: extend it.
+            return bool(await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms))
+        return False
+
+    async def holder(self) -> str:
+        raw = await self._redis.get(KEY)
+        return (raw.decode() if isinstance(raw, bytes) else raw) if raw else ""
+
+    async def release(self) -> None:
+        with contextlib.suppress(RedisError):
+            await self._redis.eval(_RELEASE, 1, KEY, self.replica_id)
+        self.is_leader = False

@@ -1,0 +1,342 @@
+"""Placement: which models each site keeps `loaded` and `staged`. A pure function.
+
+`place(PlacementInput) -> PlacementResult` reads nothing but its argument and
+returns the same result for the same input, so the leader's placement loop,
+the benchmarks and the tests run it unchanged (docs/control-plane.md,
+"Placement").
+
+The objective, in requests per second (the exact MIP in bench/ maximises the
+same expression):
+
+    sum over (region r, model m) of  2**priority(m) * demand(r, m) * w(r, m)
+    - churn_cost * (GiB of models newly loaded at a site)
+
+where w(r, m) is the weight of the best site holding m for requests from r:
+1 in r itself, 1 - latency(r, R) / slo(m) in a region R whose latency is
+under the SLO, 0 otherwise. So demand is served in-region where it can be,
+from the nearest region where it cannot, and a placement that gains less than
+the cost of moving bytes keeps what it has (hysteresis).
+
+Constraints: a site's loaded models fit its device budget; models are placed
+only at sites that are up, not cordoned (except what they already hold) and
+not draining, in allowed regions; pinned models go to every such site;
+`min_replicas` sites hold each model where capacity allows.
+
+The algorithm is lazy greedy on gain per byte: the objective is submodular in
+the set of (model, region) choices, so a gain computed earlier is an upper
+bound and only the top of the heap is re-evaluated. Within a region sites are
+equivalent for the objective; a model goes to the site that already holds it,
+else to the site with the most free bytes (which spreads load).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    site_id: str
+    region: str
+    device_bytes: int
+    host_bytes: int = 0  # 0: no staged tier budget known; staged lists stay short
+    up: bool = True
+    cordoned: bool = False
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    size_bytes: int
+    slo_ms: float = 100.0
+    min_replicas: int = 0
+    regions: frozenset[str] = frozenset()  # empty: any region
+    priority: int = 0
+    pin: bool = False
+
+
+@dataclass(frozen=True)
+class PlacementInput:
+    sites: tuple[SiteInfo, ...]
+    models: tuple[ModelSpec, ...]
+    demand: dict[tuple[str, str], float]  # (origin region, model) -> requests/s
+    latency_ms: dict[tuple[str, str], float]  # (region, region) -> one-way ms; absent: unreachable
+    current: dict[str, frozenset[str]] = field(default_factory=dict)  # site -> loaded models
+    churn_cost: float = 1.0  # objective units (req/s) per GiB newly loaded
+
+
+@dataclass
+class PlacementResult:
+    loaded: dict[str, list[str]]
+    staged: dict[str, list[str]]
+    objective: float
+    served_fraction: float  # share of demand with a site within its SLO
+
+
+def latency(inp: PlacementInput, a: str, b: str) -> float:
+    if a == b:
+        return 0.0
+    found = inp.latency_ms.get((a, b), inp.latency_ms.get((b, a)))
+    return math.inf if found is None else found
+
+
+class _Problem:
+    """Dense arrays of one input: regions x regions x models weights, demand."""
+
+    def __init__(self, inp: PlacementInput) -> None:
+        self.inp = inp
+        site_regions = {s.region for s in inp.sites}
+        demand_regions = {r for r, _ in inp.demand}
+        self.regions = sorted(site_regions | demand_regions)
+        self.region_ix = {r: i for i, r in enumerate(self.regions)}
+        self.models = list(inp.models)
+        self.model_ix = {m.name: i for i, m in enumerate(self.models)}
+        n_r, n_m = len(self.regions), len(self.models)
+        self.size = np.array([max(1, m.size_bytes) for m in self.models], dtype=np.float64)
+        value = np.array([2.0**m.priority for m in self.models])
+        self.demand = np.zeros((n_r, n_m))
+        for (region, model), rate in inp.demand.items():
+            j = self.model_ix.get(model)
+            if j is not None and rate > 0:
+                self.demand[self.region_ix[region], j] += rate
+        self.value = self.demand * value  # D' = value-weighted demand
+        lat = np.array([[latency(inp, a, b) for b in self.regions] for a in self.regions])
+        slo = np.array([max(m.slo_ms, 1e-9) for m in self.models])
+        # w[r, R, m]: weight of serving origin r from region R for model m.
+        w = 1.0 - lat[:, :, None] / slo[None, None, :]
+        w[~np.isfinite(w)] = 0.0
+        w = np.clip(w, 0.0, 1.0)
+        idx = np.arange(n_r)
+        w[idx, idx, :] = 1.0
+        allowed = np.ones((n_r, n_m), dtype=bool)  # [R, m]: may m be placed in R
+        for j, m in enumerate(self.models):
+            if m.regions:
+                allowed[:, j] = [r in m.regions for r in self.regions]
+        self.w = w
+        self.allowed = allowed
+        # Model-major copies for the per-model updates of the greedy loop.
+        self.w_m = np.ascontiguousarray(w.transpose(2, 0, 1))  # [m, r, R]
+        self.value_m = np.ascontiguousarray(self.value.T)  # [m, r]
+
+
+def place(inp: PlacementInput) -> PlacementResult:
+    p = _Problem(inp)
+    n_r, n_m = len(p.regions), len(p.models)
+    sites = list(inp.sites)
+    free = [float(s.device_bytes) for s in sites]
+    loaded: list[list[int]] = [[] for _ in sites]
+    holds: list[set[int]] = [set() for _ in sites]
+    current = [
+        {p.model_ix[n] for n in inp.current.get(s.site_id, ()) if n in p.model_ix} for s in sites
+    ]
+    # (model, region) -> sites of that region that hold the model now
+    holders: dict[tuple[int, int], list[int]] = {}
+    for i, cur in enumerate(current):
+        for j in cur:
+            holders.setdefault((j, p.region_ix[sites[i].region]), []).append(i)
+    best = np.zeros((n_m, n_r))  # [m, r]: best weight serving (r, m) so far
+    gains = np.einsum("rm,rRm->mR", p.value, p.w)  # [m, R]: value of adding m in R now
+    gain_rows = gains.tolist()
+    stale_gains = [False] * n_m  # gains[j] needs recomputing after a placement of j
+    sizes = p.size.tolist()
+    site_region = [p.region_ix[s.region] for s in sites]
+    placed_regions: list[set[int]] = [set() for _ in range(n_m)]
+    by_region: list[list[int]] = [[] for _ in range(n_r)]
+    for i, s in enumerate(sites):
+        if s.up and not s.draining:
+            by_region[p.region_ix[s.region]].append(i)
+    room_heaps: list[list[tuple[float, int]]] = [
+        [(-free[i], i) for i in members] for members in by_region
+    ]
+    for heap in room_heaps:
+        heapq.heapify(heap)
+
+    def may_hold(i: int, j: int) -> bool:
+        s = sites[i]
+        if not s.up or s.draining or not p.allowed[p.region_ix[s.region], j]:
+            return False
+        return not s.cordoned or j in current[i]
+
+    def put(i: int, j: int) -> None:
+        free[i] -= sizes[j]
+        loaded[i].append(j)
+        holds[i].add(j)
+        r = site_region[i]
+        placed_regions[j].add(r)
+        best_j = best[j]
+        np.maximum(best_j, p.w_m[j][:, r], out=best_j)
+        stale_gains[j] = True
+        heapq.heappush(room_heaps[r], (-free[i], i))
+
+    def gain(j: int, r: int) -> float:
+        if stale_gains[j]:
+            row = p.value_m[j] @ np.maximum(p.w_m[j] - best[j][:, None], 0.0)
+            gain_rows[j] = row.tolist()
+            stale_gains[j] = False
+        return gain_rows[j][r]
+
+    def site_in_region(r: int, j: int) -> int | None:
+        """Where m goes in region r: a site already holding it, else the roomiest."""
+        for i in holders.get((j, r), ()):
+            if j not in holds[i] and free[i] >= p.size[j] and may_hold(i, j):
+                return i
+        heap = room_heaps[r]
+        skipped = []
+        chosen = None
+        while heap:
+            neg_free, i = heap[0]
+            if -neg_free != free[i]:  # stale entry
+                heapq.heappop(heap)
+                continue
+            if -neg_free < p.size[j]:
+                break
+            if j in holds[i] or not may_hold(i, j):
+                skipped.append(heapq.heappop(heap))
+                continue
+            chosen = i
+            break
+        for item in skipped:
+            heapq.heappush(heap, item)
+        return chosen
+
+    # 1. Pinned models: every site that may hold them.
+    for j, m in enumerate(p.models):
+        if m.pin:
+            for i in range(len(sites)):
+                if may_hold(i, j) and free[i] >= p.size[j]:
+                    put(i, j)
+
+    # 2. Minimum replicas: where they are already, then where demand is.
+    for j, m in enumerate(p.models):
+        if m.min_replicas <= 0:
+            continue
+        need = m.min_replicas - sum(j in h for h in holds)
+        order = sorted(
+            range(len(sites)),
+            key=lambda i: (
+                j not in current[i],
+                -p.demand[p.region_ix[sites[i].region], j],
+                -free[i],
+                sites[i].site_id,
+            ),
+        )
+        for i in order:
+            if need <= 0:
+                break
+            if j not in holds[i] and may_hold(i, j) and free[i] >= p.size[j]:
+                put(i, j)
+                need -= 1
+
+    # 3. Greedy over (model, region) on gain per byte, lazily re-evaluated: gains only
+    # fall as models are placed (submodular), so a candidate whose fresh score still
+    # beats the next candidate's (possibly stale, hence optimistic) score is the best.
+    churn_per_byte = inp.churn_cost / GiB
+
+    def score(j: int, r: int) -> float:
+        keeps = (j, r) in holders and any(j not in holds[i] for i in holders[(j, r)])
+        penalty = 0.0 if keeps else churn_per_byte * sizes[j]
+        return (gain(j, r) - penalty) / sizes[j]
+
+    penalty = np.broadcast_to(churn_per_byte * p.size, (n_r, n_m)).copy()
+    for j, r in holders:
+        penalty[r, j] = 0.0
+    first = (gains.T - penalty) / p.size
+    ok = p.allowed & (gains.T > 0) & (first > 0)
+    ok[[r for r in range(n_r) if not by_region[r]], :] = False
+    rs, js = np.nonzero(ok)
+    by_score = np.argsort(-first[rs, js], kind="stable")
+    ranked = list(
+        zip(
+            (-first[rs, js][by_score]).tolist(),
+            js[by_score].tolist(),
+            rs[by_score].tolist(),
+            strict=True,
+        )
+    )
+    requeued: list[tuple[float, int, int]] = []
+    k = 0
+    while k < len(ranked) or requeued:
+        if requeued and (k >= len(ranked) or requeued[0] <= ranked[k]):
+            _, j, r = heapq.heappop(requeued)
+        else:
+            _, j, r = ranked[k]
+            k += 1
+        if r in placed_regions[j]:
+            continue
+        room = room_heaps[r]
+        if not room or -room[0][0] < sizes[j]:  # an upper bound: stale entries only overstate
+            continue
+        fresh = score(j, r)
+        if fresh <= 0:
+            continue
+        nxt = min(ranked[k][0] if k < len(ranked) else 0.0, requeued[0][0] if requeued else 0.0)
+        if fresh < -nxt - 1e-15:
+            heapq.heappush(requeued, (-fresh, j, r))
+            continue
+        target = site_in_region(r, j)
+        if target is not None:
+            put(target, j)
+
+    # 4. Staged: per site, the best remaining models for its region, within host RAM.
+    staged = _staged(p, sites, holds)
+
+    objective = float((p.value_m * best).sum())
+    for i in range(len(sites)):
+        objective -= churn_per_byte * sum(sizes[j] for j in loaded[i] if j not in current[i])
+    total = p.demand.sum()
+    served = float((p.demand.T * (best > 0)).sum() / total) if total > 0 else 1.0
+    return PlacementResult(
+        loaded={
+            s.site_id: sorted(p.models[j].name for j in loaded[i]) for i, s in enumerate(sites)
+        },
+        staged=staged,
+        objective=objective,
+        served_fraction=served,
+    )
+
+
+def _staged(p: _Problem, sites: list[SiteInfo], holds: list[set[int]]) -> dict[str, list[str]]:
+    """Models a site should keep pre-optimized in host RAM: the next best for its
+    region that it does not load, so a shift in demand promotes from RAM."""
+    staged: dict[str, list[str]] = {}
+    order_by_region: dict[int, np.ndarray] = {}
+    names = np.array([m.name for m in p.models], dtype=object)
+    for i, s in enumerate(sites):
+        staged[s.site_id] = []
+        if not s.up or s.draining or s.cordoned:
+            continue
+        r = p.region_ix[s.region]
+        if r not in order_by_region:
+            density = np.einsum("rm,rm->m", p.value, p.w[:, r, :]) / p.size
+            order = np.argsort(-density, kind="stable")
+            order = order[p.allowed[r, order] & (density[order] > 0)]
+            order_by_region[r] = order[:4096]
+        budget = float(s.host_bytes) if s.host_bytes else 2.0 * s.device_bytes
+        order = order_by_region[r][: len(holds[i]) + 512]
+        order = order[~np.isin(order, list(holds[i]))]
+        take = order[np.cumsum(p.size[order]) <= budget]
+        staged[s.site_id] = sorted(names[take].tolist())
+    return staged
+
+
+def evaluate(inp: PlacementInput, loaded: dict[str, list[str]] | dict[str, set[str]]) -> float:
+    """The objective of any placement (for benchmarks and tests): same formula as place()."""
+    p = _Problem(inp)
+    best = np.zeros_like(p.demand)
+    churn = 0.0
+    for s in inp.sites:
+        r = p.region_ix[s.region]
+        cur = inp.current.get(s.site_id, frozenset())
+        for name in loaded.get(s.site_id, ()):
+            j = p.model_ix[name]
+            np.maximum(best[:, j], p.w[:, r, j], out=best[:, j])
+            if name not in cur:
+                churn += inp.churn_cost * p.size[j] / GiB
+    return float((p.value * best).sum()) - churn

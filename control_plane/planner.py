@@ -1,0 +1,270 @@
+"""The placement loop: on the leader, turn Redis state into placement, desired
+state and routes, and publish them.
+
+One task (`run`) owns the loop; it wakes every `placement_interval_s`, every
+second to check site leases, and at once when `poke()` is called (a catalog
+change, a registration) or a pub/sub event arrives from another replica.
+Standbys run the loop too but do nothing until they hold the lease.
+
+A round reads everything from Redis, so a new leader (or a restarted one)
+picks up exactly where the last one stopped: the current placement is the
+`current` input of the next, which is what keeps placement from flapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from redis.exceptions import RedisError
+
+from edgeplex.control_plane.config import ControlPlaneSettings
+from edgeplex.control_plane.demand import current_demand, ewma
+from edgeplex.control_plane.leader import LeaderLease
+from edgeplex.control_plane.metrics import METRICS
+from edgeplex.control_plane.placement import (
+    ModelSpec,
+    PlacementInput,
+    PlacementResult,
+    SiteInfo,
+    latency,
+    place,
+)
+from edgeplex.control_plane.publisher import Publisher
+from edgeplex.control_plane.store import EVENTS, Store
+from edgeplex.fleet import desired_topic, routes_topic
+from edgeplex.proto import edgeplex_control_pb2 as pb
+
+log = logging.getLogger("edgeplex.control_plane.planner")
+
+UNLIMITED = 1 << 60
+
+
+class Planner:
+    def __init__(
+        self, settings: ControlPlaneSettings, store: Store, publisher: Publisher, lease: LeaderLease
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._publisher = publisher
+        self._lease = lease
+        self._wake = asyncio.Event()
+        self._routes_sent: dict[str, bytes] = {}  # region -> unversioned routes last published
+        self.rounds = 0
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        listener = asyncio.create_task(self._listen())
+        last_round = 0.0
+        was_leader = False
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                poked = self._wake.is_set()
+                self._wake.clear()
+                if not self._lease.is_leader:
+                    if was_leader:
+                        self._publisher.forget()
+                    was_leader = False
+                    self._routes_sent.clear()
+                    continue
+                due = time.monotonic() - last_round >= self._settings.placement_interval_s
+                try:
+                    changed = await self._check_leases()
+                    if poked or due or changed or not was_leader:
+                        was_leader = True
+                        await self.round()
+                        last_round = time.monotonic()
+                except RedisError as exc:
+                    log.warning("placement round skipped: Redis unavailable (%s)", exc)
+                    await asyncio.sleep(0.5)
+        finally:
+            listener.cancel()
+
+    async def _listen(self) -> None:
+        """Events published by other replicas (catalog changes made through them)."""
+        while True:
+            try:
+                pubsub = self._store.redis.pubsub()
+                await pubsub.subscribe(EVENTS)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        self.poke()
+            except RedisError:
+                await asyncio.sleep(1.0)
+
+    async def _check_leases(self) -> bool:
+        """Mark sites up or down from their last report; True when any changed."""
+        now = time.time()
+        seen = await self._store.seen()
+        sites = await self._store.sites()
+        changed = False
+        for site in sites:
+            up = now - seen.get(site.site_id, 0.0) <= self._settings.site_lease_s
+            if site.up != up:
+                log.warning("site %s is %s", site.site_id, "up" if up else "down (lease lapsed)")
+                site.up = up
+                await self._store.put_site(site)
+                changed = True
+        return changed
+
+    async def build_input(
+        self, update_demand: bool = True
+    ) -> tuple[PlacementInput, list[pb.Site], list[pb.CatalogModel]]:
+        """Placement input from Redis; on the leader, also advances the demand EWMA."""
+        now = time.time()
+        settings = self._settings
+        catalog = [m for m in await self._store.models() if m.state == "READY"]
+        sites = await self._store.sites()
+        seen = await self._store.seen()
+        reports = await self._store.reports()
+        live = [
+            r for sid, r in reports.items() if now - seen.get(sid, 0.0) <= settings.site_lease_s
+        ]
+        previous, at = await self._store.demand()
+        demand = ewma(previous, current_demand(live), now - at, settings.demand_half_life_s)
+        if update_demand and self._lease.is_leader:
+            await self._store.put_demand(demand, now)
+        measured: dict[str, int] = {}
+        for report in live:
+            for m in report.models:
+                measured[m.name] = max(measured.get(m.name, 0), m.memory_bytes)
+        current_placement = await self._store.placement()
+        current = {
+            sp.site_id: frozenset(sp.loaded) for sp in (current_placement or pb.Placement()).sites
+        }
+        inp = PlacementInput(
+            sites=tuple(
+                SiteInfo(
+                    site_id=s.site_id,
+                    region=s.region,
+                    device_bytes=s.budgets.device_bytes or UNLIMITED,
+                    host_bytes=s.budgets.host_bytes,
+                    up=s.up,
+                    cordoned=s.cordoned,
+                    draining=s.draining,
+                )
+                for s in sites
+            ),
+            models=tuple(
+                ModelSpec(
+                    name=m.name,
+                    size_bytes=measured.get(m.name) or m.device_bytes or m.size_bytes,
+                    slo_ms=m.slo_ms or 100.0,
+                    min_replicas=m.min_replicas,
+                    regions=frozenset(m.regions),
+                    priority=m.priority,
+                    pin=m.pin,
+                )
+                for m in catalog
+            ),
+            demand=demand,
+            latency_ms=settings.latency_pairs(),
+            current=current,
+            churn_cost=settings.churn_cost,
+        )
+        return inp, sites, catalog
+
+    async def round(self) -> pb.Placement:
+        started = time.perf_counter()
+        inp, sites, catalog = await self.build_input()
+        result = await asyncio.to_thread(place, inp)
+        version = await self._store.next_version()
+        placement = pb.Placement(
+            version=version,
+            computed_at=time.time(),
+            objective=result.objective,
+            served_fraction=result.served_fraction,
+            leader=self._lease.replica_id,
+            sites=[
+                pb.SitePlacement(
+                    site_id=s.site_id,
+                    loaded=result.loaded[s.site_id],
+                    staged=result.staged[s.site_id],
+                )
+                for s in sites
+            ],
+        )
+        await self._store.put_placement(placement)
+        await self._publish(version, inp, result, sites, catalog)
+        self.rounds += 1
+        METRICS.placement_seconds.observe(time.perf_counter() - started)
+        METRICS.placement_version.set(version)
+        return placement
+
+    async def _publish(
+        self,
+        version: int,
+        inp: PlacementInput,
+        result: PlacementResult,
+        sites: list[pb.Site],
+        catalog: list[pb.CatalogModel],
+    ) -> None:
+        by_name = {m.name: m for m in catalog}
+        published = await self._store.desired()
+        now = time.time()
+        for site in sites:
+            models = [
+                _desired_model(by_name[name], "loaded") for name in result.loaded[site.site_id]
+            ] + [_desired_model(by_name[name], "staged") for name in result.staged[site.site_id]]
+            previous = published.get(site.site_id)
+            if previous is not None and list(previous.models) == models:
+                desired = previous  # unchanged: keep its version, agents have applied it
+            else:
+                desired = pb.DesiredState(
+                    version=version, site_id=site.site_id, issued_at=now, models=models
+                )
+                await self._store.put_desired(desired)
+            self._publisher.publish(desired_topic(site.site_id), desired.SerializeToString())
+        for region in sorted({s.region for s in sites}):
+            routes = pb.Routes(version=version, region=region, issued_at=now)
+            for model in sorted(by_name):
+                holders = [s for s in sites if s.up and model in result.loaded.get(s.site_id, ())]
+                holders.sort(key=lambda s: (latency(inp, region, s.region), s.site_id))
+                if holders:
+                    routes.routes.append(
+                        pb.Route(
+                            model=model,
+                            targets=[
+                                pb.RouteTarget(
+                                    site_id=s.site_id,
+                                    address=s.address,
+                                    http_address=s.http_address,
+                                    region=s.region,
+                                    latency_ms=min(latency(inp, region, s.region), 1e9),
+                                )
+                                for s in holders
+                            ],
+                        )
+                    )
+            stable = _unversioned(routes)
+            if self._routes_sent.get(region) != stable:  # re-send only what changed
+                self._routes_sent[region] = stable
+                self._publisher.publish(routes_topic(region), routes.SerializeToString())
+
+
+def _desired_model(m: pb.CatalogModel, tier: str) -> pb.DesiredModel:
+    return pb.DesiredModel(
+        name=m.name,
+        version=m.version,
+        artifact_uri=m.artifact_uri,
+        sha256=m.sha256,
+        size_bytes=m.size_bytes,
+        tier=tier,
+        pin=m.pin,
+        priority=m.priority,
+    )
+
+
+def _unversioned(routes: pb.Routes) -> bytes:
+    """Routes without version and time: what decides whether the table changed."""
+    stable = pb.Routes()
+    stable.CopyFrom(routes)
+    stable.version = 0
+    stable.issued_at = 0
+    return stable.SerializeToString()

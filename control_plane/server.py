@@ -1,0 +1,165 @@
+"""Process entry of `edgeplex control-plane`: wiring, startup and shutdown.
+
+Tasks, each owning one thing: the leader lease, the placement loop (acts only
+on the leader), the report sink (writes reports behind), the MQTT publisher.
+gRPC serves AgentService and AdminService on one port; /metrics and /healthz
+are on the optional HTTP port. Nothing is kept only in memory that a restart
+would miss: a restarted replica reads everything back from Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import tempfile
+from pathlib import Path
+
+import grpc
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from edgeplex.artifacts import ArtifactCache
+from edgeplex.control_plane.api_admin import AdminServicer, TokenAuth
+from edgeplex.control_plane.api_agent import AgentServicer, ReportSink
+from edgeplex.control_plane.config import ControlPlaneSettings
+from edgeplex.control_plane.leader import LeaderLease
+from edgeplex.control_plane.metrics import METRICS
+from edgeplex.control_plane.planner import Planner
+from edgeplex.control_plane.publisher import Publisher
+from edgeplex.control_plane.store import Store
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+
+log = logging.getLogger("edgeplex.control_plane")
+
+
+def server_credentials(settings: ControlPlaneSettings) -> grpc.ServerCredentials | None:
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    ca = settings.tls_client_ca.read_bytes() if settings.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
+async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = None) -> None:
+    if not settings.admin_token:
+        raise RuntimeError("an admin token is required: set EDGEPLEX_ADMIN_TOKEN (or admin_token)")
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    artifact_dir = settings.artifact_dir or Path(tempfile.mkdtemp(prefix="edgeplex-cp-artifacts-"))
+    store = Store(settings.redis_url)
+    lease = LeaderLease(store.redis, settings.replica_id, settings.leader_lease_s)
+    publisher = Publisher(settings.mqtt_url, f"edgeplex-cp-{settings.replica_id}")
+    planner = Planner(settings, store, publisher, lease)
+    sink = ReportSink(store)
+    admin = AdminServicer(
+        store, planner, ArtifactCache(artifact_dir, settings.max_artifact_bytes), planner.poke
+    )
+
+    server = grpc.aio.server(
+        interceptors=[TokenAuth(settings.admin_token)],
+        options=[("grpc.so_reuseport", 0)],
+    )
+    pb_grpc.add_AgentServiceServicer_to_server(
+        AgentServicer(settings, store, sink, planner.poke), server
+    )
+    pb_grpc.add_AdminServiceServicer_to_server(admin, server)
+    address = f"{settings.grpc_host}:{settings.grpc_port}"
+    credentials = server_credentials(settings)
+    port = (
+        server.add_secure_port(address, credentials)
+        if credentials
+        else server.add_insecure_port(address)
+    )
+    if port == 0:
+        raise OSError(f"cannot listen on {address} (in use?)")
+    await server.start()
+
+    http_runner = None
+    if settings.http_port is not None:
+        http_runner = await _start_http(settings, store, lease)
+
+    async def follow_leadership() -> None:
+        while True:
+            await lease.changed.wait()
+            lease.changed.clear()
+            METRICS.leader.set(1 if lease.is_leader else 0)
+            if lease.is_leader:
+                with contextlib.suppress(Exception):
+                    await admin.verify_pending()
+                planner.poke()
+
+    tasks = [
+        asyncio.create_task(lease.run()),
+        asyncio.create_task(planner.run()),
+        asyncio.create_task(sink.run()),
+        asyncio.create_task(publisher.run()),
+        asyncio.create_task(follow_leadership()),
+    ]
+    log.info(
+        "control plane %s serving gRPC on %s:%d%s",
+        settings.replica_id,
+        settings.grpc_host,
+        port,
+        " (TLS)" if credentials else "",
+    )
+    print(f"edgeplex control-plane listening grpc={port}", flush=True)
+    await stop.wait()
+
+    log.info("shutting down")
+    await server.stop(grace=2.0)
+    with contextlib.suppress(Exception):
+        await sink.flush()
+    await lease.release()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if http_runner is not None:
+        await http_runner.cleanup()
+    await store.close()
+    log.info("stopped")
+
+
+async def _start_http(
+    settings: ControlPlaneSettings, store: Store, lease: LeaderLease
+) -> web.AppRunner:
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(METRICS.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def healthz(request: web.Request) -> web.Response:
+        try:
+            await store.ping()
+        except Exception:
+            return web.json_response({"redis": False, "leader": lease.is_leader}, status=503)
+        return web.json_response({"redis": True, "leader": lease.is_leader})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.http_host, settings.http_port).start()
+    return runner
+
+
+def run_control_plane(settings: ControlPlaneSettings) -> int:
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        pass
+    except (OSError, RuntimeError, ValueError) as exc:
+        log.error("edgeplex control-plane cannot start: %s", exc)
+        return 1
+    return 0

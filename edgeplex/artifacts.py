@@ -1,0 +1,214 @@
+"""Model artifacts: fetch by URI, verify by sha256, keep in a content-addressed cache.
+
+Used by the control plane (to verify a catalog entry before placing it) and by
+agents (to install what their desired state names). The guarantees:
+
+- Only `file://`, `http://` and `https://` URIs.
+- Bytes go to a temporary file inside the cache, are hashed as they arrive,
+  and are renamed to `sha256/<hex>` only when the hash matches. A partial,
+  truncated or corrupt download is never visible under its hash.
+- Downloads stop at `max_bytes`.
+- A cached file is hashed again before each use, so a bit flip on disk is a
+  mismatch, not a bad model.
+- Archives (`.tar`, `.tar.gz`, `.tgz`) unpack to `unpacked/<hex>/`; a member
+  that is a link, a device, an absolute path or climbs out with `..` fails
+  the whole artifact, so no path inside an artifact escapes the cache.
+
+Blocking I/O: call from a thread (`asyncio.to_thread`), never on an event loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.parse
+import urllib.request
+from pathlib import Path, PurePosixPath
+
+HEX = re.compile(r"^[0-9a-f]{64}$")
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+CHUNK = 1 << 20
+
+
+class ArtifactError(Exception):
+    """A bad artifact: the message says what is wrong and never names a local path."""
+
+
+def check_sha256(value: str) -> str:
+    value = value.strip().lower()
+    if not HEX.match(value):
+        raise ArtifactError("sha256 must be 64 hex digits")
+    return value
+
+
+def check_uri(uri: str) -> str:
+    scheme = urllib.parse.urlparse(uri).scheme
+    if scheme not in ("file", "http", "https"):
+        raise ArtifactError(f"unsupported artifact URI scheme {scheme!r} (use file, http, https)")
+    return uri
+
+
+def is_archive(uri: str) -> bool:
+    return urllib.parse.urlparse(uri).path.endswith(ARCHIVE_SUFFIXES)
+
+
+class ArtifactCache:
+    def __init__(self, root: Path, max_bytes: int, timeout_s: float = 60.0) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        for sub in ("sha256", "unpacked", "tmp"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+
+    def fetch(self, uri: str, sha256: str) -> Path:
+        """The verified artifact: a file (a single model) or a directory (an unpacked
+        archive). Raises ArtifactError naming what is wrong."""
+        sha256 = check_sha256(sha256)
+        check_uri(uri)
+        blob = self.root / "sha256" / sha256
+        if not (blob.is_file() and _hash_file(blob) == sha256):
+            blob.unlink(missing_ok=True)
+            self._download(uri, sha256, blob)
+        if not is_archive(uri):
+            return blob
+        unpacked = self.root / "unpacked" / sha256
+        if not unpacked.is_dir():
+            staging = Path(tempfile.mkdtemp(dir=self.root / "tmp"))
+            try:
+                safe_extract(blob, staging, self.max_bytes)
+                os.replace(staging, unpacked)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        return unpacked
+
+    def _download(self, uri: str, sha256: str, dest: Path) -> None:
+        digest = hashlib.sha256()
+        size = 0
+        fd, tmp_name = tempfile.mkstemp(dir=self.root / "tmp")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out, self._open(uri) as src:
+                while chunk := src.read(CHUNK):
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise ArtifactError(
+                            f"artifact is larger than the cap of {self.max_bytes} bytes"
+                        )
+                    digest.update(chunk)
+                    out.write(chunk)
+            got = digest.hexdigest()
+            if got != sha256:
+                raise ArtifactError(
+                    f"sha256 mismatch: expected {sha256}, got {got} ({size} bytes read)"
+                )
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _open(self, uri: str):  # type: ignore[no-untyped-def]
+        parsed = urllib.parse.urlparse(uri)
+        if parsed.scheme == "file":
+            path = Path(urllib.parse.unquote(parsed.path))
+            try:
+                return path.open("rb")
+            except OSError as exc:
+                raise ArtifactError(f"cannot read artifact: {exc.strerror}") from None
+        try:
+            response = urllib.request.urlopen(uri, timeout=self.timeout_s)
+        except OSError as exc:
+            raise ArtifactError(f"cannot download artifact: {exc}") from None
+        length = response.headers.get("Content-Length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            response.close()
+            raise ArtifactError(f"artifact is larger than the cap of {self.max_bytes} bytes")
+        return response
+
+
+def safe_extract(archive: Path, dest: Path, max_bytes: int) -> None:
+    """Unpack a tar archive into `dest`, refusing anything that could leave it."""
+    total = 0
+    try:
+        with tarfile.open(archive) as tar:
+            members = tar.getmembers()
+            for member in members:
+                name = PurePosixPath(member.name)
+                if name.is_absolute() or ".." in name.parts:
+                    raise ArtifactError(f"archive member {member.name!r} escapes the artifact")
+                if not (member.isfile() or member.isdir()):
+                    raise ArtifactError(f"archive member {member.name!r} is not a plain file")
+                total += member.size
+                if total > max_bytes:
+                    raise ArtifactError(f"archive unpacks to more than {max_bytes} bytes")
+            tar.extractall(dest, members=members, filter="data")
+    except tarfile.TarError as exc:
+        raise ArtifactError(f"not a valid tar archive: {exc}") from None
+
+
+def model_file(artifact: Path) -> Path:
+    """The ONNX file of a fetched artifact (a file, or model.onnx in an archive)."""
+    if artifact.is_file():
+        return artifact
+    candidate = artifact / "model.onnx"
+    if not candidate.is_file():
+        raise ArtifactError("archive has no model.onnx at its top level")
+    return candidate
+
+
+def probe_onnx(path: Path, timeout_s: float = 120.0) -> dict[str, int]:
+    """Open the model with ONNX Runtime in a child process (a malformed file cannot
+    crash the caller) and return {"inputs": n, "outputs": n}. Raises ArtifactError."""
+    code = "from edgeplex.artifacts import _probe_main; _probe_main()"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise ArtifactError("ONNX Runtime did not open the model in time") from None
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+        reason = lines[-1] if lines else f"exit status {done.returncode}"
+        raise ArtifactError(f"not a loadable ONNX model: {_scrub(reason, path)}")
+    result: dict[str, int] = json.loads(done.stdout)
+    return result
+
+
+def _probe_main() -> None:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        print(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps({"inputs": len(session.get_inputs()), "outputs": len(session.get_outputs())}))
+
+
+def _scrub(text: str, path: Path) -> str:
+    return text.replace(str(path), "<artifact>").replace(str(path.parent), "<cache>")
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_of(path: Path) -> str:
+    """sha256 of a local file (for `edgeplex admin model add` helpers and tests)."""
+    return _hash_file(path)

@@ -1,0 +1,73 @@
+"""What the agent and the control plane share on the wire besides proto/: MQTT
+topics and URLs, and the jittered backoff both use to reconnect."""
+
+from __future__ import annotations
+
+import random
+import ssl
+import urllib.parse
+from dataclasses import dataclass
+
+TOPIC_ROOT = "edgeplex/v1"
+
+
+def desired_topic(site_id: str) -> str:
+    return f"{TOPIC_ROOT}/sites/{site_id}/desired"
+
+
+def presence_topic(site_id: str) -> str:
+    return f"{TOPIC_ROOT}/sites/{site_id}/presence"
+
+
+def routes_topic(region: str) -> str:
+    return f"{TOPIC_ROOT}/regions/{region}/routes"
+
+
+@dataclass(frozen=True)
+class MqttTarget:
+    host: str
+    port: int
+    username: str | None
+    password: str | None
+    tls: bool
+
+    def client_kwargs(self) -> dict[str, object]:
+        kwargs: dict[str, object] = {"hostname": self.host, "port": self.port}
+        if self.username is not None:
+            kwargs["username"] = self.username
+            kwargs["password"] = self.password
+        if self.tls:
+            kwargs["tls_context"] = ssl.create_default_context()
+        return kwargs
+
+
+def parse_mqtt_url(url: str) -> MqttTarget:
+    """mqtt://[user[:password]@]host[:port] (mqtts:// for TLS, default ports 1883/8883)."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname:
+        raise ValueError(f"not an MQTT URL: use mqtt://host:port (got scheme {parsed.scheme!r})")
+    tls = parsed.scheme == "mqtts"
+    return MqttTarget(
+        host=parsed.hostname,
+        port=parsed.port or (8883 if tls else 1883),
+        username=urllib.parse.unquote(parsed.username) if parsed.username else None,
+        password=urllib.parse.unquote(parsed.password) if parsed.password else None,
+        tls=tls,
+    )
+
+
+class Backoff:
+    """Full-jitter exponential backoff: delay() is uniform in [0, min(cap, base * 2**n)]
+    with a floor, so a fleet of agents does not reconnect in lockstep."""
+
+    def __init__(self, base_s: float = 0.2, cap_s: float = 10.0, floor_s: float = 0.05) -> None:
+        self.base_s, self.cap_s, self.floor_s = base_s, cap_s, floor_s
+        self.attempts = 0
+
+    def delay(self) -> float:
+        ceiling = min(self.cap_s, self.base_s * 2**self.attempts)
+        self.attempts += 1
+        return max(self.floor_s, random.uniform(0, ceiling))
+
+    def reset(self) -> None:
+        self.attempts = 0

@@ -1,0 +1,346 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Device(_message.Message):
+    __slots__ = ("kind", "index", "memory_bytes")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    index: int
+    memory_bytes: int
+    def __init__(self, kind: _Optional[str] = ..., index: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+
+class TierBudgets(_message.Message):
+    __slots__ = ("device_bytes", "host_bytes", "disk_bytes")
+    DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device_bytes: int
+    host_bytes: int
+    disk_bytes: int
+    def __init__(self, device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("site_id", "region", "address", "http_address", "devices", "budgets", "execution_providers", "agent_version")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    region: str
+    address: str
+    http_address: str
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    budgets: TierBudgets
+    execution_providers: _containers.RepeatedScalarFieldContainer[str]
+    agent_version: str
+    def __init__(self, site_id: _Optional[str] = ..., region: _Optional[str] = ..., address: _Optional[str] = ..., http_address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., budgets: _Optional[_Union[TierBudgets, _Mapping]] = ..., execution_providers: _Optional[_Iterable[str]] = ..., agent_version: _Optional[str] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("lease_s", "report_interval_s", "desired_topic")
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    lease_s: float
+    report_interval_s: float
+    desired_topic: str
+    def __init__(self, lease_s: _Optional[float] = ..., report_interval_s: _Optional[float] = ..., desired_topic: _Optional[str] = ...) -> None: ...
+
+class ModelLoad(_message.Message):
+    __slots__ = ("name", "version", "rate_by_region", "p50_ms", "p99_ms", "queue_depth", "tier", "memory_bytes", "state", "reason")
+    class RateByRegionEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RATE_BY_REGION_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    rate_by_region: _containers.ScalarMap[str, float]
+    p50_ms: float
+    p99_ms: float
+    queue_depth: int
+    tier: str
+    memory_bytes: int
+    state: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., rate_by_region: _Optional[_Mapping[str, float]] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., queue_depth: _Optional[int] = ..., tier: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeviceLoad(_message.Message):
+    __slots__ = ("index", "used_bytes", "budget_bytes", "utilization")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    used_bytes: int
+    budget_bytes: int
+    utilization: float
+    def __init__(self, index: _Optional[int] = ..., used_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., utilization: _Optional[float] = ...) -> None: ...
+
+class LoadReport(_message.Message):
+    __slots__ = ("site_id", "sent_at", "models", "devices", "desired_version")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    sent_at: float
+    models: _containers.RepeatedCompositeFieldContainer[ModelLoad]
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceLoad]
+    desired_version: int
+    def __init__(self, site_id: _Optional[str] = ..., sent_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelLoad, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceLoad, _Mapping]]] = ..., desired_version: _Optional[int] = ...) -> None: ...
+
+class ReportSummary(_message.Message):
+    __slots__ = ("reports",)
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: int
+    def __init__(self, reports: _Optional[int] = ...) -> None: ...
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CatalogModel(_message.Message):
+    __slots__ = ("name", "version", "artifact_uri", "sha256", "size_bytes", "slo_ms", "min_replicas", "regions", "priority", "pin", "state", "reason", "added_at", "device_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_URI_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SLO_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ADDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    artifact_uri: str
+    sha256: str
+    size_bytes: int
+    slo_ms: float
+    min_replicas: int
+    regions: _containers.RepeatedScalarFieldContainer[str]
+    priority: int
+    pin: bool
+    state: str
+    reason: str
+    added_at: float
+    device_bytes: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., slo_ms: _Optional[float] = ..., min_replicas: _Optional[int] = ..., regions: _Optional[_Iterable[str]] = ..., priority: _Optional[int] = ..., pin: _Optional[bool] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., added_at: _Optional[float] = ..., device_bytes: _Optional[int] = ...) -> None: ...
+
+class ModelName(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[CatalogModel]
+    def __init__(self, models: _Optional[_Iterable[_Union[CatalogModel, _Mapping]]] = ...) -> None: ...
+
+class SiteModelState(_message.Message):
+    __slots__ = ("site_id", "tier", "state", "reason", "rate")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    tier: str
+    state: str
+    reason: str
+    rate: float
+    def __init__(self, site_id: _Optional[str] = ..., tier: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., rate: _Optional[float] = ...) -> None: ...
+
+class ModelDetail(_message.Message):
+    __slots__ = ("model", "sites")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    model: CatalogModel
+    sites: _containers.RepeatedCompositeFieldContainer[SiteModelState]
+    def __init__(self, model: _Optional[_Union[CatalogModel, _Mapping]] = ..., sites: _Optional[_Iterable[_Union[SiteModelState, _Mapping]]] = ...) -> None: ...
+
+class Site(_message.Message):
+    __slots__ = ("site_id", "region", "address", "http_address", "budgets", "execution_providers", "up", "cordoned", "draining", "registered_at", "last_report_at", "device_used_bytes", "loaded")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_AT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    region: str
+    address: str
+    http_address: str
+    budgets: TierBudgets
+    execution_providers: _containers.RepeatedScalarFieldContainer[str]
+    up: bool
+    cordoned: bool
+    draining: bool
+    registered_at: float
+    last_report_at: float
+    device_used_bytes: int
+    loaded: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, site_id: _Optional[str] = ..., region: _Optional[str] = ..., address: _Optional[str] = ..., http_address: _Optional[str] = ..., budgets: _Optional[_Union[TierBudgets, _Mapping]] = ..., execution_providers: _Optional[_Iterable[str]] = ..., up: _Optional[bool] = ..., cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., registered_at: _Optional[float] = ..., last_report_at: _Optional[float] = ..., device_used_bytes: _Optional[int] = ..., loaded: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListSitesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSitesResponse(_message.Message):
+    __slots__ = ("sites",)
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    sites: _containers.RepeatedCompositeFieldContainer[Site]
+    def __init__(self, sites: _Optional[_Iterable[_Union[Site, _Mapping]]] = ...) -> None: ...
+
+class SiteAction(_message.Message):
+    __slots__ = ("site_id", "undo")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNDO_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    undo: bool
+    def __init__(self, site_id: _Optional[str] = ..., undo: _Optional[bool] = ...) -> None: ...
+
+class PlacementRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SitePlacement(_message.Message):
+    __slots__ = ("site_id", "loaded", "staged")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    loaded: _containers.RepeatedScalarFieldContainer[str]
+    staged: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, site_id: _Optional[str] = ..., loaded: _Optional[_Iterable[str]] = ..., staged: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("version", "computed_at", "sites", "objective", "served_fraction", "leader")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    computed_at: float
+    sites: _containers.RepeatedCompositeFieldContainer[SitePlacement]
+    objective: float
+    served_fraction: float
+    leader: str
+    def __init__(self, version: _Optional[int] = ..., computed_at: _Optional[float] = ..., sites: _Optional[_Iterable[_Union[SitePlacement, _Mapping]]] = ..., objective: _Optional[float] = ..., served_fraction: _Optional[float] = ..., leader: _Optional[str] = ...) -> None: ...
+
+class PlacementExplanation(_message.Message):
+    __slots__ = ("model", "lines")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DesiredState(_message.Message):
+    __slots__ = ("version", "site_id", "issued_at", "models")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    site_id: str
+    issued_at: float
+    models: _containers.RepeatedCompositeFieldContainer[DesiredModel]
+    def __init__(self, version: _Optional[int] = ..., site_id: _Optional[str] = ..., issued_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[DesiredModel, _Mapping]]] = ...) -> None: ...
+
+class DesiredModel(_message.Message):
+    __slots__ = ("name", "version", "artifact_uri", "sha256", "size_bytes", "tier", "pin", "priority")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_URI_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    artifact_uri: str
+    sha256: str
+    size_bytes: int
+    tier: str
+    pin: bool
+    priority: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., tier: _Optional[str] = ..., pin: _Optional[bool] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class Routes(_message.Message):
+    __slots__ = ("version", "region", "issued_at", "routes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    region: str
+    issued_at: float
+    routes: _containers.RepeatedCompositeFieldContainer[Route]
+    def __init__(self, version: _Optional[int] = ..., region: _Optional[str] = ..., issued_at: _Optional[float] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ...) -> None: ...
+
+class Route(_message.Message):
+    __slots__ = ("model", "targets")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    targets: _containers.RepeatedCompositeFieldContainer[RouteTarget]
+    def __init__(self, model: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[RouteTarget, _Mapping]]] = ...) -> None: ...
+
+class RouteTarget(_message.Message):
+    __slots__ = ("site_id", "address", "http_address", "region", "latency_ms")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    address: str
+    http_address: str
+    region: str
+    latency_ms: float
+    def __init__(self, site_id: _Optional[str] = ..., address: _Optional[str] = ..., http_address: _Optional[str] = ..., region: _Optional[str] = ..., latency_ms: _Optional[float] = ...) -> None: ...
