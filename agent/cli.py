@@ -19,6 +19,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     agent.add_argument("--host-memory-budget", help="bytes the staged tier may hold")
     agent.add_argument("--disk-cache-budget", help="bytes of cached artifacts on disk")
     agent.add_argument("--eviction-policy", choices=["gdsf", "lru", "ttl", "none"])
+    agent.add_argument("--site-id", help="this site's name in the fleet")
+    agent.add_argument("--region", help="the region this site serves")
+    agent.add_argument("--control-plane", help="host:port of the control plane: joins the fleet")
+    agent.add_argument("--mqtt", help="mqtt://[user:password@]host:port of the fleet's broker")
+    agent.add_argument("--advertise-address", help="host:port peers reach the gRPC port at")
     agent.set_defaults(run=_run_agent)
 
     demo = sub.add_parser("demo-repo", help="build the demo model repository")
@@ -44,6 +49,17 @@ def _run_agent(args: argparse.Namespace) -> int:
         disk_cache_budget=args.disk_cache_budget,
         eviction_policy=args.eviction_policy,
     )
+    fleet_flags = {
+        "site_id": args.site_id,
+        "region": args.region,
+        "control_plane": args.control_plane,
+        "mqtt_url": args.mqtt,
+        "advertise_address": args.advertise_address,
+    }
+    fleet_flags = {k: v for k, v in fleet_flags.items() if v is not None}
+    if fleet_flags:
+        fleet = settings.fleet.model_copy(update=fleet_flags)
+        settings = settings.model_copy(update={"fleet": type(settings.fleet)(**fleet.model_dump())})
     return run_agent(settings)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
+from edgeplex.agent.fleet import FleetLink
 from edgeplex.agent.grpc_api import start_grpc_server
 from edgeplex.agent.http_api import start_http_server
 from edgeplex.agent.models import ModelTable
@@ -32,6 +33,9 @@ log = logging.getLogger("edgeplex.agent")
 
 
 async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> None:
+    fleet = settings.fleet
+    if fleet.control_plane and not (fleet.site_id and fleet.region and fleet.mqtt_url):
+        raise ValueError("joining a fleet needs --site-id, --region and --mqtt")
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -101,6 +105,16 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
             table.upgrade_sessions()
 
     scaler = asyncio.create_task(autoscale())
+    link_task = None
+    if settings.fleet.control_plane:
+        link = FleetLink(settings, agent, grpc_port, http_port)
+        link_task = asyncio.create_task(link.run())
+        log.info(
+            "fleet: site %s in %s, control plane %s",
+            settings.fleet.site_id,
+            settings.fleet.region,
+            settings.fleet.control_plane,
+        )
     await stop.wait()
 
     log.info("shutting down: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
@@ -112,6 +126,8 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     if janitor is not None:
         janitor.cancel()
     scaler.cancel()
+    if link_task is not None:
+        link_task.cancel()
     # Responses still being written (an 8 MB tensor to a slow client) get the rest
     # of the drain time; stop() returns as soon as they are done.
     await grpc_server.stop(grace=max(1.0, settings.drain_timeout_s))
@@ -143,7 +159,7 @@ def run_agent(settings: AgentSettings) -> int:
         asyncio.run(serve(settings))
     except KeyboardInterrupt:
         pass
-    except (OSError, RuntimeError) as exc:  # a port in use, a missing repository
+    except (OSError, RuntimeError, ValueError) as exc:  # a port in use, no repository
         log.error("edgeplex agent cannot start: %s", exc)
         return 1
     return 0

@@ -67,7 +67,7 @@ class ControlPlaneSettings(BaseSettings):
         default=60.0, gt=0, description="Half-life of the EWMA that turns reports into demand."
     )
     churn_cost: float = Field(
-        default=1.0,
+        default=0.1,
         ge=0,
         description="Hysteresis of placement: requests/s of demand that loading one more GiB "
         "somewhere must gain.",

@@ -1,0 +1,217 @@
+"""The agent's link to the fleet: register and report over gRPC, desired state
+over MQTT. Started by server.py when `fleet.control_plane` is set.
+
+Three tasks, each owning one connection or one job:
+
+- `_control_loop`: Register, then one Report stream that sends a LoadReport
+  every report interval. FAILED_PRECONDITION (the control plane lost the
+  registration, e.g. Redis was wiped) registers again; any other failure
+  reconnects after a jittered backoff.
+- `_mqtt_loop`: subscribes to the site's desired-state topic (QoS 1) with a
+  last-will `offline` on its presence topic and a retained `online` after
+  each connect; hands every DesiredState to the reconciler; reconnects with
+  jittered backoff. The broker's retained message brings the agent up to
+  date after a reconnect.
+- the reconciler's `run` (reconcile.py).
+
+Nothing here stops the agent from serving: while the control plane, Redis or
+the broker are down, the agent keeps its last applied state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiomqtt
+import grpc
+
+from edgeplex import __version__
+from edgeplex.agent.config import AgentSettings
+from edgeplex.agent.core import Agent
+from edgeplex.agent.entry import ModelState
+from edgeplex.agent.reconcile import Reconciler
+from edgeplex.artifacts import ArtifactCache
+from edgeplex.fleet import Backoff, desired_topic, parse_mqtt_url, presence_topic
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+
+log = logging.getLogger("edgeplex.agent.fleet")
+
+
+class FleetLink:
+    def __init__(self, settings: AgentSettings, agent: Agent, grpc_port: int, http_port: int):
+        fleet = settings.fleet
+        if not fleet.site_id or not fleet.region or not fleet.mqtt_url:
+            raise ValueError("fleet mode needs --site-id, --region and --mqtt")
+        self._settings = settings
+        self._agent = agent
+        self._site = fleet.site_id
+        self._address = fleet.advertise_address or f"{settings.grpc_host}:{grpc_port}"
+        self._http_address = fleet.advertise_http_address or f"{settings.http_host}:{http_port}"
+        self._mqtt = parse_mqtt_url(fleet.mqtt_url)
+        artifact_dir = fleet.artifact_dir or settings.model_repo / ".artifacts"
+        self.reconciler = Reconciler(
+            agent.table, settings.model_repo, ArtifactCache(artifact_dir, fleet.max_artifact_bytes)
+        )
+        self.registered = asyncio.Event()
+        self.reports_sent = 0
+        self._interval = 2.0
+        self._busy_ns = 0  # cumulative compute time at the last report
+
+    async def run(self) -> None:
+        await asyncio.gather(self._control_loop(), self._mqtt_loop(), self.reconciler.run())
+
+    # --- control plane --------------------------------------------------------------------
+
+    def _channel(self) -> grpc.aio.Channel:
+        fleet = self._settings.fleet
+        target = fleet.control_plane
+        assert target is not None
+        if fleet.tls_ca is None:
+            return grpc.aio.insecure_channel(target)
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=fleet.tls_ca.read_bytes(),
+            private_key=_read(fleet.tls_key),
+            certificate_chain=_read(fleet.tls_cert),
+        )
+        return grpc.aio.secure_channel(target, creds)
+
+    async def _control_loop(self) -> None:
+        backoff = Backoff()
+        while True:
+            channel = self._channel()
+            try:
+                stub = pb_grpc.AgentServiceStub(channel)
+                reply = await stub.Register(self._registration(), timeout=10)
+                self._interval = reply.report_interval_s or self._interval
+                self.registered.set()
+                backoff.reset()
+                log.info("registered with the control plane as %s", self._site)
+                await stub.Report(self._reports())
+            except grpc.aio.AioRpcError as exc:
+                self.registered.clear()
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    log.warning("control plane forgot this site: registering again")
+                    continue
+                delay = backoff.delay()
+                log.warning(
+                    "control plane unavailable (%s); retrying in %.1f s", exc.code().name, delay
+                )
+                await asyncio.sleep(delay)
+            finally:
+                await channel.close()
+
+    def _registration(self) -> pb.RegisterRequest:
+        s = self._settings
+        device = s.device_memory_budget or 0
+        return pb.RegisterRequest(
+            site_id=self._site,
+            region=s.fleet.region,
+            address=self._address,
+            http_address=self._http_address,
+            devices=[
+                pb.Device(
+                    kind=s.runner.execution_provider, index=s.runner.device_id, memory_bytes=device
+                )
+            ],
+            budgets=pb.TierBudgets(
+                device_bytes=device,
+                host_bytes=s.host_memory_budget or 0,
+                disk_bytes=s.disk_cache_budget or 0,
+            ),
+            execution_providers=[s.runner.execution_provider],
+            agent_version=__version__,
+        )
+
+    async def _reports(self) -> AsyncIterator[pb.LoadReport]:
+        self._agent.load_window.take()  # start a fresh interval
+        while True:
+            await asyncio.sleep(self._interval)
+            yield self.report()
+            self.reports_sent += 1
+
+    def report(self) -> pb.LoadReport:
+        """This interval's load: per model and per device."""
+        elapsed, window = self._agent.load_window.take()
+        table = self._agent.table
+        report = pb.LoadReport(
+            site_id=self._site,
+            sent_at=time.time(),
+            desired_version=self.reconciler.applied_version,
+        )
+        busy_ns = 0
+        for entry in table.entries():
+            w = window.get(entry.name)
+            stats = entry.stats
+            busy_ns += stats.compute_infer.ns
+            report.models.append(
+                pb.ModelLoad(
+                    name=entry.name,
+                    version=entry.version,
+                    rate_by_region={r: n / elapsed for r, n in w.by_region.items()} if w else {},
+                    p50_ms=w.percentile(0.5) * 1000 if w else 0.0,
+                    p99_ms=w.percentile(0.99) * 1000 if w else 0.0,
+                    queue_depth=entry.batcher.depth if entry.batcher else 0,
+                    tier=str(entry.tier),
+                    memory_bytes=entry.memory_bytes,
+                    state=str(entry.state),
+                    reason=entry.reason if entry.state == ModelState.FAILED else "",
+                )
+            )
+        for name, reason in sorted(self.reconciler.failures.items()):
+            report.models.append(pb.ModelLoad(name=name, state="FAILED", reason=reason))
+        previous, self._busy_ns = self._busy_ns, busy_ns
+        report.devices.append(
+            pb.DeviceLoad(
+                index=self._settings.runner.device_id,
+                used_bytes=table.device_bytes(),
+                budget_bytes=self._settings.device_memory_budget or 0,
+                utilization=min(1.0, max(0.0, (busy_ns - previous) / (elapsed * 1e9))),
+            )
+        )
+        return report
+
+    # --- desired state over MQTT ----------------------------------------------------------
+
+    async def _mqtt_loop(self) -> None:
+        backoff = Backoff()
+        will = aiomqtt.Will(presence_topic(self._site), b"offline", qos=1, retain=True)
+        while True:
+            try:
+                async with aiomqtt.Client(
+                    identifier=f"edgeplex-agent-{self._site}",
+                    will=will,
+                    **self._mqtt.client_kwargs(),  # type: ignore[arg-type]
+                ) as client:
+                    backoff.reset()
+                    await client.publish(presence_topic(self._site), b"online", qos=1, retain=True)
+                    await client.subscribe(desired_topic(self._site), qos=1)
+                    log.info("subscribed to %s", desired_topic(self._site))
+                    async for message in client.messages:
+                        self._on_desired(message.payload)
+            except aiomqtt.MqttError as exc:
+                delay = backoff.delay()
+                log.warning("MQTT unavailable (%s); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+
+    def _on_desired(self, payload: object) -> None:
+        if not isinstance(payload, bytes | bytearray):
+            return
+        try:
+            desired = pb.DesiredState.FromString(bytes(payload))
+        except Exception:
+            log.warning("ignored a desired-state message that is not a DesiredState")
+            return
+        if desired.site_id != self._site:
+            log.warning("ignored desired state addressed to %s", desired.site_id)
+            return
+        if not self.reconciler.offer(desired):
+            log.debug("ignored stale desired state v%d", desired.version)
+
+
+def _read(path: Path | None) -> bytes | None:
+    return path.read_bytes() if path is not None else None

@@ -1,0 +1,141 @@
+"""Reconcile the model table with the desired state the control plane published.
+
+`Reconciler.offer()` is called for every DesiredState message; versions not
+above the last applied one are ignored (a retained message seen again after a
+reconnect, or a stale one from a deposed leader). `run()` is the one task that
+applies them, newest first: a message that arrives during a reconcile replaces
+any pending one, so the agent never works through a backlog.
+
+Applying is idempotent:
+1. fetch each model's artifact into the content-addressed cache (sha256
+   checked before use) and install it in the repository as
+   `<repo>/<name>/<version>/model.onnx` (a symlink into the cache), atomically;
+2. load the `loaded` models (pinned ones pinned), stage the `staged` ones;
+3. demote to `staged` every other loaded model that is not pinned locally.
+
+A model whose artifact cannot be fetched or verified is reported FAILED with
+the reason (`failures`) and nothing else is disturbed. The agent keeps
+serving the last state it applied while the control plane or broker is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+from edgeplex.agent.entry import ModelState, Tier
+from edgeplex.agent.models import ModelTable
+from edgeplex.agent.repository import MODEL_FILE, valid_name
+from edgeplex.artifacts import ArtifactCache, ArtifactError, model_file
+from edgeplex.proto import edgeplex_control_pb2 as pb
+
+log = logging.getLogger("edgeplex.agent.reconcile")
+
+
+class Reconciler:
+    def __init__(self, table: ModelTable, repo: Path, artifacts: ArtifactCache) -> None:
+        self._table = table
+        self._repo = repo
+        self._artifacts = artifacts
+        self._pending: pb.DesiredState | None = None
+        self._wake = asyncio.Event()
+        self.applied_version = 0
+        self.failures: dict[str, str] = {}  # model -> why its artifact is unusable
+        self.managed: set[str] = set()  # models the control plane told us about
+        self.applied = asyncio.Event()  # set after each reconcile (tests wait on it)
+
+    def offer(self, desired: pb.DesiredState) -> bool:
+        """Queue `desired` unless it is stale. True when queued."""
+        newest = max(self.applied_version, self._pending.version if self._pending else 0)
+        if desired.version <= newest:
+            return False
+        self._pending = desired
+        self._wake.set()
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            desired, self._pending = self._pending, None
+            if desired is None:
+                continue
+            try:
+                await self.apply(desired)
+            except Exception:
+                log.exception("reconcile of desired state v%d failed", desired.version)
+            self.applied_version = max(self.applied_version, desired.version)
+            self.applied.set()
+
+    async def apply(self, desired: pb.DesiredState) -> None:
+        log.info("applying desired state v%d: %d models", desired.version, len(desired.models))
+        installed: list[pb.DesiredModel] = []
+        for dm in desired.models:
+            if not valid_name(dm.name) or not (dm.version or "1").isdigit():
+                self.failures[dm.name] = "invalid model name or version in desired state"
+                continue
+            try:
+                await asyncio.to_thread(self._install, dm)
+            except ArtifactError as exc:
+                self.failures[dm.name] = str(exc)
+                log.warning("model %s: %s", dm.name, exc)
+                continue
+            self.failures.pop(dm.name, None)
+            self.managed.add(dm.name)
+            installed.append(dm)
+        self._table.discover()
+        wanted_loaded = {dm.name for dm in installed if dm.tier == "loaded"}
+        wanted_staged = {dm.name for dm in installed if dm.tier == "staged"}
+        # Make room first: demote what is no longer wanted here.
+        for entry in self._table.entries():
+            if entry.name in wanted_loaded or entry.state != ModelState.READY:
+                continue
+            if entry.name in self.managed and entry.pinned:
+                entry.pinned = False  # the control plane no longer pins it here
+            if not entry.pinned:
+                with contextlib.suppress(Exception):
+                    await self._table.demote(entry.name, Tier.STAGED, reason="placement")
+        for dm in sorted(installed, key=lambda d: (not d.pin, -d.priority, d.name)):
+            if dm.name in wanted_loaded:
+                if dm.pin:
+                    self._table.pin(dm.name, True)
+                try:
+                    await self._table.load(dm.name, explicit=False)
+                except Exception as exc:
+                    log.warning("model %s: load for placement failed: %s", dm.name, exc)
+        for name in sorted(wanted_staged):
+            with contextlib.suppress(Exception):
+                await self._table.stage(name)
+
+    def _install(self, dm: pb.DesiredModel) -> None:
+        """Make `<repo>/<name>/<version>/model.onnx` the verified artifact. Blocking."""
+        version = dm.version or "1"
+        target = self._repo / dm.name / version
+        marker = target / ".sha256"
+        if marker.is_file() and marker.read_text().strip() == dm.sha256:
+            return
+        artifact = self._artifacts.fetch(dm.artifact_uri, dm.sha256)
+        onnx = model_file(artifact)
+        (self._repo / dm.name).mkdir(parents=True, exist_ok=True)
+        staging = self._repo / dm.name / f".{version}.tmp"
+        if staging.exists():
+            for p in staging.iterdir():
+                p.unlink()
+            staging.rmdir()
+        staging.mkdir()
+        os.symlink(onnx, staging / MODEL_FILE)
+        if artifact.is_dir():
+            for extra in artifact.iterdir():  # external weights next to the graph
+                if extra.name != MODEL_FILE and extra.is_file():
+                    os.symlink(extra, staging / extra.name)
+        (staging / ".sha256").write_text(dm.sha256 + "\n")
+        if target.exists():
+            old = self._repo / dm.name / f".{version}.old"
+            os.replace(target, old)
+            for p in old.iterdir():
+                p.unlink()
+            old.rmdir()
+        os.replace(staging, target)

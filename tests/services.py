@@ -1,0 +1,172 @@
+"""Real Redis, mosquitto and control-plane processes for the integration tests.
+
+Redis and mosquitto are Debian's binaries (`make setup` installs them when
+missing), each started on a free port in a temp directory and restartable on
+the same port with the same data. Nothing here fakes a protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import free_port
+
+
+def wait_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+class Service:
+    """A child process on a fixed port, restartable with its data kept."""
+
+    name = "service"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"{self.name}.log"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            self.command(),
+            cwd=self.workdir,
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        wait_port(self.port)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class RedisServer(Service):
+    name = "redis"
+
+    def command(self) -> list[str]:
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        return [
+            binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.workdir),
+            "--appendonly", "yes",
+            "--appendfsync", "always",
+            "--save", "",
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+class Mosquitto(Service):
+    name = "mosquitto"
+
+    def __init__(self, workdir: Path, password_file: Path | None = None) -> None:
+        super().__init__(workdir)
+        self.password_file = password_file
+
+    def command(self) -> list[str]:
+        conf = self.workdir / "mosquitto.conf"
+        lines = [
+            f"listener {self.port} 127.0.0.1",
+            "persistence true",
+            f"persistence_location {self.workdir}/",
+            "autosave_interval 1",
+        ]
+        if self.password_file is None:
+            lines.append("allow_anonymous true")
+        else:
+            lines += ["allow_anonymous false", f"password_file {self.password_file}"]
+        conf.write_text("\n".join(lines) + "\n")
+        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        return [binary, "-c", str(conf)]
+
+    def url(self, user: str = "", password: str = "") -> str:
+        auth = f"{user}:{password}@" if user else ""
+        return f"mqtt://{auth}127.0.0.1:{self.port}"
+
+
+TOKEN = "test-admin-token"
+
+
+class ControlPlane(Service):
+    name = "control-plane"
+
+    def __init__(
+        self, workdir: Path, redis: RedisServer, mqtt_url: str, **env: str
+    ) -> None:
+        super().__init__(workdir)
+        self.redis = redis
+        self.mqtt_url = mqtt_url
+        self.env = env
+        self.replica = f"cp-{self.port}"
+        self.log_path = workdir / f"control-plane-{self.port}.log"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "edgeplex", "control-plane",
+            "--redis", self.redis.url,
+            "--mqtt", self.mqtt_url,
+            "--grpc-port", str(self.port),
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "EDGEPLEX_ADMIN_TOKEN": TOKEN,
+            "EDGEPLEX_CP_REPLICA_ID": self.replica,
+            "EDGEPLEX_CP_PLACEMENT_INTERVAL_S": "1",
+            "EDGEPLEX_CP_SITE_LEASE_S": "3",
+            "EDGEPLEX_CP_REPORT_INTERVAL_S": "0.5",
+            "EDGEPLEX_CP_LEADER_LEASE_S": "2",
+            "EDGEPLEX_CP_DEMAND_HALF_LIFE_S": "2",
+            "EDGEPLEX_CP_ARTIFACT_DIR": str(self.workdir / f"artifacts-{self.port}"),
+            **self.env,
+        }
+        self.process = subprocess.Popen(
+            self.command(),
+            cwd=self.workdir,
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        try:
+            wait_port(self.port, timeout=30)
+        except TimeoutError:
+            raise RuntimeError(f"control plane did not start:\n{self.log()}") from None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
