@@ -109,7 +109,10 @@ class _Problem:
             if j is not None and rate > 0:
                 self.demand[self.region_ix[region], j] += rate
         self.value = self.demand * value  # D' = value-weighted demand
-        lat = np.array([[latency(inp, a, b) for b in self.regions] for a in self.regions])
+        lat = np.full((n_r, n_r), np.inf)
+        for x, a in enumerate(self.regions):
+            for y, b in enumerate(self.regions):
+                lat[x, y] = latency(inp, a, b)
         slo = np.array([max(m.slo_ms, 1e-9) for m in self.models])
         # w[r, R, m]: weight of serving origin r from region R for model m.
         w = 1.0 - lat[:, :, None] / slo[None, None, :]

@@ -83,6 +83,9 @@ class Planner:
                 except RedisError as exc:
                     log.warning("placement round skipped: Redis unavailable (%s)", exc)
                     await asyncio.sleep(0.5)
+                except Exception:
+                    log.exception("placement round failed")
+                    await asyncio.sleep(1.0)
         finally:
             listener.cancel()
 

@@ -151,6 +151,11 @@ async def _start_http(
     return runner
 
 
+def _log_death(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task died", exc_info=task.exception())
+
+
 def run_control_plane(settings: ControlPlaneSettings) -> int:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
