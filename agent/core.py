@@ -29,6 +29,7 @@ from edgeplex.agent.errors import (
 from edgeplex.agent.load_window import LoadWindow
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.models import ModelTable
+from edgeplex.agent.repository import valid_name
 from edgeplex.agent.tensors import check_against_spec
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]
@@ -247,7 +248,9 @@ class Agent:
         finally:
             elapsed = time.monotonic() - started
             METRICS.request_duration.labels(model=name).observe(elapsed)
-            if entry is not None:
+            if entry is not None or valid_name(name):
+                # Requests for a model this site lacks are demand the control plane
+                # must see, or it would never place the model here.
                 self.load_window.record(name, origin or self.region, elapsed)
             self._inflight -= 1
             if self._inflight == 0:

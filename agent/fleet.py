@@ -162,8 +162,22 @@ class FleetLink:
                     reason=entry.reason if entry.state == ModelState.FAILED else "",
                 )
             )
+        here = {m.name for m in report.models}
+        for name in sorted(window.keys() - here):  # asked for here, served elsewhere or not at all
+            w = window[name]
+            report.models.append(
+                pb.ModelLoad(
+                    name=name,
+                    rate_by_region={r: n / elapsed for r, n in w.by_region.items()},
+                    tier="remote",
+                    state="FAILED" if name in self.reconciler.failures else "ABSENT",
+                    reason=self.reconciler.failures.get(name, ""),
+                )
+            )
+            here.add(name)
         for name, reason in sorted(self.reconciler.failures.items()):
-            report.models.append(pb.ModelLoad(name=name, state="FAILED", reason=reason))
+            if name not in here:
+                report.models.append(pb.ModelLoad(name=name, state="FAILED", reason=reason))
         previous, self._busy_ns = self._busy_ns, busy_ns
         report.devices.append(
             pb.DeviceLoad(

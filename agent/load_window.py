@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 RESERVOIR = 1024
+MAX_MODELS = 10_000  # distinct names per interval; beyond it new names are not counted
 
 
 @dataclass
@@ -36,6 +37,8 @@ class LoadWindow:
     def record(self, model: str, region: str, seconds: float) -> None:
         w = self._models.get(model)
         if w is None:
+            if len(self._models) >= MAX_MODELS:
+                return
             w = self._models[model] = ModelWindow()
         w.by_region[region] = w.by_region.get(region, 0) + 1
         w.seen += 1

@@ -26,6 +26,8 @@ from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 
 log = logging.getLogger("edgeplex.control_plane.agents")
 
+REGISTRATION_CHECK_S = 2.0
+
 
 class ReportSink:
     def __init__(self, store: Store, flush_interval_s: float = 0.05) -> None:
@@ -118,8 +120,13 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def Report(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ReportSummary:  # type: ignore[no-untyped-def]
         count = 0
         known: str | None = None
+        checked = 0.0
         async for report in request_iterator:
-            if report.site_id != known:
+            # The registration is checked on the first report and then every few
+            # seconds, so a control plane that lost it (Redis wiped) says so.
+            now = time.monotonic()
+            if report.site_id != known or now - checked > REGISTRATION_CHECK_S:
+                checked = now
                 try:
                     site = await self._store.get_site(report.site_id)
                 except RedisError:

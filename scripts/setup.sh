@@ -23,6 +23,14 @@ apt_install() {
 if ! "$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1; then
     apt_install python3-venv
 fi
+# Real Redis and mosquitto for the control plane's tests (started on free ports
+# by the fixtures; their system services are not needed).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
+if [ ${#missing[@]} -gt 0 ]; then
+    apt_install "${missing[@]}"
+fi
 if [ "${EDGEPLEX_SETUP_BENCH:-0}" = 1 ] && ! command -v wrk >/dev/null 2>&1; then
     apt_install wrk
 fi

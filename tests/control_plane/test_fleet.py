@@ -1,0 +1,346 @@
+"""The control plane with real Redis, mosquitto, agents and clients.
+
+One fleet per module: Redis and mosquitto (Debian binaries on free ports), a
+control plane process, and two agents (regions a and b) with their own model
+repositories, filled only by what the control plane tells them. Tests that
+restart a component leave the fleet healthy for the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import redis
+import tritonclient.grpc as triton
+
+from edgeplex.agent import demo
+from edgeplex.artifacts import sha256_of
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from tests.conftest import AgentProcess, start_agent
+from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer
+
+pytestmark = pytest.mark.slow
+AUTH = [("authorization", f"Bearer {TOKEN}")]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except (grpc.RpcError, OSError, redis.RedisError) as exc:
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what or predicate}: last {last!r}")
+
+
+@dataclass
+class Fleet:
+    workdir: Path
+    redis: RedisServer
+    mqtt: Mosquitto
+    cp: ControlPlane
+    agents: dict[str, AgentProcess] = field(default_factory=dict)
+    artifacts: dict[str, Path] = field(default_factory=dict)
+
+    def admin(self, cp: ControlPlane | None = None) -> pb_grpc.AdminServiceStub:
+        channel = grpc.insecure_channel((cp or self.cp).address)
+        return pb_grpc.AdminServiceStub(channel)
+
+    def call(self, method: str, request: object, cp: ControlPlane | None = None) -> object:
+        return getattr(self.admin(cp), method)(request, metadata=AUTH, timeout=10)
+
+    def add_model(self, name: str, path: Path, sha: str | None = None, **kw: object) -> None:
+        self.call(
+            "AddModel",
+            pb.CatalogModel(
+                name=name, artifact_uri=path.as_uri(), sha256=sha or sha256_of(path), **kw
+            ),
+        )
+
+    def model(self, name: str) -> pb.ModelDetail:
+        return self.call("GetModel", pb.ModelName(name=name))  # type: ignore[return-value]
+
+    def placement(self) -> pb.Placement:
+        return self.call("GetPlacement", pb.PlacementRequest())  # type: ignore[return-value]
+
+    def loaded_at(self, site: str) -> set[str]:
+        for sp in self.placement().sites:
+            if sp.site_id == site:
+                return set(sp.loaded)
+        return set()
+
+    def start_agent(self, site: str, region: str) -> AgentProcess:
+        repo = self.workdir / f"repo-{site}"
+        repo.mkdir(exist_ok=True)
+        agent = start_agent(
+            repo,
+            self.workdir,
+            env={
+                "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": self.cp.address,
+                "EDGEPLEX_AGENT_FLEET__SITE_ID": site,
+                "EDGEPLEX_AGENT_FLEET__REGION": region,
+                "EDGEPLEX_AGENT_FLEET__MQTT_URL": self.mqtt.url(),
+                "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "256MiB",
+                "EDGEPLEX_AGENT_PRESTAGE": "false",
+            },
+        )
+        self.agents[site] = agent
+        return agent
+
+
+def infer(agent: AgentProcess, model: str, origin: str = "") -> np.ndarray:
+    client = triton.InferenceServerClient(agent.grpc_url)
+    x = np.ones((1, 32), dtype=np.float32)
+    inp = triton.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    headers = {"edgeplex-origin-region": origin} if origin else None
+    result = client.infer(model, [inp], headers=headers, client_timeout=10)
+    return result.as_numpy("output")
+
+
+def agent_tier(agent: AgentProcess, model: str) -> str:
+    import json
+
+    status, body = agent.http_get("/edgeplex/v1/status")
+    for entry in json.loads(body):
+        if entry["name"] == model:
+            return str(entry["tier"])
+    return ""
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    workdir = tmp_path_factory.mktemp("fleet")
+    r = RedisServer(workdir)
+    r.start()
+    m = Mosquitto(workdir)
+    m.start()
+    cp = ControlPlane(workdir, r, m.url(), EDGEPLEX_CP_REGION_LATENCY_MS='{"a,b": 30}')
+    cp.start()
+    f = Fleet(workdir, r, m, cp)
+    src = workdir / "src"
+    for i, name in enumerate(("base", "hot", "other")):
+        demo.make_mlp(src / name, width=64, layers=2, in_width=32, seed=i)
+        f.artifacts[name] = src / name / "1" / "model.onnx"
+    f.start_agent("a1", "a")
+    f.start_agent("b1", "b")
+    f.add_model("base", f.artifacts["base"], min_replicas=2)
+    f.add_model("other", f.artifacts["other"])
+    try:
+        yield f
+    finally:
+        for agent in f.agents.values():
+            agent.stop()
+        f.cp.stop()
+        m.stop()
+        r.stop()
+
+
+def test_agents_join_and_load_what_placement_says(fleet: Fleet) -> None:
+    wait_until(lambda: fleet.loaded_at("a1") >= {"base"} and fleet.loaded_at("b1") >= {"base"},
+               what="base placed at both sites")
+    for site in ("a1", "b1"):
+        agent = fleet.agents[site]
+        wait_until(lambda a=agent: agent_tier(a, "base") == "loaded", what=f"base loaded at {site}")
+        assert infer(agent, "base").shape == (1, 64)
+    sites = fleet.call("ListSites", pb.ListSitesRequest()).sites  # type: ignore[attr-defined]
+    assert {(s.site_id, s.region, s.up) for s in sites} == {("a1", "a", True), ("b1", "b", True)}
+    lines = fleet.call("ExplainPlacement", pb.ModelName(name="base")).lines  # type: ignore[attr-defined]
+    assert any(line.startswith("a1 (a): loaded") for line in lines)
+
+
+def test_admin_api_requires_the_token(fleet: Fleet) -> None:
+    stub = fleet.admin()
+    for metadata in ([], [("authorization", "Bearer wrong")]):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ListModels(pb.ListModelsRequest(), metadata=metadata, timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    env = {k: v for k, v in os.environ.items() if k != "EDGEPLEX_ADMIN_TOKEN"}
+    cli = [sys.executable, "-m", "edgeplex", "admin", "--control-plane", fleet.cp.address]
+    denied = subprocess.run([*cli, "model", "list"], env=env, capture_output=True, text=True)
+    assert denied.returncode == 1 and "UNAUTHENTICATED" in denied.stderr
+    ok = subprocess.run(
+        [*cli, "model", "list"], env={**env, "EDGEPLEX_ADMIN_TOKEN": TOKEN},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert ok.returncode == 0 and "base" in ok.stdout
+
+
+def test_bad_artifacts_end_failed_with_the_reason(fleet: Fleet) -> None:
+    good = fleet.artifacts["other"]
+    # A model nobody cached yet (the cache is content-addressed: bytes already
+    # verified under a hash are used without a download).
+    demo.make_mlp(fleet.workdir / "fresh", width=64, layers=2, in_width=32, seed=9)
+    fresh = fleet.workdir / "fresh" / "1" / "model.onnx"
+    truncated = fleet.workdir / "truncated.onnx"
+    truncated.write_bytes(fresh.read_bytes()[:-100])
+    garbage = fleet.workdir / "garbage.onnx"
+    garbage.write_bytes(b"this is not a model" * 100)
+    fleet.add_model("wrong_sha", good, sha="0" * 64)
+    fleet.add_model("truncated", truncated, sha=sha256_of(fresh))
+    fleet.add_model("not_onnx", garbage)
+    with pytest.raises(grpc.RpcError) as info:
+        fleet.call(
+            "AddModel", pb.CatalogModel(name="bad", artifact_uri="ftp://x/y", sha256="0" * 64)
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    def state(name: str) -> pb.CatalogModel:
+        return fleet.model(name).model
+
+    for name, reason in (
+        ("wrong_sha", "sha256 mismatch"),
+        ("truncated", "sha256 mismatch"),
+        ("not_onnx", "not a loadable ONNX model"),
+    ):
+        wait_until(lambda n=name: state(n).state == "FAILED", what=f"{name} FAILED")
+        assert reason in state(name).reason
+        assert str(fleet.workdir) not in state(name).reason  # no local paths leak
+    assert state("base").state == "READY"
+    assert infer(fleet.agents["a1"], "base").shape == (1, 64)  # nothing else disturbed
+    for name in ("wrong_sha", "truncated", "not_onnx"):
+        fleet.call("RemoveModel", pb.ModelName(name=name))
+
+
+def test_placement_follows_a_rise_in_regional_demand(fleet: Fleet) -> None:
+    fleet.add_model("hot", fleet.artifacts["hot"])
+    wait_until(lambda: fleet.model("hot").model.state == "READY", what="hot READY")
+    assert "hot" not in fleet.loaded_at("a1")  # no demand yet
+    a1 = fleet.agents["a1"]
+    stop = time.monotonic() + 30
+    while time.monotonic() < stop and "hot" not in fleet.loaded_at("a1"):
+        try:
+            infer(a1, "hot")
+        except triton.InferenceServerException:
+            pass  # not here yet: NOT_FOUND, but counted as region a's demand
+        time.sleep(0.02)
+    assert "hot" in fleet.loaded_at("a1")
+    assert "hot" not in fleet.loaded_at("b1")  # region b has no demand for it
+    wait_until(lambda: agent_tier(a1, "hot") == "loaded", what="hot loaded at a1")
+    assert infer(a1, "hot").shape == (1, 64)
+
+
+class Hammer:
+    """Requests against one model in a thread; counts failures."""
+
+    def __init__(self, agent: AgentProcess, model: str) -> None:
+        self.agent, self.model = agent, model
+        self.ok = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                infer(self.agent, self.model)
+                self.ok += 1
+            except Exception as exc:
+                self.failures.append(str(exc))
+            time.sleep(0.01)
+
+    def __enter__(self) -> Hammer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_control_plane_killed_and_restarted_loses_nothing(fleet: Fleet) -> None:
+    before = fleet.placement()
+    models_before = {m.name for m in fleet.call("ListModels", pb.ListModelsRequest()).models}  # type: ignore[attr-defined]
+    with Hammer(fleet.agents["b1"], "base") as hammer:
+        fleet.cp.stop(signal.SIGKILL)
+        time.sleep(1.0)
+        fleet.cp.start()
+        after = wait_until(
+            lambda: (p := fleet.placement()).version > before.version and p, what="a new round"
+        )
+        time.sleep(0.5)
+    assert hammer.failures == [] and hammer.ok > 20
+    models_after = {m.name for m in fleet.call("ListModels", pb.ListModelsRequest()).models}  # type: ignore[attr-defined]
+    assert models_after == models_before
+    assert {s.site_id: set(s.loaded) for s in after.sites} == {  # type: ignore[attr-defined]
+        s.site_id: set(s.loaded) for s in before.sites
+    }
+
+
+def test_redis_restart_and_loss_of_registrations(fleet: Fleet) -> None:
+    with Hammer(fleet.agents["a1"], "base") as hammer:
+        fleet.redis.restart()
+        wait_until(lambda: fleet.call("ListModels", pb.ListModelsRequest()), what="admin API back")
+        v = fleet.placement().version
+        wait_until(lambda: fleet.placement().version > v, what="placement after Redis restart")
+        # Registrations wiped (a Redis without persistence, say): agents register again.
+        client = redis.Redis.from_url(fleet.redis.url)
+        client.delete("edgeplex:sites")
+        wait_until(lambda: client.hexists("edgeplex:sites", "a1") and client.hexists(
+            "edgeplex:sites", "b1"), what="agents registered again")
+    assert hammer.failures == []
+
+
+def test_broker_restart_agents_resubscribe_and_get_retained_state(fleet: Fleet) -> None:
+    fleet.mqtt.stop()
+    fleet.add_model("other", fleet.artifacts["other"], pin=True)  # placed everywhere
+    wait_until(lambda: "other" in fleet.loaded_at("a1") and "other" in fleet.loaded_at("b1"),
+               what="other placed everywhere")
+    time.sleep(1.0)
+    assert agent_tier(fleet.agents["a1"], "other") == ""  # the broker is down: not heard yet
+    fleet.mqtt.start()
+    for site in ("a1", "b1"):
+        wait_until(lambda s=site: agent_tier(fleet.agents[s], "other") == "loaded",
+                   timeout=30, what=f"other loaded at {site} after the broker came back")
+
+
+def test_a_dead_site_is_marked_down_and_its_models_move(fleet: Fleet) -> None:
+    fleet.add_model("hot", fleet.artifacts["hot"], min_replicas=1)
+    wait_until(lambda: "hot" in fleet.loaded_at("a1") | fleet.loaded_at("b1"), what="hot placed")
+    holder = "a1" if "hot" in fleet.loaded_at("a1") else "b1"
+    survivor = "b1" if holder == "a1" else "a1"
+    fleet.agents[holder].process.send_signal(signal.SIGKILL)
+    fleet.agents[holder].process.wait()
+    started = time.monotonic()
+    wait_until(lambda: "hot" in fleet.loaded_at(survivor), timeout=15, what="hot moved")
+    moved_after = time.monotonic() - started
+    sites = {s.site_id: s for s in fleet.call("ListSites", pb.ListSitesRequest()).sites}  # type: ignore[attr-defined]
+    assert not sites[holder].up
+    assert moved_after < 3 + 1 + 2  # site lease + placement period + slack
+    wait_until(lambda: agent_tier(fleet.agents[survivor], "hot") == "loaded", what="hot served")
+    assert infer(fleet.agents[survivor], "hot").shape == (1, 64)
+    region = "a" if holder == "a1" else "b"
+    fleet.start_agent(holder, region)  # rejoins and reconciles
+    wait_until(lambda: {s.site_id: s.up for s in fleet.call("ListSites", pb.ListSitesRequest()).sites}[holder],  # type: ignore[attr-defined]
+               what="site back up")
+
+
+def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None:
+    standby = ControlPlane(fleet.workdir, fleet.redis, fleet.mqtt.url())
+    standby.start()
+    try:
+        assert fleet.placement().leader == fleet.cp.replica
+        fleet.cp.stop(signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(lambda: fleet.call("GetPlacement", pb.PlacementRequest(), standby).leader  # type: ignore[attr-defined]
+                   == standby.replica, timeout=10, what="standby leads")
+        assert time.monotonic() - killed < 2 + 1 + 1.5  # lease + a round + slack
+    finally:
+        fleet.cp.start()  # back as a standby; the fleet stays usable
+        standby.stop()
