@@ -384,9 +384,7 @@ def _improve(  # type: ignore[no-untyped-def]
             ]
             outs: list[tuple[float, list[int]]] = [(0.0, [])]
             outs += [(loss, [out]) for loss, out in removable]
-            outs += [
-                (a[0] + b[0], [a[1], b[1]]) for a, b in itertools.combinations(removable, 2)
-            ]
+            outs += [(a[0] + b[0], [a[1], b[1]]) for a, b in itertools.combinations(removable, 2)]
             by_density = sorted(adds, key=lambda t: -t[0] / sizes[t[1]])
             best_gain, move = 1e-9, None
             for loss, dropped in outs:

@@ -105,6 +105,9 @@ class Mosquitto(Service):
             f"persistence_location {self.workdir}/",
             "autosave_interval 1",
         ]
+        if os.geteuid() == 0:
+            # Otherwise mosquitto drops to its own user, which cannot read our temp dir.
+            lines.append("user root")
         if self.password_file is None:
             lines.append("allow_anonymous true")
         else:
@@ -124,9 +127,7 @@ TOKEN = "test-admin-token"
 class ControlPlane(Service):
     name = "control-plane"
 
-    def __init__(
-        self, workdir: Path, redis: RedisServer, mqtt_url: str, **env: str
-    ) -> None:
+    def __init__(self, workdir: Path, redis: RedisServer, mqtt_url: str, **env: str) -> None:
         super().__init__(workdir)
         self.redis = redis
         self.mqtt_url = mqtt_url

@@ -176,7 +176,10 @@ def test_greedy_is_close_to_exhaustive_search_on_tiny_instances():
                     for sb in itertools.combinations(names, kb):
                         loaded = {"a1": list(sa), "b1": list(sb)}
                         sizes = {m.name: m.size_bytes for m in inp.models}
-                        if sum(sizes[n] for n in sa) > 3 * GiB or sum(sizes[n] for n in sb) > 2 * GiB:
+                        if (
+                            sum(sizes[n] for n in sa) > 3 * GiB
+                            or sum(sizes[n] for n in sb) > 2 * GiB
+                        ):
                             continue
                         best = max(best, evaluate(inp, loaded))
         assert place(inp).objective >= 0.95 * best

@@ -1,0 +1,130 @@
+"""Security baseline: mTLS on the agent link, MQTT passwords, loopback binds."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import aiomqtt
+import grpc
+import pytest
+import redis
+
+from edgeplex.control_plane.config import ControlPlaneSettings
+from edgeplex.control_plane.publisher import Publisher
+from edgeplex.fleet import parse_mqtt_url
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from tests.conftest import start_agent
+from tests.control_plane.test_fleet import wait_until
+from tests.services import ControlPlane, Mosquitto, RedisServer
+
+pytestmark = pytest.mark.slow
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
+    for name, san in (("server", "IP:127.0.0.1,DNS:localhost"), ("client", "DNS:agent")):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
+        (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
+                "-out", f"{name}.pem", cwd=d)  # fmt: skip
+    return d
+
+
+def test_agent_link_with_mutual_tls(pki: Path, tmp_path: Path) -> None:
+    r = RedisServer(tmp_path)
+    r.start()
+    m = Mosquitto(tmp_path)
+    m.start()
+    cp = ControlPlane(
+        tmp_path, r, m.url(),
+        EDGEPLEX_CP_TLS_CERT=str(pki / "server.pem"),
+        EDGEPLEX_CP_TLS_KEY=str(pki / "server.key"),
+        EDGEPLEX_CP_TLS_CLIENT_CA=str(pki / "ca.pem"),
+    )  # fmt: skip
+    cp.start()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    agent = None
+    try:
+        register = pb.RegisterRequest(site_id="x1", region="a", address="127.0.0.1:1")
+        # Without a client certificate the handshake fails.
+        creds = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+        with grpc.secure_channel(cp.address, creds) as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                pb_grpc.AgentServiceStub(channel).Register(register, timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        # Plaintext is refused too.
+        with grpc.insecure_channel(cp.address) as channel, pytest.raises(grpc.RpcError):
+            pb_grpc.AgentServiceStub(channel).Register(register, timeout=5)
+        agent = start_agent(
+            repo,
+            tmp_path,
+            env={
+                "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": cp.address,
+                "EDGEPLEX_AGENT_FLEET__SITE_ID": "tls1",
+                "EDGEPLEX_AGENT_FLEET__REGION": "a",
+                "EDGEPLEX_AGENT_FLEET__MQTT_URL": m.url(),
+                "EDGEPLEX_AGENT_FLEET__TLS_CA": str(pki / "ca.pem"),
+                "EDGEPLEX_AGENT_FLEET__TLS_CERT": str(pki / "client.pem"),
+                "EDGEPLEX_AGENT_FLEET__TLS_KEY": str(pki / "client.key"),
+            },
+        )
+        client = redis.Redis.from_url(r.url)
+        wait_until(lambda: client.hexists("edgeplex:sites", "tls1"), what="agent registered")
+        assert not client.hexists("edgeplex:sites", "x1")
+    finally:
+        if agent is not None:
+            agent.stop()
+        cp.stop()
+        m.stop()
+        r.stop()
+
+
+def test_mqtt_username_and_password(tmp_path: Path) -> None:
+    passwords = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwords), "cp", "s3cret"], check=True)
+    passwords.chmod(0o600)
+    broker = Mosquitto(tmp_path, password_file=passwords)
+    broker.start()
+
+    async def scenario() -> None:
+        with pytest.raises(aiomqtt.MqttError):
+            async with aiomqtt.Client(**parse_mqtt_url(broker.url("cp", "wrong")).client_kwargs()):  # type: ignore[arg-type]
+                pass
+        publisher = Publisher(broker.url("cp", "s3cret"), "test-cp")
+        task = asyncio.create_task(publisher.run())
+        publisher.publish("edgeplex/v1/sites/s1/desired", b"payload")
+        async with aiomqtt.Client(
+            **parse_mqtt_url(broker.url("cp", "s3cret")).client_kwargs()
+        ) as c:  # type: ignore[arg-type]
+            await c.subscribe("edgeplex/v1/sites/s1/desired", qos=1)
+            message = await asyncio.wait_for(anext(aiter(c.messages)), 10)
+            assert message.payload == b"payload" and message.retain
+        task.cancel()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        broker.stop()
+
+
+def test_everything_binds_to_loopback_by_default() -> None:
+    from edgeplex.agent.config import AgentSettings
+
+    cp = ControlPlaneSettings(admin_token="x")
+    agent = AgentSettings()
+    assert cp.grpc_host == cp.http_host == "127.0.0.1"
+    assert agent.grpc_host == agent.http_host == "127.0.0.1"
