@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fleet_instances import make_instance  # noqa: E402
+from fleet_instances import make_instance
 
-from edgeplex.control_plane.placement import place  # noqa: E402
+from edgeplex.control_plane.placement import place
 
 
 def main() -> None:
