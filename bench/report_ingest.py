@@ -94,8 +94,14 @@ def main() -> None:
         redis.start()
         mqtt.start()
         http_port = free_port()
-        cp = ControlPlane(work, redis, mqtt.url(), EDGEPLEX_CP_HTTP_PORT=str(http_port),
-                          EDGEPLEX_CP_PLACEMENT_INTERVAL_S="5", EDGEPLEX_CP_LOG_LEVEL="WARNING")  # fmt: skip
+        cp = ControlPlane(
+            work,
+            redis,
+            mqtt.url(),
+            EDGEPLEX_CP_HTTP_PORT=str(http_port),
+            EDGEPLEX_CP_PLACEMENT_INTERVAL_S="5",
+            EDGEPLEX_CP_LOG_LEVEL="WARNING",
+        )
         cp.start()
         try:
             with grpc.insecure_channel(cp.address) as channel:
