@@ -377,10 +377,25 @@ def load_model_config(path: Path | None, defaults: ModelConfig) -> ModelConfig:
 def reference_tables() -> str:
     """The Markdown tables of docs/configuration.md, generated from the models above
     (tests/agent/test_config.py fails when the document drifts from them)."""
+    return render_tables(
+        (
+            (AgentSettings, ""),
+            (RunnerSettings, "runner."),
+            (FleetSettings, "fleet."),
+            (ModelConfig, ""),
+        )
+    )
+
+
+def render_tables(classes: tuple[tuple[type[BaseModel], str], ...]) -> str:
+    """One Markdown table per settings class: field, default, description."""
 
     def default(field: Any) -> str:
         if field.default_factory is not None:
-            return "(see below)"
+            factory = field.default_factory
+            if isinstance(factory, type) and issubclass(factory, BaseModel):
+                return "(see below)"
+            return "`{}`" if factory is dict else "(computed)"
         value = field.default
         if value is None:
             return "unset"
@@ -389,12 +404,6 @@ def reference_tables() -> str:
         return f"`{value}`"
 
     lines: list[str] = []
-    classes = (
-        (AgentSettings, ""),
-        (RunnerSettings, "runner."),
-        (FleetSettings, "fleet."),
-        (ModelConfig, ""),
-    )
     for cls, prefix in classes:
         lines += [f"### {cls.__name__}", "", "| field | default | meaning |", "| --- | --- | --- |"]
         for name, field in cls.model_fields.items():

@@ -42,8 +42,9 @@ class ControlPlaneSettings(BaseSettings):
         "one the control plane does not start.",
     )
     replica_id: str = Field(
-        default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}",
-        description="Name of this replica in the leader lease. Default: host-pid.",
+        default="",
+        validate_default=True,
+        description="Name of this replica in the leader lease. Empty: <hostname>-<pid>.",
     )
     leader_lease_s: float = Field(
         default=5.0, gt=0, description="Leader lease; a standby takes over within this long."
@@ -98,6 +99,11 @@ class ControlPlaneSettings(BaseSettings):
         default="INFO", description="Log level."
     )
 
+    @field_validator("replica_id", mode="before")
+    @classmethod
+    def _replica_id(cls, value: Any) -> Any:
+        return value or f"{os.uname().nodename}-{os.getpid()}"
+
     @field_validator("admin_token", mode="before")
     @classmethod
     def _token_from_env(cls, value: Any) -> Any:
@@ -134,3 +140,10 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> ControlP
         return ControlPlaneSettings(**{k: v for k, v in overrides.items() if v is not None})
     finally:
         _config_file.reset(token)
+
+
+def reference_tables() -> str:
+    """docs/configuration.md's control-plane table (kept current by a test)."""
+    from edgeplex.agent.config import render_tables
+
+    return render_tables(((ControlPlaneSettings, ""),))

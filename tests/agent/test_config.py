@@ -70,3 +70,19 @@ def test_sizes():
     assert parse_size(4096) == 4096
     with pytest.raises(ValueError):
         parse_size("lots")
+
+
+def test_control_plane_example_config_sets_every_option_to_its_default(monkeypatch):
+    from edgeplex.control_plane.config import ControlPlaneSettings
+    from edgeplex.control_plane.config import load_settings as load_cp_settings
+    from edgeplex.control_plane.config import reference_tables as cp_tables
+
+    monkeypatch.delenv("EDGEPLEX_ADMIN_TOKEN", raising=False)
+    path = ROOT / "deploy" / "control-plane.example.yaml"
+    data = yaml.safe_load(path.read_text())
+    assert set(data) == set(ControlPlaneSettings.model_fields)
+    loaded = load_cp_settings(path)
+    assert loaded.model_dump(exclude={"replica_id"}) == ControlPlaneSettings().model_dump(
+        exclude={"replica_id"}
+    )
+    assert cp_tables().strip() in (ROOT / "docs" / "configuration.md").read_text()
