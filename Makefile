@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 DEMO_REPO ?= .cache/demo-repo
 
-.PHONY: setup test lint proto demo bench bench-overcommit clean
+.PHONY: setup test lint proto demo bench bench-overcommit bench-control-plane clean
 
 setup:
 	./scripts/setup.sh
@@ -31,6 +31,11 @@ bench-overcommit: setup
 	$(PY) bench/swap_in.py
 	$(PY) bench/density.py --factor 4 --budget 128MiB
 	$(PY) bench/density.py --factor 10 --budget 128MiB
+
+bench-control-plane: setup
+	$(PY) bench/placement_speed.py
+	$(PY) bench/placement_quality.py
+	$(PY) bench/report_ingest.py
 
 clean:
 	rm -rf .venv .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
