@@ -1,7 +1,8 @@
 """Rewrite the generated reference at the end of docs/configuration.md.
 
 Usage: python scripts/gen_config_docs.py
-Everything after the MARKER line is replaced by the agent's and the control plane's\nreference_tables().
+Everything after the MARKER line is replaced by the agent's and the control plane's
+reference_tables().
 """
 
 from pathlib import Path

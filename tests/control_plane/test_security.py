@@ -107,6 +107,10 @@ def test_mqtt_username_and_password(tmp_path: Path) -> None:
         publisher = Publisher(broker.url("cp", "s3cret"), "test-cp")
         task = asyncio.create_task(publisher.run())
         publisher.publish("edgeplex/v1/sites/s1/desired", b"payload")
+        for _ in range(100):  # subscribe after the publish, so the broker's retained copy arrives
+            if publisher.published:
+                break
+            await asyncio.sleep(0.05)
         async with aiomqtt.Client(
             **parse_mqtt_url(broker.url("cp", "s3cret")).client_kwargs()
         ) as c:  # type: ignore[arg-type]
