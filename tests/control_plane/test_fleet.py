@@ -8,6 +8,7 @@ restart a component leave the fleet healthy for the next one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiomqtt
 import grpc
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ import tritonclient.grpc as triton
 
 from edgeplex.agent import demo
 from edgeplex.artifacts import sha256_of
+from edgeplex.fleet import parse_mqtt_url, presence_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.conftest import AgentProcess, start_agent
@@ -113,6 +116,19 @@ def infer(agent: AgentProcess, model: str, origin: str = "") -> np.ndarray:
     headers = {"edgeplex-origin-region": origin} if origin else None
     result = client.infer(model, [inp], headers=headers, client_timeout=10)
     return result.as_numpy("output")
+
+
+def presence(fleet: Fleet, site: str) -> bytes:
+    """The retained presence message of `site`, read by a fresh subscriber."""
+
+    async def read() -> bytes:
+        kwargs = parse_mqtt_url(fleet.mqtt.url()).client_kwargs()
+        async with aiomqtt.Client(**kwargs) as client:  # type: ignore[arg-type]
+            await client.subscribe(presence_topic(site), qos=1)
+            message = await asyncio.wait_for(anext(aiter(client.messages)), 5)
+            return bytes(message.payload)  # type: ignore[arg-type]
+
+    return asyncio.run(read())
 
 
 def agent_tier(agent: AgentProcess, model: str) -> str:
@@ -326,6 +342,7 @@ def test_a_dead_site_is_marked_down_and_its_models_move(fleet: Fleet) -> None:
     wait_until(lambda: "hot" in fleet.loaded_at("a1") | fleet.loaded_at("b1"), what="hot placed")
     holder = "a1" if "hot" in fleet.loaded_at("a1") else "b1"
     survivor = "b1" if holder == "a1" else "a1"
+    assert presence(fleet, holder) == b"online"
     fleet.agents[holder].process.send_signal(signal.SIGKILL)
     fleet.agents[holder].process.wait()
     started = time.monotonic()
@@ -333,6 +350,7 @@ def test_a_dead_site_is_marked_down_and_its_models_move(fleet: Fleet) -> None:
     moved_after = time.monotonic() - started
     sites = {s.site_id: s for s in fleet.call("ListSites", pb.ListSitesRequest()).sites}  # type: ignore[attr-defined]
     assert not sites[holder].up
+    assert presence(fleet, holder) == b"offline"  # the broker sent its last will
     assert moved_after < 3 + 1 + 2  # site lease + placement period + slack
     wait_until(lambda: agent_tier(fleet.agents[survivor], "hot") == "loaded", what="hot served")
     assert infer(fleet.agents[survivor], "hot").shape == (1, 64)

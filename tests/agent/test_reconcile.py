@@ -1,0 +1,19 @@
+"""The agent's desired-state handling that needs no process: stale versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgeplex.agent.reconcile import Reconciler
+from edgeplex.artifacts import ArtifactCache
+from edgeplex.proto import edgeplex_control_pb2 as pb
+
+
+def test_only_newer_versions_are_queued(tmp_path: Path) -> None:
+    r = Reconciler(table=None, repo=tmp_path, artifacts=ArtifactCache(tmp_path / "c", 1 << 20))  # type: ignore[arg-type]
+    assert r.offer(pb.DesiredState(version=5, site_id="s"))
+    assert not r.offer(pb.DesiredState(version=5, site_id="s"))  # the same, seen again
+    assert not r.offer(pb.DesiredState(version=3, site_id="s"))  # from a deposed leader
+    assert r.offer(pb.DesiredState(version=6, site_id="s"))  # newest pending wins
+    r.applied_version = 9
+    assert not r.offer(pb.DesiredState(version=8, site_id="s"))
