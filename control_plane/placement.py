@@ -42,6 +42,7 @@ import numpy as np
 
 GiB = 1024**3
 SWAP_SEARCH_LIMIT = 50_000  # sites x models up to which local search runs
+MAKE_ROOM_CANDIDATES = 32  # models per site tried with "drop the cheapest bytes until it fits"
 
 
 @dataclass(frozen=True)
@@ -396,6 +397,19 @@ def _improve(  # type: ignore[no-untyped-def]
                             taken.append(j)
                     if taken and gain > best_gain:
                         best_gain, move = gain, (taken, dropped)
+            # Make room for one large model: drop the cheapest bytes until it fits.
+            cheapest = sorted(removable, key=lambda t: t[0] / sizes[t[1]])
+            for g, j in adds[:MAKE_ROOM_CANDIDATES]:
+                if g <= best_gain:
+                    break
+                need, lost, dropped = sizes[j] - free[i], 0.0, []
+                for loss, out in cheapest:
+                    if need <= 0 or g - lost <= best_gain:
+                        break
+                    need, lost = need - sizes[out], lost + loss
+                    dropped.append(out)
+                if need <= 0 and g - lost > best_gain:
+                    best_gain, move = g - lost, ([j], dropped)
             if move is None:
                 continue
             taken, dropped = move
