@@ -21,6 +21,7 @@ import signal
 import tempfile
 from pathlib import Path
 
+from edgeplex import systemd
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet import FleetLink
@@ -83,6 +84,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
                     await table.load(name)
         agent.started = True
         log.info("agent ready")
+        systemd.notify("READY=1", f"STATUS=serving {len(table.entries())} models")
         if settings.prestage:
             # Everything else goes to host RAM now, so its first request pays a
             # staged promotion (~memcpy) instead of read + optimize.
@@ -105,6 +107,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
             table.upgrade_sessions()
 
     scaler = asyncio.create_task(autoscale())
+    watchdog = asyncio.create_task(systemd.watchdog())
     link_task = None
     if settings.fleet.control_plane:
         link = FleetLink(settings, agent, grpc_port, http_port)
@@ -119,6 +122,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
 
     log.info("shutting down: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
     agent.draining = True
+    systemd.notify("STOPPING=1")
     drained = await agent.drain(settings.drain_timeout_s)
     if not drained:
         log.warning("drain timeout: some requests did not finish")
@@ -126,6 +130,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     if janitor is not None:
         janitor.cancel()
     scaler.cancel()
+    watchdog.cancel()
     if link_task is not None:
         link_task.cancel()
     # Responses still being written (an 8 MB tensor to a slow client) get the rest

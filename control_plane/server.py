@@ -20,6 +20,7 @@ import grpc
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from edgeplex import systemd
 from edgeplex.artifacts import ArtifactCache
 from edgeplex.control_plane.api_admin import AdminServicer, TokenAuth
 from edgeplex.control_plane.api_agent import AgentServicer, ReportSink
@@ -102,6 +103,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
         asyncio.create_task(sink.run()),
         asyncio.create_task(publisher.run()),
         asyncio.create_task(follow_leadership()),
+        asyncio.create_task(systemd.watchdog()),
     ]
     log.info(
         "control plane %s serving gRPC on %s:%d%s",
@@ -111,7 +113,9 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
         " (TLS)" if credentials else "",
     )
     print(f"edgeplex control-plane listening grpc={port}", flush=True)
+    systemd.notify("READY=1", f"STATUS=serving gRPC on port {port}")
     await stop.wait()
+    systemd.notify("STOPPING=1")
 
     log.info("shutting down")
     await server.stop(grace=2.0)
