@@ -26,6 +26,7 @@ from edgeplex.agent.errors import (
     ServeError,
     Unavailable,
 )
+from edgeplex.agent.forward import Router
 from edgeplex.agent.load_window import LoadWindow
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.models import ModelTable
@@ -62,6 +63,7 @@ class Agent:
         self._idle = asyncio.Event()
         self._idle.set()
         self.load_window = LoadWindow()
+        self.router: Router | None = None  # set in fleet mode (forward.py)
         self.region = settings.fleet.region or "local"
 
     # --- health and metadata -------------------------------------------------------------

@@ -35,7 +35,13 @@ from edgeplex.agent.core import Agent
 from edgeplex.agent.entry import ModelState
 from edgeplex.agent.reconcile import Reconciler
 from edgeplex.artifacts import ArtifactCache
-from edgeplex.fleet import Backoff, desired_topic, parse_mqtt_url, presence_topic
+from edgeplex.fleet import (
+    Backoff,
+    desired_topic,
+    parse_mqtt_url,
+    presence_topic,
+    routes_topic,
+)
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 
@@ -204,13 +210,27 @@ class FleetLink:
                     backoff.reset()
                     await client.publish(presence_topic(self._site), b"online", qos=1, retain=True)
                     await client.subscribe(desired_topic(self._site), qos=1)
+                    await client.subscribe(routes_topic(self._settings.fleet.region), qos=1)
                     log.info("subscribed to %s", desired_topic(self._site))
                     async for message in client.messages:
-                        self._on_desired(message.payload)
+                        if message.topic.value.endswith("/routes"):
+                            self._on_routes(message.payload)
+                        else:
+                            self._on_desired(message.payload)
             except aiomqtt.MqttError as exc:
                 delay = backoff.delay()
                 log.warning("MQTT unavailable (%s); retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
+
+    def _on_routes(self, payload: object) -> None:
+        if self._agent.router is None or not isinstance(payload, bytes | bytearray):
+            return
+        try:
+            routes = pb.Routes.FromString(bytes(payload))
+        except Exception:
+            log.warning("ignored a routes message that is not a Routes")
+            return
+        self._agent.router.update(routes)
 
     def _on_desired(self, payload: object) -> None:
         if not isinstance(payload, bytes | bytearray):

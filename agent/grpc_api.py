@@ -16,6 +16,7 @@ import grpc
 
 from edgeplex.agent.core import Agent, InferInput
 from edgeplex.agent.errors import InvalidInput, ServeError
+from edgeplex.agent.forward import FORWARDED, ORIGIN_REGION, SERVED_BY, peer_error
 from edgeplex.agent.repository import valid_name
 from edgeplex.agent.tensors import (
     CONTENTS_FIELD,
@@ -34,7 +35,6 @@ log = logging.getLogger("edgeplex.agent.grpc")
 
 # Trailing metadata set when the request waited for its model's promotion.
 COLD_START = "edgeplex-cold-start"
-ORIGIN_REGION = "edgeplex-origin-region"
 
 
 def origin_region(metadata: Any) -> str:
@@ -166,6 +166,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._infer(request, context)
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        router = self.agent.router
+        metadata = context.invocation_metadata()
+        origin = origin_region(metadata)
+        if router is not None:
+            forwarded = any(key == FORWARDED for key, _ in metadata or ())
+            peers = router.decide(request.model_name, forwarded, origin)
+            if peers:
+                try:
+                    reply, served_by = await router.forward_grpc(
+                        request, peers, origin, request_timeout_s(request, context)
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    raise peer_error(exc) from None
+                context.set_trailing_metadata(((SERVED_BY, served_by),))
+                return reply
         inputs = decode_inputs(request, self.agent.settings.max_payload_bytes)
         wanted = [o.name for o in request.outputs] or None
         result = await self.agent.infer(
@@ -174,10 +189,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             inputs,
             wanted,
             request_timeout_s(request, context),
-            origin_region(context.invocation_metadata()),
+            origin,
         )
+        trailers = []
         if result.cold_start:
-            context.set_trailing_metadata(((COLD_START, result.cold_start),))
+            trailers.append((COLD_START, result.cold_start))
+        if router is not None:
+            trailers.append((SERVED_BY, router.site_id))
+        if trailers:
+            context.set_trailing_metadata(tuple(trailers))
         response = pb.ModelInferResponse(
             model_name=result.entry.name, model_version=result.entry.version, id=request.id
         )

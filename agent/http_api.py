@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from edgeplex.agent.core import Agent, InferInput
 from edgeplex.agent.errors import InvalidInput, ServeError
+from edgeplex.agent.forward import FORWARDED, ORIGIN_REGION, SERVED_BY
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.repository import valid_name
 from edgeplex.agent.tensors import (
@@ -39,7 +40,6 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 # Set when the request had to wait for its model's promotion; the value names the
 # tier it came from ("staged" or "cached").
 COLD_START = "edgeplex-cold-start"
-ORIGIN_REGION = "edgeplex-origin-region"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -261,6 +261,16 @@ class HttpApi:
 
     async def infer(self, request: web.Request) -> web.Response:
         mi = request.match_info
+        origin = request.headers.get(ORIGIN_REGION, "")
+        origin = origin if valid_name(origin) else ""
+        router = self.agent.router
+        if router is not None:
+            peers = router.decide(mi["model"], FORWARDED in request.headers, origin)
+            if peers:
+                status, payload, headers = await router.forward_http(
+                    request.path_qs, await request.read(), dict(request.headers), peers, origin
+                )
+                return web.Response(status=status, body=payload, headers=headers)
         cap = self.agent.settings.max_payload_bytes
         body = _decompress(
             await request.read(), request.headers.get("Content-Encoding", "").lower(), 2 * cap
@@ -275,20 +285,16 @@ class HttpApi:
         params = doc.get("parameters")
         if isinstance(params, dict) and isinstance(params.get("timeout"), int):
             timeout_s = params["timeout"] / 1e6
-        origin = request.headers.get(ORIGIN_REGION, "")
         result = await self.agent.infer(
-            mi["model"],
-            mi.get("version", ""),
-            inputs,
-            wanted,
-            timeout_s,
-            origin if valid_name(origin) else "",
+            mi["model"], mi.get("version", ""), inputs, wanted, timeout_s, origin
         )
         response = encode_infer_response(
             doc, result.entry.name, result.entry.version, result.outputs
         )
         if result.cold_start:
             response.headers[COLD_START] = result.cold_start
+        if router is not None:
+            response.headers[SERVED_BY] = router.site_id
         return response
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -25,6 +25,7 @@ from edgeplex import systemd
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet import FleetLink
+from edgeplex.agent.forward import Router
 from edgeplex.agent.grpc_api import start_grpc_server
 from edgeplex.agent.http_api import start_http_server
 from edgeplex.agent.models import ModelTable
@@ -55,6 +56,10 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         table = ModelTable(settings, pool, staging)
         names = table.discover()
         agent = Agent(settings, table)
+        if settings.fleet.control_plane:
+            agent.router = Router(
+                settings.fleet.site_id, settings.fleet.region, table, agent.load_window
+            )
         grpc_server, grpc_port = await start_grpc_server(agent)
         http_runner, http_port = await start_http_server(agent)
     except BaseException:
@@ -133,6 +138,8 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     watchdog.cancel()
     if link_task is not None:
         link_task.cancel()
+    if agent.router is not None:
+        await agent.router.close()
     # Responses still being written (an 8 MB tensor to a slow client) get the rest
     # of the drain time; stop() returns as soon as they are done.
     await grpc_server.stop(grace=max(1.0, settings.drain_timeout_s))

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +35,8 @@ from edgeplex.artifacts import sha256_of
 from edgeplex.fleet import parse_mqtt_url, presence_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from edgeplex.proto import inference_pb2 as ipb
+from edgeplex.proto import inference_pb2_grpc as ipb_grpc
 from tests.conftest import AgentProcess, start_agent
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer
 
@@ -132,8 +137,6 @@ def presence(fleet: Fleet, site: str) -> bytes:
 
 
 def agent_tier(agent: AgentProcess, model: str) -> str:
-    import json
-
     _status, body = agent.http_get("/edgeplex/v1/status")
     for entry in json.loads(body):
         if entry["name"] == model:
@@ -383,3 +386,58 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
     finally:
         fleet.cp.start()  # back as a standby; the fleet stays usable
         standby.stop()
+
+
+def test_forwarding_to_the_site_that_holds_the_model(fleet: Fleet) -> None:
+    fleet.add_model("b_only", fleet.artifacts["other"], regions=["b"], min_replicas=1)
+    wait_until(lambda: "b_only" in fleet.loaded_at("b1"), what="b_only placed at b1")
+    a1, b1 = fleet.agents["a1"], fleet.agents["b1"]
+    wait_until(lambda: agent_tier(b1, "b_only") == "loaded", what="b_only loaded at b1")
+
+    def served_by_grpc() -> str:
+        # tritonclient does not expose trailers; the raw stub does.
+        request = ipb.ModelInferRequest(model_name="b_only")
+        request.inputs.add(name="input", datatype="FP32", shape=[1, 32])
+        request.raw_input_contents.append(np.ones((1, 32), np.float32).tobytes())
+        with grpc.insecure_channel(a1.grpc_url) as channel:
+            stub = ipb_grpc.GRPCInferenceServiceStub(channel)
+            response, call = stub.ModelInfer.with_call(request, timeout=10)
+        assert response.model_name == "b_only"
+        return dict(call.trailing_metadata())["edgeplex-served-by"]
+
+    assert wait_until(lambda: served_by_grpc() == "b1", what="a1 forwards over gRPC to b1")
+    body = json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 32], "datatype": "FP32", "data": [1.0] * 32}]}
+    ).encode()
+    status, headers, reply = http_post(a1, "/v2/models/b_only/infer", body)
+    assert status == 200 and headers["edgeplex-served-by"] == "b1"
+    assert len(json.loads(reply)["outputs"][0]["data"]) == 64
+    # Served locally: the header names the site itself.
+    status, headers, _ = http_post(b1, "/v2/models/b_only/infer", body)
+    assert status == 200 and headers["edgeplex-served-by"] == "b1"
+    # A forwarded request is never forwarded again.
+    status, headers, reply = http_post(
+        a1, "/v2/models/b_only/infer", body, {"edgeplex-forwarded": "x9"}
+    )
+    assert status == 503 and b"not at this site" in reply
+    # No site serves it: UNAVAILABLE with a retry hint.
+    status, headers, reply = http_post(a1, "/v2/models/nowhere/infer", body)
+    assert status == 503 and "Retry-After" in headers and b"no site serves" in reply
+    with pytest.raises(triton.InferenceServerException) as info:
+        infer(a1, "nowhere")
+    assert "UNAVAILABLE" in str(info.value.status())
+
+
+def http_post(
+    agent: AgentProcess, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(
+        f"http://{agent.http_url}{path}",
+        data=body,
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()

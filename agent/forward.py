@@ -1,0 +1,190 @@
+"""Forwarding: an agent that should not serve a model itself proxies the request
+to the best peer, from the routing table the control plane publishes for its
+region (`edgeplex/v1/regions/<region>/routes`, nearest site first).
+
+The rule, per request (`Router.decide`):
+
+1. A request that was already forwarded (`edgeplex-forwarded` set) is served
+   here or fails here: it is never forwarded again, so there are no loops.
+2. A model loaded here is served here.
+3. Otherwise, if the routes name other sites holding it, the request goes to
+   the first one that answers (a peer that fails to connect is skipped for
+   PEER_BACKOFF_S and the next one is tried).
+4. Otherwise a model in this site's repository is promoted here (cold start).
+5. Otherwise no site can serve it: UNAVAILABLE (HTTP 503) with a retry hint;
+   the request still counts as this region's demand, so the control plane
+   places the model if it is worth placing.
+
+Every inference response names the site that served it in `edgeplex-served-by`
+(an HTTP header or a gRPC trailer); a forwarded response carries the peer's.
+The forwarder sends `edgeplex-origin-region` so the peer accounts the demand
+to the region it came from.
+
+Owned by the agent's event loop: routes are replaced by the fleet link, read
+by the front doors; connections to peers are cached per address.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import grpc
+
+from edgeplex.agent.entry import ModelState
+from edgeplex.agent.errors import ServeError, Unavailable
+from edgeplex.agent.load_window import LoadWindow
+from edgeplex.agent.models import ModelTable
+from edgeplex.agent.repository import valid_name
+from edgeplex.proto import edgeplex_control_pb2 as cpb
+from edgeplex.proto import inference_pb2 as pb
+from edgeplex.proto import inference_pb2_grpc as pb_grpc
+
+FORWARDED = "edgeplex-forwarded"
+SERVED_BY = "edgeplex-served-by"
+ORIGIN_REGION = "edgeplex-origin-region"
+PEER_BACKOFF_S = 5.0
+NO_ROUTE_RETRY_S = 2.0
+# Headers an HTTP forward passes through, both ways.
+HTTP_REQUEST_HEADERS = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
+HTTP_RESPONSE_HEADERS = (
+    "Content-Type",
+    "Inference-Header-Content-Length",
+    SERVED_BY,
+    "edgeplex-cold-start",
+    "Retry-After",
+)
+
+
+@dataclass(frozen=True)
+class Peer:
+    site_id: str
+    address: str
+    http_address: str
+
+
+class Router:
+    def __init__(self, site_id: str, region: str, table: ModelTable, window: LoadWindow) -> None:
+        self.site_id = site_id
+        self.region = region
+        self._table = table
+        self._window = window
+        self._routes: dict[str, list[Peer]] = {}
+        self.version = 0
+        self._down_until: dict[str, float] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self.forwarded = 0
+
+    def update(self, routes: cpb.Routes) -> bool:
+        """Replace the table unless `routes` is stale or for another region."""
+        if routes.region != self.region or routes.version <= self.version:
+            return False
+        self.version = routes.version
+        self._routes = {
+            r.model: [Peer(t.site_id, t.address, t.http_address) for t in r.targets]
+            for r in routes.routes
+        }
+        return True
+
+    def decide(self, model: str, forwarded: bool, origin: str = "") -> list[Peer]:
+        """Peers to try, best first; [] means serve here. Raises Unavailable when
+        neither this site nor any peer can serve `model`."""
+        entry = self._table.get(model)
+        if forwarded or (entry is not None and entry.state == ModelState.READY):
+            if entry is None:
+                raise Unavailable(f"model '{model}' is not at this site (routes are changing)")
+            return []
+        now = time.monotonic()
+        peers = [
+            p
+            for p in self._routes.get(model, ())
+            if p.site_id != self.site_id and self._down_until.get(p.site_id, 0.0) <= now
+        ]
+        if peers:
+            return peers
+        if entry is not None:
+            return []
+        if valid_name(model):  # demand for a model no site has: the control plane must see it
+            self._window.record(model, origin or self.region, 0.0)
+        error = Unavailable(f"no site serves model '{model}' now; retry in {NO_ROUTE_RETRY_S:g} s")
+        error.retry_after_s = NO_ROUTE_RETRY_S
+        raise error
+
+    def peer_failed(self, peer: Peer) -> None:
+        self._down_until[peer.site_id] = time.monotonic() + PEER_BACKOFF_S
+
+    # --- the two proxies ------------------------------------------------------------------
+
+    async def forward_grpc(
+        self,
+        request: pb.ModelInferRequest,
+        peers: list[Peer],
+        origin: str,
+        timeout_s: float | None,
+    ) -> tuple[pb.ModelInferResponse, str]:
+        """(response, serving site). Raises grpc.aio.AioRpcError from the last peer."""
+        metadata = ((FORWARDED, self.site_id), (ORIGIN_REGION, origin or self.region))
+        last: grpc.aio.AioRpcError | None = None
+        for peer in peers[:2]:
+            channel = self._channels.get(peer.address)
+            if channel is None:
+                channel = self._channels[peer.address] = grpc.aio.insecure_channel(peer.address)
+            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+                request, metadata=metadata, timeout=timeout_s
+            )
+            try:
+                response = await call
+            except grpc.aio.AioRpcError as exc:
+                last = exc
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    self.peer_failed(peer)
+                    continue
+                raise
+            trailers = dict(await call.trailing_metadata() or ())
+            self.forwarded += 1
+            return response, str(trailers.get(SERVED_BY, peer.site_id))
+        assert last is not None
+        raise last
+
+    async def forward_http(
+        self, path: str, body: bytes, headers: dict[str, str], peers: list[Peer], origin: str
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """(status, body, headers) of the first peer that answers."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+        out = {k: v for k, v in headers.items() if k in HTTP_REQUEST_HEADERS}
+        out[FORWARDED] = self.site_id
+        out[ORIGIN_REGION] = origin or self.region
+        for peer in peers[:2]:
+            try:
+                async with self._http.post(
+                    f"http://{peer.http_address}{path}", data=body, headers=out
+                ) as reply:
+                    payload = await reply.read()
+                    kept = {k: v for k, v in reply.headers.items() if k in HTTP_RESPONSE_HEADERS}
+                    kept.setdefault(SERVED_BY, peer.site_id)
+                    self.forwarded += 1
+                    return reply.status, payload, kept
+            except aiohttp.ClientConnectionError:
+                self.peer_failed(peer)
+        error = Unavailable(f"no peer answered for '{path}'; retry in {NO_ROUTE_RETRY_S:g} s")
+        error.retry_after_s = NO_ROUTE_RETRY_S
+        raise error
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        if self._http is not None:
+            await self._http.close()
+
+
+def peer_error(exc: grpc.aio.AioRpcError) -> ServeError:
+    """A peer's gRPC error, passed on to our caller with the same status."""
+    error = ServeError(exc.details() or exc.code().name)
+    error.grpc_code = exc.code()
+    error.http_status = 503 if exc.code() == grpc.StatusCode.UNAVAILABLE else 502
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        error.retry_after_s = NO_ROUTE_RETRY_S
+    return error
