@@ -17,5 +17,9 @@ def main(argv: list[str] | None = None) -> None:
     from edgeplex.control_plane import cli as control_plane_cli
 
     control_plane_cli.add_commands(sub)
+
+    from edgeplex.rig import cli as rig_cli
+
+    rig_cli.add_commands(sub)
     args = parser.parse_args(argv)
     sys.exit(args.run(args) or 0)
