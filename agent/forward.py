@@ -45,6 +45,8 @@ FORWARDED = "edgeplex-forwarded"
 SERVED_BY = "edgeplex-served-by"
 ORIGIN_REGION = "edgeplex-origin-region"
 PEER_BACKOFF_S = 5.0
+PEER_CONNECT_TIMEOUT_S = 2.0
+FORWARD_TIMEOUT_S = 30.0  # when the caller set no deadline
 NO_ROUTE_RETRY_S = 2.0
 # Headers an HTTP forward passes through, both ways.
 HTTP_REQUEST_HEADERS = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
@@ -132,13 +134,13 @@ class Router:
             if channel is None:
                 channel = self._channels[peer.address] = grpc.aio.insecure_channel(peer.address)
             call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
-                request, metadata=metadata, timeout=timeout_s
+                request, metadata=metadata, timeout=timeout_s or FORWARD_TIMEOUT_S
             )
             try:
                 response = await call
             except grpc.aio.AioRpcError as exc:
                 last = exc
-                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self.peer_failed(peer)
                     continue
                 raise
@@ -153,7 +155,10 @@ class Router:
     ) -> tuple[int, bytes, dict[str, str]]:
         """(status, body, headers) of the first peer that answers."""
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+            # A peer that does not accept the connection quickly is treated as down.
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=60, sock_connect=PEER_CONNECT_TIMEOUT_S)
+            )
         out = {k: v for k, v in headers.items() if k in HTTP_REQUEST_HEADERS}
         out[FORWARDED] = self.site_id
         out[ORIGIN_REGION] = origin or self.region
@@ -167,7 +172,7 @@ class Router:
                     kept.setdefault(SERVED_BY, peer.site_id)
                     self.forwarded += 1
                     return reply.status, payload, kept
-            except aiohttp.ClientConnectionError:
+            except (aiohttp.ClientConnectionError, TimeoutError):
                 self.peer_failed(peer)
         error = Unavailable(f"no peer answered for '{path}'; retry in {NO_ROUTE_RETRY_S:g} s")
         error.retry_after_s = NO_ROUTE_RETRY_S

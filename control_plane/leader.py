@@ -42,6 +42,7 @@ class LeaderLease:
         self.replica_id = replica_id
         self._lease_ms = max(1, int(lease_s * 1000))
         self.is_leader = False
+        self._redis_ok = True
         self.changed = asyncio.Event()  # set on every change of is_leader
 
     async def run(self) -> None:
@@ -51,7 +52,12 @@ class LeaderLease:
             except RedisError as exc:
                 if self.is_leader:
                     log.warning("lost Redis (%s): stepping down", exc)
+                elif self._redis_ok:
+                    log.warning("Redis unavailable (%s): cannot take the leader lease", exc)
+                self._redis_ok = False
                 held = False
+            else:
+                self._redis_ok = True
             if held != self.is_leader:
                 self.is_leader = held
                 self.changed.set()

@@ -104,7 +104,8 @@ class Rig:
         (self.state_dir / "admin-token").chmod(0o600)
         gw = topo.gateway
         state["control_plane"] = f"{gw}:7070"
-        state["redis"] = f"redis://{gw}:6379/0"
+        redis_password = secrets.token_hex(16)
+        state["redis"] = f"redis://:{redis_password}@{gw}:6379/0"
         state["mqtt"] = f"mqtt://{gw}:1883"
         (self.state_dir / "mosquitto.conf").write_text(
             f"listener 1883 {gw}\nallow_anonymous true\n"
@@ -112,7 +113,7 @@ class Rig:
         )
         state["pids"]["redis"] = self._spawn(
             "redis", ["redis-server", "--bind", gw, "--port", "6379", "--dir", str(self.state_dir),
-                      "--appendonly", "yes", "--save", ""],
+                      "--appendonly", "yes", "--save", "", "--requirepass", redis_password],
         )  # fmt: skip
         state["pids"]["mosquitto"] = self._spawn(
             "mosquitto",
