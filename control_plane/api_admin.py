@@ -28,6 +28,8 @@ from edgeplex.artifacts import (
     model_file,
     probe_onnx,
 )
+from edgeplex.control_plane.api_batch import BatchAdmin
+from edgeplex.control_plane.api_batch import redis_down as _redis_down
 from edgeplex.control_plane.explain import explain
 from edgeplex.control_plane.placement import PlacementResult
 from edgeplex.control_plane.planner import Planner
@@ -64,11 +66,7 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         return await continuation(details)
 
 
-def _redis_down(context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
-    return context.abort(grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable")
-
-
-class AdminServicer(pb_grpc.AdminServiceServicer):
+class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
     def __init__(
         self, store: Store, planner: Planner, artifacts: ArtifactCache, poke: Callable[[], None]
     ) -> None:

@@ -69,6 +69,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = placement.add_parser("explain")
     p.add_argument("model")
     p.set_defaults(call=_placement_explain)
+    batch = nouns.add_parser("batch", help="asynchronous batch jobs").add_subparsers(
+        dest="verb", required=True
+    )
+    submit = batch.add_parser("submit", help="submit a JSONL file of OIP request bodies")
+    submit.add_argument("--model", required=True)
+    submit.add_argument("--inputs", type=Path, required=True, help="one request body per line")
+    submit.add_argument("--shard-size", type=int, default=0, help="items per shard (32)")
+    submit.set_defaults(call=_batch_submit)
+    status = batch.add_parser("status", help="progress of a job")
+    status.add_argument("job_id")
+    status.set_defaults(call=_batch_status)
+    results = batch.add_parser("results", help="outputs in input order, as JSONL")
+    results.add_argument("job_id")
+    results.add_argument("--out", type=Path, help="write here instead of stdout")
+    results.set_defaults(call=_batch_results)
     admin.set_defaults(run=_run_admin)
 
 
@@ -190,6 +205,38 @@ def _placement_explain(args: argparse.Namespace, call: Call) -> Any:
     return call("ExplainPlacement", pb.ModelName(name=args.model))
 
 
+def _batch_submit(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    lines = [ln for ln in args.inputs.read_text().splitlines() if ln.strip()]
+    job = call(
+        "SubmitBatch", pb.BatchSubmit(model=args.model, inputs=lines, shard_size=args.shard_size)
+    )
+    if args.json:
+        return job
+    print(job.job_id)
+    return None
+
+
+def _batch_status(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    return call("GetBatch", pb.BatchRef(job_id=args.job_id))
+
+
+def _batch_results(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    results = call("GetBatchResults", pb.BatchRef(job_id=args.job_id))
+    text = "".join(line + "\n" for line in results.outputs)
+    if args.out:
+        args.out.write_text(text)
+        print(f"wrote {len(results.outputs)} outputs to {args.out}")
+    else:
+        print(text, end="")
+    return None
+
+
 def _render(reply: Any) -> str:
     """Plain-text views of the replies; --json gives every field."""
     kind = type(reply).__name__
@@ -235,6 +282,16 @@ def _render(reply: Any) -> str:
         for sp in reply.sites:
             lines.append(
                 f"{sp.site_id}: loaded [{' '.join(sp.loaded)}] staged [{' '.join(sp.staged)}]"
+            )
+        return "\n".join(lines)
+    if kind == "BatchJob":
+        lines = [
+            f"{reply.job_id}: {reply.state}, model {reply.model}, {reply.items} items, "
+            f"{reply.shards_done}/{reply.shards} shards done, {reply.items_failed} failed"
+        ]
+        for shard in reply.shard_states:
+            lines.append(
+                f"  shard {shard.index}: {shard.state} {shard.site_id} (attempts {shard.attempts})"
             )
         return "\n".join(lines)
     if kind == "PlacementExplanation":

@@ -78,6 +78,11 @@ class ControlPlaneSettings(BaseSettings):
         description="One-way latency between regions, keyed 'a,b' (symmetric). A pair that is "
         "absent is treated as unreachable for SLO purposes.",
     )
+    region_clock_offset_h: dict[str, float] = Field(
+        default_factory=dict,
+        description="Hours each region's local time is ahead of UTC, for batch jobs: shards "
+        "prefer sites where it is night (22:00-06:00 local). Absent regions: UTC.",
+    )
     artifact_dir: Path | None = Field(
         default=None,
         description="Content-addressed cache where the control plane verifies artifacts. "

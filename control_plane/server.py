@@ -24,6 +24,7 @@ from edgeplex import systemd
 from edgeplex.artifacts import ArtifactCache
 from edgeplex.control_plane.api_admin import AdminServicer, TokenAuth
 from edgeplex.control_plane.api_agent import AgentServicer, ReportSink
+from edgeplex.control_plane.batch import BatchRunner
 from edgeplex.control_plane.config import ControlPlaneSettings
 from edgeplex.control_plane.leader import LeaderLease
 from edgeplex.control_plane.metrics import METRICS
@@ -97,8 +98,10 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
                     await admin.verify_pending()
                 planner.poke()
 
+    batches = BatchRunner(store, lease, settings.region_clock_offset_h)
     tasks = [
         asyncio.create_task(lease.run()),
+        asyncio.create_task(batches.run()),
         asyncio.create_task(planner.run()),
         asyncio.create_task(sink.run()),
         asyncio.create_task(publisher.run()),

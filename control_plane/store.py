@@ -11,6 +11,10 @@
     edgeplex:desired         hash  site -> the DesiredState last published
     edgeplex:leader          string  replica id, with a TTL (the leader lease)
     edgeplex:events          pub/sub  "catalog", "sites": wake the placement loop
+    edgeplex:batch:jobs      hash  job id -> BatchJob (summary, protobuf)
+    edgeplex:batch:<id>:in   hash  shard index -> JSON list of the shard's request bodies
+    edgeplex:batch:<id>:out  hash  shard index -> JSON list of its outputs (HSETNX: written once)
+    edgeplex:batch:<id>:lease hash shard index -> "<site> <expiry unix time> <attempt>"
 
 Values are protobuf bytes from proto/edgeplex_control.proto, never pickle.
 Every method is a coroutine that may raise redis.exceptions.ConnectionError
@@ -130,6 +134,54 @@ class Store:
         raw = await self.redis.hgetall(P + "desired")
         return {_text(k): pb.DesiredState.FromString(v) for k, v in raw.items()}
 
+    # --- batch jobs -----------------------------------------------------------------------
+
+    async def put_batch(self, job: pb.BatchJob, shards: list[bytes]) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(f"{P}batch:{job.job_id}:in", mapping=dict(enumerate(shards)))
+            pipe.hset(P + "batch:jobs", job.job_id, job.SerializeToString())
+            await pipe.execute()
+
+    async def update_batch(self, job: pb.BatchJob) -> None:
+        await self.redis.hset(P + "batch:jobs", job.job_id, job.SerializeToString())
+
+    async def batch_jobs(self) -> list[pb.BatchJob]:
+        raw = await self.redis.hgetall(P + "batch:jobs")
+        return [pb.BatchJob.FromString(v) for v in raw.values()]
+
+    async def get_batch(self, job_id: str) -> pb.BatchJob | None:
+        raw = await self.redis.hget(P + "batch:jobs", job_id)
+        return None if raw is None else pb.BatchJob.FromString(raw)
+
+    async def batch_shard(self, job_id: str, index: int) -> bytes:
+        raw = await self.redis.hget(f"{P}batch:{job_id}:in", str(index))
+        return _bytes(raw or b"[]")
+
+    async def batch_outputs(self, job_id: str) -> dict[int, bytes]:
+        raw = await self.redis.hgetall(f"{P}batch:{job_id}:out")
+        return {int(_text(k)): _bytes(v) for k, v in raw.items()}
+
+    async def batch_done_shards(self, job_id: str) -> set[int]:
+        keys = await self.redis.hkeys(f"{P}batch:{job_id}:out")
+        return {int(_text(k)) for k in keys}
+
+    async def put_batch_output(self, job_id: str, index: int, outputs: bytes) -> bool:
+        """Record a shard's outputs unless some run of it already did (no duplicates)."""
+        return bool(await self.redis.hsetnx(f"{P}batch:{job_id}:out", str(index), outputs))
+
+    async def batch_leases(self, job_id: str) -> dict[int, tuple[str, float, int]]:
+        raw = await self.redis.hgetall(f"{P}batch:{job_id}:lease")
+        out = {}
+        for k, v in raw.items():
+            site, expiry, attempt = _text(v).split()
+            out[int(_text(k))] = (site, float(expiry), int(attempt))
+        return out
+
+    async def lease_batch_shard(
+        self, job_id: str, index: int, site: str, expiry: float, attempt: int
+    ) -> None:
+        await self.redis.hset(f"{P}batch:{job_id}:lease", str(index), f"{site} {expiry} {attempt}")
+
     # --- events ---------------------------------------------------------------------------
 
     async def notify(self, what: str) -> None:
@@ -138,3 +190,7 @@ class Store:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value

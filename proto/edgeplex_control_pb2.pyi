@@ -279,6 +279,66 @@ class PlacementExplanation(_message.Message):
     lines: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, model: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class BatchSubmit(_message.Message):
+    __slots__ = ("model", "inputs", "shard_size")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    shard_size: int
+    def __init__(self, model: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., shard_size: _Optional[int] = ...) -> None: ...
+
+class BatchShard(_message.Message):
+    __slots__ = ("index", "state", "site_id", "attempts")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    state: str
+    site_id: str
+    attempts: int
+    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., site_id: _Optional[str] = ..., attempts: _Optional[int] = ...) -> None: ...
+
+class BatchJob(_message.Message):
+    __slots__ = ("job_id", "model", "state", "items", "shards", "shards_done", "items_failed", "created_at", "finished_at", "shard_states")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_DONE_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    SHARD_STATES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    model: str
+    state: str
+    items: int
+    shards: int
+    shards_done: int
+    items_failed: int
+    created_at: float
+    finished_at: float
+    shard_states: _containers.RepeatedCompositeFieldContainer[BatchShard]
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[str] = ..., items: _Optional[int] = ..., shards: _Optional[int] = ..., shards_done: _Optional[int] = ..., items_failed: _Optional[int] = ..., created_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., shard_states: _Optional[_Iterable[_Union[BatchShard, _Mapping]]] = ...) -> None: ...
+
+class BatchRef(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class BatchResults(_message.Message):
+    __slots__ = ("job_id", "outputs")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class DesiredState(_message.Message):
     __slots__ = ("version", "site_id", "issued_at", "models")
     VERSION_FIELD_NUMBER: _ClassVar[int]

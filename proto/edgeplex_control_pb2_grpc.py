@@ -210,6 +210,21 @@ class AdminServiceStub:
                 request_serializer=edgeplex__control__pb2.ModelName.SerializeToString,
                 response_deserializer=edgeplex__control__pb2.PlacementExplanation.FromString,
                 _registered_method=True)
+        self.SubmitBatch = channel.unary_unary(
+                '/edgeplex.v1.AdminService/SubmitBatch',
+                request_serializer=edgeplex__control__pb2.BatchSubmit.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.BatchJob.FromString,
+                _registered_method=True)
+        self.GetBatch = channel.unary_unary(
+                '/edgeplex.v1.AdminService/GetBatch',
+                request_serializer=edgeplex__control__pb2.BatchRef.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.BatchJob.FromString,
+                _registered_method=True)
+        self.GetBatchResults = channel.unary_unary(
+                '/edgeplex.v1.AdminService/GetBatchResults',
+                request_serializer=edgeplex__control__pb2.BatchRef.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.BatchResults.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -273,6 +288,25 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitBatch(self, request, context):
+        """Asynchronous batch jobs: durable in Redis, sharded to idle sites.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBatchResults(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -320,6 +354,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ExplainPlacement,
                     request_deserializer=edgeplex__control__pb2.ModelName.FromString,
                     response_serializer=edgeplex__control__pb2.PlacementExplanation.SerializeToString,
+            ),
+            'SubmitBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitBatch,
+                    request_deserializer=edgeplex__control__pb2.BatchSubmit.FromString,
+                    response_serializer=edgeplex__control__pb2.BatchJob.SerializeToString,
+            ),
+            'GetBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBatch,
+                    request_deserializer=edgeplex__control__pb2.BatchRef.FromString,
+                    response_serializer=edgeplex__control__pb2.BatchJob.SerializeToString,
+            ),
+            'GetBatchResults': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBatchResults,
+                    request_deserializer=edgeplex__control__pb2.BatchRef.FromString,
+                    response_serializer=edgeplex__control__pb2.BatchResults.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -568,6 +617,87 @@ class AdminService:
             '/edgeplex.v1.AdminService/ExplainPlacement',
             edgeplex__control__pb2.ModelName.SerializeToString,
             edgeplex__control__pb2.PlacementExplanation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/SubmitBatch',
+            edgeplex__control__pb2.BatchSubmit.SerializeToString,
+            edgeplex__control__pb2.BatchJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/GetBatch',
+            edgeplex__control__pb2.BatchRef.SerializeToString,
+            edgeplex__control__pb2.BatchJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBatchResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/GetBatchResults',
+            edgeplex__control__pb2.BatchRef.SerializeToString,
+            edgeplex__control__pb2.BatchResults.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,225 @@
+"""The asynchronous Batch API: jobs durable in Redis, shards run at idle sites.
+
+A job is its request bodies split into shards (store.py keys `batch:*`). On the
+leader, `BatchRunner.run` wakes every TICK_S and, for every shard of a
+running job that has no output and no live lease, picks a site
+(`pick_site`: up, not draining, utilisation under `IDLE_UTILIZATION`,
+preferring sites where it is local night, then the model already loaded, then
+the least busy), writes a lease, and sends the shard's requests to that
+site's OIP HTTP endpoint one by one. The outputs of a shard are written with
+HSETNX when all its items are done, so a shard run twice (its lease expired
+while a replica was dying) is recorded once: a control-plane restart loses
+no shard and duplicates none. A site that fails mid-shard simply lets the
+lease lapse; the shard runs again elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import aiohttp
+from redis.exceptions import RedisError
+
+from edgeplex.control_plane.leader import LeaderLease
+from edgeplex.control_plane.store import Store
+from edgeplex.proto import edgeplex_control_pb2 as pb
+
+log = logging.getLogger("edgeplex.control_plane.batch")
+
+DEFAULT_SHARD_SIZE = 32
+SHARD_LEASE_S = 15.0
+TICK_S = 0.5
+IDLE_UTILIZATION = 0.5
+MAX_SHARDS_PER_SITE = 1
+NIGHT = (22, 6)  # local hours [22:00, 06:00)
+
+
+@dataclass(frozen=True)
+class SiteLoad:
+    site_id: str
+    region: str
+    http_address: str
+    up: bool
+    draining: bool
+    utilization: float
+    loaded: frozenset[str]
+
+
+def is_night(region: str, offsets_h: dict[str, float], now: float) -> bool:
+    hour = (now / 3600 + offsets_h.get(region, 0.0)) % 24
+    start, end = NIGHT
+    return hour >= start or hour < end
+
+
+def pick_site(
+    sites: Iterable[SiteLoad],
+    model: str,
+    busy: dict[str, int],
+    offsets_h: dict[str, float],
+    now: float,
+) -> SiteLoad | None:
+    """The site for the next shard of `model`, or None when no site is idle. Pure."""
+    idle = [
+        s
+        for s in sites
+        if s.up
+        and not s.draining
+        and s.utilization < IDLE_UTILIZATION
+        and busy.get(s.site_id, 0) < MAX_SHARDS_PER_SITE
+    ]
+    if not idle:
+        return None
+    return min(
+        idle,
+        key=lambda s: (
+            not is_night(s.region, offsets_h, now),
+            model not in s.loaded,
+            s.utilization + busy.get(s.site_id, 0),
+            s.site_id,
+        ),
+    )
+
+
+def make_job(model: str, inputs: list[str], shard_size: int) -> tuple[pb.BatchJob, list[bytes]]:
+    """A new job and its shards; raises ValueError for an input that is not JSON."""
+    for i, body in enumerate(inputs):
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise ValueError(f"input {i} is not JSON") from None
+        if not isinstance(doc, dict) or "inputs" not in doc:
+            raise ValueError(f"input {i}: expected an OIP request body with 'inputs'")
+    size = shard_size or DEFAULT_SHARD_SIZE
+    shards = [json.dumps(inputs[i : i + size]).encode() for i in range(0, len(inputs), size)]
+    job = pb.BatchJob(
+        job_id=uuid.uuid4().hex[:16],
+        model=model,
+        state="RUNNING" if shards else "DONE",
+        items=len(inputs),
+        shards=len(shards),
+        created_at=time.time(),
+    )
+    if not shards:
+        job.finished_at = job.created_at
+    return job, shards
+
+
+class BatchRunner:
+    def __init__(self, store: Store, lease: LeaderLease, offsets_h: dict[str, float]) -> None:
+        self._store = store
+        self._lease = lease
+        self._offsets = offsets_h
+        self._running: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._busy: dict[str, int] = {}
+        self._http: aiohttp.ClientSession | None = None
+
+    async def run(self) -> None:
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+        try:
+            while True:
+                await asyncio.sleep(TICK_S)
+                if not self._lease.is_leader:
+                    continue
+                try:
+                    await self._tick()
+                except RedisError as exc:
+                    log.warning("batch dispatch paused: Redis unavailable (%s)", exc)
+        finally:
+            for task in self._running.values():
+                task.cancel()
+            await self._http.close()
+
+    async def _tick(self) -> None:
+        jobs = [j for j in await self._store.batch_jobs() if j.state == "RUNNING"]
+        if not jobs:
+            return
+        sites = await self._site_loads()
+        now = time.time()
+        for job in sorted(jobs, key=lambda j: j.created_at):
+            done = await self._store.batch_done_shards(job.job_id)
+            if len(done) == job.shards:
+                await self._finish(job)
+                continue
+            leases = await self._store.batch_leases(job.job_id)
+            for index in range(job.shards):
+                if index in done or (job.job_id, index) in self._running:
+                    continue
+                lease = leases.get(index)
+                if lease is not None and lease[1] > now:
+                    continue  # another replica's run may still finish
+                site = pick_site(sites, job.model, self._busy, self._offsets, now)
+                if site is None:
+                    return
+                attempt = (lease[2] + 1) if lease else 1
+                await self._store.lease_batch_shard(
+                    job.job_id, index, site.site_id, now + SHARD_LEASE_S, attempt
+                )
+                self._busy[site.site_id] = self._busy.get(site.site_id, 0) + 1
+                task = asyncio.create_task(self._run_shard(job, index, site))
+                self._running[(job.job_id, index)] = task
+
+    async def _site_loads(self) -> list[SiteLoad]:
+        sites = await self._store.sites()
+        reports = await self._store.reports()
+        out = []
+        for s in sites:
+            report = reports.get(s.site_id)
+            util = max((d.utilization for d in report.devices), default=0.0) if report else 0.0
+            loaded = (
+                frozenset(m.name for m in report.models if m.tier == "loaded")
+                if report
+                else frozenset()
+            )
+            out.append(
+                SiteLoad(s.site_id, s.region, s.http_address, s.up, s.draining, util, loaded)
+            )
+        return out
+
+    async def _run_shard(self, job: pb.BatchJob, index: int, site: SiteLoad) -> None:
+        assert self._http is not None
+        try:
+            items = json.loads(await self._store.batch_shard(job.job_id, index))
+            url = f"http://{site.http_address}/v2/models/{job.model}/infer"
+            outputs = []
+            for body in items:
+                async with self._http.post(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                ) as reply:
+                    text = await reply.text()
+                    if reply.status == 200:
+                        outputs.append(text)
+                    elif 400 <= reply.status < 500 and reply.status != 429:
+                        outputs.append(json.dumps({"error": _error_text(text, reply.status)}))
+                    else:  # the site cannot serve now: let the lease lapse, run elsewhere
+                        raise RuntimeError(f"HTTP {reply.status} from {site.site_id}")
+            if await self._store.put_batch_output(job.job_id, index, json.dumps(outputs).encode()):
+                log.info("batch %s shard %d done at %s", job.job_id, index, site.site_id)
+        except (aiohttp.ClientError, RuntimeError, TimeoutError, RedisError) as exc:
+            log.warning("batch %s shard %d at %s failed: %s", job.job_id, index, site.site_id, exc)
+        finally:
+            self._busy[site.site_id] -= 1
+            self._running.pop((job.job_id, index), None)
+
+    async def _finish(self, job: pb.BatchJob) -> None:
+        outputs = await self._store.batch_outputs(job.job_id)
+        job.state = "DONE"
+        job.shards_done = job.shards
+        job.finished_at = time.time()
+        job.items_failed = sum(
+            1 for raw in outputs.values() for doc in json.loads(raw) if '"error"' in doc[:12]
+        )
+        await self._store.update_batch(job)
+        log.info("batch %s done: %d items, %d failed", job.job_id, job.items, job.items_failed)
+
+
+def _error_text(text: str, status: int) -> str:
+    try:
+        return str(json.loads(text).get("error", text))
+    except (ValueError, AttributeError):
+        return f"HTTP {status}"

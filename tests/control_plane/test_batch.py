@@ -1,0 +1,162 @@
+"""The Batch API: durable jobs, shards at idle sites, a control-plane restart mid-job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edgeplex.agent import demo
+from edgeplex.artifacts import sha256_of
+from edgeplex.control_plane.batch import SiteLoad, is_night, make_job, pick_site
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from tests.conftest import AgentProcess, start_agent
+from tests.control_plane.test_fleet import wait_until
+from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer
+
+AUTH = [("authorization", f"Bearer {TOKEN}")]
+
+
+def site(sid: str, region: str, util: float = 0.0, loaded: tuple[str, ...] = ()) -> SiteLoad:
+    return SiteLoad(sid, region, f"{sid}:8000", True, False, util, frozenset(loaded))
+
+
+def test_shards_prefer_idle_sites_where_it_is_night() -> None:
+    noon_utc = 12 * 3600.0
+    offsets = {"eu": 0.0, "ap": 12.0}  # noon in eu, midnight in ap
+    assert is_night("ap", offsets, noon_utc) and not is_night("eu", offsets, noon_utc)
+    sites = [site("eu1", "eu"), site("ap1", "ap", util=0.3), site("ap2", "ap", util=0.9)]
+    assert pick_site(sites, "m", {}, offsets, noon_utc).site_id == "ap1"  # type: ignore[union-attr]
+    # Busy with a shard already: the next one goes to the day side rather than wait.
+    assert pick_site(sites, "m", {"ap1": 1}, offsets, noon_utc).site_id == "eu1"  # type: ignore[union-attr]
+    assert pick_site(sites, "m", {"ap1": 1, "eu1": 1}, offsets, noon_utc) is None
+    # Same time of day: the site that already has the model loaded.
+    both = [site("eu1", "eu"), site("eu2", "eu", loaded=("m",))]
+    assert pick_site(both, "m", {}, offsets, noon_utc).site_id == "eu2"  # type: ignore[union-attr]
+
+
+def test_jobs_validate_their_inputs() -> None:
+    job, shards = make_job("m", ['{"inputs": []}'] * 70, 32)
+    assert (job.items, job.shards, len(shards)) == (70, 3, 3)
+    with pytest.raises(ValueError, match="input 1 is not JSON"):
+        make_job("m", ['{"inputs": []}', "nope"], 0)
+
+
+def body(i: int) -> str:
+    data = [float(i % 7) / 7 + k / 32 for k in range(32)]
+    return json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 32], "datatype": "FP32", "data": data}]}
+    )
+
+
+@pytest.fixture(scope="module")
+def batch_fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ControlPlane, Path, list[AgentProcess]]]:
+    workdir = tmp_path_factory.mktemp("batch")
+    r, m = RedisServer(workdir), Mosquitto(workdir)
+    r.start()
+    m.start()
+    cp = ControlPlane(workdir, r, m.url())
+    cp.start()
+    demo.make_mlp(workdir / "src", width=64, layers=2, in_width=32, seed=5)
+    model = workdir / "src" / "1" / "model.onnx"
+    agents = []
+    for sid, region in (("a1", "a"), ("b1", "b")):
+        repo = workdir / f"repo-{sid}"
+        repo.mkdir()
+        agents.append(start_agent(repo, workdir, env={
+            "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": cp.address,
+            "EDGEPLEX_AGENT_FLEET__SITE_ID": sid,
+            "EDGEPLEX_AGENT_FLEET__REGION": region,
+            "EDGEPLEX_AGENT_FLEET__MQTT_URL": m.url(),
+        }))  # fmt: skip
+    with grpc.insecure_channel(cp.address) as channel:
+        pb_grpc.AdminServiceStub(channel).AddModel(
+            pb.CatalogModel(name="mlp", artifact_uri=model.as_uri(), sha256=sha256_of(model),
+                            min_replicas=2),
+            metadata=AUTH,
+        )  # fmt: skip
+    try:
+        yield cp, model, agents
+    finally:
+        for agent in agents:
+            agent.stop()
+        cp.stop()
+        m.stop()
+        r.stop()
+
+
+def admin(cp: ControlPlane, method: str, request: object) -> object:
+    with grpc.insecure_channel(cp.address) as channel:
+        return getattr(pb_grpc.AdminServiceStub(channel), method)(
+            request, metadata=AUTH, timeout=10
+        )
+
+
+@pytest.mark.slow
+def test_a_restart_mid_job_loses_no_shard_and_duplicates_none(batch_fleet) -> None:  # type: ignore[no-untyped-def]
+    cp, model, _ = batch_fleet
+    items = [body(i) for i in range(120)]
+    wait_until(lambda: admin(cp, "GetModel", pb.ModelName(name="mlp")).model.state == "READY")  # type: ignore[attr-defined]
+    job = admin(cp, "SubmitBatch", pb.BatchSubmit(model="mlp", inputs=items, shard_size=4))
+    job_id = job.job_id  # type: ignore[attr-defined]
+    wait_until(lambda: admin(cp, "GetBatch", pb.BatchRef(job_id=job_id)).shards_done >= 3,  # type: ignore[attr-defined]
+               what="some shards done")  # fmt: skip
+    cp.stop(signal.SIGKILL)
+    cp.start()
+    done = wait_until(
+        lambda: (j := admin(cp, "GetBatch", pb.BatchRef(job_id=job_id))).state == "DONE" and j,  # type: ignore[attr-defined]
+        timeout=90, what="job done",
+    )  # fmt: skip
+    assert done.shards_done == 30 and done.items_failed == 0  # type: ignore[attr-defined]
+    sites = {s.site_id for s in done.shard_states}  # type: ignore[attr-defined]
+    assert sites <= {"a1", "b1"}
+    results = admin(cp, "GetBatchResults", pb.BatchRef(job_id=job_id)).outputs  # type: ignore[attr-defined]
+    assert len(results) == len(items)  # nothing lost, nothing twice
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    for i, output in enumerate(results):
+        got = np.array(json.loads(output)["outputs"][0]["data"], dtype=np.float32)
+        x = np.array(json.loads(items[i])["inputs"][0]["data"], dtype=np.float32).reshape(1, 32)
+        np.testing.assert_allclose(
+            got, session.run(None, {"input": x})[0].ravel(), rtol=1e-4, atol=1e-5
+        )
+
+
+@pytest.mark.slow
+def test_batch_cli(batch_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cp, _, _ = batch_fleet
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("\n".join(body(i) for i in range(10)) + "\n")
+    env = {**os.environ, "EDGEPLEX_ADMIN_TOKEN": TOKEN, "EDGEPLEX_CONTROL_PLANE": cp.address}
+    cli = [sys.executable, "-m", "edgeplex", "admin", "batch"]
+    wait_until(lambda: admin(cp, "GetModel", pb.ModelName(name="mlp")).model.state == "READY")  # type: ignore[attr-defined]
+    submit = subprocess.run([*cli, "submit", "--model", "mlp", "--inputs", str(inputs)],
+                            env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    job_id = submit.stdout.strip()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = subprocess.run([*cli, "status", job_id], env=env, capture_output=True, text=True)
+        if "DONE" in status.stdout.splitlines()[0]:
+            break
+        time.sleep(0.3)
+    assert "10 items" in status.stdout
+    out = tmp_path / "out.jsonl"
+    subprocess.run([*cli, "results", job_id, "--out", str(out)], env=env, check=True,
+                   capture_output=True)  # fmt: skip
+    lines = out.read_text().splitlines()
+    assert len(lines) == 10 and all(json.loads(ln)["model_name"] == "mlp" for ln in lines)
+    bad = subprocess.run([*cli, "submit", "--model", "nope", "--inputs", str(inputs)],
+                         env=env, capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 1 and "NOT_FOUND" in bad.stderr
