@@ -32,7 +32,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgeplex.proto import edgeplex_control_pb2 as pb  # noqa: E402
 from edgeplex.rig.rig import Rig  # noqa: E402
 from edgeplex.rig.topology import build  # noqa: E402
 from tests.control_plane.test_fleet import wait_until  # noqa: E402
@@ -94,9 +93,8 @@ def run(rig: RigHandle, n: int, netem: bool) -> dict:  # type: ignore[type-arg]
     )
     assert isinstance(lonely, str)
     wait_until(lambda: rig.tier(lonely, "lonely") == "loaded", 60, "lonely loaded")
-    caller = next(
-        s for s in rig.sites if s != lonely and rig.sites[s]["region"] == rig.sites[lonely]["region"]
-    )
+    region = rig.sites[lonely]["region"]
+    caller = next(s for s in rig.sites if s != lonely and rig.sites[s]["region"] == region)
     wait_until(lambda: rig.requests(caller, caller, "lonely", 1)[0]["status"] == 200, 30, "route")
     os.kill(rig.state["pids"][lonely], signal.SIGKILL)
     died = time.monotonic()
