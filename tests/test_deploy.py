@@ -60,3 +60,33 @@ def test_agent_speaks_sd_notify(model_repo: Path, tmp_path: Path) -> None:
     finally:
         agent.stop()
         sock.close()
+
+
+def test_compose_rig_matches_the_rig_topology() -> None:
+    import tomllib
+
+    import yaml
+
+    from edgeplex.rig.topology import build
+
+    compose = yaml.safe_load((ROOT / "deploy" / "compose" / "docker-compose.yml").read_text())
+    agents = {k: v for k, v in compose["services"].items() if k.startswith("agent-")}
+    topo = build(3, 2)
+    assert sorted(agents) == sorted(f"agent-{s.site_id}" for s in topo.sites)
+    addresses = set()
+    for site in topo.sites:
+        env = agents[f"agent-{site.site_id}"]["environment"]
+        assert env["EDGEPLEX_AGENT_FLEET__SITE_ID"] == site.site_id
+        assert env["EDGEPLEX_AGENT_FLEET__REGION"] == site.region
+        address = env["EDGEPLEX_AGENT_FLEET__ADVERTISE_ADDRESS"]
+        addresses.add(address)
+        for item in env["EDGEPLEX_DELAYS"].split():
+            subnet, ms = item.split("=")
+            other = topo.regions[int(subnet.split(".")[2]) - 1]
+            assert float(ms) == topo.delay(site.region, other)
+    assert len(addresses) == 6
+    # The image installs every package the project declares.
+    dockerfile = (ROOT / "deploy" / "compose" / "Dockerfile").read_text()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for source in pyproject["tool"]["setuptools"]["package-dir"].values():
+        assert f"COPY {source} ./{source}" in dockerfile
