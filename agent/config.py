@@ -9,13 +9,14 @@ field; tests/agent/test_config.py keeps the two in step.
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import SettingsConfigDict
+
+from edgeplex.settings import FileSettings, render_tables
 
 MiB = 1024 * 1024
 
@@ -238,7 +239,7 @@ class FleetSettings(BaseModel):
         return parse_size(value)
 
 
-class AgentSettings(BaseSettings):
+class AgentSettings(FileSettings):
     """Settings of `edgeplex agent`."""
 
     model_config = SettingsConfigDict(
@@ -338,29 +339,10 @@ class AgentSettings(BaseSettings):
     def _size(cls, value: Any) -> Any:
         return None if value is None else parse_size(value)
 
-    @classmethod
-    def settings_customise_sources(
-        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
-    ):  # type: ignore[override]
-        # Flags beat the environment, which beats the --config file.
-        sources = [init_settings, env_settings]
-        if _config_file.get() is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=_config_file.get()))
-        return tuple(sources)
-
-
-_config_file: ContextVar[Path | None] = ContextVar("edgeplex_agent_config_file", default=None)
-
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> AgentSettings:
     """Settings from flags (`overrides`; None means not given), env and the YAML file."""
-    if config_file is not None and not config_file.is_file():
-        raise FileNotFoundError(f"config file not found: {config_file.name}")
-    token = _config_file.set(config_file)
-    try:
-        return AgentSettings(**{k: v for k, v in overrides.items() if v is not None})
-    finally:
-        _config_file.reset(token)
+    return AgentSettings.load(config_file, **overrides)
 
 
 def load_model_config(path: Path | None, defaults: ModelConfig) -> ModelConfig:
@@ -385,28 +367,3 @@ def reference_tables() -> str:
             (ModelConfig, ""),
         )
     )
-
-
-def render_tables(classes: tuple[tuple[type[BaseModel], str], ...]) -> str:
-    """One Markdown table per settings class: field, default, description."""
-
-    def default(field: Any) -> str:
-        if field.default_factory is not None:
-            factory = field.default_factory
-            if isinstance(factory, type) and issubclass(factory, BaseModel):
-                return "(see below)"
-            return "`{}`" if factory is dict else "(computed)"
-        value = field.default
-        if value is None:
-            return "unset"
-        if isinstance(value, bool):
-            return str(value).lower()
-        return f"`{value}`"
-
-    lines: list[str] = []
-    for cls, prefix in classes:
-        lines += [f"### {cls.__name__}", "", "| field | default | meaning |", "| --- | --- | --- |"]
-        for name, field in cls.model_fields.items():
-            lines.append(f"| `{prefix}{name}` | {default(field)} | {field.description} |")
-        lines.append("")
-    return "\n".join(lines)

@@ -9,15 +9,16 @@ read from `EDGEPLEX_ADMIN_TOKEN`, the variable the admin CLI uses.
 from __future__ import annotations
 
 import os
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import SettingsConfigDict
+
+from edgeplex.settings import FileSettings, render_tables
 
 
-class ControlPlaneSettings(BaseSettings):
+class ControlPlaneSettings(FileSettings):
     """Settings of `edgeplex control-plane`."""
 
     model_config = SettingsConfigDict(env_prefix="EDGEPLEX_CP_", extra="forbid")
@@ -123,32 +124,12 @@ class ControlPlaneSettings(BaseSettings):
             pairs[(a.strip(), b.strip())] = float(ms)
         return pairs
 
-    @classmethod
-    def settings_customise_sources(
-        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
-    ):  # type: ignore[override]
-        sources = [init_settings, env_settings]
-        if _config_file.get() is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=_config_file.get()))
-        return tuple(sources)
-
-
-_config_file: ContextVar[Path | None] = ContextVar("edgeplex_cp_config_file", default=None)
-
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> ControlPlaneSettings:
     """Settings from flags (`overrides`; None means not given), env and the YAML file."""
-    if config_file is not None and not config_file.is_file():
-        raise FileNotFoundError(f"config file not found: {config_file.name}")
-    token = _config_file.set(config_file)
-    try:
-        return ControlPlaneSettings(**{k: v for k, v in overrides.items() if v is not None})
-    finally:
-        _config_file.reset(token)
+    return ControlPlaneSettings.load(config_file, **overrides)
 
 
 def reference_tables() -> str:
     """docs/configuration.md's control-plane table (kept current by a test)."""
-    from edgeplex.agent.config import render_tables
-
     return render_tables(((ControlPlaneSettings, ""),))

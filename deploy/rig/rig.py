@@ -131,6 +131,7 @@ class Rig:
             "EDGEPLEX_ADMIN_TOKEN": token,
             "EDGEPLEX_CP_GRPC_HOST": gw,
             "EDGEPLEX_CP_REGION_LATENCY_MS": json.dumps(latency),
+            "EDGEPLEX_CP_REGION_CLOCK_OFFSET_H": json.dumps(topo.clock_offsets_h),
             "EDGEPLEX_CP_PLACEMENT_INTERVAL_S": "2",
             "EDGEPLEX_CP_SITE_LEASE_S": "4",
             "EDGEPLEX_CP_REPORT_INTERVAL_S": "0.5",
