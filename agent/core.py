@@ -342,6 +342,10 @@ class Agent:
 
     # --- lifecycle ------------------------------------------------------------------------
 
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new requests and wait for in-flight ones; True if all finished."""
         self.draining = True

@@ -33,6 +33,8 @@ from edgeplex.agent.runners import RunnerPool
 
 log = logging.getLogger("edgeplex.agent")
 
+FLUSH_LINGER_S = 0.5
+
 
 async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> None:
     fleet = settings.fleet
@@ -128,9 +130,14 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     log.info("shutting down: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
     agent.draining = True
     systemd.notify("STOPPING=1")
+    busy = agent.inflight > 0
     drained = await agent.drain(settings.drain_timeout_s)
     if not drained:
         log.warning("drain timeout: some requests did not finish")
+    if busy:
+        # The last answers are still being encoded and written: closing the
+        # connections now could reset them mid-response (seen with 8 MB outputs).
+        await asyncio.sleep(FLUSH_LINGER_S)
     loader.cancel()
     if janitor is not None:
         janitor.cancel()
