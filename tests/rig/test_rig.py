@@ -230,6 +230,8 @@ def test_failover_after_kill_and_after_a_cut_link(rig: RigHandle) -> None:
     rig.state["pids"][dead] = rig.rig.start_agent(rig.state, dead)
     rig.rig.save(rig.state)
     wait_until(lambda: _site_up(rig, dead), 30, "killed site rejoined")
+    # ...and reconciles: the retained desired state brings its models back.
+    wait_until(lambda: rig.tier(dead, "steady") == "loaded", 30, "rejoined site reconciled")
     cut_site, cut = _kill_and_fail_over(rig, "cut", "lonely")
     assert cut <= SITE_LEASE_S + PLACEMENT_PERIOD_S + 3
     wait_until(lambda: not _site_up(rig, cut_site), 10, "cut site marked down")
