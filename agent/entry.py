@@ -23,6 +23,7 @@ DEFAULT_MAX_BATCH_SIZE = 8
 SHARED_RUNNER = "shared-0"
 # Before a model's first load its memory is unknown: assume its file size times this.
 FIRST_LOAD_ESTIMATE = 1.05
+PROMOTION_GRACE_S = 1.0  # a model this freshly promoted is evicted only as a last resort
 FREQUENCY_HALF_LIFE_S = 30.0
 # How long a load waits for other loads and demotions to free device memory before
 # it fails with RESOURCE_EXHAUSTED (requests stop waiting at their own deadline).

@@ -361,9 +361,9 @@ class ModelTable(TableRoom, TableUpkeep):
         record_promotion(entry, reply)
         budget = self._settings.device_memory_budget
         if budget is not None and self.device_bytes() > budget:
-            # Measured bigger than estimated: make room for what it holds, or give it back.
+            # Measured above its estimate: make room among serving models, or give it back.
             try:
-                self._make_room(entry, entry.memory_bytes)
+                self._make_room(entry, entry.memory_bytes, loaded_only=True)
             except NoRoom:
                 too_big = NoRoom(
                     f"model '{entry.name}' measured {entry.memory_bytes} bytes of device "

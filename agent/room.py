@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeplex.agent.config import AgentSettings
-from edgeplex.agent.entry import FREQUENCY_HALF_LIFE_S, ROOM_WAIT_S, ModelEntry, ModelState, Tier
+from edgeplex.agent.entry import (
+    FREQUENCY_HALF_LIFE_S,
+    PROMOTION_GRACE_S,
+    ROOM_WAIT_S,
+    ModelEntry,
+    ModelState,
+    Tier,
+)
 from edgeplex.agent.errors import NoRoom
 from edgeplex.agent.eviction import Candidate, EvictionPolicy, GreedyDualSizeFrequency
 from edgeplex.agent.runners import RunnerPool
@@ -82,6 +89,11 @@ class TableRoom:
         return movable >= missing
 
     def _candidates(self, exclude: ModelEntry | None) -> list[Candidate]:
+        # A model promoted moments ago counts as busy: the requests that waited for
+        # it are on their way to its queue. Evicting it now (GDSF ranks a newcomer
+        # lowest) would send them back to another promotion, and under load the
+        # table thrashes.
+        fresh = time.monotonic() - PROMOTION_GRACE_S
         return [
             Candidate(
                 name=e.name,
@@ -91,16 +103,20 @@ class TableRoom:
                 frequency=e.frequency,
                 priority=e.source.config.priority if e.source.config else 0,
                 pinned=e.pinned,
-                in_flight=e.batcher.load if e.batcher else 0,
+                in_flight=(e.batcher.load if e.batcher else 0) + (e.loaded_at > fresh),
                 credit=e.credit,
             )
             for e in self._entries.values()
             if e is not exclude and e.state == ModelState.READY
         ]
 
-    def _make_room(self, entry: ModelEntry, needed: int) -> list[asyncio.Event]:
+    def _make_room(
+        self, entry: ModelEntry, needed: int, loaded_only: bool = False
+    ) -> list[asyncio.Event]:
         """Demote victims so that `needed` more device bytes fit; returns the events to
-        wait for. Raises NoRoom when even every evictable model would not do."""
+        wait for. Raises NoRoom when even every evictable model would not do.
+        `loaded_only`: count only the sessions that serve (READY), not the memory of
+        loads and demotions in flight, which settle by themselves when they end."""
         budget = self._settings.device_memory_budget
         count_based = self.policy.name == "lru"
         if budget is None and not count_based:
@@ -110,7 +126,14 @@ class TableRoom:
             for e in self._entries.values()
             if e.state in (ModelState.READY, ModelState.LOADING) and e is not entry
         )
-        others = self.device_bytes() - entry.reserved_bytes - entry.memory_bytes
+        if loaded_only:
+            others = sum(
+                e.memory_bytes
+                for e in self._entries.values()
+                if e.state == ModelState.READY and e is not entry
+            )
+        else:
+            others = self.device_bytes() - entry.reserved_bytes - entry.memory_bytes
         missing = 0 if budget is None else others + needed - budget
         if missing <= 0 and not count_based:
             return []
