@@ -54,7 +54,7 @@ def _take_until(ordered: list[Candidate], needed: int) -> list[Candidate] | None
 
 class GreedyDualSizeFrequency:
     """GDSF (Cherkasova 1998): keep the models whose frequency x reload cost / size
-    is highest. H = credit + frequency * promote_s * 2**priority / bytes, where
+    is highest. H = credit + frequency * promote_s**2 * 2**priority / bytes, where
     credit is the clock when the model was last used; evict the lowest H, then
     raise the clock to the highest victim's H, so that a model hot long ago ages
     out against models used since.
@@ -67,7 +67,11 @@ class GreedyDualSizeFrequency:
         self.clock = clock
 
     def value(self, c: Candidate) -> float:
-        cost = max(c.promote_s, 1e-4) * (2.0**c.priority)
+        # The cost of a miss grows faster than the promotion time: a promotion well
+        # under the SLO costs (almost) nothing, a long one misses the SLO for the
+        # request and for every request that queues behind it. Squaring the time
+        # protects the models whose promotions are long (measured: docs/benchmarks.md).
+        cost = max(c.promote_s, 1e-4) ** 2 * (2.0**c.priority)
         return c.credit + max(c.frequency, 1.0) * cost / max(c.bytes, 1) * 1e9
 
     def choose(
