@@ -180,7 +180,13 @@ def test_loaded_models_never_wait_behind_a_slow_load(agent):
     slow_load = status(agent)["slowload"]["last_promotion"]["stages_ms"]
     assert sum(slow_load.values()) > 150, slow_load  # it really was slow
     during = latencies[-max(1, int(len(latencies) * load_s / (load_s + 0.2))) :]
-    assert max(during) < 0.1, f"a loaded model waited {max(during):.3f} s behind a load"
+    # Waiting behind the load would take about the whole load; a CPU-starved 2-core
+    # machine can still delay one request by ~0.1 s (seen once in CI: 0.123 s).
+    limit = max(0.1, 0.6 * load_s)
+    assert max(during) < limit, (
+        f"a loaded model waited {max(during):.3f} s during a {load_s:.3f} s load"
+    )
+    assert status(agent)["m4"]["tier"] == "loaded"
 
 
 def test_prestage_puts_models_in_host_ram_at_start(catalog, tmp_path):
