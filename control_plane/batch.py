@@ -212,7 +212,7 @@ class BatchRunner:
         job.shards_done = job.shards
         job.finished_at = time.time()
         job.items_failed = sum(
-            1 for raw in outputs.values() for doc in json.loads(raw) if '"error"' in doc[:12]
+            1 for raw in outputs.values() for doc in json.loads(raw) if _is_error(doc)
         )
         await self._store.update_batch(job)
         log.info("batch %s done: %d items, %d failed", job.job_id, job.items, job.items_failed)
@@ -223,3 +223,12 @@ def _error_text(text: str, status: int) -> str:
         return str(json.loads(text).get("error", text))
     except (ValueError, AttributeError):
         return f"HTTP {status}"
+
+
+def _is_error(doc: str) -> bool:
+    """Whether one output is the {"error": ...} of an item the site rejected."""
+    try:
+        parsed = json.loads(doc)
+    except ValueError:
+        return True
+    return isinstance(parsed, dict) and set(parsed) == {"error"}

@@ -26,9 +26,10 @@ def explain(inp: PlacementInput, result: PlacementResult, model: str) -> list[st
         f"loaded at {len(holders)} site(s)",
     ]
     held_regions = {s.region for s in holders}
+    sizes = {m.name: m.size_bytes for m in inp.models}
     for site in inp.sites:
         sid = site.site_id
-        used = sum(m.size_bytes for m in inp.models if m.name in set(result.loaded.get(sid, ())))
+        used = sum(sizes.get(name, 0) for name in result.loaded.get(sid, ()))
         if model in result.loaded.get(sid, ()):
             why = "pinned everywhere" if spec.pin else "loaded"
             if demand.get(site.region):
