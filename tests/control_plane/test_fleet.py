@@ -37,7 +37,7 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.proto import inference_pb2 as ipb
 from edgeplex.proto import inference_pb2_grpc as ipb_grpc
-from tests.conftest import AgentProcess, start_agent
+from tests.conftest import AgentProcess, free_port, start_agent
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer
 
 pytestmark = pytest.mark.slow
@@ -151,7 +151,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     r.start()
     m = Mosquitto(workdir)
     m.start()
-    cp = ControlPlane(workdir, r, m.url(), EDGEPLEX_CP_REGION_LATENCY_MS='{"a,b": 30}')
+    cp = ControlPlane(
+        workdir,
+        r,
+        m.url(),
+        EDGEPLEX_CP_REGION_LATENCY_MS='{"a,b": 30}',
+        EDGEPLEX_CP_HTTP_PORT=str(free_port()),
+    )
     cp.start()
     f = Fleet(workdir, r, m, cp)
     src = workdir / "src"
@@ -185,6 +191,17 @@ def test_agents_join_and_load_what_placement_says(fleet: Fleet) -> None:
     assert {(s.site_id, s.region, s.up) for s in sites} == {("a1", "a", True), ("b1", "b", True)}
     lines = fleet.call("ExplainPlacement", pb.ModelName(name="base")).lines  # type: ignore[attr-defined]
     assert any(line.startswith("a1 (a): loaded") for line in lines)
+
+
+def test_health_and_metrics(fleet: Fleet) -> None:
+    port = fleet.cp.env["EDGEPLEX_CP_HTTP_PORT"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as reply:
+        assert json.load(reply) == {"redis": True, "leader": True}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    reports = [ln for ln in text.splitlines() if ln.startswith("edgeplex_cp_reports_total ")]
+    assert reports and float(reports[0].split()[1]) > 0
+    assert "edgeplex_cp_leader 1.0" in text
 
 
 def test_admin_api_requires_the_token(fleet: Fleet) -> None:
