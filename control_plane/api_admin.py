@@ -14,7 +14,6 @@ import hmac
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import grpc
 from redis.exceptions import RedisError
@@ -23,6 +22,7 @@ from edgeplex.agent.repository import valid_name
 from edgeplex.artifacts import (
     ArtifactCache,
     ArtifactError,
+    artifact_bytes,
     check_sha256,
     check_uri,
     model_file,
@@ -147,7 +147,7 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
                 )
                 onnx = model_file(path)
                 await asyncio.to_thread(probe_onnx, onnx)
-                size = _tree_bytes(path)
+                size = artifact_bytes(path)
                 state, reason = "READY", ""
             except ArtifactError as exc:
                 state, reason, size = "FAILED", str(exc), 0
@@ -294,9 +294,3 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
             served_fraction=placement.served_fraction,
         )
         return pb.PlacementExplanation(model=request.name, lines=explain(inp, result, request.name))
-
-
-def _tree_bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -17,6 +17,8 @@ import logging
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from edgeplex.control_plane.store import text as _text
+
 log = logging.getLogger("edgeplex.control_plane.leader")
 
 KEY = "edgeplex:leader"
@@ -71,17 +73,14 @@ class LeaderLease:
         if won:
             return True
         holder = await self._redis.get(KEY)
-        if (
-            holder is not None
-            and (holder.decode() if isinstance(holder, bytes) else holder) == self.replica_id
-        ):
+        if holder is not None and _text(holder) == self.replica_id:
             # Our own lease from before a Redis blip: extend it.
             return bool(await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms))
         return False
 
     async def holder(self) -> str:
         raw = await self._redis.get(KEY)
-        return (raw.decode() if isinstance(raw, bytes) else raw) if raw else ""
+        return _text(raw) if raw else ""
 
     async def release(self) -> None:
         with contextlib.suppress(RedisError):

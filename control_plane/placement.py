@@ -251,13 +251,16 @@ def place(inp: PlacementInput) -> PlacementResult:
     for j in range(n_m):
         for r in placed_regions[j]:
             blocked[j, r] = True
-    dirty = [j for j in range(n_m) if stale_gains[j]]
-    if dirty:
-        gains[dirty] = np.einsum(
-            "mr,mrR->mR",
-            p.value_m[dirty],
-            np.maximum(p.w_m[dirty] - best[dirty][:, :, None], 0.0),
+
+    def regain(js: list[int]) -> np.ndarray:
+        """Fresh gains [len(js), R] of models whose best serving weights changed."""
+        return np.einsum(
+            "mr,mrR->mR", p.value_m[js], np.maximum(p.w_m[js] - best[js][:, :, None], 0.0)
         )
+
+    dirty = [j for j in range(n_m) if stale_gains[j]]  # placed by pins or min replicas
+    if dirty:
+        gains[dirty] = regain(dirty)
     scores = np.where(blocked, -np.inf, (gains - penalty) / p.size[:, None])
     per_round = max(256, n_m // 20)
     while True:
@@ -281,24 +284,19 @@ def place(inp: PlacementInput) -> PlacementResult:
             for row, j in enumerate(placed):
                 blocked_rows[row, list(placed_regions[j])] = True
             blocked[placed] = blocked_rows
-            fresh = np.einsum(
-                "mr,mrR->mR",
-                p.value_m[placed],
-                np.maximum(p.w_m[placed] - best[placed][:, :, None], 0.0),
-            )
-            gains[placed] = fresh
+            fresh = gains[placed] = regain(placed)
             rows = (fresh - penalty[placed]) / p.size[placed][:, None]
             keep = np.isfinite(scores[placed])  # regions not ruled out for lack of room
             scores[placed] = np.where(blocked_rows | ~keep, -np.inf, rows)
 
     # 4. Local search on small instances: greedy by density can strand capacity
-    # (the knapsack case); single adds and one-for-one swaps recover it.
+    # (the knapsack case); dropping up to two models and refilling recovers it.
     if len(sites) * n_m <= SWAP_SEARCH_LIMIT:
         locked = {j for j, m in enumerate(p.models) if m.pin}
         _improve(p, site_region, loaded, holds, free, current, may_hold, churn_per_byte, locked)
         best[:] = 0.0
-        for i, placed in enumerate(loaded):
-            for j in placed:
+        for i, held in enumerate(loaded):
+            for j in held:
                 np.maximum(best[j], p.w_m[j][:, site_region[i]], out=best[j])
 
     # 5. Staged: per site, the best remaining models for its region, within host RAM.

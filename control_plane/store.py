@@ -77,7 +77,7 @@ class Store:
 
     async def seen(self) -> dict[str, float]:
         pairs = await self.redis.zrange(P + "seen", 0, -1, withscores=True)
-        return {_text(k): float(v) for k, v in pairs}  # type: ignore[str-unpack,arg-type]
+        return {text(k): float(v) for k, v in pairs}  # type: ignore[str-unpack,arg-type]
 
     async def write_reports(self, reports: Iterable[pb.LoadReport]) -> None:
         """One round trip for a batch of reports: latest report and lease per site."""
@@ -94,7 +94,7 @@ class Store:
 
     async def reports(self) -> dict[str, pb.LoadReport]:
         raw = await self.redis.hgetall(P + "reports")
-        return {_text(k): pb.LoadReport.FromString(v) for k, v in raw.items()}
+        return {text(k): pb.LoadReport.FromString(v) for k, v in raw.items()}
 
     # --- demand ---------------------------------------------------------------------------
 
@@ -103,7 +103,7 @@ class Store:
         at = await self.redis.get(P + "demand_at")
         out = {}
         for key, value in raw.items():
-            region, _, model = _text(key).partition("|")
+            region, _, model = text(key).partition("|")
             out[(region, model)] = float(value)
         return out, float(at) if at else 0.0
 
@@ -132,7 +132,7 @@ class Store:
 
     async def desired(self) -> dict[str, pb.DesiredState]:
         raw = await self.redis.hgetall(P + "desired")
-        return {_text(k): pb.DesiredState.FromString(v) for k, v in raw.items()}
+        return {text(k): pb.DesiredState.FromString(v) for k, v in raw.items()}
 
     # --- batch jobs -----------------------------------------------------------------------
 
@@ -159,11 +159,11 @@ class Store:
 
     async def batch_outputs(self, job_id: str) -> dict[int, bytes]:
         raw = await self.redis.hgetall(f"{P}batch:{job_id}:out")
-        return {int(_text(k)): _bytes(v) for k, v in raw.items()}
+        return {int(text(k)): _bytes(v) for k, v in raw.items()}
 
     async def batch_done_shards(self, job_id: str) -> set[int]:
         keys = await self.redis.hkeys(f"{P}batch:{job_id}:out")
-        return {int(_text(k)) for k in keys}
+        return {int(text(k)) for k in keys}
 
     async def put_batch_output(self, job_id: str, index: int, outputs: bytes) -> bool:
         """Record a shard's outputs unless some run of it already did (no duplicates)."""
@@ -173,8 +173,8 @@ class Store:
         raw = await self.redis.hgetall(f"{P}batch:{job_id}:lease")
         out = {}
         for k, v in raw.items():
-            site, expiry, attempt = _text(v).split()
-            out[int(_text(k))] = (site, float(expiry), int(attempt))
+            site, expiry, attempt = text(v).split()
+            out[int(text(k))] = (site, float(expiry), int(attempt))
         return out
 
     async def lease_batch_shard(
@@ -188,7 +188,8 @@ class Store:
         await self.redis.publish(EVENTS, what)
 
 
-def _text(value: bytes | str) -> str:
+def text(value: bytes | str) -> str:
+    """A Redis reply as str (the client returns bytes)."""
     return value.decode() if isinstance(value, bytes) else value
 
 

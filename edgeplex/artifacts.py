@@ -73,7 +73,7 @@ class ArtifactCache:
         sha256 = check_sha256(sha256)
         check_uri(uri)
         blob = self.root / "sha256" / sha256
-        if not (blob.is_file() and _hash_file(blob) == sha256):
+        if not (blob.is_file() and sha256_of(blob) == sha256):
             blob.unlink(missing_ok=True)
             self._download(uri, sha256, blob)
         if not is_archive(uri):
@@ -201,7 +201,8 @@ def _scrub(text: str, path: Path) -> str:
     return text.replace(str(path), "<artifact>").replace(str(path.parent), "<cache>")
 
 
-def _hash_file(path: Path) -> str:
+def sha256_of(path: Path) -> str:
+    """sha256 of a local file, hex."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(CHUNK):
@@ -209,6 +210,8 @@ def _hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def sha256_of(path: Path) -> str:
-    """sha256 of a local file (for `edgeplex admin model add` helpers and tests)."""
-    return _hash_file(path)
+def artifact_bytes(artifact: Path) -> int:
+    """Bytes of a fetched artifact: the file, or every file of an unpacked archive."""
+    if artifact.is_file():
+        return artifact.stat().st_size
+    return sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())

@@ -222,7 +222,7 @@ class Rig:
             "SITE   REGION  ADDRESS            UP   LOADED",
         ]
         for site in state["sites"]:
-            alive = _alive(state["pids"].get(site["site_id"]))
+            running = alive(state["pids"].get(site["site_id"]))
             loaded = ""
             try:
                 with urllib.request.urlopen(
@@ -233,7 +233,7 @@ class Rig:
                 loaded = "(not answering)"
             lines.append(
                 f"{site['site_id']:<6} {site['region']:<7} {site['address'] + ':8001':<18} "
-                f"{'yes' if alive else 'no':<4} {loaded}"
+                f"{'yes' if running else 'no':<4} {loaded}"
             )
         return "\n".join(lines)
 
@@ -252,7 +252,7 @@ def leftovers(state: dict) -> list[str]:  # type: ignore[type-arg]
     if f" {bridge}:" in links:
         left.append(f"link {bridge}")
     for name, pid in state.get("pids", {}).items():
-        if _alive(pid):
+        if alive(pid):
             left.append(f"process {name} ({pid})")
     return left
 
@@ -272,7 +272,8 @@ def _netns_pids(namespace: str) -> list[int]:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
-def _alive(pid: int | None) -> bool:
+def alive(pid: int | None) -> bool:
+    """Whether `pid` runs (a zombie does not count)."""
     if not pid:
         return False
     try:
@@ -299,11 +300,11 @@ def _stop(pids: list[int], timeout: float = 15.0) -> None:
     for pid in pids:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         _reap()
         time.sleep(0.1)
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             _signal(pid, signal.SIGKILL)
     time.sleep(0.2)
     _reap()

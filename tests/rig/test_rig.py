@@ -23,7 +23,7 @@ from edgeplex.agent import demo
 from edgeplex.artifacts import sha256_of
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
-from edgeplex.rig.rig import Rig, leftovers
+from edgeplex.rig.rig import Rig, alive, leftovers
 from edgeplex.rig.topology import build
 from tests.control_plane.test_fleet import wait_until
 
@@ -226,7 +226,7 @@ def test_failover_after_kill_and_after_a_cut_link(rig: RigHandle) -> None:
     assert killed <= SITE_LEASE_S + PLACEMENT_PERIOD_S + 3
     print(f"failover after kill -9: served elsewhere after {killed:.2f} s")
     # Restart the killed site: it rejoins and reconciles.
-    assert not _alive(rig.state["pids"][dead])
+    assert not alive(rig.state["pids"][dead])
     rig.state["pids"][dead] = rig.rig.start_agent(rig.state, dead)
     rig.rig.save(rig.state)
     wait_until(lambda: _site_up(rig, dead), 30, "killed site rejoined")
@@ -242,15 +242,6 @@ def test_failover_after_kill_and_after_a_cut_link(rig: RigHandle) -> None:
 def _site_up(rig: RigHandle, site: str) -> bool:
     sites = rig.call("ListSites", pb.ListSitesRequest()).sites  # type: ignore[attr-defined]
     return any(s.site_id == site and s.up for s in sites)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_rig_down_leaves_nothing(tmp_path: Path) -> None:
