@@ -299,6 +299,13 @@ class AgentSettings(FileSettings):
         "`idle_ttl_s`, as Ollama keep_alive), `none` (no over-commit: refuse what does not "
         "fit).",
     )
+    max_pending_loads: int = Field(
+        default=16,
+        ge=1,
+        description="Promotions that may wait for device memory at once. A request for a "
+        "model that is not loaded beyond this is refused before admission: "
+        "RESOURCE_EXHAUSTED / HTTP 429 with Retry-After.",
+    )
     lru_max_models: int = Field(
         default=8, ge=1, description="Most models loaded at once under the `lru` policy."
     )

@@ -8,16 +8,14 @@ methods run on the agent's event loop.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from edgeplex import __version__
-from edgeplex.agent.batcher import Request, batch_key
+from edgeplex.agent.batching.batcher import Request, batch_key
 from edgeplex.agent.config import AgentSettings
-from edgeplex.agent.entry import ModelEntry, ModelState, Tier
 from edgeplex.agent.errors import (
     DeadlineExceeded,
     InvalidInput,
@@ -26,12 +24,17 @@ from edgeplex.agent.errors import (
     ServeError,
     Unavailable,
 )
-from edgeplex.agent.forward import Router
-from edgeplex.agent.load_window import LoadWindow
+from edgeplex.agent.fleet.forward import NO_ROUTE_RETRY_S, Peer, Router
+from edgeplex.agent.fleet.load_window import LoadWindow
+from edgeplex.agent.fleet.routing import Local, Where, choose_route
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.models import ModelTable
-from edgeplex.agent.repository import valid_name
+from edgeplex.agent.repository import scan_model, scan_repository
+from edgeplex.agent.residency.effects import RunnerEffects
+from edgeplex.agent.residency.owner import Residency
+from edgeplex.agent.residency.state import ModelRecord, Phase, Tier
+from edgeplex.agent.residency.tickets import Ticket
 from edgeplex.agent.tensors import check_against_spec
+from edgeplex.names import valid_name
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]
 
@@ -46,7 +49,7 @@ class InferInput:
 
 @dataclass
 class InferResult:
-    entry: ModelEntry
+    entry: ModelRecord
     outputs: dict[str, np.ndarray]
     # The tier this request had to promote the model from ("staged" or "cached"),
     # or "" when it was loaded already.
@@ -54,9 +57,12 @@ class InferResult:
 
 
 class Agent:
-    def __init__(self, settings: AgentSettings, table: ModelTable) -> None:
+    def __init__(
+        self, settings: AgentSettings, residency: Residency, effects: RunnerEffects
+    ) -> None:
         self.settings = settings
-        self.table = table
+        self.residency = residency
+        self.effects = effects
         self.draining = False
         self.started = False
         self._inflight = 0
@@ -72,34 +78,35 @@ class Agent:
         return True
 
     def ready(self) -> bool:
-        return self.started and not self.draining
+        """Serving: started, not draining, and some runner can serve (or none is
+        needed yet)."""
+        return self.started and not self.draining and self.effects.runners_can_serve()
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "edgeplex", "version": __version__, "extensions": EXTENSIONS}
 
-    def entry(self, name: str, version: str = "") -> ModelEntry:
-        entry = self.table.get(name)
-        if entry is None:
+    def entry(self, name: str, version: str = "") -> ModelRecord:
+        record = self.residency.get(name, version)
+        if record is None:
+            serving = self.residency.get(name)
+            if serving is not None and version:
+                raise ModelNotFound(
+                    f"model '{name}' has no version '{version}' (serving version {serving.version})"
+                )
             raise ModelNotFound(f"model '{name}' is not in the repository")
-        if version and version != entry.version:
-            raise ModelNotFound(
-                f"model '{name}' has no version '{version}' (serving version {entry.version})"
-            )
-        return entry
+        return record
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
             entry = self.entry(name, version)
         except ModelNotFound:
             return False
-        return entry.state == ModelState.READY and not self.draining
+        return entry.phase == Phase.READY and not self.draining
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         entry = self.entry(name, version)
-        if entry.state != ModelState.READY and not entry.inputs:
-            raise Unavailable(
-                f"model '{name}' is {entry.state}; its metadata is known once it has loaded"
-            )
+        if not entry.outputs:
+            raise Unavailable(f"model '{name}' is {entry.public_state()}: {entry.reason}")
         return {
             "name": entry.name,
             "versions": [entry.version],
@@ -134,63 +141,96 @@ class Agent:
         }
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
-        entries = [self.entry(name, version)] if name else self.table.entries()
-        return [e.stats.to_json(e.name, e.version) for e in entries]
+        entries = [self.entry(name, version)] if name else self.residency.records()
+        return [self.effects.stats(e).to_json(e.name, e.version) for e in entries]
 
     # --- repository ---------------------------------------------------------------------------
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return [
-            {"name": e.name, "version": e.version, "state": str(e.state), "reason": e.reason}
-            for e in self.table.entries()
-            if not ready_only or e.state == ModelState.READY
+            {"name": e.name, "version": e.version, "state": e.public_state(), "reason": e.reason}
+            for e in self.residency.records()
+            if not ready_only or e.phase == Phase.READY
         ]
 
     async def load(self, name: str) -> None:
-        await self.table.load(name)
+        """OIP load: re-read the model from the repository and serve it."""
+        source = scan_model(self.settings.model_repo, name, self.settings.model_defaults)
+        if source is None:
+            raise ModelNotFound(f"model '{name}' is not in the repository")
+        self.residency.add(source)
+        await self._settled(self.residency.load(name))
+
+    async def place(self, name: str) -> None:
+        """Placement asks for `name` here: serve it, unless the operator unloaded it or
+        its load failed (an explicit load retries those)."""
+        await self._settled(self.residency.load(name, explicit=False))
+
+    def discover(self) -> list[str]:
+        """Know every model of the repository (new ones and new versions)."""
+        found = scan_repository(self.settings.model_repo, self.settings.model_defaults)
+        return [self.residency.add(source).name for source in found.values()]
 
     async def unload(self, name: str) -> None:
-        await self.table.unload(name)
+        await self._settled(self.residency.unload(name))
+
+    async def _settled(self, ticket: Ticket) -> None:
+        await ticket.wait(asyncio.get_running_loop())
+        if ticket.error is not None:
+            raise ticket.error
 
     def status(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": e.name,
-                "version": e.version,
-                "state": str(e.state),
-                "reason": e.reason,
-                "runner": e.runner_id,
-                "runner_pid": self.table.runner_pid(e),
-                "memory_bytes": e.memory_bytes,
-                "load_ms": round(e.load_ms, 3),
-                "tier": str(e.tier),
-                "staged_bytes": e.staged_bytes,
-                "last_promotion": {"source": e.last_source, "stages_ms": e.stages},
-                "max_batch_size": e.max_batch_size,
-                "instances": e.batcher.instances if e.batcher else 0,
-                "prepacked": e.prepacked if e.state == ModelState.READY else None,
-                "queue_depth": e.batcher.depth if e.batcher else 0,
-                "isolation": e.config.isolation if e.source.config else None,
-                "priority": e.config.priority if e.source.config else None,
-                "pinned": e.pinned,
-            }
-            for e in self.table.entries()
-        ]
+        out = []
+        for e in self.residency.records():
+            queue = self.effects.queue(e.key)
+            out.append(
+                {
+                    "name": e.name,
+                    "version": e.version,
+                    "state": e.public_state(),
+                    "phase": str(e.phase),
+                    "intent": str(e.intent),
+                    "reason": e.reason,
+                    "runner": e.runner_id,
+                    "runner_pid": self.effects.runner_pid(e),
+                    "memory_bytes": e.device_bytes,
+                    "tier": str(e.tier),
+                    "staged_bytes": e.staged_bytes,
+                    "leases": e.leases,
+                    "waiting": len(e.waiters),
+                    "last_promotion": self.effects.last_promotion.get(e.key, {}),
+                    "max_batch_size": e.max_batch_size,
+                    "instances": queue.instances if queue else 0,
+                    "prepacked": e.prepacked if e.phase == Phase.READY else None,
+                    "queue_depth": queue.depth if queue else 0,
+                    "isolation": e.config.isolation if e.source.config else None,
+                    "priority": e.config.priority if e.source.config else None,
+                    "pinned": e.pinned,
+                }
+            )
+        return out
 
     def memory(self) -> dict[str, Any]:
         s = self.settings
         return {
             "policy": s.eviction_policy,
-            "runner_memory_limits": self.table.limit_mechanism(),
+            "runner_memory_limits": self.effects.limit_mechanism(),
+            "pending_loads": self.residency.pending_loads(),
             "tiers": {
-                "loaded": {"bytes": self.table.device_bytes(), "budget": s.device_memory_budget},
-                "staged": {"bytes": self.table.host_bytes(), "budget": s.host_memory_budget},
-                "cached": {"bytes": self.table.disk_bytes(), "budget": s.disk_cache_budget},
+                "loaded": {
+                    "bytes": self.residency.device_bytes(),
+                    "budget": s.device_memory_budget,
+                },
+                "staged": {"bytes": self.residency.host_bytes(), "budget": s.host_memory_budget},
+                "cached": {
+                    "bytes": self.effects.disk_bytes(self.residency.records()),
+                    "budget": s.disk_cache_budget,
+                },
             },
         }
 
     def pin(self, name: str, pinned: bool) -> None:
-        self.table.pin(name, pinned)
+        self.residency.pin(name, pinned)
 
     async def demote(self, name: str, tier: str) -> None:
         try:
@@ -199,7 +239,33 @@ class Agent:
             raise InvalidInput(f"unknown tier '{tier}' (use 'staged' or 'cached')") from None
         if target == Tier.LOADED:
             raise InvalidInput("demote to 'staged' or 'cached'; `load` promotes")
-        await self.table.demote(name, target)
+        await self._settled(self.residency.demote(name, target))
+
+    # --- routing --------------------------------------------------------------------------
+
+    def route(self, name: str, forwarded: bool, origin: str) -> list[Peer]:
+        """Where this request goes, decided once for both front doors: [] to serve it
+        here, else the peers to try in order. Raises Unavailable when no site can."""
+        router = self.router
+        if router is None:
+            return []
+        record = self.residency.get(name)
+        local = None
+        if record is not None and record.phase != Phase.FAILED and not record.disabled:
+            estimate = record.usage.promote_s if record.tier == Tier.STAGED else None
+            local = Local(record.phase == Phase.READY, estimate or None)
+        route = choose_route(local, router.options(name), forwarded)
+        if route.where == Where.FORWARD:
+            return router.peers(name, route.peers)
+        if route.where == Where.LOCAL:
+            return []
+        if valid_name(name):  # demand for a model no site has: the control plane must see it
+            self.load_window.record(name, origin or self.region, 0.0)
+        if record is not None or forwarded:
+            raise Unavailable(f"model '{name}' is not at this site (routes are changing)")
+        error = Unavailable(f"no site serves model '{name}' now; retry in {NO_ROUTE_RETRY_S:g} s")
+        error.retry_after_s = NO_ROUTE_RETRY_S
+        raise error
 
     # --- inference ----------------------------------------------------------------------------
 
@@ -212,133 +278,75 @@ class Agent:
         timeout_s: float | None,
         origin: str = "",
     ) -> InferResult:
-        """Validate, queue, wait for the batch result. Raises ServeError subclasses.
-        `origin` is the region the request came from (a forwarder's header); the
-        agent's own region when empty. It feeds the demand the control plane sees."""
-        started = time.monotonic()
+        """Validate, admit, wait for the model if it is promoted, queue, and wait for
+        the batch result; all within one deadline from arrival (the earliest of the
+        caller's and the model's). Raises ServeError subclasses. `origin` is the
+        region the request came from (a forwarder's header); the agent's own region
+        when empty. It feeds the demand the control plane sees."""
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
         METRICS.requests.labels(model=name).inc()
-        entry: ModelEntry | None = None
+        record: ModelRecord | None = None
+        ticket: Ticket | None = None
         self._inflight += 1
         self._idle.clear()
         try:
             if self.draining:
                 raise Unavailable("the agent is shutting down")
-            entry = self.entry(name, version)
-            self.table.touch(entry)
-            cold_start = await self._promote_if_needed(entry, timeout_s)
-            if entry.batcher is None and not entry.disabled:
-                # Evicted between its promotion and this request's turn: promote again.
-                cold_start = await self._promote_if_needed(entry, timeout_s) or cold_start
-            request = self._admit(entry, inputs, outputs, timeout_s)
-            assert entry.batcher is not None
-            entry.batcher.submit(request)
+            record = self.entry(name, version)
+            limit = record.config.timeout_ms / 1000 if record.source.config else 30.0
+            if timeout_s is not None:
+                if timeout_s <= 0:
+                    raise DeadlineExceeded(f"model '{name}': request arrived past its deadline")
+                limit = min(limit, timeout_s)
+            deadline = arrived + limit
+            if record.phase == Phase.FAILED:  # no interface to validate against
+                raise ModelFailed(f"model '{name}' failed to load: {record.reason}")
+            given, batch = validate(record, inputs, outputs)  # before anything is promoted
+            ticket = self.residency.admit(name, version, deadline)
+            if not ticket.settled and not await ticket.wait(loop):
+                self.residency.abandon(ticket)
+                raise DeadlineExceeded(
+                    f"model '{name}': request timed out waiting for the model to load"
+                )
+            if ticket.error is not None:
+                raise ticket.error
+            queue = self.effects.queue(ticket.key)
+            assert queue is not None, "a lease always has a queue"
+            request = Request(
+                inputs=given,
+                outputs=outputs,
+                batch_size=batch,
+                key=batch_key(given, record.max_batch_size > 0),
+                deadline=deadline,
+                future=loop.create_future(),
+            )
+            queue.submit(request)
             # A timer, not wait_for: one fewer task and loop hop on the hot path. The
             # batcher skips requests whose future is already done.
-            timer = asyncio.get_running_loop().call_at(
-                request.deadline, _time_out, request.future, name
-            )
+            timer = loop.call_at(deadline, _time_out, request.future, name)
             try:
                 result = await request.future
             finally:
                 timer.cancel()
-            return InferResult(entry, result, cold_start)
+            return InferResult(record, result, ticket.cold_start)
         except ServeError as exc:
             METRICS.failures.labels(model=name, code=exc.grpc_code.name).inc()
-            if entry is not None:
-                entry.stats.record_failure(time.monotonic() - started)
+            if record is not None:
+                self.effects.stats(record).record_failure(loop.time() - arrived)
             raise
         finally:
-            elapsed = time.monotonic() - started
+            if ticket is not None:
+                self.residency.release(ticket)
+            elapsed = loop.time() - arrived
             METRICS.request_duration.labels(model=name).observe(elapsed)
-            if entry is not None or valid_name(name):
+            if record is not None or valid_name(name):
                 # Requests for a model this site lacks are demand the control plane
                 # must see, or it would never place the model here.
                 self.load_window.record(name, origin or self.region, elapsed)
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
-
-    async def _promote_if_needed(self, entry: ModelEntry, timeout_s: float | None) -> str:
-        """Load on first request: wait (bounded by the request's deadline) for the one
-        load of this model in flight, starting it if needed. Returns the source tier,
-        or "" when the model was servable already. A model whose runner is restarting
-        keeps its queue and is not waited for here."""
-        if entry.batcher is not None and entry.state in (ModelState.READY, ModelState.LOADING):
-            return ""
-        if entry.state == ModelState.FAILED:
-            raise ModelFailed(f"model '{entry.name}' failed to load: {entry.reason}")
-        source = str(entry.tier)
-        limit = entry.config.timeout_ms / 1000 if entry.source.config else 30.0
-        if timeout_s is not None:
-            limit = min(limit, timeout_s)
-        try:
-            await asyncio.wait_for(asyncio.shield(self.table.ensure_loaded(entry.name)), limit)
-        except TimeoutError:
-            raise DeadlineExceeded(
-                f"model '{entry.name}': request timed out waiting for the model to load"
-            ) from None
-        return source
-
-    def _admit(
-        self,
-        entry: ModelEntry,
-        inputs: list[InferInput],
-        outputs: list[str] | None,
-        timeout_s: float | None,
-    ) -> Request:
-        if entry.state == ModelState.FAILED:
-            raise ModelFailed(f"model '{entry.name}' failed to load: {entry.reason}")
-        if entry.state in (ModelState.UNAVAILABLE, ModelState.UNLOADING) or entry.batcher is None:
-            raise Unavailable(f"model '{entry.name}' is not loaded")
-        specs = {s.name: s for s in entry.inputs}
-        given: dict[str, np.ndarray] = {}
-        for tensor in inputs:
-            spec = specs.get(tensor.name)
-            if spec is None:
-                raise InvalidInput(
-                    f"model '{entry.name}' has no input '{tensor.name}'"
-                    f" (inputs: {', '.join(specs)})"
-                )
-            if tensor.name in given:
-                raise InvalidInput(f"input '{tensor.name}' is given twice")
-            check_against_spec(spec, tensor.datatype, tensor.shape)
-            given[tensor.name] = tensor.array
-        missing = [n for n in specs if n not in given]
-        if missing:
-            raise InvalidInput(f"model '{entry.name}': missing input '{missing[0]}'")
-        if outputs is not None:
-            known = {s.name for s in entry.outputs}
-            for out in outputs:
-                if out not in known:
-                    raise InvalidInput(f"model '{entry.name}' has no output '{out}'")
-        batch = 1
-        if entry.max_batch_size:
-            sizes = {a.shape[0] for a in given.values()}
-            if len(sizes) != 1:
-                raise InvalidInput(
-                    f"model '{entry.name}': inputs disagree on the batch dimension"
-                    f" ({sorted(sizes)})"
-                )
-            batch = sizes.pop()
-            if not 1 <= batch <= entry.max_batch_size:
-                first = next(iter(given))
-                raise InvalidInput(
-                    f"input '{first}': batch size {batch} is outside 1..{entry.max_batch_size}"
-                )
-        limit = entry.config.timeout_ms / 1000
-        if timeout_s is not None:
-            if timeout_s <= 0:
-                raise DeadlineExceeded(f"model '{entry.name}': request arrived past its deadline")
-            limit = min(limit, timeout_s)
-        loop = asyncio.get_running_loop()
-        return Request(
-            inputs=given,
-            outputs=outputs,
-            batch_size=batch,
-            key=batch_key(given, entry.max_batch_size > 0),
-            deadline=loop.time() + limit,
-            future=loop.create_future(),
-        )
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -359,3 +367,44 @@ class Agent:
 def _time_out(future: asyncio.Future[dict[str, np.ndarray]], model: str) -> None:
     if not future.done():
         future.set_exception(DeadlineExceeded(f"model '{model}': request timed out"))
+
+
+def validate(
+    record: ModelRecord, inputs: list[InferInput], outputs: list[str] | None
+) -> tuple[dict[str, np.ndarray], int]:
+    """Check a request against the model's interface, which is known before the model
+    is loaded: the arrays by input name, and the batch size. Raises InvalidInput."""
+    specs = {s.name: s for s in record.inputs}
+    given: dict[str, np.ndarray] = {}
+    for tensor in inputs:
+        spec = specs.get(tensor.name)
+        if spec is None:
+            raise InvalidInput(
+                f"model '{record.name}' has no input '{tensor.name}' (inputs: {', '.join(specs)})"
+            )
+        if tensor.name in given:
+            raise InvalidInput(f"input '{tensor.name}' is given twice")
+        check_against_spec(spec, tensor.datatype, tensor.shape)
+        given[tensor.name] = tensor.array
+    missing = [n for n in specs if n not in given]
+    if missing:
+        raise InvalidInput(f"model '{record.name}': missing input '{missing[0]}'")
+    if outputs is not None:
+        known = {s.name for s in record.outputs}
+        for out in outputs:
+            if out not in known:
+                raise InvalidInput(f"model '{record.name}' has no output '{out}'")
+    batch = 1
+    if record.max_batch_size:
+        sizes = {a.shape[0] for a in given.values()}
+        if len(sizes) != 1:
+            raise InvalidInput(
+                f"model '{record.name}': inputs disagree on the batch dimension ({sorted(sizes)})"
+            )
+        batch = sizes.pop()
+        if not 1 <= batch <= record.max_batch_size:
+            first = next(iter(given))
+            raise InvalidInput(
+                f"input '{first}': batch size {batch} is outside 1..{record.max_batch_size}"
+            )
+    return given, batch

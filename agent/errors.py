@@ -38,6 +38,15 @@ class QueueFull(ServeError):
     retry_after_s = 1.0
 
 
+class Overloaded(ServeError):
+    """Refused before admission: more promotions wait for device memory than the
+    agent will queue. Nothing was started for this request; retry shortly."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+    retry_after_s = 1.0
+
+
 class NoRoom(ServeError):
     """A model cannot be loaded: not enough device memory even after eviction."""
 

@@ -11,13 +11,12 @@ repository or break a URL.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgeplex.agent.config import ModelConfig, load_model_config
+from edgeplex.names import valid_name
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.yaml"
 
@@ -29,10 +28,6 @@ class ModelSource:
     path: Path  # the model.onnx to load
     config: ModelConfig | None  # None when config.yaml is invalid (see config_error)
     config_error: str = ""
-
-
-def valid_name(name: str) -> bool:
-    return bool(MODEL_NAME.match(name)) and ".." not in name
 
 
 def scan_model(repo: Path, name: str, defaults: ModelConfig) -> ModelSource | None:

@@ -24,12 +24,15 @@ from pathlib import Path
 from edgeplex import systemd
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
-from edgeplex.agent.fleet import FleetLink
-from edgeplex.agent.forward import Router
-from edgeplex.agent.grpc_api import start_grpc_server
-from edgeplex.agent.http_api import start_http_server
-from edgeplex.agent.models import ModelTable
-from edgeplex.agent.runners import RunnerPool
+from edgeplex.agent.fleet.forward import Router
+from edgeplex.agent.fleet.link import FleetLink
+from edgeplex.agent.frontdoor.grpc import start_grpc_server
+from edgeplex.agent.frontdoor.http import start_http_server
+from edgeplex.agent.residency.effects import RunnerEffects
+from edgeplex.agent.residency.owner import Limits, Residency
+from edgeplex.agent.residency.policies import make_policy
+from edgeplex.agent.residency.state import ModelRecord
+from edgeplex.agent.runners.supervisor import RunnerPool
 
 log = logging.getLogger("edgeplex.agent")
 
@@ -45,23 +48,22 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    table: ModelTable | None = None
+    residency: Residency | None = None
     pool = RunnerPool(
         settings.runner,
         settings.log_level,
-        on_up=lambda rid: table.runner_up(rid) if table else None,
-        on_down=lambda rid: table.runner_down(rid) if table else None,
+        on_up=lambda rid: residency.runner_up(rid) if residency else None,
+        on_down=lambda rid: residency.runner_down(rid) if residency else None,
     )
     await pool.start()
     staging = make_staging_root(settings)
     try:
-        table = ModelTable(settings, pool, staging)
-        names = table.discover()
-        agent = Agent(settings, table)
+        effects = RunnerEffects(settings, pool, staging)
+        residency = build_residency(settings, effects)
+        agent = Agent(settings, residency, effects)
+        names = agent.discover()
         if settings.fleet.control_plane:
-            agent.router = Router(
-                settings.fleet.site_id, settings.fleet.region, table, agent.load_window
-            )
+            agent.router = Router(settings.fleet.site_id, settings.fleet.region)
         grpc_server, grpc_port = await start_grpc_server(agent)
         http_runner, http_port = await start_http_server(agent)
     except BaseException:
@@ -81,39 +83,29 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     async def initial_loads() -> None:
         # Pinned models always; the others while they fit without evicting anything.
         # The rest stay cached and load on their first request.
-        for name in table.startup_order():
-            entry = table.get(name)
-            assert entry is not None
-            if entry.pinned or (
-                settings.load_models_at_start and table.fits_without_eviction(name)
+        for record in startup_order(residency):
+            if record.pinned or (
+                settings.load_models_at_start and residency.fits_without_eviction(record.name)
             ):
                 with contextlib.suppress(Exception):
-                    await table.load(name)
+                    await agent.load(record.name)
         agent.started = True
         log.info("agent ready")
-        systemd.notify("READY=1", f"STATUS=serving {len(table.entries())} models")
+        systemd.notify("READY=1", f"STATUS=serving {len(residency.records())} models")
         if settings.prestage:
             # Everything else goes to host RAM now, so its first request pays a
             # staged promotion (~memcpy) instead of read + optimize.
-            for name in table.startup_order():
-                with contextlib.suppress(Exception):
-                    await table.stage(name)
+            for record in startup_order(residency):
+                residency.stage(record.name)
+                await asyncio.sleep(0)
 
-    async def expire_idle() -> None:
-        while True:
-            await asyncio.sleep(min(settings.idle_ttl_s / 4, 5.0))
-            table.expire_idle()
-
-    loader = asyncio.create_task(initial_loads())
-    janitor = asyncio.create_task(expire_idle()) if settings.eviction_policy == "ttl" else None
-
-    async def autoscale() -> None:
+    async def ticks() -> None:
         while True:
             await asyncio.sleep(0.1)
-            table.autoscale()
-            table.upgrade_sessions()
+            residency.tick()
 
-    scaler = asyncio.create_task(autoscale())
+    loader = asyncio.create_task(initial_loads())
+    scaler = asyncio.create_task(ticks())
     watchdog = asyncio.create_task(systemd.watchdog())
     link_task = None
     if settings.fleet.control_plane:
@@ -139,8 +131,6 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         # connections now could reset them mid-response (seen with 8 MB outputs).
         await asyncio.sleep(FLUSH_LINGER_S)
     loader.cancel()
-    if janitor is not None:
-        janitor.cancel()
     scaler.cancel()
     watchdog.cancel()
     if link_task is not None:
@@ -151,11 +141,39 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     # of the drain time; stop() returns as soon as they are done.
     await grpc_server.stop(grace=max(1.0, settings.drain_timeout_s))
     await http_runner.cleanup()
-    await table.stop()
+    await effects.stop()
     await pool.stop()
     if settings.staging_dir is None:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("stopped")
+
+
+def build_residency(settings: AgentSettings, effects: RunnerEffects) -> Residency:
+    policy = make_policy(
+        settings.eviction_policy,
+        lru_max_models=settings.lru_max_models,
+        idle_ttl_s=settings.idle_ttl_s,
+    )
+    limits = Limits(
+        device_budget=settings.device_memory_budget,
+        host_budget=settings.host_memory_budget,
+        max_pending_loads=settings.max_pending_loads,
+        prepack=settings.runner.prepack_weights,
+        prepack_after_s=settings.runner.prepack_after_s,
+    )
+    residency = Residency(limits, policy, effects)
+    effects.owner = residency
+    return residency
+
+
+def startup_order(residency: Residency) -> list[ModelRecord]:
+    """Pinned models first, then by priority, then by name."""
+
+    def key(r: ModelRecord) -> tuple[bool, int, str]:
+        priority = r.source.config.priority if r.source.config else 0
+        return (not r.pinned, -priority, r.name)
+
+    return sorted(residency.records(), key=key)
 
 
 def make_staging_root(settings: AgentSettings) -> Path:

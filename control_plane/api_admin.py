@@ -18,7 +18,6 @@ from collections.abc import Callable
 import grpc
 from redis.exceptions import RedisError
 
-from edgeplex.agent.repository import valid_name
 from edgeplex.artifacts import (
     ArtifactCache,
     ArtifactError,
@@ -34,6 +33,7 @@ from edgeplex.control_plane.explain import explain
 from edgeplex.control_plane.placement import PlacementResult
 from edgeplex.control_plane.planner import Planner
 from edgeplex.control_plane.store import Store
+from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 

@@ -16,11 +16,11 @@ import time
 import grpc
 from redis.exceptions import RedisError
 
-from edgeplex.agent.repository import valid_name
 from edgeplex.control_plane.config import ControlPlaneSettings
 from edgeplex.control_plane.metrics import METRICS
 from edgeplex.control_plane.store import Store
 from edgeplex.fleet import desired_topic
+from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 

@@ -9,9 +9,9 @@ import time
 import grpc
 from redis.exceptions import RedisError
 
-from edgeplex.agent.repository import valid_name
 from edgeplex.control_plane.batch import make_job
 from edgeplex.control_plane.store import Store
+from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
 log = logging.getLogger("edgeplex.control_plane.admin")

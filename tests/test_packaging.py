@@ -38,7 +38,7 @@ def test_wheel_installs_cleanly_and_owns_only_edgeplex(tmp_path):
     assert tops == {"edgeplex", wheel.name.split("-py3")[0] + ".dist-info"}
     for module in (
         "agent/server.py",
-        "agent/zygote.py",
+        "agent/runners/zygote.py",
         "proto/inference_pb2.py",
         "proto/inference.proto",
         "cli.py",
@@ -53,7 +53,8 @@ def test_wheel_installs_cleanly_and_owns_only_edgeplex(tmp_path):
         [str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, env=env, cwd=tmp_path
     )
     probe = (
-        "import edgeplex, edgeplex.agent.server, edgeplex.agent.zygote, edgeplex.proto, sys;"
+        "import edgeplex, edgeplex.agent.server, edgeplex.agent.runners.zygote, sys;"
+        "import edgeplex.proto;"
         "import importlib.util as u;"
         "assert u.find_spec('agent') is None and u.find_spec('proto') is None;"
         "assert 'site-packages' in edgeplex.__file__, edgeplex.__file__;"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgeplex.agent.eviction import (
+from edgeplex.agent.residency.policies import (
     Candidate,
     GreedyDualSizeFrequency,
     IdleTimeToLive,

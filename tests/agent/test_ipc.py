@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from edgeplex.agent import ipc
+from edgeplex.agent.runners import ipc
 
 
 def test_infer_round_trip_over_a_socket():

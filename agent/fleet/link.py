@@ -32,8 +32,8 @@ import grpc
 from edgeplex import __version__
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
-from edgeplex.agent.entry import ModelState
-from edgeplex.agent.reconcile import Reconciler
+from edgeplex.agent.fleet.reconcile import Reconciler
+from edgeplex.agent.residency.state import Phase
 from edgeplex.artifacts import ArtifactCache
 from edgeplex.fleet import (
     Backoff,
@@ -61,7 +61,7 @@ class FleetLink:
         self._mqtt = parse_mqtt_url(fleet.mqtt_url)
         artifact_dir = fleet.artifact_dir or settings.model_repo / ".artifacts"
         self.reconciler = Reconciler(
-            agent.table, settings.model_repo, ArtifactCache(artifact_dir, fleet.max_artifact_bytes)
+            agent, settings.model_repo, ArtifactCache(artifact_dir, fleet.max_artifact_bytes)
         )
         self.registered = asyncio.Event()
         self.reports_sent = 0
@@ -143,16 +143,17 @@ class FleetLink:
     def report(self) -> pb.LoadReport:
         """This interval's load: per model and per device."""
         elapsed, window = self._agent.load_window.take()
-        table = self._agent.table
+        agent = self._agent
         report = pb.LoadReport(
             site_id=self._site,
             sent_at=time.time(),
             desired_version=self.reconciler.applied_version,
         )
         busy_ns = 0
-        for entry in table.entries():
+        for entry in agent.residency.records():
             w = window.get(entry.name)
-            stats = entry.stats
+            stats = agent.effects.stats(entry)
+            queue = agent.effects.queue(entry.key)
             busy_ns += stats.compute_infer.ns
             report.models.append(
                 pb.ModelLoad(
@@ -161,11 +162,11 @@ class FleetLink:
                     rate_by_region={r: n / elapsed for r, n in w.by_region.items()} if w else {},
                     p50_ms=w.percentile(0.5) * 1000 if w else 0.0,
                     p99_ms=w.percentile(0.99) * 1000 if w else 0.0,
-                    queue_depth=entry.batcher.depth if entry.batcher else 0,
+                    queue_depth=queue.depth if queue else 0,
                     tier=str(entry.tier),
-                    memory_bytes=entry.memory_bytes,
-                    state=str(entry.state),
-                    reason=entry.reason if entry.state == ModelState.FAILED else "",
+                    memory_bytes=entry.device_bytes,
+                    state=entry.public_state(),
+                    reason=entry.reason if entry.phase == Phase.FAILED else "",
                 )
             )
         here = {m.name for m in report.models}
@@ -188,7 +189,7 @@ class FleetLink:
         report.devices.append(
             pb.DeviceLoad(
                 index=self._settings.runner.device_id,
-                used_bytes=table.device_bytes(),
+                used_bytes=agent.residency.device_bytes(),
                 budget_bytes=self._settings.device_memory_budget or 0,
                 utilization=min(1.0, max(0.0, (busy_ns - previous) / (elapsed * 1e9))),
             )

@@ -1,23 +1,29 @@
 """How a model's batches reach its runner: the batcher's `execute` over IPC.
 
-Called by the model table when a model first becomes READY; the batcher then
-lives as long as the model is loaded (across runner restarts).
+Called by the residency effects when a model first becomes READY; the batcher
+then lives as long as the model is loaded (across runner restarts).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
-from edgeplex.agent import ipc
-from edgeplex.agent.batcher import Batcher
-from edgeplex.agent.entry import ModelEntry
+from edgeplex.agent.batching.batcher import Batcher
 from edgeplex.agent.errors import InferenceFailed, InvalidInput, RunnerLost
-from edgeplex.agent.runners import RunnerPool
+from edgeplex.agent.residency.state import ModelRecord
+from edgeplex.agent.runners import ipc
+from edgeplex.agent.runners.supervisor import RunnerPool
+from edgeplex.agent.stats import ModelStats
 
 
-def make_batcher(entry: ModelEntry, pool: RunnerPool) -> Batcher:
+def make_batcher(
+    entry: ModelRecord, pool: RunnerPool, ready: asyncio.Event, stats: ModelStats
+) -> Batcher:
     """The model's queue and batcher, executing each batch on the model's runner."""
     config = entry.config
+    model_id = str(entry.key)
 
     async def execute(
         inputs: dict[str, np.ndarray], outputs: list[str] | None
@@ -25,7 +31,7 @@ def make_batcher(entry: ModelEntry, pool: RunnerPool) -> Batcher:
         descs, buffers = ipc.pack_tensors(inputs)
         runner = pool.get(entry.runner_id)
         reply, payload = await runner.call(
-            ipc.Infer(pool.next_req_id(), entry.name, outputs, descs), buffers
+            ipc.Infer(pool.next_req_id(), model_id, outputs, descs), buffers
         )
         if isinstance(reply, ipc.InferResult):
             return ipc.unpack_tensors(reply.tensors, payload), reply.compute_ns
@@ -43,6 +49,6 @@ def make_batcher(entry: ModelEntry, pool: RunnerPool) -> Batcher:
         max_queue_size=config.max_queue_size,
         instance_count=config.instance_count,
         execute=execute,
-        ready=entry.ready,
-        stats=entry.stats,
+        ready=ready,
+        stats=stats,
     )

@@ -16,8 +16,7 @@ import grpc
 
 from edgeplex.agent.core import Agent, InferInput
 from edgeplex.agent.errors import InvalidInput, ServeError
-from edgeplex.agent.forward import FORWARDED, ORIGIN_REGION, SERVED_BY, peer_error
-from edgeplex.agent.repository import valid_name
+from edgeplex.agent.fleet.forward import FORWARDED, ORIGIN_REGION, SERVED_BY, peer_error
 from edgeplex.agent.tensors import (
     CONTENTS_FIELD,
     check_payload_cap,
@@ -26,6 +25,7 @@ from edgeplex.agent.tensors import (
     oip_datatype,
     to_raw,
 )
+from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_agent_pb2 as ctl
 from edgeplex.proto import edgeplex_agent_pb2_grpc as ctl_grpc
 from edgeplex.proto import inference_pb2 as pb

@@ -1,27 +1,19 @@
-"""Forwarding: an agent that should not serve a model itself proxies the request
-to the best peer, from the routing table the control plane publishes for its
+"""Forwarding: proxying a request to the peer site the routing policy chose
+(routing.py), from the routing table the control plane publishes for this
 region (`edgeplex/v1/regions/<region>/routes`, nearest site first).
 
-The rule, per request (`Router.decide`):
-
-1. A request that was already forwarded (`edgeplex-forwarded` set) is served
-   here or fails here: it is never forwarded again, so there are no loops.
-2. A model loaded here is served here.
-3. Otherwise, if the routes name other sites holding it, the request goes to
-   the first one that answers (a peer that fails to connect is skipped for
-   PEER_BACKOFF_S and the next one is tried).
-4. Otherwise a model in this site's repository is promoted here (cold start).
-5. Otherwise no site can serve it: UNAVAILABLE (HTTP 503) with a retry hint;
-   the request still counts as this region's demand, so the control plane
-   places the model if it is worth placing.
+`Router` keeps the routes and the peers that failed recently, answers
+`peers_for` with what the policy needs, and runs the two proxies. The core
+(`Agent.route`) makes the decision once for both front doors.
 
 Every inference response names the site that served it in `edgeplex-served-by`
 (an HTTP header or a gRPC trailer); a forwarded response carries the peer's.
 The forwarder sends `edgeplex-origin-region` so the peer accounts the demand
-to the region it came from.
+to the region it came from. A peer that fails to connect is skipped for
+PEER_BACKOFF_S and the next one is tried.
 
 Owned by the agent's event loop: routes are replaced by the fleet link, read
-by the front doors; connections to peers are cached per address.
+by the core; connections to peers are cached per address.
 """
 
 from __future__ import annotations
@@ -32,11 +24,8 @@ from dataclasses import dataclass
 import aiohttp
 import grpc
 
-from edgeplex.agent.entry import ModelState
 from edgeplex.agent.errors import ServeError, Unavailable
-from edgeplex.agent.load_window import LoadWindow
-from edgeplex.agent.models import ModelTable
-from edgeplex.agent.repository import valid_name
+from edgeplex.agent.fleet.routing import PeerOption
 from edgeplex.proto import edgeplex_control_pb2 as cpb
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
@@ -64,14 +53,13 @@ class Peer:
     site_id: str
     address: str
     http_address: str
+    latency_ms: float = 0.0
 
 
 class Router:
-    def __init__(self, site_id: str, region: str, table: ModelTable, window: LoadWindow) -> None:
+    def __init__(self, site_id: str, region: str) -> None:
         self.site_id = site_id
         self.region = region
-        self._table = table
-        self._window = window
         self._routes: dict[str, list[Peer]] = {}
         self.version = 0
         self._down_until: dict[str, float] = {}
@@ -85,34 +73,23 @@ class Router:
             return False
         self.version = routes.version
         self._routes = {
-            r.model: [Peer(t.site_id, t.address, t.http_address) for t in r.targets]
+            r.model: [Peer(t.site_id, t.address, t.http_address, t.latency_ms) for t in r.targets]
             for r in routes.routes
         }
         return True
 
-    def decide(self, model: str, forwarded: bool, origin: str = "") -> list[Peer]:
-        """Peers to try, best first; [] means serve here. Raises Unavailable when
-        neither this site nor any peer can serve `model`."""
-        entry = self._table.get(model)
-        if forwarded or (entry is not None and entry.state == ModelState.READY):
-            if entry is None:
-                raise Unavailable(f"model '{model}' is not at this site (routes are changing)")
-            return []
+    def options(self, model: str) -> list[PeerOption]:
+        """The peers holding `model` that are not this site and not backed off."""
         now = time.monotonic()
-        peers = [
-            p
+        return [
+            PeerOption(p.site_id, p.latency_ms / 1000 if p.latency_ms else None)
             for p in self._routes.get(model, ())
             if p.site_id != self.site_id and self._down_until.get(p.site_id, 0.0) <= now
         ]
-        if peers:
-            return peers
-        if entry is not None:
-            return []
-        if valid_name(model):  # demand for a model no site has: the control plane must see it
-            self._window.record(model, origin or self.region, 0.0)
-        error = Unavailable(f"no site serves model '{model}' now; retry in {NO_ROUTE_RETRY_S:g} s")
-        error.retry_after_s = NO_ROUTE_RETRY_S
-        raise error
+
+    def peers(self, model: str, site_ids: tuple[str, ...]) -> list[Peer]:
+        by_id = {p.site_id: p for p in self._routes.get(model, ())}
+        return [by_id[s] for s in site_ids if s in by_id]
 
     def peer_failed(self, peer: Peer) -> None:
         self._down_until[peer.site_id] = time.monotonic() + PEER_BACKOFF_S

@@ -25,19 +25,23 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from edgeplex.agent.entry import ModelState, Tier
-from edgeplex.agent.models import ModelTable
-from edgeplex.agent.repository import MODEL_FILE, valid_name
+from edgeplex.agent.repository import MODEL_FILE
+from edgeplex.agent.residency.state import Phase, Tier
 from edgeplex.artifacts import ArtifactCache, ArtifactError, model_file
+from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
+
+if TYPE_CHECKING:  # the core imports the fleet package
+    from edgeplex.agent.core import Agent
 
 log = logging.getLogger("edgeplex.agent.reconcile")
 
 
 class Reconciler:
-    def __init__(self, table: ModelTable, repo: Path, artifacts: ArtifactCache) -> None:
-        self._table = table
+    def __init__(self, agent: Agent, repo: Path, artifacts: ArtifactCache) -> None:
+        self._agent = agent
         self._repo = repo
         self._artifacts = artifacts
         self._pending: pb.DesiredState | None = None
@@ -86,29 +90,31 @@ class Reconciler:
             self.failures.pop(dm.name, None)
             self.managed.add(dm.name)
             installed.append(dm)
-        self._table.discover()
+        agent = self._agent
+        residency = agent.residency
+        agent.discover()
         wanted_loaded = {dm.name for dm in installed if dm.tier == "loaded"}
         wanted_staged = {dm.name for dm in installed if dm.tier == "staged"}
-        # Make room first: demote what is no longer wanted here.
-        for entry in self._table.entries():
-            if entry.name in wanted_loaded or entry.state != ModelState.READY:
+        # Make room first: demote what is no longer wanted here (after its admitted
+        # requests are answered).
+        for entry in residency.records():
+            if entry.name in wanted_loaded or entry.phase != Phase.READY:
                 continue
             if entry.name in self.managed and entry.pinned:
-                entry.pinned = False  # the control plane no longer pins it here
+                residency.pin(entry.name, False)  # the control plane no longer pins it here
             if not entry.pinned:
                 with contextlib.suppress(Exception):
-                    await self._table.demote(entry.name, Tier.STAGED, reason="placement")
+                    await agent.demote(entry.name, str(Tier.STAGED))
         for dm in sorted(installed, key=lambda d: (not d.pin, -d.priority, d.name)):
             if dm.name in wanted_loaded:
                 if dm.pin:
-                    self._table.pin(dm.name, True)
+                    residency.pin(dm.name, True)
                 try:
-                    await self._table.load(dm.name, explicit=False)
+                    await agent.place(dm.name)
                 except Exception as exc:
                     log.warning("model %s: load for placement failed: %s", dm.name, exc)
         for name in sorted(wanted_staged):
-            with contextlib.suppress(Exception):
-                await self._table.stage(name)
+            residency.stage(name)
 
     def _install(self, dm: pb.DesiredModel) -> None:
         """Make `<repo>/<name>/<version>/model.onnx` the verified artifact. Blocking."""

@@ -32,11 +32,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from edgeplex.agent import ipc
 from edgeplex.agent.config import RunnerSettings
 from edgeplex.agent.errors import RunnerLost, Unavailable
-from edgeplex.agent.limits import MemoryLimiter
 from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.runners import ipc
+from edgeplex.agent.runners.limits import MemoryLimiter
 
 log = logging.getLogger("edgeplex.agent.runners")
 
@@ -62,7 +62,7 @@ class ZygoteClient:
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "edgeplex.agent.zygote",
+            "edgeplex.agent.runners.zygote",
             "--fd",
             str(child.fileno()),
             pass_fds=[child.fileno()],

@@ -24,7 +24,7 @@ import logging
 import os
 from pathlib import Path
 
-log = logging.getLogger("edgeplex.agent.limits")
+log = logging.getLogger("edgeplex.agent.runners.limits")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 RLIMIT_HEADROOM = 512 * 1024 * 1024

@@ -23,9 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from edgeplex.agent.core import Agent, InferInput
 from edgeplex.agent.errors import InvalidInput, ServeError
-from edgeplex.agent.forward import FORWARDED, ORIGIN_REGION, SERVED_BY
+from edgeplex.agent.fleet.forward import FORWARDED, ORIGIN_REGION, SERVED_BY
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.repository import valid_name
 from edgeplex.agent.tensors import (
     check_payload_cap,
     from_list,
@@ -33,6 +32,7 @@ from edgeplex.agent.tensors import (
     oip_datatype,
     to_raw,
 )
+from edgeplex.names import valid_name
 
 log = logging.getLogger("edgeplex.agent.http")
 

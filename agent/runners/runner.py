@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from edgeplex.agent import ipc
+from edgeplex.agent.runners import ipc
 
 log = logging.getLogger("edgeplex.runner")
 

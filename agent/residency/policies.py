@@ -1,13 +1,22 @@
 """Which loaded models to demote when a load needs device memory: pure policies.
 
-A policy sees candidates (every loaded model but the one being loaded) and the
-bytes still missing, and returns the victims, in order, or None when no choice
-of victims frees enough. Policies never log, never touch processes and keep no
-hidden state beyond what `choose` documents, so tests and benchmarks drive them
-directly.
+Every policy has the same small interface, so no caller asks which one it has:
 
-Pinned models are never victims. Models with requests in flight may be, but
-are chosen last; the model table drains them before demoting.
+- `choose(candidates, needed, loaded_count, now)`: the victims, in order, that
+  free `needed` bytes (and, for count-based policies, a slot), or None when no
+  choice of victims would do;
+- `expired(candidates, now)`: models to demote on a tick even without a load
+  (idle past a TTL; [] for policies that evict only on demand);
+- `stamp()`: the credit a model earns when it is used (GDSF's clock; 0 else);
+- `evicts_on_demand`: whether a load waits for victims (True) or is refused
+  when it does not fit (the baseline `none`, and `ttl`, which evicts only what
+  has expired).
+
+Policies never log, never touch processes and keep no hidden state beyond
+what `choose` documents, so tests and benchmarks drive them directly.
+
+Pinned models are never victims. Models with leases (admitted requests) may
+be, but are chosen last; the residency owner drains them before it unloads.
 """
 
 from __future__ import annotations
@@ -27,19 +36,38 @@ class Candidate:
     frequency: float  # requests served while loaded (decayed by the table)
     priority: int = 0
     pinned: bool = False
-    in_flight: int = 0
+    in_flight: int = 0  # leases: admitted requests not yet answered
     # GDSF: the policy's clock when the model was last used (the table stamps it).
     credit: float = 0.0
 
 
 class EvictionPolicy(Protocol):
     name: str
+    evicts_on_demand: bool
 
     def choose(
         self, candidates: list[Candidate], needed: int, loaded_count: int, now: float
     ) -> list[Candidate] | None:
         """Victims freeing at least `needed` bytes (and, for count-based policies,
         making room for one more model), or None if impossible."""
+
+    def expired(self, candidates: list[Candidate], now: float) -> list[Candidate]:
+        """Models to demote now, without a load asking for room."""
+
+    def stamp(self) -> float:
+        """The credit a model earns on each use."""
+
+
+class _OnDemand:
+    """Defaults of policies that evict only when a load needs room."""
+
+    evicts_on_demand = True
+
+    def expired(self, candidates: list[Candidate], now: float) -> list[Candidate]:
+        return []
+
+    def stamp(self) -> float:
+        return 0.0
 
 
 def _take_until(ordered: list[Candidate], needed: int) -> list[Candidate] | None:
@@ -52,7 +80,7 @@ def _take_until(ordered: list[Candidate], needed: int) -> list[Candidate] | None
     return victims if freed >= needed else None
 
 
-class GreedyDualSizeFrequency:
+class GreedyDualSizeFrequency(_OnDemand):
     """GDSF (Cherkasova 1998): keep the models whose frequency x reload cost / size
     is highest. H = credit + frequency * promote_s**2 * 2**priority / bytes, where
     credit is the clock when the model was last used; evict the lowest H, then
@@ -65,6 +93,9 @@ class GreedyDualSizeFrequency:
 
     def __init__(self, clock: float = 0.0) -> None:
         self.clock = clock
+
+    def stamp(self) -> float:
+        return self.clock
 
     def value(self, c: Candidate) -> float:
         # The cost of a miss grows faster than the promotion time: a promotion well
@@ -85,7 +116,7 @@ class GreedyDualSizeFrequency:
         return victims
 
 
-class LeastRecentlyUsedByCount:
+class LeastRecentlyUsedByCount(_OnDemand):
     """Ray Serve multiplexing's rule: at most `max_models` loaded; evict the least
     recently used. Bytes are still respected (evicting more when needed)."""
 
@@ -119,6 +150,7 @@ class IdleTimeToLive:
     idle that long may be evicted (the table also unloads them on a timer)."""
 
     name = "ttl"
+    evicts_on_demand = False
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
@@ -138,11 +170,15 @@ class IdleTimeToLive:
     ) -> list[Candidate] | None:
         return _take_until(self.expired(candidates, now), needed)
 
+    def stamp(self) -> float:
+        return 0.0
 
-class NoOverCommit:
+
+class NoOverCommit(_OnDemand):
     """The baseline: what does not fit is refused."""
 
     name = "none"
+    evicts_on_demand = False
 
     def choose(
         self, candidates: list[Candidate], needed: int, loaded_count: int, now: float

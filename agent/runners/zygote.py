@@ -1,6 +1,6 @@
 """The zygote: a clean process that forks runners on request.
 
-The agent starts it with exec (`python -m edgeplex.agent.zygote --fd N`)
+The agent starts it with exec (`python -m edgeplex.agent.runners.zygote --fd N`)
 before it starts gRPC or asyncio, and talks to it over the inherited socket N.
 The zygote imports numpy, onnxruntime and the runner code, so a fork pays for
 none of that, but it never creates a session, never starts gRPC or asyncio and
@@ -34,7 +34,7 @@ import contextlib
 import numpy  # noqa: F401  (preloaded for the children)
 import onnxruntime  # noqa: F401
 
-from edgeplex.agent import ipc, runner
+from edgeplex.agent.runners import ipc, runner
 
 _PR_SET_PDEATHSIG = 1
 

@@ -1,0 +1,178 @@
+"""A model's inputs and outputs, read from its ONNX file without loading it.
+
+The agent validates a request before it promotes a model, so the interface of
+every model must be known while the model is only staged or cached. This
+reads the graph's `input`, `output` and `initializer` names straight from the
+protobuf wire format over an mmap of the file: the nodes and the weights are
+skipped by length, never copied or parsed, so a 2 GB model costs a few page
+faults. No `onnx` package is needed at run time.
+
+Pure functions; `read_interface` raises GraphError for anything that is not a
+readable ONNX model (the load would fail anyway, with ORT's own message).
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeplex.agent.tensors import TensorSpec
+
+# TensorProto.DataType -> OIP datatype (onnx.proto3).
+ONNX_TO_OIP = {
+    1: "FP32",
+    2: "UINT8",
+    3: "INT8",
+    4: "UINT16",
+    5: "INT16",
+    6: "INT32",
+    7: "INT64",
+    8: "BYTES",
+    9: "BOOL",
+    10: "FP16",
+    11: "FP64",
+    12: "UINT32",
+    13: "UINT64",
+    16: "BF16",
+}
+
+# Field numbers (onnx.proto3).
+_MODEL_GRAPH = 7
+_GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT, _GRAPH_SPARSE = 5, 11, 12, 15
+_TENSOR_NAME = 8
+_SPARSE_VALUES = 1
+_VALUE_NAME, _VALUE_TYPE = 1, 2
+_TYPE_TENSOR = 1
+_TENSOR_ELEM, _TENSOR_SHAPE = 1, 2
+_SHAPE_DIM = 1
+_DIM_VALUE = 1
+
+
+class GraphError(Exception):
+    """The file is not an ONNX model this reader understands."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interface:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+def read_interface(path: Path) -> Interface:
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)
+            try:
+                return _model(view)
+            finally:
+                view.release()
+    except (OSError, ValueError) as exc:
+        raise GraphError(f"cannot read the model file: {exc.__class__.__name__}") from None
+
+
+def _model(buf: memoryview) -> Interface:
+    for field, _, value in _fields(buf):
+        if field == _MODEL_GRAPH and isinstance(value, memoryview):
+            return _graph(value)
+    raise GraphError("the file holds no ONNX graph")
+
+
+def _graph(buf: memoryview) -> Interface:
+    inputs, outputs, weights = [], [], set()
+    for field, _, value in _fields(buf):
+        if not isinstance(value, memoryview):
+            continue
+        if field == _GRAPH_INPUT:
+            inputs.append(_value_info(value))
+        elif field == _GRAPH_OUTPUT:
+            outputs.append(_value_info(value))
+        elif field == _GRAPH_INITIALIZER:
+            weights.add(_string(value, _TENSOR_NAME))
+        elif field == _GRAPH_SPARSE:
+            for f, _, v in _fields(value):
+                if f == _SPARSE_VALUES and isinstance(v, memoryview):
+                    weights.add(_string(v, _TENSOR_NAME))
+    # Before IR version 4, weights were also listed as graph inputs.
+    return Interface(
+        tuple(s for s in inputs if s.name not in weights),
+        tuple(outputs),
+    )
+
+
+def _value_info(buf: memoryview) -> TensorSpec:
+    name, datatype = "", ""
+    shape: tuple[int, ...] = ()
+    for field, _, value in _fields(buf):
+        if field == _VALUE_NAME and isinstance(value, memoryview):
+            name = bytes(value).decode("utf-8", "replace")
+        elif field == _VALUE_TYPE and isinstance(value, memoryview):
+            for f, _, v in _fields(value):
+                if f == _TYPE_TENSOR and isinstance(v, memoryview):
+                    datatype, shape = _tensor_type(v)
+    return TensorSpec(name, datatype or "UNSUPPORTED", shape)
+
+
+def _tensor_type(buf: memoryview) -> tuple[str, tuple[int, ...]]:
+    datatype, dims = "", []
+    for field, _, value in _fields(buf):
+        if field == _TENSOR_ELEM and isinstance(value, int):
+            datatype = ONNX_TO_OIP.get(value, f"ONNX_TYPE_{value}")
+        elif field == _TENSOR_SHAPE and isinstance(value, memoryview):
+            for f, _, dim in _fields(value):
+                if f == _SHAPE_DIM and isinstance(dim, memoryview):
+                    dims.append(_dim(dim))
+    return datatype, tuple(dims)
+
+
+def _dim(buf: memoryview) -> int:
+    for field, _, value in _fields(buf):
+        if field == _DIM_VALUE and isinstance(value, int) and value > 0:
+            return value
+    return -1  # a symbolic or unknown dimension
+
+
+def _string(buf: memoryview, wanted: int) -> str:
+    for field, _, value in _fields(buf):
+        if field == wanted and isinstance(value, memoryview):
+            return bytes(value).decode("utf-8", "replace")
+    return ""
+
+
+def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise GraphError("truncated or corrupt protobuf")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: memoryview):  # type: ignore[no-untyped-def]
+    """(field number, wire type, value) of each field: ints for varints and fixed
+    widths, memoryviews (no copy) for length-delimited fields."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+            yield field, wire, value
+        elif wire == 2:
+            size, pos = _varint(buf, pos)
+            if pos + size > end:
+                raise GraphError("truncated or corrupt protobuf")
+            yield field, wire, buf[pos : pos + size]
+            pos += size
+        elif wire == 1:
+            pos += 8
+            yield field, wire, 0
+        elif wire == 5:
+            pos += 4
+            yield field, wire, 0
+        else:
+            raise GraphError(f"unexpected protobuf wire type {wire}")

@@ -1,0 +1,303 @@
+"""The residency owner's effects, carried out: runner calls, queues, staged files.
+
+`RunnerEffects` implements owner.Effects. Each effect starts a task (or acts
+at once when it is only bookkeeping of mechanism: a queue opened or paused)
+and reports its result back to the owner as an event, tagged with the
+generation the owner gave it. Nothing here decides anything about residency.
+
+It also holds each serving model's queue (a Batcher, keyed like the records)
+and the `ready` event its batcher waits on while a runner restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+from pathlib import Path
+
+from edgeplex.agent.batching.batcher import Batcher, scale_target
+from edgeplex.agent.batching.dispatch import make_batcher
+from edgeplex.agent.config import AgentSettings
+from edgeplex.agent.errors import RunnerLost, ServeError, Unavailable
+from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.residency.owner import Loaded, Residency
+from edgeplex.agent.residency.state import SHARED_RUNNER, ModelKey, ModelRecord, Phase
+from edgeplex.agent.runners import ipc
+from edgeplex.agent.runners.supervisor import RunnerPool
+from edgeplex.agent.stats import ModelStats
+
+log = logging.getLogger("edgeplex.agent.residency")
+
+
+class RunnerEffects:
+    def __init__(self, settings: AgentSettings, pool: RunnerPool, staging_root: Path) -> None:
+        self._settings = settings
+        self._pool = pool
+        self._staging = staging_root
+        self.owner: Residency | None = None  # set once, right after the owner is built
+        self._queues: dict[ModelKey, Batcher] = {}
+        self._ready: dict[ModelKey, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stats: dict[str, ModelStats] = {}
+        self.last_promotion: dict[ModelKey, dict[str, object]] = {}
+
+    # --- what the front of the agent reads ---------------------------------------------------
+
+    def queue(self, key: ModelKey) -> Batcher | None:
+        return self._queues.get(key)
+
+    def staged_dir(self, record: ModelRecord) -> Path:
+        return self._staging / record.name / record.version
+
+    def runner_pid(self, record: ModelRecord) -> int | None:
+        runner = self._pool.get(record.runner_id)
+        return runner.pid if runner.state == "ready" else None
+
+    def limit_mechanism(self) -> str:
+        return self._pool.limiter.mechanism
+
+    def stats(self, record: ModelRecord) -> ModelStats:
+        return self._stats.setdefault(record.name, ModelStats())
+
+    def runners_can_serve(self) -> bool:
+        """False while every runner that was started is down (restarting)."""
+        runners = self._pool.runners()
+        return not runners or any(r.state in ("ready", "stopped") for r in runners)
+
+    def disk_bytes(self, records: list[ModelRecord]) -> int:
+        total = 0
+        for record in records:
+            with contextlib.suppress(OSError):
+                total += record.source.path.stat().st_size
+        return total
+
+    # --- owner.Effects ----------------------------------------------------------------------
+
+    def load(self, record: ModelRecord, generation: int, fast: bool) -> None:
+        self._spawn(self._load(record, generation, fast))
+
+    def unload(self, record: ModelRecord, generation: int) -> None:
+        self._spawn(self._unload(record, generation))
+
+    def serve(self, record: ModelRecord) -> None:
+        ready = self._ready.setdefault(record.key, asyncio.Event())
+        queue = self._queues.get(record.key)
+        if queue is None:
+            self._queues[record.key] = make_batcher(record, self._pool, ready, self.stats(record))
+        else:  # a reload starts over at the configured instance count
+            queue.set_instances(record.config.instance_count)
+        METRICS.instances.labels(model=record.name).set(record.config.instance_count)
+        METRICS.model_ready.labels(model=record.name).set(1)
+        ready.set()
+
+    def pause(self, record: ModelRecord) -> None:
+        ready = self._ready.get(record.key)
+        if ready is not None:
+            ready.clear()
+        METRICS.model_ready.labels(model=record.name).set(0)
+        if record.phase == Phase.FAILED:
+            queue = self._queues.pop(record.key, None)
+            if queue is not None:
+                error = Unavailable(f"model '{record.name}' failed: {record.reason}")
+                self._spawn(queue.close(error, drain=False))
+
+    def stage(self, record: ModelRecord) -> None:
+        self._spawn(self._stage(record))
+
+    def drop_staged(self, record: ModelRecord) -> None:
+        # Safe even if a session still maps the file: unlinked pages live on until
+        # the last mapping goes.
+        shutil.rmtree(self.staged_dir(record), ignore_errors=True)
+        METRICS.demotions.labels(reason="staged_dropped").inc()
+
+    def prepack(self, record: ModelRecord, generation: int) -> None:
+        self._spawn(self._prepack(record, generation))
+
+    def autoscale(self, record: ModelRecord, room: bool) -> None:
+        queue = self._queues.get(record.key)
+        config = record.config
+        if queue is None or config.max_instances is None:
+            return
+        target = scale_target(
+            depth=queue.depth,
+            instances=queue.instances,
+            minimum=config.instance_count,
+            maximum=max(config.max_instances, config.instance_count),
+            max_batch_size=record.max_batch_size,
+            idle_s=asyncio.get_running_loop().time() - queue.last_queued,
+            scale_down_idle_s=config.scale_down_idle_s,
+        )
+        if target == queue.instances or (target > queue.instances and not room):
+            return
+        record.side_work = "scale"
+        self._spawn(self._scale(record, queue, target))
+
+    def changed(self) -> None:
+        if self.owner is None:
+            return
+        METRICS.tier_bytes.labels(tier="loaded").set(self.owner.device_bytes())
+        METRICS.tier_bytes.labels(tier="staged").set(self.owner.host_bytes())
+
+    # --- the tasks --------------------------------------------------------------------------
+
+    async def _load(self, record: ModelRecord, generation: int, fast: bool) -> None:
+        owner = self.owner
+        assert owner is not None
+        settings = self._settings.runner
+        config = record.config
+        if record.runner_id != SHARED_RUNNER and config.memory_limit:
+            self._pool.memory_limits[record.runner_id] = config.memory_limit
+        runner = self._pool.get(record.runner_id)
+        try:
+            await asyncio.wait_for(runner.ensure_ready(), settings.start_timeout_s * 3)
+            reply, _ = await asyncio.wait_for(
+                runner.call(
+                    ipc.LoadModel(
+                        req_id=self._pool.next_req_id(),
+                        model=str(record.key),
+                        path=str(record.source.path),
+                        staged_dir=str(self.staged_dir(record)),
+                        intra_op_threads=config.intra_op_threads or settings.intra_op_threads,
+                        inter_op_threads=settings.inter_op_threads,
+                        allow_spinning=settings.allow_spinning,
+                        prepack_weights=settings.prepack_weights and not fast,
+                        provider=settings.execution_provider,
+                        device_id=settings.device_id,
+                        memory_limit=config.memory_limit or 0,
+                        instances=config.instance_count,
+                    )
+                ),
+                settings.load_timeout_s,
+            )
+        except RunnerLost:
+            return  # runner_down has moved the model; runner_up reloads it
+        except (TimeoutError, ServeError) as exc:
+            owner.load_failed(record.key, generation, f"load did not finish: {exc or 'timeout'}")
+            return
+        if not isinstance(reply, ipc.ModelLoaded):
+            owner.load_failed(record.key, generation, getattr(reply, "message", "load failed"))
+            return
+        promote_ms = reply.load_ms
+        if reply.source != "staged":
+            promote_ms = reply.stages.get("create", 0) + reply.stages.get("warmup", 0)
+        self._record_promotion(record, reply)
+        log.info(
+            "model %s loaded from %s in %.0f ms (%d bytes)",
+            record.key,
+            reply.source,
+            reply.load_ms,
+            reply.bytes,
+        )
+        owner.load_done(
+            record.key,
+            generation,
+            Loaded(
+                bytes=reply.bytes,
+                promote_s=promote_ms / 1000,
+                staged_bytes=reply.staged_bytes,
+                prepacked=reply.prepacked,
+                source=reply.source,
+            ),
+        )
+
+    async def _unload(self, record: ModelRecord, generation: int) -> None:
+        owner = self.owner
+        assert owner is not None
+        METRICS.demotions.labels(reason="evicted").inc()
+        queue = self._queues.pop(record.key, None)
+        self._ready.pop(record.key, None)
+        METRICS.model_ready.labels(model=record.name).set(0)
+        if queue is not None:  # empty: the model had no leases left
+            await queue.close(Unavailable(f"model '{record.name}' is unloading"), drain=True)
+        runner = self._pool.get(record.runner_id)
+        if runner.state == "ready":
+            with contextlib.suppress(RunnerLost, TimeoutError):
+                await asyncio.wait_for(
+                    runner.call(ipc.UnloadModel(self._pool.next_req_id(), str(record.key))), 30
+                )
+        if record.runner_id != SHARED_RUNNER:
+            await self._pool.retire(record.runner_id)
+        owner.unload_done(record.key, generation)
+
+    async def _stage(self, record: ModelRecord) -> None:
+        owner = self.owner
+        assert owner is not None
+        staged = 0
+        try:
+            runner = self._pool.get(SHARED_RUNNER)
+            await runner.ensure_ready()
+            reply, _ = await runner.call(
+                ipc.StageModel(
+                    self._pool.next_req_id(),
+                    str(record.key),
+                    str(record.source.path),
+                    str(self.staged_dir(record)),
+                )
+            )
+            if isinstance(reply, ipc.ModelStaged):
+                staged = reply.staged_bytes
+            else:
+                log.warning("staging %s failed: %s", record.key, getattr(reply, "message", ""))
+        except (RunnerLost, ServeError):
+            pass
+        owner.staged(record.key, staged)
+
+    async def _prepack(self, record: ModelRecord, generation: int) -> None:
+        owner = self.owner
+        assert owner is not None
+        delta: int | None = None
+        try:
+            reply, _ = await self._pool.get(record.runner_id).call(
+                ipc.Prepack(self._pool.next_req_id(), str(record.key))
+            )
+        except RunnerLost:
+            reply = None
+        if isinstance(reply, ipc.Prepacked):
+            delta = reply.bytes_delta
+            METRICS.promotion_stage_duration.labels(stage="prepack").observe(reply.ms / 1000)
+        elif reply is not None:
+            log.warning("prepacking %s failed: %s", record.key, getattr(reply, "message", ""))
+        owner.prepacked(record.key, generation, delta)
+        METRICS.model_memory.labels(model=record.name).set(record.device_bytes)
+
+    async def _scale(self, record: ModelRecord, queue: Batcher, target: int) -> None:
+        owner = self.owner
+        assert owner is not None
+        try:
+            reply, _ = await self._pool.get(record.runner_id).call(
+                ipc.SetInstances(self._pool.next_req_id(), str(record.key), target)
+            )
+        except RunnerLost:
+            reply = None
+        owner.scaled(record.key)
+        if isinstance(reply, ipc.InstancesSet) and reply.instances:
+            log.info("model %s: %d -> %d instances", record.key, queue.instances, reply.instances)
+            METRICS.instances.labels(model=record.name).set(reply.instances)
+            queue.set_instances(reply.instances)
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _record_promotion(self, record: ModelRecord, reply: ipc.ModelLoaded) -> None:
+        self.last_promotion[record.key] = {
+            "source": reply.source,
+            "stages_ms": {k: round(v, 3) for k, v in reply.stages.items()},
+            "load_ms": round(reply.load_ms, 3),
+        }
+        METRICS.promotions.labels(source=reply.source).inc()
+        METRICS.promotion_duration.labels(source=reply.source).observe(reply.load_ms / 1000)
+        for stage, ms in reply.stages.items():
+            METRICS.promotion_stage_duration.labels(stage=stage).observe(ms / 1000)
+        METRICS.model_memory.labels(model=record.name).set(reply.bytes)
+
+    def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        for queue in self._queues.values():
+            await queue.close(Unavailable("the agent is shutting down"), drain=False)
+        for task in list(self._tasks):
+            task.cancel()

@@ -1,0 +1,150 @@
+"""Where device memory comes from for the loads that wait for it: a pure planner.
+
+`plan_room` looks at a snapshot (every model's phase, bytes held, leases, pins
+and usage; the queued loads in arrival order; the budget) and decides, for the
+whole queue at once:
+
+- which queued loads start now (their bytes fit beside everything held);
+- which models to unload now (victims without leases);
+- which to drain (victims with leases: they admit nothing more and are
+  unloaded when their admitted requests have been answered, which their
+  deadlines bound);
+- which loads can never fit (they need more than the budget minus the pins).
+
+Loads are served first come, first served: a load that cannot get room yet
+holds back the ones behind it, so a large model is never starved by a stream
+of small ones. Bytes already leaving (draining or unloading models) and bytes
+promised to earlier loads are counted, so the same room is never promised
+twice and each event asks for at most the victims still missing.
+
+Pure: no clocks, no I/O, no logging. The owner calls it after every event that
+changes bytes, leases or the queue; tests call it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edgeplex.agent.residency.policies import Candidate, EvictionPolicy
+from edgeplex.agent.residency.state import ModelKey, Phase
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One model as the planner sees it."""
+
+    key: ModelKey
+    phase: Phase
+    held: int  # device bytes held now (session or reservation)
+    leases: int
+    pinned: bool
+    priority: int = 0
+    last_used: float = 0.0
+    frequency: float = 0.0
+    credit: float = 0.0
+    promote_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedLoad:
+    key: ModelKey
+    needed: int
+
+
+@dataclass
+class RoomPlan:
+    start: list[ModelKey] = field(default_factory=list)
+    unload: list[ModelKey] = field(default_factory=list)
+    drain: list[ModelKey] = field(default_factory=list)
+    refuse: dict[ModelKey, str] = field(default_factory=dict)
+
+
+LEAVING = (Phase.DRAINING, Phase.UNLOADING)
+# Models that count against a count-based policy's limit.
+COUNTED = (Phase.LOADING, Phase.READY, Phase.RECOVERING)
+
+
+def plan_room(
+    slots: list[Slot],
+    queue: list[QueuedLoad],
+    budget: int | None,
+    policy: EvictionPolicy,
+    now: float,
+) -> RoomPlan:
+    plan = RoomPlan()
+    held = sum(s.held for s in slots)
+    leaving = sum(s.held for s in slots if s.phase in LEAVING)
+    pinned = sum(s.held for s in slots if s.pinned and s.phase not in LEAVING)
+    counted = sum(1 for s in slots if s.phase in COUNTED)
+    movable = {
+        s.key: s for s in slots if s.phase == Phase.READY and not s.pinned
+    }  # victims come from these
+    claimed = 0  # bytes promised to earlier loads of the queue that wait for room
+    for load in queue:
+        if budget is not None and load.needed > budget - pinned:
+            plan.refuse[load.key] = (
+                f"needs {load.needed} bytes of device memory; the budget is {budget} and "
+                f"pinned models hold {pinned}"
+            )
+            continue
+        if not policy.evicts_on_demand:
+            if budget is None or held + claimed + load.needed <= budget:
+                plan.start.append(load.key)
+                held += load.needed
+                counted += 1
+            else:
+                free = max(0, budget - held - claimed)
+                plan.refuse[load.key] = (
+                    f"needs {load.needed} bytes of device memory and {free} are free "
+                    f"(budget {budget}, policy {policy.name} does not evict on demand)"
+                )
+            continue
+        staying = held - leaving + claimed
+        deficit = 0 if budget is None else staying + load.needed - budget
+        victims = _choose(movable, max(0, deficit), counted, policy, now)
+        if victims is None:
+            break  # room comes later (loads settling, leases ending); first come, first served
+        for slot in victims:
+            del movable[slot.key]
+            (plan.drain if slot.leases else plan.unload).append(slot.key)
+            leaving += slot.held
+            counted -= 1
+        if budget is None or held + claimed + load.needed <= budget:
+            plan.start.append(load.key)
+            held += load.needed
+        else:
+            claimed += load.needed  # waits for the victims' bytes
+        counted += 1
+    return plan
+
+
+def victims_for(
+    slots: list[Slot], needed: int, policy: EvictionPolicy, now: float
+) -> list[Slot] | None:
+    """Serving, unpinned models whose bytes add up to `needed`, or None."""
+    movable = {s.key: s for s in slots if s.phase == Phase.READY and not s.pinned}
+    counted = sum(1 for s in slots if s.phase in COUNTED)
+    return _choose(movable, needed, counted - 1, policy, now)
+
+
+def _choose(
+    movable: dict[ModelKey, Slot], needed: int, counted: int, policy: EvictionPolicy, now: float
+) -> list[Slot] | None:
+    by_name = {str(key): slot for key, slot in movable.items()}
+    victims = policy.choose([candidate(s) for s in movable.values()], needed, counted, now)
+    return None if victims is None else [by_name[v.name] for v in victims]
+
+
+def candidate(slot: Slot) -> Candidate:
+    """The policy's view of a model."""
+    return Candidate(
+        name=str(slot.key),
+        bytes=slot.held,
+        promote_s=slot.promote_s,
+        last_used=slot.last_used,
+        frequency=slot.frequency,
+        priority=slot.priority,
+        pinned=slot.pinned,
+        in_flight=slot.leases,
+        credit=slot.credit,
+    )
