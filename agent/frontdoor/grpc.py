@@ -169,18 +169,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         router = self.agent.router
         metadata = context.invocation_metadata()
         origin = origin_region(metadata)
-        if router is not None:
-            forwarded = any(key == FORWARDED for key, _ in metadata or ())
-            peers = router.decide(request.model_name, forwarded, origin)
-            if peers:
-                try:
-                    reply, served_by = await router.forward_grpc(
-                        request, peers, origin, request_timeout_s(request, context)
-                    )
-                except grpc.aio.AioRpcError as exc:
-                    raise peer_error(exc) from None
-                context.set_trailing_metadata(((SERVED_BY, served_by),))
-                return reply
+        forwarded = any(key == FORWARDED for key, _ in metadata or ())
+        peers = self.agent.route(request.model_name, forwarded, origin)
+        if peers and router is not None:
+            try:
+                reply, served_by = await router.forward_grpc(
+                    request, peers, origin, request_timeout_s(request, context)
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise peer_error(exc) from None
+            context.set_trailing_metadata(((SERVED_BY, served_by),))
+            return reply
         inputs = decode_inputs(request, self.agent.settings.max_payload_bytes)
         wanted = [o.name for o in request.outputs] or None
         result = await self.agent.infer(

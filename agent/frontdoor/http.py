@@ -264,13 +264,12 @@ class HttpApi:
         origin = request.headers.get(ORIGIN_REGION, "")
         origin = origin if valid_name(origin) else ""
         router = self.agent.router
-        if router is not None:
-            peers = router.decide(mi["model"], FORWARDED in request.headers, origin)
-            if peers:
-                status, payload, headers = await router.forward_http(
-                    request.path_qs, await request.read(), dict(request.headers), peers, origin
-                )
-                return web.Response(status=status, body=payload, headers=headers)
+        peers = self.agent.route(mi["model"], FORWARDED in request.headers, origin)
+        if peers and router is not None:
+            status, payload, headers = await router.forward_http(
+                request.path_qs, await request.read(), dict(request.headers), peers, origin
+            )
+            return web.Response(status=status, body=payload, headers=headers)
         cap = self.agent.settings.max_payload_bytes
         body = _decompress(
             await request.read(), request.headers.get("Content-Encoding", "").lower(), 2 * cap

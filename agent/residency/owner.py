@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from edgeplex.agent.errors import (
@@ -439,7 +439,7 @@ class Residency:
                 record.enter(Phase.RECOVERING)
                 record.reason = "runner restarting"
                 self._effects.pause(record)
-        self._effects.changed()
+        self._pump()  # a failed load's room is free
 
     def runner_up(self, runner_id: str) -> None:
         for record in self._records.values():
@@ -447,6 +447,24 @@ class Residency:
                 record.generation += 1
                 record.enter(Phase.LOADING)
                 self._effects.load(record, record.generation, fast=True)
+
+    def set_device_budget(self, budget: int | None) -> None:
+        """A new device budget (an operator's change, or a device shared anew). When it
+        shrinks, models leave until the rest fit: lease-free ones at once, the others
+        after draining; pinned models and loads in flight stay."""
+        self.limits = replace(self.limits, device_budget=budget)
+        if budget is not None:
+            leaving = (Phase.DRAINING, Phase.UNLOADING)
+            staying = sum(r.held_bytes for r in self._records.values() if r.phase not in leaving)
+            others = [self._slot(r) for r in self._records.values()]
+            chosen = victims_for(others, staying - budget, self.policy, self._clock())
+            if staying > budget and chosen is None:  # what can go, goes
+                chosen = victims_for(others, 0, _EveryVictim(), self._clock())
+            for slot in chosen or []:
+                victim = self._records[slot.key]
+                victim.intent = Intent.STAGED
+                self._retreat(victim)
+        self._pump()
 
     # --- timer --------------------------------------------------------------------------
 
@@ -663,3 +681,19 @@ def _not_found(name: str, version: str, serving: ModelKey | None) -> ServeError:
             f"model '{name}' has no version '{version}' (serving version {serving.version})"
         )
     return ModelNotFound(f"model '{name}' is not in the repository")
+
+
+class _EveryVictim:
+    """All movable models, for a budget cut that leaves no better choice."""
+
+    name = "all"
+    evicts_on_demand = True
+
+    def choose(self, candidates: list[Candidate], needed: int, loaded_count: int, now: float):  # type: ignore[no-untyped-def]
+        return [c for c in candidates if not c.pinned]
+
+    def expired(self, candidates: list[Candidate], now: float) -> list[Candidate]:
+        return []
+
+    def stamp(self) -> float:
+        return 0.0

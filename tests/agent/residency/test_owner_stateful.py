@@ -1,0 +1,250 @@
+"""The residency owner under random events, with a fake effects sink: no
+processes, no event loop. Requests arrive and finish, loads and unloads finish
+(or fail) in any order, runners die and come back, the budget shrinks and
+grows, models are pinned and unpinned, time passes.
+
+Invariants after every step:
+- device bytes held by models that are staying never exceed the budget, and a
+  load starts only where its bytes fit beside everything held;
+- no model with leases or waiting requests is unloaded;
+- every admitted request ends served, at its own deadline, or with its model's
+  own load failure; never refused for residency after admission;
+- leases equal the requests holding them;
+- nothing livelocks: once no effect is in flight and no request holds a lease,
+  no load is left waiting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from edgeplex.agent import demo
+from edgeplex.agent.config import ModelConfig
+from edgeplex.agent.errors import ModelFailed, ServeError
+from edgeplex.agent.repository import scan_repository
+from edgeplex.agent.residency.owner import Limits, Loaded, Residency
+from edgeplex.agent.residency.policies import GreedyDualSizeFrequency, LeastRecentlyUsedByCount
+from edgeplex.agent.residency.state import ModelKey, ModelRecord, Phase
+from edgeplex.agent.residency.tickets import Ticket
+
+MODELS = ["a", "b", "c", "d", "e"]
+WIDTHS = {"a": 256, "b": 256, "c": 384, "d": 512, "e": 128}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("owner-repo")
+    for i, name in enumerate(MODELS):
+        demo.make_mlp(repo / name, width=WIDTHS[name], layers=3, seed=i, in_width=16)
+    return scan_repository(Path(repo), ModelConfig())
+
+
+class FakeEffects:
+    """Records effects; the state machine decides when each one finishes."""
+
+    def __init__(self) -> None:
+        self.owner: Residency | None = None
+        self.loads: dict[ModelKey, int] = {}
+        self.unloads: dict[ModelKey, int] = {}
+        self.violations: list[str] = []
+        self.reloading = False  # a runner came back: its models reload into their own room
+
+    def load(self, record: ModelRecord, generation: int, fast: bool) -> None:
+        assert self.owner is not None
+        budget = self.owner.limits.device_budget
+        if budget is not None and self.owner.device_bytes() > budget and not self.reloading:
+            self.violations.append(f"load of {record.key} started over the budget")
+        self.loads[record.key] = generation
+
+    def unload(self, record: ModelRecord, generation: int) -> None:
+        if record.leases:
+            self.violations.append(f"{record.key} unloaded with {record.leases} leases")
+        if any(t.lease for t in record.waiters):
+            self.violations.append(f"{record.key} unloaded with requests waiting")
+        self.unloads[record.key] = generation
+
+    def serve(self, record: ModelRecord) -> None: ...
+    def pause(self, record: ModelRecord) -> None: ...
+    def stage(self, record: ModelRecord) -> None: ...
+    def drop_staged(self, record: ModelRecord) -> None: ...
+    def prepack(self, record: ModelRecord, generation: int) -> None: ...
+    def autoscale(self, record: ModelRecord, room: bool) -> None: ...
+    def changed(self) -> None: ...
+
+
+def test_random_events_keep_the_residency_invariants(sources):
+    class Machine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.now = 1000.0
+            self.effects = FakeEffects()
+            sizes = sorted(s.path.stat().st_size for s in sources.values())
+            self.budget = int(sum(sizes[-3:]) * 1.1)  # about three of the five
+            self.owner = Residency(
+                Limits(device_budget=self.budget, max_pending_loads=3),
+                GreedyDualSizeFrequency(),
+                self.effects,
+                clock=lambda: self.now,
+            )
+            self.effects.owner = self.owner
+            for source in sources.values():
+                self.owner.add(source)
+            self.held: list[Ticket] = []  # granted, not yet released
+            self.waiting: list[Ticket] = []  # admitted, waiting for a promotion
+            self.failed_loads: set[ModelKey] = set()
+            self.shrunk = False
+
+        # --- requests ---------------------------------------------------------------------
+
+        @rule(name=st.sampled_from(MODELS), timeout=st.floats(0.05, 2.0))
+        def arrive(self, name: str, timeout: float) -> None:
+            try:
+                ticket = self.owner.admit(name, "", self.now + timeout)
+            except ServeError:
+                return  # refused before admission: allowed
+            (self.held if ticket.granted else self.waiting).append(ticket)
+
+        @precondition(lambda self: self.held)
+        @rule(i=st.integers(0, 100))
+        def finish(self, i: int) -> None:
+            ticket = self.held.pop(i % len(self.held))
+            self.owner.release(ticket)
+
+        @rule(dt=st.floats(0.01, 1.0))
+        def time_passes(self, dt: float) -> None:
+            self.now += dt
+            for ticket in list(self.waiting):
+                if ticket.settled:
+                    continue
+                if ticket.deadline <= self.now:
+                    self.waiting.remove(ticket)
+                    self.owner.abandon(ticket)  # ends at its own deadline
+            self.owner.tick()
+
+        # --- effects finishing ------------------------------------------------------------
+
+        @precondition(lambda self: self.effects.loads)
+        @rule(i=st.integers(0, 100), fail=st.booleans(), shrink=st.floats(0.5, 1.0))
+        def load_finishes(self, i: int, fail: bool, shrink: float) -> None:
+            key = sorted(self.effects.loads, key=str)[i % len(self.effects.loads)]
+            generation = self.effects.loads.pop(key)
+            record = self._record(key)
+            if fail and i % 7 == 0:  # rarely: the model itself is broken
+                self.failed_loads.add(key)
+                self.owner.load_failed(key, generation, "broken")
+                return
+            size = int(record.estimate_bytes() * shrink) if record else 1
+            self.owner.load_done(key, generation, Loaded(size, 0.01, size, False, "cached"))
+            self._collect()
+
+        @precondition(lambda self: self.effects.unloads)
+        @rule(i=st.integers(0, 100))
+        def unload_finishes(self, i: int) -> None:
+            key = sorted(self.effects.unloads, key=str)[i % len(self.effects.unloads)]
+            self.owner.unload_done(key, self.effects.unloads.pop(key))
+            self._collect()
+
+        @rule()
+        def runner_dies(self) -> None:
+            self.owner.runner_down("shared-0")
+            self.effects.loads.clear()  # their results would be stale; runner_up reloads
+            self.effects.reloading = True
+            self.owner.runner_up("shared-0")
+            self.effects.reloading = False
+
+        @rule(name=st.sampled_from(MODELS), pinned=st.booleans())
+        def pin(self, name: str, pinned: bool) -> None:
+            self.owner.pin(name, pinned)
+
+        @rule(scale=st.floats(0.6, 1.4))
+        def budget_changes(self, scale: float) -> None:
+            self.owner.set_device_budget(int(self.budget * scale))
+            self.shrunk = True  # the excess leaves as loads settle and leases end
+
+        # --- bookkeeping ------------------------------------------------------------------
+
+        def _record(self, key: ModelKey) -> ModelRecord | None:
+            return next((r for r in self.owner.all_records() if r.key == key), None)
+
+        def _collect(self) -> None:
+            for ticket in list(self.waiting):
+                if not ticket.settled:
+                    continue
+                self.waiting.remove(ticket)
+                if ticket.granted:
+                    self.held.append(ticket)
+                elif not isinstance(ticket.error, ModelFailed):
+                    raise AssertionError(f"admitted, then refused: {ticket.error!r}")
+
+        # --- invariants -------------------------------------------------------------------
+
+        @invariant()
+        def no_violation(self) -> None:
+            assert not self.effects.violations, self.effects.violations
+            self._collect()
+
+        @invariant()
+        def staying_bytes_fit(self) -> None:
+            budget = self.owner.limits.device_budget
+            assert budget is not None
+            records = self.owner.all_records()
+            staying = [r for r in records if r.phase not in (Phase.DRAINING, Phase.UNLOADING)]
+            total = sum(r.held_bytes for r in staying)
+            if self.shrunk:  # a cut budget: what stays over it is pinned or still loading
+                settling = (Phase.LOADING, Phase.RECOVERING)
+                movable = [r for r in staying if not r.pinned and r.phase not in settling]
+                assert not movable or total <= budget or all(r.held_bytes == 0 for r in movable), (
+                    total,
+                    budget,
+                )
+                if total <= budget:
+                    self.shrunk = False
+                return
+            assert total <= budget, (total, budget)
+
+        @invariant()
+        def leases_match_requests(self) -> None:
+            for record in self.owner.all_records():
+                mine = sum(1 for t in self.held if t.key == record.key)
+                assert record.leases == mine, (record.key, record.leases, mine)
+
+        @invariant()
+        def nothing_livelocks(self) -> None:
+            quiet = not self.effects.loads and not self.effects.unloads and not self.held
+            if quiet:
+                queued = [r.key for r in self.owner.all_records() if r.phase == Phase.QUEUED]
+                assert not queued, queued
+
+    Machine.TestCase.settings = settings(
+        max_examples=200,
+        stateful_step_count=60,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    Machine.TestCase().runTest()
+
+
+def test_count_based_policy_keeps_its_limit(sources):
+    effects = FakeEffects()
+    owner = Residency(Limits(), LeastRecentlyUsedByCount(max_models=2), effects)
+    effects.owner = owner
+    for source in sources.values():
+        owner.add(source)
+    for name in MODELS:
+        ticket = owner.admit(name, "", 1e12)
+        while effects.loads or effects.unloads:
+            for key, gen in list(effects.unloads.items()):
+                del effects.unloads[key]
+                owner.unload_done(key, gen)
+            for key, gen in list(effects.loads.items()):
+                del effects.loads[key]
+                owner.load_done(key, gen, Loaded(100, 0.01, 100, False, "cached"))
+        assert ticket.granted
+        owner.release(ticket)
+        serving = [r for r in owner.all_records() if r.phase in (Phase.READY, Phase.LOADING)]
+        assert len(serving) <= 2
