@@ -80,6 +80,13 @@ class ModelConfig(BaseModel):
         description="Default per-request time limit, queueing included. A request's own "
         "deadline (gRPC deadline or the `timeout` parameter, in microseconds) can shorten it.",
     )
+    execution_timeout_ms: int = Field(
+        default=60_000,
+        ge=1,
+        description="How long one batch may run in the runner. Past it the runner is taken "
+        "as hung: it is killed and restarted, and the batch runs once more; lost again, the "
+        "batch is split until the request at fault is found and failed alone.",
+    )
     instance_count: int = Field(
         default=1,
         ge=1,

@@ -21,6 +21,7 @@ from edgeplex.agent.errors import (
     InvalidInput,
     ModelFailed,
     ModelNotFound,
+    Overloaded,
     ServeError,
     Unavailable,
 )
@@ -304,11 +305,14 @@ class Agent:
                 raise ModelFailed(f"model '{name}' failed to load: {record.reason}")
             given, batch = validate(record, inputs, outputs)  # before anything is promoted
             ticket = self.residency.admit(name, version, deadline)
-            if not ticket.settled and not await ticket.wait(loop):
-                self.residency.abandon(ticket)
-                raise DeadlineExceeded(
-                    f"model '{name}': request timed out waiting for the model to load"
-                )
+            if not ticket.settled:
+                waited = await ticket.wait(loop)
+                METRICS.promotion_wait.observe(loop.time() - arrived)
+                if not waited:
+                    self.residency.abandon(ticket)
+                    raise DeadlineExceeded(
+                        f"model '{name}': request timed out waiting for the model to load"
+                    )
             if ticket.error is not None:
                 raise ticket.error
             queue = self.effects.queue(ticket.key)
@@ -331,6 +335,8 @@ class Agent:
                 timer.cancel()
             return InferResult(record, result, ticket.cold_start)
         except ServeError as exc:
+            if isinstance(exc, Overloaded):
+                METRICS.refused.labels(model=name).inc()
             METRICS.failures.labels(model=name, code=exc.grpc_code.name).inc()
             if record is not None:
                 self.effects.stats(record).record_failure(loop.time() - arrived)

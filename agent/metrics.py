@@ -137,6 +137,24 @@ class AgentMetrics:
             ["model"],
             registry=r,
         )
+        self.hung_batches = Counter(
+            "edgeplex_agent_hung_batches_total",
+            "Batches that ran past the model's execution timeout (their runner was killed).",
+            ["model"],
+            registry=r,
+        )
+        self.refused = Counter(
+            "edgeplex_agent_refused_total",
+            "Requests refused before admission because too many promotions were waiting.",
+            ["model"],
+            registry=r,
+        )
+        self.promotion_wait = Histogram(
+            "edgeplex_agent_promotion_wait_seconds",
+            "Time admitted requests waited for their model to be promoted.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
         self.runner_restarts = Counter(
             "edgeplex_runner_restarts_total",
             "Runner processes restarted after they died.",

@@ -9,8 +9,11 @@ Guarantees:
 - requests whose non-batch dimensions or datatypes differ never share a batch
   (they have different `key`s);
 - when a batch fails, every member gets the same error;
-- a batch lost with its runner is re-dispatched once, at the head of the
-  queue; a second loss fails it with UNAVAILABLE;
+- a batch lost with its runner (it crashed, or hung past the execution
+  timeout and was killed) is re-dispatched once, at the head of the queue;
+  lost again, it is split in halves that run apart from other requests, until
+  the request at fault is alone: it alone fails (INTERNAL, naming the model),
+  the others are answered;
 - requests past their deadline are failed with DEADLINE_EXCEEDED, queued or not;
 - the queue is bounded: `submit` raises QueueFull beyond max_queue_size.
 
@@ -35,7 +38,6 @@ from edgeplex.agent.errors import (
     QueueFull,
     RunnerLost,
     ServeError,
-    Unavailable,
 )
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.stats import ModelStats
@@ -59,6 +61,9 @@ class Request:
     future: asyncio.Future[dict[str, np.ndarray]]
     enqueued: float = field(default_factory=time.monotonic)
     attempts: int = 0
+    # Non-zero while the request is a suspect in a batch that lost its runner
+    # twice: it batches only with the same group, so halves are tried apart.
+    group: int = 0
 
 
 def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:
@@ -86,7 +91,8 @@ def take_batch(queue: deque[Request], max_batch_size: int) -> list[Request]:
         request = queue.popleft()
         if request.future.done():
             continue
-        if request.key == head.key and size + request.batch_size <= max_batch_size:
+        same = request.key == head.key and request.group == head.group
+        if same and size + request.batch_size <= max_batch_size:
             batch.append(request)
             size += request.batch_size
         else:
@@ -149,6 +155,7 @@ class Batcher:
         self._slot_freed = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
         self._closed: ServeError | None = None
+        self._suspects = 0  # group ids of split batches
         self._task = asyncio.create_task(self._run(), name=f"batcher-{model}")
         self._depth = METRICS.queue_depth.labels(model=model)
 
@@ -344,18 +351,31 @@ class Batcher:
             queue_hist.observe(started - request.enqueued)
 
     def _redispatch_or_fail(self, batch: list[Request]) -> None:
-        retry = [r for r in batch if r.attempts == 0 and not r.future.done()]
-        for request in batch:
-            if request not in retry:
-                _fail(
-                    request,
-                    Unavailable(
-                        f"model '{self.model}': its runner died twice while serving this request"
-                    ),
-                )
-        for request in reversed(retry):
-            request.attempts += 1
-            self._queue.appendleft(request)
+        """Lost once: run the batch again. Lost again: split it, so the request that
+        crashes or hangs the runner ends up alone and fails alone."""
+        live = [r for r in batch if not r.future.done()]
+        if not live:
+            return
+        if all(r.attempts == 0 for r in live):
+            groups = [live]
+        elif len(live) == 1:
+            _fail(
+                live[0],
+                InferenceFailed(
+                    f"model '{self.model}': this request crashed or hung the model's runner "
+                    "twice; the other requests were served"
+                ),
+            )
+            return
+        else:
+            half = len(live) // 2
+            groups = [live[:half], live[half:]]
+        for group in reversed(groups):
+            self._suspects += 1
+            for request in reversed(group):
+                request.attempts += 1
+                request.group = self._suspects if len(groups) > 1 or request.group else 0
+                self._queue.appendleft(request)
         self._depth.set(len(self._queue))
         self._arrived.set()
 

@@ -7,15 +7,19 @@ then lives as long as the model is loaded (across runner restarts).
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import numpy as np
 
 from edgeplex.agent.batching.batcher import Batcher
 from edgeplex.agent.errors import InferenceFailed, InvalidInput, RunnerLost
+from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.residency.state import ModelRecord
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.agent.stats import ModelStats
+
+log = logging.getLogger("edgeplex.agent.batching")
 
 
 def make_batcher(
@@ -24,15 +28,30 @@ def make_batcher(
     """The model's queue and batcher, executing each batch on the model's runner."""
     config = entry.config
     model_id = str(entry.key)
+    timeout_s = config.execution_timeout_ms / 1000
 
     async def execute(
         inputs: dict[str, np.ndarray], outputs: list[str] | None
     ) -> tuple[dict[str, np.ndarray], int]:
         descs, buffers = ipc.pack_tensors(inputs)
         runner = pool.get(entry.runner_id)
-        reply, payload = await runner.call(
-            ipc.Infer(pool.next_req_id(), model_id, outputs, descs), buffers
-        )
+        try:
+            reply, payload = await asyncio.wait_for(
+                runner.call(ipc.Infer(pool.next_req_id(), model_id, outputs, descs), buffers),
+                timeout_s,
+            )
+        except TimeoutError:
+            # Hung: a stuck kernel or a poison input. Killing the runner is the only
+            # way to get the worker back; the batcher runs the batch again.
+            log.error(
+                "model %s: a batch ran past the %.1f s execution timeout; killing runner %s",
+                entry.key,
+                timeout_s,
+                entry.runner_id,
+            )
+            METRICS.hung_batches.labels(model=entry.name).inc()
+            runner.abandon(f"a batch of {entry.name} hung")
+            raise RunnerLost(entry.runner_id) from None
         if isinstance(reply, ipc.InferResult):
             return ipc.unpack_tensors(reply.tensors, payload), reply.compute_ns
         assert isinstance(reply, ipc.Failure)

@@ -171,6 +171,16 @@ class RunnerProcess:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         self._pool.zygote.kill(self.runner_id, sig)
 
+    def abandon(self, reason: str) -> None:
+        """The runner is hung: kill it and treat it as lost now, before its connection
+        closes, so no batch is sent to it in between (the model pauses at once)."""
+        if self.state != "ready":
+            return
+        self.kill()
+        if self._reader is not None:
+            self._reader.cancel()
+        self._lost(reason)
+
     async def stop(self) -> None:
         self.state = "closed"
         if self._task is not None:

@@ -111,7 +111,7 @@ async def test_runner_loss_redispatches_once_after_the_model_is_ready_again():
     await b.close(Unavailable("done"), drain=False)
 
 
-async def test_second_runner_loss_is_unavailable():
+async def test_a_request_that_loses_its_runner_twice_fails_alone():
     async def execute(inputs, outputs):
         raise RunnerLost("r")
 
@@ -119,8 +119,34 @@ async def test_second_runner_loss_is_unavailable():
     b = batcher(execute)
     request = make_request(loop)
     b.submit(request)
-    with pytest.raises(Unavailable):
+    with pytest.raises(InferenceFailed, match="crashed or hung"):
         await request.future
+    await b.close(Unavailable("done"), drain=False)
+
+
+async def test_a_poison_request_is_split_out_and_the_rest_are_served():
+    runs: list[int] = []
+
+    async def execute(inputs, outputs):
+        x = inputs["x"]
+        runs.append(len(x))
+        if (x > 100).any():  # the poison: the runner would crash or hang on it
+            raise RunnerLost("r")
+        return {"y": x * 2}, 0
+
+    loop = asyncio.get_running_loop()
+    b = batcher(execute, max_batch=8, delay_us=20_000)
+    requests = [make_request(loop, value=1000.0 if i == 2 else float(i)) for i in range(6)]
+    for request in requests:
+        b.submit(request)
+    results = await asyncio.gather(*(r.future for r in requests), return_exceptions=True)
+    assert isinstance(results[2], InferenceFailed)
+    for i, result in enumerate(results):
+        if i != 2:
+            assert not isinstance(result, Exception), result
+            assert result["y"][0, 0] == 2 * i
+    assert runs[0] == 6 and runs[1] == 6  # the whole batch, then once more
+    assert len(runs) <= 2 + 2 * 3  # then halves: a few more runs, not one per request
     await b.close(Unavailable("done"), drain=False)
 
 
