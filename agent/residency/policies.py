@@ -15,8 +15,11 @@ Every policy has the same small interface, so no caller asks which one it has:
 Policies never log, never touch processes and keep no hidden state beyond
 what `choose` documents, so tests and benchmarks drive them directly.
 
-Pinned models are never victims. Models with leases (admitted requests) may
-be, but are chosen last; the residency owner drains them before it unloads.
+Pinned models are never victims. Models with leases (admitted requests) are
+ranked like any other, by their value: the owner unloads a victim at once
+when it has no leases and drains it first when it has. Ranking busy models
+last would evict a hot model in the instant it happens to be idle, ahead of
+a cold one that happens to be busy; under closed-loop load that thrashes.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ class GreedyDualSizeFrequency(_OnDemand):
         self, candidates: list[Candidate], needed: int, loaded_count: int, now: float
     ) -> list[Candidate] | None:
         movable = [c for c in candidates if not c.pinned]
-        ordered = sorted(movable, key=lambda c: (c.in_flight > 0, self.value(c), c.name))
+        ordered = sorted(movable, key=lambda c: (self.value(c), c.name))
         victims = _take_until(ordered, needed)
         if victims:
             self.clock = max(self.clock, max(self.value(v) for v in victims))
@@ -130,7 +133,7 @@ class LeastRecentlyUsedByCount(_OnDemand):
     ) -> list[Candidate] | None:
         movable = sorted(
             (c for c in candidates if not c.pinned),
-            key=lambda c: (c.in_flight > 0, c.last_used, c.name),
+            key=lambda c: (c.last_used, c.name),
         )
         excess = max(0, loaded_count + 1 - self.max_models)
         victims = movable[:excess]

@@ -36,10 +36,12 @@ def test_pinned_models_are_never_victims_and_impossible_is_none():
     assert GreedyDualSizeFrequency().choose([pinned, c("x")], 5 * MB, 2, 0) == [c("x")]
 
 
-def test_models_with_requests_in_flight_go_last():
+def test_value_ranks_victims_whether_or_not_they_are_busy():
+    # A hot model idle for an instant is worth more than a cold one with a request in
+    # flight: the owner drains the cold one rather than evict the hot one.
     busy = c("busy", freq=1, in_flight=3)
     idle = c("idle", freq=50)
-    assert GreedyDualSizeFrequency().choose([busy, idle], MB, 2, 0)[0].name == "idle"
+    assert GreedyDualSizeFrequency().choose([busy, idle], MB, 2, 0)[0].name == "busy"
 
 
 def test_gdsf_clock_ages_out_models_that_were_hot_long_ago():

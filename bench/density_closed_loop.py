@@ -1,0 +1,214 @@
+"""Density under closed-loop load: over-commit against everything resident, in one run.
+
+Catalog: generated MLPs of ~13 MB each (FP32 [-1, 64] -> 4 Gemm layers of
+1024). Load: `--clients` callers that never pause (each sends its next request
+as soon as the last one is answered), each picking a model by Zipf 1/rank over
+a fixed popularity order, single-row requests with the tensor in the binary
+extension (as tritonclient sends it), over HTTP keep-alive.
+
+Scenarios, back to back in one run (these machines are noisy: compare within
+one run only):
+- `ceiling-16`: 16 models, no budget, all loaded before the clock starts;
+- `4x`: the same 16 models with a device budget for 4;
+- `ceiling-160` and `10x`: 160 models, everything resident against a budget
+  for 16 (skip with `--factors 4`).
+
+Reported per scenario: requests served, failed (any non-200), throughput and
+its ratio to the ceiling, p50/p99 latency, the share under `--slo-ms`,
+promotions per second, and the time requests spent waiting for promotions.
+
+    python bench/density_closed_loop.py [--duration 20 --clients 8 --factors 4,10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Agent, metric_sum
+
+from edgeplex.agent import demo
+
+WIDTH, LAYERS, IN_WIDTH = 1024, 4, 64
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "bench-closed-loop"
+
+
+def build_catalog(count: int) -> Path:
+    """`count` models under .cache (built once, reused by later runs)."""
+    source = CACHE / "models"
+    for i in range(count):
+        name = f"c{i:03d}"
+        if not (source / name / "1" / "model.onnx").is_file():
+            demo.make_mlp(source / name, width=WIDTH, layers=LAYERS, seed=i, in_width=IN_WIDTH)
+    repo = CACHE / f"repo-{count}"
+    repo.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        link = repo / f"c{i:03d}"
+        if not link.exists():
+            link.symlink_to(source / f"c{i:03d}")
+    return repo
+
+
+def request_body() -> tuple[bytes, dict[str, str]]:
+    x = np.full((1, IN_WIDTH), 0.5, np.float32)
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": [1, IN_WIDTH],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    headers = {
+        "Inference-Header-Content-Length": str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
+    return header + x.tobytes(), headers
+
+
+async def closed_loop(
+    http: str, models: list[str], clients: int, duration: float, seed: int
+) -> tuple[list[float], dict[int, int], float]:
+    weights = 1.0 / np.arange(1, len(models) + 1)
+    weights /= weights.sum()
+    body, headers = request_body()
+    latencies: list[float] = []
+    codes: dict[int, int] = {}
+    connector = aiohttp.TCPConnector(limit=clients)
+    started = time.perf_counter()
+    stop = started + duration
+
+    async def caller(i: int, session: aiohttp.ClientSession) -> None:
+        rng = np.random.default_rng(seed * 100 + i)
+        picks = iter(rng.choice(len(models), 1_000_000, p=weights))
+        while time.perf_counter() < stop:
+            url = f"http://{http}/v2/models/{models[next(picks)]}/infer"
+            t0 = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as reply:
+                await reply.read()
+            latencies.append(time.perf_counter() - t0)
+            codes[reply.status] = codes.get(reply.status, 0) + 1
+
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(caller(i, session) for i in range(clients)))
+    return latencies, codes, time.perf_counter() - started
+
+
+def run_scenario(
+    name: str, repo: Path, count: int, budget: int | None, args: argparse.Namespace
+) -> dict[str, object]:
+    settings = {"prestage": "true", "load_models_at_start": "true" if budget is None else "false"}
+    if budget is not None:
+        settings["device_memory_budget"] = str(budget)
+    agent = Agent(repo, **settings)
+    try:
+        models = [f"c{i:03d}" for i in range(count)]
+        if budget is None:  # the ceiling: every model loaded before the clock starts
+            for model in models:
+                agent.post(f"/v2/repository/models/{model}/load")
+        else:  # staged, as a warm site would have them
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                if all(m["tier"] == "staged" for m in agent.status().values()):
+                    break
+                time.sleep(0.5)
+        before = agent.metrics()
+        latencies, codes, elapsed = asyncio.run(
+            closed_loop(agent.http, models, args.clients, args.duration, args.seed)
+        )
+        after = agent.metrics()
+    finally:
+        agent.stop()
+
+    def delta(metric: str) -> float:
+        return metric_sum(after, metric) - metric_sum(before, metric)
+
+    lat = np.array(latencies)
+    served = codes.get(200, 0)
+    return {
+        "scenario": name,
+        "models": count,
+        "budget_bytes": budget,
+        "requests": len(latencies),
+        "served": served,
+        "failed": len(latencies) - served,
+        "codes": {str(k): v for k, v in sorted(codes.items())},
+        "throughput": served / elapsed,
+        "p50_ms": float(np.percentile(lat, 50) * 1000),
+        "p99_ms": float(np.percentile(lat, 99) * 1000),
+        "under_slo": float((lat < args.slo_ms / 1000).mean()),
+        "promotions_per_s": delta("edgeplex_agent_promotions_total") / elapsed,
+        "promotion_wait_s": delta("edgeplex_agent_promotion_wait_seconds_sum"),
+        "waited_requests": delta("edgeplex_agent_promotion_wait_seconds_count"),
+        "refused": delta("edgeplex_agent_refused_total"),
+        "compute_ms_per_batch": 1000
+        * delta("edgeplex_agent_compute_duration_seconds_sum")
+        / max(1.0, delta("edgeplex_agent_compute_duration_seconds_count")),
+        "requests_per_batch": delta("edgeplex_agent_batch_size_requests_sum")
+        / max(1.0, delta("edgeplex_agent_batch_size_requests_count")),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--slo-ms", type=float, default=50.0)
+    parser.add_argument("--factors", default="4,10", help="over-commit factors to run")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    factors = [int(f) for f in args.factors.split(",")]
+    per_model = None
+    results = []
+    for factor in factors:
+        count = 16 * (1 if factor == 4 else 10)
+        repo = build_catalog(count)
+        per_model = (repo / "c000" / "1" / "model.onnx").stat().st_size
+        slots = count // factor
+        budget = int(per_model * 1.15 * slots)  # session overhead beside the weights
+        results.append(run_scenario(f"ceiling-{count}", repo, count, None, args))
+        results.append(run_scenario(f"{factor}x", repo, count, budget, args))
+    print(
+        f"# closed loop: {args.clients} clients, Zipf 1/rank, {args.duration:g} s per "
+        f"scenario, single-row binary HTTP, models of {per_model} bytes, SLO {args.slo_ms:g} ms; "
+        f"{platform.machine()}, {platform.python_version()}"
+    )
+    header = (
+        "| scenario | served | failed | req/s | vs ceiling | p50 ms | p99 ms | < SLO "
+        "| promotions/s | promotion wait s | compute ms/batch | requests/batch |"
+    )
+    print(header)
+    print("|" + " --- |" * 12)
+    ceiling = 0.0
+    for r in results:
+        if str(r["scenario"]).startswith("ceiling"):
+            ceiling = float(r["throughput"])  # type: ignore[arg-type]
+        ratio = float(r["throughput"]) / ceiling if ceiling else 0.0  # type: ignore[arg-type]
+        print(
+            f"| {r['scenario']} | {r['served']} | {r['failed']} | {r['throughput']:.0f} "
+            f"| {ratio:.2f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['under_slo']:.4f} "
+            f"| {r['promotions_per_s']:.1f} | {r['promotion_wait_s']:.2f} "
+            f"| {r['compute_ms_per_batch']:.2f} | {r['requests_per_batch']:.2f} |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
