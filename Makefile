@@ -31,6 +31,7 @@ bench-overcommit: setup
 	$(PY) bench/swap_in.py
 	$(PY) bench/density.py --factor 4 --budget 128MiB
 	$(PY) bench/density.py --factor 10 --budget 128MiB
+	$(PY) bench/density_closed_loop.py
 
 bench-control-plane: setup
 	$(PY) bench/placement_speed.py

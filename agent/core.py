@@ -216,7 +216,7 @@ class Agent:
         return {
             "policy": s.eviction_policy,
             "runner_memory_limits": self.effects.limit_mechanism(),
-            "pending_loads": self.residency.pending_loads(),
+            "pending_loads": self.residency.ledger.pending_loads(),
             "tiers": {
                 "loaded": {
                     "bytes": self.residency.device_bytes(),

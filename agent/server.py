@@ -28,8 +28,9 @@ from edgeplex.agent.fleet.forward import Router
 from edgeplex.agent.fleet.link import FleetLink
 from edgeplex.agent.frontdoor.grpc import start_grpc_server
 from edgeplex.agent.frontdoor.http import start_http_server
+from edgeplex.agent.residency.contract import Limits
 from edgeplex.agent.residency.effects import RunnerEffects
-from edgeplex.agent.residency.owner import Limits, Residency
+from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.policies import make_policy
 from edgeplex.agent.residency.state import ModelRecord
 from edgeplex.agent.runners.supervisor import RunnerPool
@@ -85,7 +86,10 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         # The rest stay cached and load on their first request.
         for record in startup_order(residency):
             if record.pinned or (
-                settings.load_models_at_start and residency.fits_without_eviction(record.name)
+                settings.load_models_at_start
+                and residency.ledger.fits_without_eviction(
+                    record.name, settings.device_memory_budget
+                )
             ):
                 with contextlib.suppress(Exception):
                     await agent.load(record.name)

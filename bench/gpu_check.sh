@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One script for a machine with one NVIDIA GPU (issue 3's GPU check).
+# One script for a machine with one NVIDIA GPU.
 #
 #   bench/gpu_check.sh [--dry-run] [--out DIR]
 #

@@ -8,7 +8,7 @@ virtual environment under .cache/mip-venv that this script creates: OR-Tools
 pins a protobuf older than the one edgeplex's generated code needs), and the
 value plain per-site LRU caching reaches without central placement (each site
 caches what its own region's requests touch; a miss is served late, so it
-earns nothing). Goal (issue 4): within 2% of the optimum.
+earns nothing). Goal: within 2% of the optimum.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python bench/placement_speed.py [--sites 1000] [--models 10000] [--regions 10]
 
-Goal (issue 4): 1,000 sites x 10,000 models in at most 1 s (median) on a
+Goal: 1,000 sites x 10,000 models in at most 1 s (median) on a
 2-core machine. Prints the instance, each run and the median.
 """
 

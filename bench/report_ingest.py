@@ -7,7 +7,7 @@ sites through AgentService, then a load generator (a separate process) streams
 LoadReports with `--models` models each over one stream per site as fast as
 the control plane takes them. Reported: reports/s received, the control
 plane's CPU seconds over the run (from /proc), and reports per CPU-second of
-the control plane ("per core"). Goal (issue 4): at least 5,000 per core.
+the control plane ("per core"). Goal: at least 5,000 per core.
 The generator shares the machine's cores, so the wall-clock rate is lower
 than what the control plane alone could take.
 """

@@ -22,7 +22,8 @@ from edgeplex.agent.batching.dispatch import make_batcher
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.errors import RunnerLost, ServeError, Unavailable
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.residency.owner import Loaded, Residency
+from edgeplex.agent.residency.contract import Loaded
+from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.state import SHARED_RUNNER, ModelKey, ModelRecord, Phase
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.supervisor import RunnerPool

@@ -127,6 +127,11 @@ def victims_for(
     return _choose(movable, needed, counted - 1, policy, now)
 
 
+def movable(slots: list[Slot]) -> list[Slot]:
+    """Every serving, unpinned model: what a budget cut with no better choice takes."""
+    return [s for s in slots if s.phase == Phase.READY and not s.pinned]
+
+
 def _choose(
     movable: dict[ModelKey, Slot], needed: int, counted: int, policy: EvictionPolicy, now: float
 ) -> list[Slot] | None:

@@ -27,7 +27,8 @@ from edgeplex.agent import demo
 from edgeplex.agent.config import ModelConfig
 from edgeplex.agent.errors import ModelFailed, ServeError
 from edgeplex.agent.repository import scan_repository
-from edgeplex.agent.residency.owner import Limits, Loaded, Residency
+from edgeplex.agent.residency.contract import Limits, Loaded
+from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.policies import GreedyDualSizeFrequency, LeastRecentlyUsedByCount
 from edgeplex.agent.residency.state import ModelKey, ModelRecord, Phase
 from edgeplex.agent.residency.tickets import Ticket
@@ -169,7 +170,7 @@ def test_random_events_keep_the_residency_invariants(sources):
         # --- bookkeeping ------------------------------------------------------------------
 
         def _record(self, key: ModelKey) -> ModelRecord | None:
-            return next((r for r in self.owner.all_records() if r.key == key), None)
+            return next((r for r in self.owner.ledger.all_records() if r.key == key), None)
 
         def _collect(self) -> None:
             for ticket in list(self.waiting):
@@ -192,7 +193,7 @@ def test_random_events_keep_the_residency_invariants(sources):
         def staying_bytes_fit(self) -> None:
             budget = self.owner.limits.device_budget
             assert budget is not None
-            records = self.owner.all_records()
+            records = self.owner.ledger.all_records()
             staying = [r for r in records if r.phase not in (Phase.DRAINING, Phase.UNLOADING)]
             total = sum(r.held_bytes for r in staying)
             if self.shrunk:  # a cut budget: what stays over it is pinned or still loading
@@ -209,7 +210,7 @@ def test_random_events_keep_the_residency_invariants(sources):
 
         @invariant()
         def leases_match_requests(self) -> None:
-            for record in self.owner.all_records():
+            for record in self.owner.ledger.all_records():
                 mine = sum(1 for t in self.held if t.key == record.key)
                 assert record.leases == mine, (record.key, record.leases, mine)
 
@@ -217,7 +218,7 @@ def test_random_events_keep_the_residency_invariants(sources):
         def nothing_livelocks(self) -> None:
             quiet = not self.effects.loads and not self.effects.unloads and not self.held
             if quiet:
-                queued = [r.key for r in self.owner.all_records() if r.phase == Phase.QUEUED]
+                queued = [r.key for r in self.owner.ledger.all_records() if r.phase == Phase.QUEUED]
                 assert not queued, queued
 
     Machine.TestCase.settings = settings(
@@ -246,5 +247,5 @@ def test_count_based_policy_keeps_its_limit(sources):
                 owner.load_done(key, gen, Loaded(100, 0.01, 100, False, "cached"))
         assert ticket.granted
         owner.release(ticket)
-        serving = [r for r in owner.all_records() if r.phase in (Phase.READY, Phase.LOADING)]
+        serving = [r for r in owner.ledger.all_records() if r.phase in (Phase.READY, Phase.LOADING)]
         assert len(serving) <= 2

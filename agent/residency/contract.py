@@ -1,0 +1,47 @@
+"""What the residency owner and its surroundings exchange: the effects it asks
+for, the limits it keeps, and what a finished load reports.
+
+`Effects` is implemented by `effects.RunnerEffects` (runner processes) and by
+the tests' fake sink; every effect reports back through an owner event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from edgeplex.agent.residency.state import ModelRecord
+
+
+class Effects(Protocol):
+    """Slow work the owner starts; each reports back through an owner event."""
+
+    def load(self, record: ModelRecord, generation: int, fast: bool) -> None: ...
+    def unload(self, record: ModelRecord, generation: int) -> None: ...
+    def serve(self, record: ModelRecord) -> None: ...  # open or resume its queue
+    def pause(self, record: ModelRecord) -> None: ...  # its runner is gone: hold the queue
+    def stage(self, record: ModelRecord) -> None: ...
+    def drop_staged(self, record: ModelRecord) -> None: ...
+    def prepack(self, record: ModelRecord, generation: int) -> None: ...
+    def autoscale(self, record: ModelRecord, room: bool) -> None: ...
+    def changed(self) -> None: ...  # tiers or states moved (metrics)
+
+
+@dataclass(frozen=True)
+class Limits:
+    device_budget: int | None = None
+    host_budget: int | None = None
+    max_pending_loads: int = 16  # promotions waiting for room before requests are refused
+    prepack: bool = False
+    prepack_after_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a finished load reports."""
+
+    bytes: int
+    promote_s: float
+    staged_bytes: int
+    prepacked: bool
+    source: str  # the tier it came from

@@ -1,0 +1,162 @@
+"""The transitions of a model's lifecycle, as the owner applies them.
+
+`Lifecycle` is the owner's hands: queue a load, let a model retreat (unload
+now, or drain first), fail it, drop its staged copy, and `pump` (ask the pure
+planner for room and act on the plan). Only `Residency` (owner.py) calls it,
+from inside one of its events, so the owner stays the one writer; this class
+holds no state of its own beyond what it was given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from edgeplex.agent.errors import ModelFailed, NoRoom, Unavailable
+from edgeplex.agent.residency.contract import Effects, Limits
+from edgeplex.agent.residency.ledger import Ledger
+from edgeplex.agent.residency.planner import QueuedLoad, plan_room, victims_for
+from edgeplex.agent.residency.policies import EvictionPolicy
+from edgeplex.agent.residency.state import Intent, ModelRecord, Phase
+from edgeplex.agent.residency.upkeep import host_budget_drops
+
+FREQUENCY_HALF_LIFE_S = 30.0
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        ledger: Ledger,
+        limits: Limits,
+        policy: EvictionPolicy,
+        effects: Effects,
+        clock: Callable[[], float],
+    ) -> None:
+        self._ledger = ledger
+        self.limits = limits
+        self._policy = policy
+        self._effects = effects
+        self._clock = clock
+        self._queue_seq = 0
+
+    def want(self, record: ModelRecord) -> None:
+        """Queue a load of `record` unless one is queued, in flight or it serves."""
+        if record.phase == Phase.ABSENT:
+            self._queue_seq += 1
+            record.queued_at = self._queue_seq
+            record.enter(Phase.QUEUED)
+        elif record.phase in (Phase.DRAINING, Phase.UNLOADING) and record.intent != Intent.RETIRE:
+            record.intent = Intent.SERVE
+
+    def retreat(self, record: ModelRecord) -> None:
+        """A READY model leaves: at once without leases, else after draining them."""
+        if record.leases:
+            record.enter(Phase.DRAINING)
+        else:
+            self.begin_unload(record)
+
+    def retire(self, record: ModelRecord) -> None:
+        record.intent = Intent.RETIRE
+        if record.phase in (Phase.ABSENT, Phase.FAILED, Phase.QUEUED):
+            self.drop_staged(record)
+            for ticket in record.waiters:
+                ticket.settle(Unavailable(f"model '{record.name}' was replaced; retry"))
+            del self._ledger.by_key[record.key]
+        elif record.phase == Phase.READY:
+            self.retreat(record)
+
+    def begin_unload(self, record: ModelRecord) -> None:
+        record.generation += 1
+        record.enter(Phase.UNLOADING)
+        if record.intent == Intent.NONE:
+            record.intent = Intent.STAGED
+        self._effects.unload(record, record.generation)
+
+    def fail(self, record: ModelRecord, reason: str) -> None:
+        record.generation += 1
+        record.reserved_bytes = record.device_bytes = 0
+        record.enter(Phase.FAILED)
+        record.reason = reason
+        record.explicit = False
+        error = ModelFailed(f"model '{record.name}' failed to load: {reason}")
+        waiters, record.waiters = record.waiters, []
+        for ticket in waiters:
+            ticket.settle(error)
+        self._effects.pause(record)
+        self._effects.changed()
+
+    def drop_staged(self, record: ModelRecord) -> None:
+        if record.staged_bytes:
+            record.staged_bytes = 0
+            self._effects.drop_staged(record)
+
+    def pump(self) -> None:
+        """Ask the planner for room for the queued loads and act on its answer."""
+        queued = self._ledger.queued()
+        if not queued:
+            self._effects.changed()
+            return
+        plan = plan_room(
+            self._ledger.slots(),
+            [QueuedLoad(r.key, r.estimate_bytes()) for r in queued],
+            self.limits.device_budget,
+            self._policy,
+            self._clock(),
+        )
+        for key in plan.unload:
+            record = self._ledger.by_key[key]
+            record.intent = Intent.STAGED
+            self.begin_unload(record)
+        for key in plan.drain:
+            record = self._ledger.by_key[key]
+            record.intent = Intent.STAGED
+            record.enter(Phase.DRAINING)
+        for key, why in plan.refuse.items():
+            record = self._ledger.by_key[key]
+            record.enter(Phase.ABSENT)
+            record.explicit = False
+            error = NoRoom(f"model '{record.name}' {why}")
+            waiters, record.waiters = record.waiters, []
+            for ticket in waiters:
+                ticket.settle(error)
+        for key in plan.start:
+            record = self._ledger.by_key[key]
+            record.generation += 1
+            record.reserved_bytes = record.estimate_bytes()
+            record.enter(Phase.LOADING)
+            fast = bool(record.waiters) and not record.explicit
+            self._effects.load(record, record.generation, fast=fast)
+        self._effects.changed()
+
+    def fit_measured(self, record: ModelRecord) -> None:
+        """A session measured above its estimate: make room among the other serving
+        models at once, or send this one back (after its admitted requests)."""
+        budget = self.limits.device_budget
+        excess = 0 if budget is None else self._ledger.device_bytes() - budget
+        if excess <= 0:
+            return
+        others = self._ledger.slots(besides=record)
+        chosen = victims_for(others, excess, self._policy, self._clock())
+        if chosen is None:
+            record.reason = f"measured {record.device_bytes} bytes, more than the budget holds"
+            record.intent = Intent.STAGED
+            self.retreat(record)
+            return
+        for slot in chosen:
+            victim = self._ledger.by_key[slot.key]
+            victim.intent = Intent.STAGED
+            self.retreat(victim)
+
+    def touch(self, record: ModelRecord) -> None:
+        """Recency, GDSF credit, and a frequency that halves every FREQUENCY_HALF_LIFE_S,
+        so demand that moved away stops counting."""
+        usage = record.usage
+        now = self._clock()
+        if usage.last_used:
+            usage.frequency *= 0.5 ** ((now - usage.last_used) / FREQUENCY_HALF_LIFE_S)
+        usage.last_used = now
+        usage.frequency += 1
+        usage.credit = max(usage.credit, self._policy.stamp())
+
+    def fit_host_budget(self) -> None:
+        for record in host_budget_drops(self._ledger, self.limits.host_budget):
+            self.drop_staged(record)
