@@ -16,7 +16,7 @@ from edgeplex.agent.residency.contract import Effects, Limits
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.planner import QueuedLoad, plan_room, victims_for
 from edgeplex.agent.residency.policies import EvictionPolicy
-from edgeplex.agent.residency.state import Intent, ModelRecord, Phase
+from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase
 from edgeplex.agent.residency.upkeep import host_budget_drops
 
 FREQUENCY_HALF_LIFE_S = 30.0
@@ -89,12 +89,15 @@ class Lifecycle:
             record.staged_bytes = 0
             self._effects.drop_staged(record)
 
-    def pump(self) -> None:
-        """Ask the planner for room for the queued loads and act on its answer."""
+    def pump(self) -> dict[ModelKey, str]:
+        """Ask the planner for room for the queued loads and act on its answer. Returns
+        the loads it refused: a load that admitted requests wait for stays queued
+        (a pin or a budget cut made after they were admitted may be undone before
+        their deadlines); any other is dropped."""
         queued = self._ledger.queued()
         if not queued:
             self._effects.changed()
-            return
+            return {}
         plan = plan_room(
             self._ledger.slots(),
             [QueuedLoad(r.key, r.estimate_bytes()) for r in queued],
@@ -112,6 +115,9 @@ class Lifecycle:
             record.enter(Phase.DRAINING)
         for key, why in plan.refuse.items():
             record = self._ledger.by_key[key]
+            if any(t.lease for t in record.waiters):
+                record.reason = f"waiting for room: {why}"
+                continue
             record.enter(Phase.ABSENT)
             record.explicit = False
             error = NoRoom(f"model '{record.name}' {why}")
@@ -126,6 +132,7 @@ class Lifecycle:
             fast = bool(record.waiters) and not record.explicit
             self._effects.load(record, record.generation, fast=fast)
         self._effects.changed()
+        return plan.refuse
 
     def fit_measured(self, record: ModelRecord) -> None:
         """A session measured above its estimate: make room among the other serving

@@ -34,6 +34,7 @@ from dataclasses import replace
 from edgeplex.agent.errors import (
     ModelFailed,
     ModelNotFound,
+    NoRoom,
     QueueFull,
     ServeError,
     Unavailable,
@@ -142,8 +143,13 @@ class Residency:
         ticket = Ticket(record.key, deadline, granted=False, cold_start=str(record.tier))
         record.waiters.append(ticket)
         self._life.want(record)
-        self._life.pump()
-        if ticket.error is not None:  # refused in this same step: never admitted
+        refused = self._life.pump()
+        if record.key in refused:  # refused in this same step: never admitted
+            record.waiters.remove(ticket)
+            if not record.waiters and record.phase == Phase.QUEUED:
+                record.enter(Phase.ABSENT)
+            raise NoRoom(f"model '{record.name}' {refused[record.key]}")
+        if ticket.error is not None:
             raise ticket.error
         return ticket
 
@@ -238,6 +244,9 @@ class Residency:
         if record is None:
             raise ModelNotFound(f"model '{name}' is not in the repository")
         record.pinned = pinned
+        if not pinned:
+            self._fit_budget()  # what the pin held over a cut budget may leave now
+            self._life.pump()
 
     def stage(self, name: str) -> bool:
         """cached -> staged in the background if the host budget has room (shared
@@ -385,11 +394,14 @@ class Residency:
         shrinks, models leave until the rest fit: lease-free ones at once, the others
         after draining; pinned models and loads in flight stay."""
         self.limits = self._life.limits = replace(self.limits, device_budget=budget)
-        for slot in budget_cut(self.ledger, budget, self.policy, self._clock()):
+        self._fit_budget()
+        self._life.pump()
+
+    def _fit_budget(self) -> None:
+        for slot in budget_cut(self.ledger, self.limits.device_budget, self.policy, self._clock()):
             victim = self.ledger.by_key[slot.key]
             victim.intent = Intent.STAGED
             self._life.retreat(victim)
-        self._life.pump()
 
     # --- timer --------------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ import pytest
 import tritonclient.grpc as tg
 
 from edgeplex.agent import demo
-from tests.agent.test_oip_grpc import inputs_for
-from tests.agent.test_overcommit import status
+from tests.agent.frontdoor.test_oip_grpc import inputs_for
+from tests.agent.residency.test_overcommit import status
 from tests.conftest import start_agent
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from edgeplex.agent import demo
-from tests.agent.test_overcommit import post, status
+from tests.agent.residency.test_overcommit import post, status
 from tests.conftest import start_agent
 
 pytestmark = pytest.mark.slow

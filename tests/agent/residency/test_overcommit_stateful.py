@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from edgeplex.agent import demo
-from tests.agent.test_overcommit import infer_http, memory, post, status
+from tests.agent.residency.test_overcommit import infer_http, memory, post, status
 from tests.conftest import start_agent
 
 pytestmark = pytest.mark.slow

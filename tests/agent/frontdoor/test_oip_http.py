@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 
-from tests.agent.test_oip_grpc import DTYPES, direct, silero_feeds
+from tests.agent.frontdoor.test_oip_grpc import DTYPES, direct, silero_feeds
 
 
 def inputs_for(feeds, binary=True):

@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
-from tests.agent.test_oip_grpc import inputs_for
+from tests.agent.frontdoor.test_oip_grpc import inputs_for
 from tests.conftest import start_agent
 
 pytestmark = pytest.mark.slow

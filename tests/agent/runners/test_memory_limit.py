@@ -8,7 +8,7 @@ import time
 import pytest
 
 from edgeplex.agent import demo
-from tests.agent.test_overcommit import infer_http, status
+from tests.agent.residency.test_overcommit import infer_http, status
 from tests.conftest import start_agent
 
 pytestmark = pytest.mark.slow

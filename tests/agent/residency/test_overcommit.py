@@ -14,7 +14,7 @@ import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent import demo
-from tests.agent.test_oip_grpc import inputs_for
+from tests.agent.frontdoor.test_oip_grpc import inputs_for
 from tests.conftest import start_agent
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,37 @@
+"""The routing policy: pure, no sockets."""
+
+from __future__ import annotations
+
+from edgeplex.agent.fleet.routing import Local, PeerOption, Where, choose_route
+
+NEAR = PeerOption("near", latency_s=0.005)
+FAR = PeerOption("far", latency_s=0.080)
+
+
+def test_a_loaded_model_is_served_here_whatever_the_peers():
+    assert choose_route(Local(True, None), [NEAR], False).where == Where.LOCAL
+
+
+def test_a_forwarded_request_is_never_forwarded_again():
+    assert choose_route(Local(False, None), [NEAR], True).where == Where.LOCAL
+    assert choose_route(None, [NEAR], True).where == Where.NOWHERE
+
+
+def test_a_quick_local_promotion_beats_a_far_peer():
+    assert choose_route(Local(False, 0.004), [FAR], False).where == Where.LOCAL
+
+
+def test_a_near_peer_beats_a_slow_local_promotion_and_peers_go_nearest_first():
+    route = choose_route(Local(False, 0.500), [FAR, NEAR], False)
+    assert route.where == Where.FORWARD and route.peers == ("near", "far")
+
+
+def test_an_unknown_promotion_cost_forwards_to_a_peer_that_holds_the_model():
+    route = choose_route(Local(False, None), [FAR], False)
+    assert route.where == Where.FORWARD
+
+
+def test_peers_without_headroom_are_skipped():
+    full = PeerOption("full", latency_s=0.001, headroom=0.0)
+    assert choose_route(Local(False, None), [full], False).where == Where.LOCAL
+    assert choose_route(None, [full], False).where == Where.NOWHERE
