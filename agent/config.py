@@ -313,6 +313,14 @@ class AgentSettings(FileSettings):
         "model that is not loaded beyond this is refused before admission: "
         "RESOURCE_EXHAUSTED / HTTP 429 with Retry-After.",
     )
+    max_promotions: int = Field(
+        default=1,
+        ge=1,
+        description="Promotions in flight (or promised device memory) at once. A runner "
+        "creates sessions one after another, so evicting for loads that would wait behind "
+        "others only takes memory from serving models early; their victims are chosen when "
+        "their turn comes.",
+    )
     lru_max_models: int = Field(
         default=8, ge=1, description="Most models loaded at once under the `lru` policy."
     )

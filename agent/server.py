@@ -162,6 +162,7 @@ def build_residency(settings: AgentSettings, effects: RunnerEffects) -> Residenc
         device_budget=settings.device_memory_budget,
         host_budget=settings.host_memory_budget,
         max_pending_loads=settings.max_pending_loads,
+        max_promotions=settings.max_promotions,
         prepack=settings.runner.prepack_weights,
         prepack_after_s=settings.runner.prepack_after_s,
     )

@@ -42,6 +42,11 @@ class Ledger:
     def host_bytes(self) -> int:
         return sum(r.staged_bytes for r in self.by_key.values())
 
+    def leaving_bytes(self) -> int:
+        """Bytes of models on their way out (draining or unloading)."""
+        leaving = (Phase.DRAINING, Phase.UNLOADING)
+        return sum(r.held_bytes for r in self.by_key.values() if r.phase in leaving)
+
     def pinned_bytes(self, besides: ModelRecord | None = None) -> int:
         return sum(r.held_bytes for r in self.by_key.values() if r.pinned and r is not besides)
 

@@ -104,6 +104,7 @@ class Lifecycle:
             self.limits.device_budget,
             self._policy,
             self._clock(),
+            self.limits.max_promotions,
         )
         for key in plan.unload:
             record = self._ledger.by_key[key]

@@ -44,6 +44,7 @@ from edgeplex.agent.residency.contract import Effects, Limits, Loaded
 from edgeplex.agent.residency.describe import describe
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.lifecycle import Lifecycle
+from edgeplex.agent.residency.planner import victims_for
 from edgeplex.agent.residency.policies import EvictionPolicy
 from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
@@ -347,6 +348,7 @@ class Residency:
         record.side_work = ""
         if record.generation != generation or record.phase != Phase.READY:
             return
+        record.reserved_bytes = 0  # the transient copy is gone
         record.prepacked = True  # also when it failed: do not retry a model that cannot be
         if bytes_delta is not None:
             record.device_bytes = record.last_measured = max(1, record.device_bytes + bytes_delta)
@@ -373,6 +375,8 @@ class Residency:
                     self._life.fail(record, "its runner crashed twice while loading it")
                     continue
             if record.phase in (Phase.LOADING, Phase.READY, Phase.DRAINING):
+                if record.side_work.startswith("prepack"):
+                    record.reserved_bytes = 0  # the transient copy died with the runner
                 record.reserved_bytes = max(record.device_bytes, record.reserved_bytes)
                 record.device_bytes = 0
                 record.side_work = ""
@@ -422,10 +426,42 @@ class Residency:
                 self._effects.autoscale(record, room)
         chosen = prepack_choice(self.ledger, self.limits, now, self._last_prepack)
         if chosen is not None:
-            chosen.side_work = "prepack"
-            self._last_prepack = now
-            self._effects.prepack(chosen, chosen.generation)
+            self._upgrade(chosen, now)
+        self._start_upgrades()
         self._life.pump()
+
+    def _upgrade(self, record: ModelRecord, now: float) -> None:
+        """Rebuild `record` with prepacked weights. The rebuild holds a second copy of
+        its weights until the swap, so that copy is reserved at once, like a load's
+        bytes, and made room for among colder models when the budget is full: a hot
+        model served 3x slower for want of a transient copy costs more than a cold
+        one's reload. The rebuild starts on a tick once the reservation fits."""
+        need = record.staged_bytes or record.device_bytes
+        budget = self.limits.device_budget
+        if budget is not None:
+            staying = self.ledger.device_bytes() - self.ledger.leaving_bytes()
+            missing = staying + need - budget
+            if missing > 0:
+                others = [s for s in self.ledger.slots() if s.key != record.key]
+                victims = victims_for(others, missing, self.policy, now)
+                if victims is None:
+                    return
+                for slot in victims:
+                    victim = self.ledger.by_key[slot.key]
+                    victim.intent = Intent.STAGED
+                    self._life.retreat(victim)
+        record.side_work = "prepack-wait"
+        record.reserved_bytes = record.device_bytes + need
+        self._last_prepack = now
+
+    def _start_upgrades(self) -> None:
+        budget = self.limits.device_budget
+        for record in self.ledger.all_records():
+            if record.side_work != "prepack-wait":
+                continue
+            if budget is None or self.ledger.device_bytes() <= budget:
+                record.side_work = "prepack"
+                self._effects.prepack(record, record.generation)
 
 
 def _not_found(name: str, version: str, serving: ModelKey | None) -> ServeError:

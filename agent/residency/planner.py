@@ -13,9 +13,11 @@ whole queue at once:
 
 Loads are served first come, first served: a load that cannot get room yet
 holds back the ones behind it, so a large model is never starved by a stream
-of small ones. Bytes already leaving (draining or unloading models) and bytes
-promised to earlier loads are counted, so the same room is never promised
-twice and each event asks for at most the victims still missing.
+of small ones. At most `max_promotions` loads are in flight or promised room
+at once; the others wait without evicting anything. Bytes already leaving
+(draining or unloading models) and bytes promised to earlier loads are
+counted, so the same room is never promised twice and each event asks for at
+most the victims still missing.
 
 Pure: no clocks, no I/O, no logging. The owner calls it after every event that
 changes bytes, leases or the queue; tests call it directly.
@@ -70,8 +72,14 @@ def plan_room(
     budget: int | None,
     policy: EvictionPolicy,
     now: float,
+    max_promotions: int | None = None,
 ) -> RoomPlan:
     plan = RoomPlan()
+    # Promotions in flight, and promised room: at most `max_promotions` at once. The
+    # runner creates sessions one after another, so room made now for a load that
+    # will wait behind others is room taken from serving models for nothing; its
+    # victims are better chosen when its turn comes.
+    promotions = sum(1 for s in slots if s.phase == Phase.LOADING)
     held = sum(s.held for s in slots)
     leaving = sum(s.held for s in slots if s.phase in LEAVING)
     pinned = sum(s.held for s in slots if s.pinned and s.phase not in LEAVING)
@@ -87,11 +95,14 @@ def plan_room(
                 f"pinned models hold {pinned}"
             )
             continue
+        if max_promotions is not None and promotions >= max_promotions:
+            continue  # later: only loads that can never fit are answered now
         if not policy.evicts_on_demand:
             if budget is None or held + claimed + load.needed <= budget:
                 plan.start.append(load.key)
                 held += load.needed
                 counted += 1
+                promotions += 1
             else:
                 free = max(0, budget - held - claimed)
                 plan.refuse[load.key] = (
@@ -115,6 +126,7 @@ def plan_room(
         else:
             claimed += load.needed  # waits for the victims' bytes
         counted += 1
+        promotions += 1
     return plan
 
 

@@ -57,25 +57,22 @@ def host_budget_drops(ledger: Ledger, budget: int | None) -> list[ModelRecord]:
 def prepack_choice(
     ledger: Ledger, limits: Limits, now: float, last_prepack: float
 ) -> ModelRecord | None:
-    """The next fast-promoted model to rebuild with prepacked weights: one at a time, at
-    most one a second, loaded for `prepack_after_s`, with room for the transient copy."""
+    """The next fast-promoted model to rebuild with prepacked weights: the most used
+    one loaded for `prepack_after_s`, one rebuild at a time, at most one a second."""
     if not limits.prepack or now - last_prepack < PREPACK_INTERVAL_S:
         return None
     records = ledger.all_records()
-    if any(r.side_work == "prepack" for r in records):
+    if any(r.side_work.startswith("prepack") for r in records):
         return None
-    budget = limits.device_budget
-    held = ledger.device_bytes()
-    for record in records:
-        if (
-            record.phase == Phase.READY
-            and not record.prepacked
-            and not record.side_work
-            and now - record.usage.loaded_at >= limits.prepack_after_s
-            and (budget is None or held + record.staged_bytes <= budget)
-        ):
-            return record
-    return None
+    eligible = [
+        r
+        for r in records
+        if r.phase == Phase.READY
+        and not r.prepacked
+        and not r.side_work
+        and now - r.usage.loaded_at >= limits.prepack_after_s
+    ]
+    return max(eligible, key=lambda r: r.usage.frequency, default=None)
 
 
 def budget_cut(

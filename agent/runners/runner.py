@@ -294,7 +294,11 @@ class Runner:
         started = time.perf_counter()
         warm_up(session)
         stages["warmup"] = _ms_since(started)
-        grown = max(0, measure() - before)
+        # What the process grew by, but never less than the weights the session reads:
+        # a session over the mapped staged copy may grow by nothing measurable when a
+        # neighbour released its own memory meanwhile, or when the pages were already
+        # resident, yet it holds those weights as long as it lives.
+        grown = max(measure() - before, directory_bytes(staged))
         inputs = [[i.name, i.type, _dims(i.shape)] for i in session.get_inputs()]
         outputs = [[o.name, o.type, _dims(o.shape)] for o in session.get_outputs()]
         old = self._models.pop(request.model, None)

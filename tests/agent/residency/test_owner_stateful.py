@@ -162,7 +162,10 @@ def test_random_events_keep_the_residency_invariants(sources):
         @rule()
         def runner_dies(self) -> None:
             self.owner.runner_down("shared-0")
-            self.effects.loads.clear()  # their results would be stale; runner_up reloads
+            for key, generation in list(self.effects.loads.items()):
+                record = self._record(key)
+                if record is None or record.generation != generation:
+                    del self.effects.loads[key]  # died with the runner; runner_up reloads
             self.effects.reloading = True
             self.owner.runner_up("shared-0")
             self.effects.reloading = False
