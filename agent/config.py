@@ -314,12 +314,12 @@ class AgentSettings(FileSettings):
         "RESOURCE_EXHAUSTED / HTTP 429 with Retry-After.",
     )
     max_promotions: int = Field(
-        default=1,
+        default=2,
         ge=1,
         description="Promotions in flight (or promised device memory) at once. A runner "
         "creates sessions one after another, so evicting for loads that would wait behind "
         "others only takes memory from serving models early; their victims are chosen when "
-        "their turn comes.",
+        "their turn comes. Two let one victim's release overlap the next session's creation.",
     )
     lru_max_models: int = Field(
         default=8, ge=1, description="Most models loaded at once under the `lru` policy."

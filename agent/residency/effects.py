@@ -168,6 +168,7 @@ class RunnerEffects:
                         device_id=settings.device_id,
                         memory_limit=config.memory_limit or 0,
                         instances=config.instance_count,
+                        warm_up=not fast,
                     )
                 ),
                 settings.load_timeout_s,

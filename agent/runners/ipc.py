@@ -99,6 +99,9 @@ class LoadModel(Message):
     memory_limit: int
     # Worker threads that may run this model's batches concurrently.
     instances: int
+    # Run once on synthetic inputs before answering. Skipped for a promotion that
+    # requests wait for: their first batch does the same work, and sooner.
+    warm_up: bool = True
 
 
 @_message

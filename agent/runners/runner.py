@@ -291,9 +291,10 @@ class Runner:
             str(staged / STAGED_MODEL), sess_options=options, providers=providers(request)
         )
         stages["create"] = _ms_since(started)
-        started = time.perf_counter()
-        warm_up(session)
-        stages["warmup"] = _ms_since(started)
+        if request.warm_up:
+            started = time.perf_counter()
+            warm_up(session)
+            stages["warmup"] = _ms_since(started)
         # What the process grew by, but never less than the weights the session reads:
         # a session over the mapped staged copy may grow by nothing measurable when a
         # neighbour released its own memory meanwhile, or when the pages were already
