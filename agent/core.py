@@ -30,22 +30,14 @@ from edgeplex.agent.fleet.load_window import LoadWindow
 from edgeplex.agent.fleet.routing import Local, Where, choose_route
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.repository import scan_model, scan_repository
+from edgeplex.agent.requests import InferInput, validate
 from edgeplex.agent.residency.effects import RunnerEffects
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.state import ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
-from edgeplex.agent.tensors import check_against_spec
 from edgeplex.names import valid_name
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]
-
-
-@dataclass
-class InferInput:
-    name: str
-    datatype: str
-    shape: list[int]
-    array: np.ndarray
 
 
 @dataclass
@@ -373,44 +365,3 @@ class Agent:
 def _time_out(future: asyncio.Future[dict[str, np.ndarray]], model: str) -> None:
     if not future.done():
         future.set_exception(DeadlineExceeded(f"model '{model}': request timed out"))
-
-
-def validate(
-    record: ModelRecord, inputs: list[InferInput], outputs: list[str] | None
-) -> tuple[dict[str, np.ndarray], int]:
-    """Check a request against the model's interface, which is known before the model
-    is loaded: the arrays by input name, and the batch size. Raises InvalidInput."""
-    specs = {s.name: s for s in record.inputs}
-    given: dict[str, np.ndarray] = {}
-    for tensor in inputs:
-        spec = specs.get(tensor.name)
-        if spec is None:
-            raise InvalidInput(
-                f"model '{record.name}' has no input '{tensor.name}' (inputs: {', '.join(specs)})"
-            )
-        if tensor.name in given:
-            raise InvalidInput(f"input '{tensor.name}' is given twice")
-        check_against_spec(spec, tensor.datatype, tensor.shape)
-        given[tensor.name] = tensor.array
-    missing = [n for n in specs if n not in given]
-    if missing:
-        raise InvalidInput(f"model '{record.name}': missing input '{missing[0]}'")
-    if outputs is not None:
-        known = {s.name for s in record.outputs}
-        for out in outputs:
-            if out not in known:
-                raise InvalidInput(f"model '{record.name}' has no output '{out}'")
-    batch = 1
-    if record.max_batch_size:
-        sizes = {a.shape[0] for a in given.values()}
-        if len(sizes) != 1:
-            raise InvalidInput(
-                f"model '{record.name}': inputs disagree on the batch dimension ({sorted(sizes)})"
-            )
-        batch = sizes.pop()
-        if not 1 <= batch <= record.max_batch_size:
-            first = next(iter(given))
-            raise InvalidInput(
-                f"input '{first}': batch size {batch} is outside 1..{record.max_batch_size}"
-            )
-    return given, batch

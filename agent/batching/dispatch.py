@@ -15,7 +15,7 @@ from edgeplex.agent.batching.batcher import Batcher
 from edgeplex.agent.errors import InferenceFailed, InvalidInput, RunnerLost
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.residency.state import ModelRecord
-from edgeplex.agent.runners import ipc
+from edgeplex.agent.runners import framing, ipc
 from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.agent.stats import ModelStats
 
@@ -33,7 +33,7 @@ def make_batcher(
     async def execute(
         inputs: dict[str, np.ndarray], outputs: list[str] | None
     ) -> tuple[dict[str, np.ndarray], int]:
-        descs, buffers = ipc.pack_tensors(inputs)
+        descs, buffers = framing.pack_tensors(inputs)
         runner = pool.get(entry.runner_id)
         try:
             reply, payload = await asyncio.wait_for(
@@ -53,7 +53,7 @@ def make_batcher(
             runner.abandon(f"a batch of {entry.name} hung")
             raise RunnerLost(entry.runner_id) from None
         if isinstance(reply, ipc.InferResult):
-            return ipc.unpack_tensors(reply.tensors, payload), reply.compute_ns
+            return framing.unpack_tensors(reply.tensors, payload), reply.compute_ns
         assert isinstance(reply, ipc.Failure)
         if reply.kind == "invalid":
             raise InvalidInput(f"model '{entry.name}': {reply.message}")

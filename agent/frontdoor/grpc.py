@@ -14,9 +14,10 @@ from typing import Any
 
 import grpc
 
-from edgeplex.agent.core import Agent, InferInput
+from edgeplex.agent.core import Agent
 from edgeplex.agent.errors import InvalidInput, ServeError
 from edgeplex.agent.fleet.forward import FORWARDED, ORIGIN_REGION, SERVED_BY, peer_error
+from edgeplex.agent.requests import InferInput
 from edgeplex.agent.tensors import (
     CONTENTS_FIELD,
     check_payload_cap,

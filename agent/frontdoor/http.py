@@ -21,10 +21,11 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from edgeplex.agent.core import Agent, InferInput
+from edgeplex.agent.core import Agent
 from edgeplex.agent.errors import InvalidInput, ServeError
 from edgeplex.agent.fleet.forward import FORWARDED, ORIGIN_REGION, SERVED_BY
 from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.requests import InferInput
 from edgeplex.agent.tensors import (
     check_payload_cap,
     from_list,

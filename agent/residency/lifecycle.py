@@ -17,7 +17,7 @@ from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.planner import QueuedLoad, plan_room, victims_for
 from edgeplex.agent.residency.policies import EvictionPolicy
 from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase
-from edgeplex.agent.residency.upkeep import host_budget_drops
+from edgeplex.agent.residency.upkeep import budget_cut, host_budget_drops
 
 FREQUENCY_HALF_LIFE_S = 30.0
 
@@ -168,3 +168,43 @@ class Lifecycle:
     def fit_host_budget(self) -> None:
         for record in host_budget_drops(self._ledger, self.limits.host_budget):
             self.drop_staged(record)
+
+    def fit_budget(self) -> None:
+        for slot in budget_cut(
+            self._ledger, self.limits.device_budget, self._policy, self._clock()
+        ):
+            victim = self._ledger.by_key[slot.key]
+            victim.intent = Intent.STAGED
+            self.retreat(victim)
+
+    def upgrade(self, record: ModelRecord, now: float) -> None:
+        """Rebuild `record` with prepacked weights. The rebuild holds a second copy of
+        its weights until the swap, so that copy is reserved at once, like a load's
+        bytes, and made room for among colder models when the budget is full: a hot
+        model served 3x slower for want of a transient copy costs more than a cold
+        one's reload. The rebuild starts on a tick once the reservation fits."""
+        need = record.staged_bytes or record.device_bytes
+        budget = self.limits.device_budget
+        if budget is not None:
+            staying = self._ledger.device_bytes() - self._ledger.leaving_bytes()
+            missing = staying + need - budget
+            if missing > 0:
+                others = [s for s in self._ledger.slots() if s.key != record.key]
+                victims = victims_for(others, missing, self._policy, now)
+                if victims is None:
+                    return
+                for slot in victims:
+                    victim = self._ledger.by_key[slot.key]
+                    victim.intent = Intent.STAGED
+                    self.retreat(victim)
+        record.side_work = "prepack-wait"
+        record.reserved_bytes = record.device_bytes + need
+
+    def start_upgrades(self) -> None:
+        budget = self.limits.device_budget
+        for record in self._ledger.all_records():
+            if record.side_work != "prepack-wait":
+                continue
+            if budget is None or self._ledger.device_bytes() <= budget:
+                record.side_work = "prepack"
+                self._effects.prepack(record, record.generation)

@@ -1,28 +1,15 @@
 """The residency owner: the one writer of every model's state.
 
-Events come in as method calls on the agent's event loop: a request admitted
-(`admit`) or answered (`release`, `abandon`), a load or unload finished
-(`load_done`, `load_failed`, `unload_done`, `staged`, `prepacked`), a runner
-lost or back (`runner_down`, `runner_up`), an operator or placement verb
-(`load`, `unload`, `demote`, `pin`), a timer (`tick`). No method awaits, so
-each event is applied whole before the next; each ends by asking the pure
-planner (planner.py) where room comes from, and the slow work it decides on
-leaves as effects (the `Effects` sink: load, unload, stage, ...), whose
-results come back as events tagged with the generation they were started
-under, so a stale result is ignored.
-
-The guarantees, each kept in one place below:
-- a model with leases (admitted requests not yet answered) is never unloaded:
-  a victim with leases is DRAINING, admits nothing more, and is unloaded when
-  its last lease ends (`release`);
-- waiters for a promotion get their leases in the same step that makes the
-  model READY (`load_done`), so no eviction can come between;
-- a request that cannot be served is refused before it is admitted (`admit`:
-  unknown, failed, unloaded by the operator, too many promotions waiting,
-  more than its queue holds, or too big for the budget);
-- at most one load per model is in flight; loads wait for room first come,
-  first served; device bytes held never exceed the budget (a load measured
-  above its estimate makes room at once).
+Events are its methods, called on the agent's event loop: requests admitted,
+answered or past their deadline; loads, unloads, staging and prepacking
+finished; runners down or up; operator and placement verbs; the tick; a new
+budget. None awaits, so each is applied whole. Each ends by asking the pure
+planner where room comes from (`Lifecycle.pump`); slow work leaves as effects
+whose results come back as events tagged with a generation, so a stale one is
+ignored. docs/architecture.md ("Residency: one owner") states the guarantees:
+a model with leases is never unloaded, waiters get their leases in the step
+that makes the model READY, and what cannot be served is refused before it is
+admitted.
 """
 
 from __future__ import annotations
@@ -36,7 +23,6 @@ from edgeplex.agent.errors import (
     ModelNotFound,
     NoRoom,
     QueueFull,
-    ServeError,
     Unavailable,
 )
 from edgeplex.agent.repository import ModelSource
@@ -44,13 +30,11 @@ from edgeplex.agent.residency.contract import Effects, Limits, Loaded
 from edgeplex.agent.residency.describe import describe
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.lifecycle import Lifecycle
-from edgeplex.agent.residency.planner import victims_for
 from edgeplex.agent.residency.policies import EvictionPolicy
 from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
 from edgeplex.agent.residency.upkeep import (
-    budget_cut,
-    host_budget_drops,
+    may_stage,
     prepack_choice,
     promotion_refusal,
 )
@@ -90,7 +74,7 @@ class Residency:
 
     # --- repository -------------------------------------------------------------------------
 
-    def add(self, source: ModelSource, pinned: bool | None = None) -> ModelRecord:
+    def add(self, source: ModelSource) -> ModelRecord:
         """Know `source` (a model found in the repository). A new version becomes the
         one requests reach; the old one drains and is dropped."""
         key = ModelKey(source.name, source.version)
@@ -105,8 +89,6 @@ class Residency:
             if record.phase == Phase.FAILED:
                 record.enter(Phase.ABSENT)
             describe(record)
-        if pinned is not None:
-            record.pinned = pinned
         old = self.ledger.serving.get(source.name)
         self.ledger.serving[source.name] = key
         if old is not None and old != key:
@@ -125,7 +107,7 @@ class Residency:
         READY (the lease is taken then) or when its load fails."""
         record = self.get(name, version)
         if record is None:
-            raise _not_found(name, version, self.ledger.serving.get(name))
+            raise ModelNotFound(f"model '{name}' has no version '{version or 'served'}' here")
         if record.disabled:
             raise Unavailable(f"model '{name}' is unloaded; load it first")
         if record.phase == Phase.FAILED:
@@ -246,7 +228,7 @@ class Residency:
             raise ModelNotFound(f"model '{name}' is not in the repository")
         record.pinned = pinned
         if not pinned:
-            self._fit_budget()  # what the pin held over a cut budget may leave now
+            self._life.fit_budget()  # what the pin held over a cut budget may leave now
             self._life.pump()
 
     def stage(self, name: str) -> bool:
@@ -255,14 +237,7 @@ class Residency:
         record = self.get(name)
         if record is None or record.staged_bytes:
             return bool(record and record.staged_bytes)
-        budget = self.limits.host_budget
-        if (
-            record.phase != Phase.ABSENT
-            or record.side_work
-            or record.source.config is None
-            or record.runner_id != "shared-0"
-            or (budget is not None and self.host_bytes() + record.estimate_bytes() > budget)
-        ):
+        if not may_stage(record, self.ledger, self.limits):
             return False
         record.side_work = "stage"
         self._effects.stage(record)
@@ -295,8 +270,7 @@ class Residency:
         if record.intent in (Intent.STAGED, Intent.CACHED, Intent.RETIRE):
             self._life.retreat(record)
         self._life.fit_measured(record)
-        for record_ in host_budget_drops(self.ledger, self.limits.host_budget):
-            self._life.drop_staged(record_)
+        self._life.fit_host_budget()
         self._life.pump()
 
     def load_failed(self, key: ModelKey, generation: int, reason: str) -> None:
@@ -326,8 +300,7 @@ class Residency:
             record.waiters = [t for t in record.waiters if t not in leftover]
             if record.waiters or intent == Intent.SERVE:
                 self._life.want(record)  # requests arrived while it drained: bring it back
-        for record_ in host_budget_drops(self.ledger, self.limits.host_budget):
-            self._life.drop_staged(record_)
+        self._life.fit_host_budget()
         self._life.pump()
 
     def staged(self, key: ModelKey, staged_bytes: int) -> None:
@@ -337,8 +310,7 @@ class Residency:
         record.side_work = ""
         if staged_bytes and record.phase not in (Phase.READY, Phase.DRAINING):
             record.staged_bytes = staged_bytes
-        for record_ in host_budget_drops(self.ledger, self.limits.host_budget):
-            self._life.drop_staged(record_)
+        self._life.fit_host_budget()
         self._effects.changed()
 
     def prepacked(self, key: ModelKey, generation: int, bytes_delta: int | None) -> None:
@@ -398,14 +370,8 @@ class Residency:
         shrinks, models leave until the rest fit: lease-free ones at once, the others
         after draining; pinned models and loads in flight stay."""
         self.limits = self._life.limits = replace(self.limits, device_budget=budget)
-        self._fit_budget()
+        self._life.fit_budget()
         self._life.pump()
-
-    def _fit_budget(self) -> None:
-        for slot in budget_cut(self.ledger, self.limits.device_budget, self.policy, self._clock()):
-            victim = self.ledger.by_key[slot.key]
-            victim.intent = Intent.STAGED
-            self._life.retreat(victim)
 
     # --- timer --------------------------------------------------------------------------
 
@@ -426,47 +392,7 @@ class Residency:
                 self._effects.autoscale(record, room)
         chosen = prepack_choice(self.ledger, self.limits, now, self._last_prepack)
         if chosen is not None:
-            self._upgrade(chosen, now)
-        self._start_upgrades()
+            self._life.upgrade(chosen, now)
+            self._last_prepack = now
+        self._life.start_upgrades()
         self._life.pump()
-
-    def _upgrade(self, record: ModelRecord, now: float) -> None:
-        """Rebuild `record` with prepacked weights. The rebuild holds a second copy of
-        its weights until the swap, so that copy is reserved at once, like a load's
-        bytes, and made room for among colder models when the budget is full: a hot
-        model served 3x slower for want of a transient copy costs more than a cold
-        one's reload. The rebuild starts on a tick once the reservation fits."""
-        need = record.staged_bytes or record.device_bytes
-        budget = self.limits.device_budget
-        if budget is not None:
-            staying = self.ledger.device_bytes() - self.ledger.leaving_bytes()
-            missing = staying + need - budget
-            if missing > 0:
-                others = [s for s in self.ledger.slots() if s.key != record.key]
-                victims = victims_for(others, missing, self.policy, now)
-                if victims is None:
-                    return
-                for slot in victims:
-                    victim = self.ledger.by_key[slot.key]
-                    victim.intent = Intent.STAGED
-                    self._life.retreat(victim)
-        record.side_work = "prepack-wait"
-        record.reserved_bytes = record.device_bytes + need
-        self._last_prepack = now
-
-    def _start_upgrades(self) -> None:
-        budget = self.limits.device_budget
-        for record in self.ledger.all_records():
-            if record.side_work != "prepack-wait":
-                continue
-            if budget is None or self.ledger.device_bytes() <= budget:
-                record.side_work = "prepack"
-                self._effects.prepack(record, record.generation)
-
-
-def _not_found(name: str, version: str, serving: ModelKey | None) -> ServeError:
-    if serving is not None and version:
-        return ModelNotFound(
-            f"model '{name}' has no version '{version}' (serving version {serving.version})"
-        )
-    return ModelNotFound(f"model '{name}' is not in the repository")

@@ -12,7 +12,7 @@ from edgeplex.agent.residency.contract import Limits
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.planner import Slot, movable, victims_for
 from edgeplex.agent.residency.policies import EvictionPolicy
-from edgeplex.agent.residency.state import ModelRecord, Phase
+from edgeplex.agent.residency.state import SHARED_RUNNER, ModelRecord, Phase
 
 PREPACK_INTERVAL_S = 1.0  # at most one rebuild a second: each one copies a model's weights
 
@@ -38,6 +38,19 @@ def promotion_refusal(record: ModelRecord, ledger: Ledger, limits: Limits) -> Se
             "waiting for device memory; retry shortly"
         )
     return None
+
+
+def may_stage(record: ModelRecord, ledger: Ledger, limits: Limits) -> bool:
+    """cached -> staged in the background: only a model at rest, on the shared runner,
+    when the host budget has room for its copy."""
+    budget = limits.host_budget
+    return (
+        record.phase == Phase.ABSENT
+        and not record.side_work
+        and record.source.config is not None
+        and record.runner_id == SHARED_RUNNER
+        and (budget is None or ledger.host_bytes() + record.estimate_bytes() <= budget)
+    )
 
 
 def host_budget_drops(ledger: Ledger, budget: int | None) -> list[ModelRecord]:

@@ -35,7 +35,7 @@ from pathlib import Path
 from edgeplex.agent.config import RunnerSettings
 from edgeplex.agent.errors import RunnerLost, Unavailable
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.runners import ipc
+from edgeplex.agent.runners import framing, ipc
 from edgeplex.agent.runners.limits import MemoryLimiter
 
 log = logging.getLogger("edgeplex.agent.runners")
@@ -77,7 +77,7 @@ class ZygoteClient:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                message, _ = await ipc.read_frame(reader)
+                message, _ = await framing.read_frame(reader)
                 if isinstance(message, ipc.RunnerSpawned):
                     future = self._spawned.pop(message.runner_id, None)
                     if future is not None and not future.done():
@@ -101,12 +101,14 @@ class ZygoteClient:
         assert self._writer is not None
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._spawned[runner_id] = future
-        ipc.write_frame(self._writer, ipc.SpawnRunner(runner_id, socket_path, log_level, rlimit_as))
+        framing.write_frame(
+            self._writer, ipc.SpawnRunner(runner_id, socket_path, log_level, rlimit_as)
+        )
         return await asyncio.wait_for(future, timeout=10)
 
     def kill(self, runner_id: str, sig: int) -> None:
         if self._writer is not None and self.alive:
-            ipc.write_frame(self._writer, ipc.KillRunner(runner_id, int(sig)))
+            framing.write_frame(self._writer, ipc.KillRunner(runner_id, int(sig)))
 
     async def stop(self, timeout: float = 5.0) -> None:
         if self._writer is not None:
@@ -163,7 +165,7 @@ class RunnerProcess:
         )
         self._pending[req_id] = future
         try:
-            ipc.write_frame(self._writer, message, buffers)
+            framing.write_frame(self._writer, message, buffers)
             return await future
         finally:
             self._pending.pop(req_id, None)
@@ -248,7 +250,7 @@ class RunnerProcess:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                message, payload = await ipc.read_frame(reader)
+                message, payload = await framing.read_frame(reader)
                 future = self._pending.get(getattr(message, "req_id", -1))
                 if future is not None and not future.done():
                     future.set_result((message, payload))
@@ -332,7 +334,7 @@ class RunnerPool:
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            message, _ = await asyncio.wait_for(ipc.read_frame(reader), timeout=10)
+            message, _ = await asyncio.wait_for(framing.read_frame(reader), timeout=10)
         except (TimeoutError, asyncio.IncompleteReadError, ipc.ProtocolError):
             writer.close()
             return

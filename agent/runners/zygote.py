@@ -34,7 +34,7 @@ import contextlib
 import numpy  # noqa: F401  (preloaded for the children)
 import onnxruntime  # noqa: F401
 
-from edgeplex.agent.runners import ipc, runner
+from edgeplex.agent.runners import framing, ipc, runner
 
 _PR_SET_PDEATHSIG = 1
 
@@ -70,7 +70,7 @@ class Zygote:
                     self._reap()
                     continue
                 try:
-                    message, _ = ipc.recv_frame(self._control)
+                    message, _ = framing.recv_frame(self._control)
                 except (EOFError, ConnectionError):
                     self._shutdown()
                 if isinstance(message, ipc.SpawnRunner):
@@ -91,7 +91,7 @@ class Zygote:
             finally:
                 os._exit(code)
         self._children[pid] = request.runner_id
-        ipc.send_frame(self._control, ipc.RunnerSpawned(request.runner_id, pid))
+        framing.send_frame(self._control, ipc.RunnerSpawned(request.runner_id, pid))
 
     def _become_runner(self, request: ipc.SpawnRunner) -> None:
         signal.set_wakeup_fd(-1)
@@ -116,7 +116,7 @@ class Zygote:
             runner_id = self._children.pop(pid, "?")
             code = os.waitstatus_to_exitcode(status)
             with contextlib.suppress(OSError):
-                ipc.send_frame(self._control, ipc.RunnerExited(runner_id, pid, code))
+                framing.send_frame(self._control, ipc.RunnerExited(runner_id, pid, code))
 
     def _shutdown(self) -> None:
         for pid in list(self._children):

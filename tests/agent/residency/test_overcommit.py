@@ -103,7 +103,8 @@ def test_models_load_on_first_request_and_say_so(agent):
     assert code == 200 and "edgeplex-cold-start" not in headers
     model = status(agent)["m0"]
     assert model["tier"] == "loaded" and model["memory_bytes"] > 0
-    assert set(model["last_promotion"]["stages_ms"]) == {"read", "optimize", "create", "warmup"}
+    # A promotion that a request waits for skips the warm-up: the request warms it.
+    assert set(model["last_promotion"]["stages_ms"]) == {"read", "optimize", "create"}
 
 
 def test_demoted_model_comes_back_from_staged_faster(agent):
@@ -113,7 +114,7 @@ def test_demoted_model_comes_back_from_staged_faster(agent):
     code, headers, _ = infer_http(agent, "m1")
     assert code == 200 and headers.get("edgeplex-cold-start") == "staged"
     stages = status(agent)["m1"]["last_promotion"]["stages_ms"]
-    assert set(stages) == {"create", "warmup"}  # no read, no optimize
+    assert set(stages) == {"create"}  # no read, no optimize, no warm-up (a request waits)
     assert post(agent, "/edgeplex/v1/models/m1/demote", {"tier": "cached"}) == 200
     assert status(agent)["m1"]["tier"] == "cached"
     assert post(agent, "/edgeplex/v1/models/m1/demote", {"tier": "loaded"}) == 400

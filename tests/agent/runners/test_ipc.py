@@ -9,17 +9,17 @@ import msgpack
 import numpy as np
 import pytest
 
-from edgeplex.agent.runners import ipc
+from edgeplex.agent.runners import framing, ipc
 
 
 def test_infer_round_trip_over_a_socket():
     a, b = socket.socketpair()
     arrays = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "m": np.array([True, False])}
-    descs, buffers = ipc.pack_tensors(arrays)
-    ipc.send_frame(a, ipc.Infer(7, "model", ["y"], descs), buffers)
-    message, payload = ipc.recv_frame(b)
+    descs, buffers = framing.pack_tensors(arrays)
+    framing.send_frame(a, ipc.Infer(7, "model", ["y"], descs), buffers)
+    message, payload = framing.recv_frame(b)
     assert isinstance(message, ipc.Infer) and message.req_id == 7 and message.outputs == ["y"]
-    decoded = ipc.unpack_tensors(message.tensors, payload)
+    decoded = framing.unpack_tensors(message.tensors, payload)
     for name, array in arrays.items():
         np.testing.assert_array_equal(decoded[name], array)
 
@@ -29,23 +29,23 @@ def test_unknown_message_types_are_refused():
     header = msgpack.packb({"t": "exec", "code": "import os"})
     a.sendall(struct.pack("<II", len(header), 0) + header)
     with pytest.raises(ipc.ProtocolError):
-        ipc.recv_frame(b)
+        framing.recv_frame(b)
 
 
 def test_object_dtypes_cannot_cross():
     with pytest.raises(ipc.ProtocolError):
-        ipc.pack_tensors({"x": np.array(["a"], dtype=object)})
+        framing.pack_tensors({"x": np.array(["a"], dtype=object)})
     with pytest.raises(ipc.ProtocolError):
-        ipc.unpack_tensors([["x", "|O", [1], 8]], memoryview(b"\0" * 8))
+        framing.unpack_tensors([["x", "|O", [1], 8]], memoryview(b"\0" * 8))
 
 
 def test_descriptor_sizes_are_checked():
     with pytest.raises(ipc.ProtocolError):
-        ipc.unpack_tensors([["x", "<f4", [4], 16]], memoryview(b"\0" * 8))
+        framing.unpack_tensors([["x", "<f4", [4], 16]], memoryview(b"\0" * 8))
 
 
 def test_oversized_frames_are_refused():
     a, b = socket.socketpair()
     a.sendall(struct.pack("<II", ipc.MAX_HEADER_BYTES + 1, 0))
     with pytest.raises(ipc.ProtocolError):
-        ipc.recv_frame(b)
+        framing.recv_frame(b)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edgeplex.agent.runners.runner import scrub
+from edgeplex.agent.runners.sessions import scrub
 
 
 def test_scrub_keeps_only_what_lies_below_the_repository_and_staging_roots():

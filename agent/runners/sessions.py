@@ -1,0 +1,170 @@
+"""How a runner builds a session: the staged form of a model, the execution
+providers, the warm-up run, memory measurement and error scrubbing.
+
+Plain functions, called from the runner's threads; nothing here holds state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from edgeplex.agent.runners import ipc
+
+log = logging.getLogger("edgeplex.runner")
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+STAGED_MODEL = "model.onnx"
+STAGED_WEIGHTS = "weights.bin"
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def providers(request: ipc.LoadModel) -> list[Any]:
+    if request.provider != "cuda":
+        return ["CPUExecutionProvider"]
+    cuda: dict[str, Any] = {
+        "device_id": request.device_id,
+        "arena_extend_strategy": "kSameAsRequested",
+    }
+    if request.memory_limit:
+        cuda["gpu_mem_limit"] = request.memory_limit
+    return [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+
+
+def device_bytes() -> int:
+    """This process's memory on its GPU (NVML), or resident memory without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        total, used = 0, 0
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            used += pynvml.nvmlDeviceGetMemoryInfo(handle).used
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == os.getpid() and proc.usedGpuMemory:
+                    total += proc.usedGpuMemory
+        # In a PID namespace NVML may not list us: fall back to the device-wide
+        # reading, exact when this agent is the card's only user.
+        return total or used
+    except Exception:
+        return resident_bytes()
+
+
+def trim_heap() -> None:
+    """Give freed heap pages back to the kernel (glibc), so the next resident-memory
+    reading is not hiding a new session inside memory an earlier one left behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+def dims(shape: Any) -> list[int]:
+    if shape is None:
+        return []
+    return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
+
+
+def ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
+
+
+def directory_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
+
+
+def stage_model(source: Path, staged: Path, stages: dict[str, float]) -> None:
+    """cached -> staged: optimize `source` once and write the result to `staged` (a
+    directory in host RAM) as a small graph plus one external weights file.
+
+    Written to a temporary sibling and renamed, so a reader never sees a partial
+    copy, and never modified afterwards: sessions map the weights file, and
+    rewriting a mapped file in place would corrupt them (unlinking is safe)."""
+    started = time.perf_counter()
+    with source.open("rb") as f:  # into the page cache; ORT then reads it from RAM
+        while f.read(1 << 24):
+            pass
+    stages["read"] = ms_since(started)
+    started = time.perf_counter()
+    tmp = staged.with_name(f"{staged.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp / STAGED_MODEL)
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", STAGED_WEIGHTS
+    )
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+    )
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    try:
+        # By path, so that models with external data find it next to them.
+        ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
+        try:
+            tmp.rename(staged)
+        except OSError:  # staged meanwhile by the other thread: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    stages["optimize"] = ms_since(started)
+
+
+def warm_up(session: ort.InferenceSession) -> None:
+    """Run once on zeros (dynamic dims = 1) so lazy work, and the first touch of the
+    mapped weights, happen now rather than in the first client request."""
+    feeds: dict[str, np.ndarray] = {}
+    for arg in session.get_inputs():
+        dtype = _ORT_TO_NUMPY.get(arg.type)
+        if dtype is None:
+            return
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in (arg.shape or [])]
+        feeds[arg.name] = np.zeros(shape, dtype=dtype)
+    try:
+        session.run(None, feeds)
+    except Exception as exc:  # a model may reject synthetic inputs; that is not fatal
+        log.info("warm-up skipped: %s", str(exc)[:200])
+
+
+_ORT_TO_NUMPY = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(uint16)": np.uint16,
+    "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64,
+    "tensor(bool)": np.bool_,
+}
+
+
+def scrub(message: str, model_file: str, staged_dir: str) -> str:
+    """ORT errors name the files they read; clients must not see local paths. Keeps
+    only what lies below the repository or the staging root: <model>/<version>/..."""
+    for path, depth in ((model_file, 3), (staged_dir, 2)):
+        root = Path(path)
+        for _ in range(depth):
+            root = root.parent
+        if root != root.parent:  # never strip a bare "/"
+            message = message.replace(f"{root}{os.sep}", "").replace(str(root), "<root>")
+    return message
