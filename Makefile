@@ -10,7 +10,7 @@ setup:
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy
+	$(PY) scripts/typecheck.py
 
 test: setup lint
 	$(PY) -m pytest -q

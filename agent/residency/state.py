@@ -23,10 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from edgeplex.agent.config import ModelConfig
 from edgeplex.agent.repository import ModelSource
 from edgeplex.agent.tensors import TensorSpec
+
+if TYPE_CHECKING:  # tickets.py imports this module
+    from edgeplex.agent.residency.tickets import Ticket
 
 DEFAULT_MAX_BATCH_SIZE = 8
 # Before a model's first load its memory is unknown: assume its file size times this.
@@ -115,7 +119,7 @@ class ModelRecord:
     staged_bytes: int = 0  # host bytes of the staged copy
     last_measured: int = 0
     leases: int = 0  # admitted requests on a serving model, until their response
-    waiters: list[object] = field(default_factory=list)  # tickets waiting for READY
+    waiters: list[Ticket] = field(default_factory=list)  # tickets waiting for READY
     pinned: bool = False
     disabled: bool = False  # OIP unload: served again only after an explicit load
     explicit: bool = False  # the queued load was asked for (admin, placement), not a request

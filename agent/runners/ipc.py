@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import numpy as np
 
@@ -43,6 +43,7 @@ class Message:
         return header
 
 
+@dataclass_transform(field_specifiers=(field,))
 def _message(cls: type[M]) -> type[M]:
     """Class decorator: a slotted dataclass registered under its TAG."""
     made = dataclass(slots=True)(cls)
