@@ -6,13 +6,16 @@ everything else reads them. A phase changes only through `ModelRecord.enter`,
 which checks the move against TRANSITIONS, so the table below is the whole
 lifecycle:
 
-    ABSENT ──want──▶ QUEUED ──room──▶ LOADING ──ok──▶ READY ──victim──▶ DRAINING
-      ▲                │                │  │            │  ▲               │
-      │              refused           fail runner      │  └─lease wanted──┘ (re-admit)
-      │                ▼                ▼  lost         ▼                  │ leases = 0
-      │             ABSENT           FAILED ▼        UNLOADING ◀───────────┘
-      │                                 RECOVERING ──runner up──▶ LOADING
-      └─────────────────── unloaded ◀── UNLOADING
+    ABSENT ──want──▶ QUEUED ──room──▶ LOADING ──ok──▶ READY ──victim with leases──▶ DRAINING
+      ▲                │                │  │            │                               │
+      │       never fits, nobody waits  │  │ runner     │ victim without leases         │ last lease
+      │                ▼           fail ▼  │ lost       ▼                               │ ends
+      │             ABSENT          FAILED │         UNLOADING ◀──────────────────────────┘
+      │                                    ▼
+      │                               RECOVERING ──runner up──▶ LOADING
+      └────────────────────── unloaded ◀── UNLOADING
+
+(READY and DRAINING models also go to RECOVERING when their runner dies.)
 
 A model is identified by (name, version, variant): several versions, and later
 several forms of one version (quantized variants), are separate records that
@@ -53,7 +56,7 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.QUEUED: frozenset({Phase.LOADING, Phase.ABSENT, Phase.FAILED}),
     Phase.LOADING: frozenset({Phase.READY, Phase.FAILED, Phase.RECOVERING, Phase.UNLOADING}),
     Phase.READY: frozenset({Phase.DRAINING, Phase.UNLOADING, Phase.RECOVERING}),
-    Phase.DRAINING: frozenset({Phase.READY, Phase.UNLOADING, Phase.RECOVERING}),
+    Phase.DRAINING: frozenset({Phase.UNLOADING, Phase.RECOVERING}),
     Phase.UNLOADING: frozenset({Phase.ABSENT}),
     Phase.RECOVERING: frozenset({Phase.LOADING, Phase.FAILED, Phase.UNLOADING}),
     Phase.FAILED: frozenset({Phase.QUEUED, Phase.ABSENT}),
