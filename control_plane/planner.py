@@ -194,7 +194,8 @@ class Planner:
             ],
         )
         await self._store.put_placement(placement)
-        await self._publish(version, inp, result, sites, catalog)
+        headroom = site_headroom(await self._store.reports())
+        await self._publish(version, inp, result, sites, catalog, headroom)
         self.rounds += 1
         METRICS.placement_seconds.observe(time.perf_counter() - started)
         METRICS.placement_version.set(version)
@@ -207,6 +208,7 @@ class Planner:
         result: PlacementResult,
         sites: list[pb.Site],
         catalog: list[pb.CatalogModel],
+        headroom: dict[str, float],
     ) -> None:
         by_name = {m.name: m for m in catalog}
         published = await self._store.desired()
@@ -240,6 +242,7 @@ class Planner:
                                     http_address=s.http_address,
                                     region=s.region,
                                     latency_ms=min(latency(inp, region, s.region), 1e9),
+                                    headroom=headroom.get(s.site_id),
                                 )
                                 for s in holders
                             ],
@@ -249,6 +252,15 @@ class Planner:
             if self._routes_sent.get(region) != stable:  # re-send only what changed
                 self._routes_sent[region] = stable
                 self._publisher.publish(routes_topic(region), routes.SerializeToString())
+
+
+def site_headroom(reports: dict[str, pb.LoadReport]) -> dict[str, float]:
+    """Per site, the share of its busiest device left free at its last report, in
+    steps of 0.1 so that routes change (and are re-published) only when it moves."""
+    return {
+        site: round(1.0 - max((d.utilization for d in r.devices), default=0.0), 1)
+        for site, r in reports.items()
+    }
 
 
 def _desired_model(m: pb.CatalogModel, tier: str) -> pb.DesiredModel:

@@ -392,15 +392,17 @@ class Route(_message.Message):
     def __init__(self, model: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[RouteTarget, _Mapping]]] = ...) -> None: ...
 
 class RouteTarget(_message.Message):
-    __slots__ = ("site_id", "address", "http_address", "region", "latency_ms")
+    __slots__ = ("site_id", "address", "http_address", "region", "latency_ms", "headroom")
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_FIELD_NUMBER: _ClassVar[int]
     site_id: str
     address: str
     http_address: str
     region: str
     latency_ms: float
-    def __init__(self, site_id: _Optional[str] = ..., address: _Optional[str] = ..., http_address: _Optional[str] = ..., region: _Optional[str] = ..., latency_ms: _Optional[float] = ...) -> None: ...
+    headroom: float
+    def __init__(self, site_id: _Optional[str] = ..., address: _Optional[str] = ..., http_address: _Optional[str] = ..., region: _Optional[str] = ..., latency_ms: _Optional[float] = ..., headroom: _Optional[float] = ...) -> None: ...

@@ -54,6 +54,7 @@ class Peer:
     address: str
     http_address: str
     latency_ms: float = 0.0
+    headroom: float | None = None  # None: the site has not reported
 
 
 class Router:
@@ -73,7 +74,16 @@ class Router:
             return False
         self.version = routes.version
         self._routes = {
-            r.model: [Peer(t.site_id, t.address, t.http_address, t.latency_ms) for t in r.targets]
+            r.model: [
+                Peer(
+                    t.site_id,
+                    t.address,
+                    t.http_address,
+                    t.latency_ms,
+                    t.headroom if t.HasField("headroom") else None,
+                )
+                for t in r.targets
+            ]
             for r in routes.routes
         }
         return True
@@ -82,7 +92,7 @@ class Router:
         """The peers holding `model` that are not this site and not backed off."""
         now = time.monotonic()
         return [
-            PeerOption(p.site_id, p.latency_ms / 1000 if p.latency_ms else None)
+            PeerOption(p.site_id, p.latency_ms / 1000 if p.latency_ms else None, p.headroom)
             for p in self._routes.get(model, ())
             if p.site_id != self.site_id and self._down_until.get(p.site_id, 0.0) <= now
         ]

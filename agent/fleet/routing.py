@@ -7,8 +7,9 @@ The core asks it once per request (`Agent.route`), for both front doors:
 3. A peer is worth it only when reaching it is predicted faster than promoting
    the model here: a peer's latency against this site's promotion estimate
    (staged: the last measured promotion; cached or never loaded: unknown, so
-   any peer wins). Peers with no headroom (when the routes carry it) and
-   peers that failed recently are skipped; the rest go nearest first.
+   any peer wins). Peers with no headroom (when the routes carry it) are
+   skipped unless every holder is busy and the model is not here; peers that
+   failed recently are skipped; the rest go nearest first.
 4. Otherwise a model in this site's repository is promoted here.
 5. Otherwise no site can serve it.
 """
@@ -48,6 +49,8 @@ def choose_route(local: Local | None, peers: list[PeerOption], forwarded: bool) 
     if forwarded or (local is not None and local.loaded):
         return Route(Where.LOCAL if local is not None else Where.NOWHERE)
     usable = [p for p in peers if p.headroom is None or p.headroom > 0]
+    if not usable and local is None:
+        usable = list(peers)  # every holder is busy; a busy peer beats no site at all
     usable.sort(key=lambda p: float("inf") if p.latency_s is None else p.latency_s)
     if usable and local is not None and local.promote_estimate_s is not None:
         nearest = usable[0].latency_s
