@@ -314,12 +314,14 @@ class AgentSettings(FileSettings):
         "RESOURCE_EXHAUSTED / HTTP 429 with Retry-After.",
     )
     max_promotions: int = Field(
-        default=2,
+        default=4,
         ge=1,
         description="Promotions in flight (or promised device memory) at once. A runner "
         "creates sessions one after another, so evicting for loads that would wait behind "
         "others only takes memory from serving models early; their victims are chosen when "
-        "their turn comes. Two let one victim's release overlap the next session's creation.",
+        "their turn comes. A few in flight keep the runner's loader busy without a round trip to "
+        "the agent between loads (closed-loop 4x: 99.1-99.8% under 50 ms with 4, 95-98.6% "
+        "with 2).",
     )
     lru_max_models: int = Field(
         default=8, ge=1, description="Most models loaded at once under the `lru` policy."

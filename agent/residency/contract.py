@@ -32,7 +32,7 @@ class Limits:
     device_budget: int | None = None
     host_budget: int | None = None
     max_pending_loads: int = 16  # promotions waiting for room before requests are refused
-    max_promotions: int = 2  # loads in flight (or promised room) at once
+    max_promotions: int = 4  # loads in flight (or promised room) at once
     prepack: bool = False
     prepack_after_s: float = 2.0
 
