@@ -107,7 +107,11 @@ class Residency:
         READY (the lease is taken then) or when its load fails."""
         record = self.get(name, version)
         if record is None:
-            raise ModelNotFound(f"model '{name}' has no version '{version or 'served'}' here")
+            raise ModelNotFound(
+                f"model '{name}' has no version '{version}'"
+                if version
+                else f"model '{name}' is not in the repository"
+            )
         if record.disabled:
             raise Unavailable(f"model '{name}' is unloaded; load it first")
         if record.phase == Phase.FAILED:
@@ -137,7 +141,11 @@ class Residency:
         return ticket
 
     def release(self, ticket: Ticket) -> None:
-        """The admitted request's response is ready: its lease ends."""
+        """The admitted request is done (answered, failed, or its caller went away): its
+        lease ends, or, if it was still waiting for its model, it leaves the queue."""
+        if not ticket.settled:
+            self.abandon(ticket)
+            return
         record = self.ledger.by_key.get(ticket.key)
         if record is None or not ticket.granted:
             return
@@ -347,6 +355,10 @@ class Residency:
                     self._life.fail(record, "its runner crashed twice while loading it")
                     continue
             if record.phase in (Phase.LOADING, Phase.READY, Phase.DRAINING):
+                if record.phase == Phase.DRAINING and record.intent == Intent.SERVE:
+                    # Still on its way out: reloaded for the requests it owes, then it
+                    # drains; those that arrived meanwhile bring it back after that.
+                    record.intent = Intent.STAGED
                 if record.side_work.startswith("prepack"):
                     record.reserved_bytes = 0  # the transient copy died with the runner
                 record.reserved_bytes = max(record.device_bytes, record.reserved_bytes)

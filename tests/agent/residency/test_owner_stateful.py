@@ -125,6 +125,15 @@ def test_random_events_keep_the_residency_invariants(sources):
             ticket = self.held.pop(i % len(self.held))
             self.owner.release(ticket)
 
+        @precondition(lambda self: self.waiting)
+        @rule(i=st.integers(0, 100))
+        def waiter_goes_away(self, i: int) -> None:
+            # The caller disconnected (its handler was cancelled) while it waited.
+            ticket = self.waiting.pop(i % len(self.waiting))
+            self.owner.release(ticket)
+            if ticket.granted:  # it had been granted in the same step: a lease to end
+                self.owner.release(ticket)
+
         @rule(dt=st.floats(0.01, 1.0))
         def time_passes(self, dt: float) -> None:
             self.now += dt
