@@ -84,6 +84,37 @@ class Lifecycle:
         self._effects.pause(record)
         self._effects.changed()
 
+    def lose_session(self, record: ModelRecord) -> None:
+        """Its runner died. A serving model keeps its leases and its room and waits
+        (RECOVERING) for the runner to come back; a load that crashes its runner twice
+        fails rather than crash-loop the runner others share."""
+        if record.phase == Phase.LOADING:
+            record.load_crashes += 1
+            if record.load_crashes >= 2:
+                self.fail(record, "its runner crashed twice while loading it")
+                return
+        if record.phase not in (Phase.LOADING, Phase.READY, Phase.DRAINING):
+            return
+        if record.phase == Phase.DRAINING and record.intent == Intent.SERVE:
+            # Still on its way out: reloaded for the requests it owes, then it drains;
+            # those that arrived meanwhile bring it back after that.
+            record.intent = Intent.STAGED
+        if record.side_work.startswith("prepack"):
+            record.reserved_bytes = 0  # the transient copy died with the runner
+        record.reserved_bytes = max(record.device_bytes, record.reserved_bytes)
+        record.device_bytes = 0
+        record.side_work = ""
+        record.generation += 1
+        record.enter(Phase.RECOVERING)
+        record.reason = "runner restarting"
+        self._effects.pause(record)
+
+    def reload(self, record: ModelRecord) -> None:
+        """Its runner is back: load it again into the room it kept."""
+        record.generation += 1
+        record.enter(Phase.LOADING)
+        self._effects.load(record, record.generation, fast=True)
+
     def drop_staged(self, record: ModelRecord) -> None:
         if record.staged_bytes:
             record.staged_bytes = 0

@@ -346,36 +346,15 @@ class Residency:
         """Sessions on `runner_id` are gone. Serving models keep their leases and their
         room and are reloaded when the runner is back; a load that crashes its runner
         twice fails rather than crash-loop the runner others share."""
-        for record in self.ledger.by_key.values():
-            if record.runner_id != runner_id:
-                continue
-            if record.phase == Phase.LOADING:
-                record.load_crashes += 1
-                if record.load_crashes >= 2:
-                    self._life.fail(record, "its runner crashed twice while loading it")
-                    continue
-            if record.phase in (Phase.LOADING, Phase.READY, Phase.DRAINING):
-                if record.phase == Phase.DRAINING and record.intent == Intent.SERVE:
-                    # Still on its way out: reloaded for the requests it owes, then it
-                    # drains; those that arrived meanwhile bring it back after that.
-                    record.intent = Intent.STAGED
-                if record.side_work.startswith("prepack"):
-                    record.reserved_bytes = 0  # the transient copy died with the runner
-                record.reserved_bytes = max(record.device_bytes, record.reserved_bytes)
-                record.device_bytes = 0
-                record.side_work = ""
-                record.generation += 1
-                record.enter(Phase.RECOVERING)
-                record.reason = "runner restarting"
-                self._effects.pause(record)
+        for record in self.ledger.all_records():
+            if record.runner_id == runner_id:
+                self._life.lose_session(record)
         self._life.pump()  # a failed load's room is free
 
     def runner_up(self, runner_id: str) -> None:
         for record in self.ledger.by_key.values():
             if record.runner_id == runner_id and record.phase == Phase.RECOVERING:
-                record.generation += 1
-                record.enter(Phase.LOADING)
-                self._effects.load(record, record.generation, fast=True)
+                self._life.reload(record)
 
     def set_device_budget(self, budget: int | None) -> None:
         """A new device budget (an operator's change, or a device shared anew). When it
