@@ -11,7 +11,9 @@ socket closes, when it exits. Threads:
   cached -> staged (StageModel) and prepacked rebuilds (Prepack); memory it
   measures may overlap a concurrent load, so its readings are approximate;
 - each model has `instances` worker threads that run its batches (ORT
-  releases the GIL in `run`, so models execute in parallel);
+  releases the GIL in `run`, so models execute in parallel); a worker whose
+  model leaves is parked and serves the next model loaded, so a promotion
+  starts no thread;
 - replies from any thread go through `_send`, serialised by one lock.
 
 A load never blocks inference of models already loaded: it runs on the loader
@@ -27,6 +29,7 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +61,41 @@ class _Model:
     output_names: list[str]
     request: ipc.LoadModel
     work: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    threads: list[threading.Thread] = field(default_factory=list)
+    workers: int = 0
+
+
+class _Crew:
+    """Worker threads, parked between models: a load takes a parked worker rather
+    than start a thread (a start waits twice for the GIL the busy runner holds)."""
+
+    def __init__(self, run: Callable[[_Model, ipc.Infer, memoryview], None]) -> None:
+        self._run = run
+        self._parked: queue.SimpleQueue[queue.SimpleQueue[_Model]] = queue.SimpleQueue()
+
+    def assign(self, model: _Model) -> None:
+        try:
+            inbox = self._parked.get_nowait()
+        except queue.Empty:
+            inbox = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(inbox,), daemon=True).start()
+        model.workers += 1
+        inbox.put(model)
+
+    @staticmethod
+    def release(model: _Model, count: int) -> None:
+        """`count` of the model's workers leave it once the work queued before is done
+        (the session is freed when the last one drops it)."""
+        for _ in range(min(count, model.workers)):
+            model.work.put(None)
+            model.workers -= 1
+
+    def _serve(self, inbox: queue.SimpleQueue[_Model]) -> None:
+        while True:
+            model = inbox.get()
+            while (item := model.work.get()) is not None:
+                self._run(model, *item)
+            del model, item
+            self._parked.put(inbox)
 
 
 class Runner:
@@ -68,6 +105,7 @@ class Runner:
         self._models: dict[str, _Model] = {}
         self._loads: queue.SimpleQueue = queue.SimpleQueue()
         self._stages: queue.SimpleQueue = queue.SimpleQueue()
+        self._crew = _Crew(self._run)
 
     def _send(self, message: ipc.Message, buffers: list[memoryview] | None = None) -> None:
         with self._send_lock:
@@ -162,15 +200,16 @@ class Runner:
         # a session over the mapped staged copy may grow by nothing measurable when a
         # neighbour released its own memory meanwhile, or when the pages were already
         # resident, yet it holds those weights as long as it lives.
-        grown = max(measure() - before, directory_bytes(staged))
+        weights = directory_bytes(staged)
+        grown = max(measure() - before, weights)
         inputs = [[i.name, i.type, dims(i.shape)] for i in session.get_inputs()]
         outputs = [[o.name, o.type, dims(o.shape)] for o in session.get_outputs()]
         old = self._models.pop(request.model, None)
         if old is not None:
-            self._stop_workers(old)
+            self._crew.release(old, old.workers)
         model = _Model(request.model, session, [o[0] for o in outputs], request)
-        for i in range(request.instances):
-            self._start_worker(model, i)
+        for _ in range(request.instances):
+            self._crew.assign(model)
         self._models[request.model] = model
         return ipc.ModelLoaded(
             request.req_id,
@@ -181,7 +220,7 @@ class Runner:
             sum(stages.values()),
             source,
             stages,
-            directory_bytes(staged),
+            weights,
             request.prepack_weights,
         )
 
@@ -236,44 +275,19 @@ class Runner:
     def _set_instances(self, request: ipc.SetInstances) -> None:
         model = self._models.get(request.model)
         if model is not None:
-            model.threads = [t for t in model.threads if t.is_alive()]
-            while len(model.threads) < request.instances:
-                self._start_worker(model, len(model.threads))
-            for _ in range(len(model.threads) - request.instances):
-                model.work.put(None)  # one worker exits per sentinel, after queued work
-                model.threads.pop()
-        count = len(model.threads) if model is not None else 0
+            while model.workers < request.instances:
+                self._crew.assign(model)
+            self._crew.release(model, model.workers - request.instances)
+        count = model.workers if model is not None else 0
         self._send(ipc.InstancesSet(request.req_id, count))
-
-    def _start_worker(self, model: _Model, index: int) -> None:
-        thread = threading.Thread(
-            target=self._worker, args=(model,), name=f"{model.name}-{index}", daemon=True
-        )
-        thread.start()
-        model.threads.append(thread)
 
     def _unload(self, request: ipc.UnloadModel) -> None:
         model = self._models.pop(request.model, None)
         if model is not None:
-            self._stop_workers(model)
+            self._crew.release(model, model.workers)
         self._send(ipc.Unloaded(request.req_id))
 
-    @staticmethod
-    def _stop_workers(model: _Model) -> None:
-        # Work already queued still runs; the session is freed when the last
-        # worker drops its reference.
-        for _ in model.threads:
-            model.work.put(None)
-
     # --- inference ------------------------------------------------------------------------
-
-    def _worker(self, model: _Model) -> None:
-        while True:
-            item = model.work.get()
-            if item is None:
-                return
-            message, payload = item
-            self._run(model, message, payload)
 
     def _run(self, model: _Model, message: ipc.Infer, payload: memoryview) -> None:
         try:

@@ -28,9 +28,17 @@ STAGED_MODEL = "model.onnx"
 STAGED_WEIGHTS = "weights.bin"
 
 
+_statm = (-1, -1)  # (pid, descriptor): a forked child must not read its parent's
+
+
 def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
+    """This process's resident memory: one pread on a descriptor kept open (a load
+    reads it twice, and opening /proc under a busy GIL costs more than the read)."""
+    global _statm
+    pid, fd = _statm
+    if pid != os.getpid():
+        _statm = pid, fd = os.getpid(), os.open(f"/proc/{os.getpid()}/statm", os.O_RDONLY)
+    return int(os.pread(fd, 128, 0).split()[1]) * _PAGE
 
 
 def providers(request: ipc.LoadModel) -> list[Any]:
@@ -65,11 +73,17 @@ def device_bytes() -> int:
         return resident_bytes()
 
 
+_libc: Any = None
+
+
 def trim_heap() -> None:
     """Give freed heap pages back to the kernel (glibc), so the next resident-memory
     reading is not hiding a new session inside memory an earlier one left behind."""
+    global _libc
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
+        if _libc is None:
+            _libc = ctypes.CDLL(None)
+        _libc.malloc_trim(0)
 
 
 def dims(shape: Any) -> list[int]:
