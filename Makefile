@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 DEMO_REPO ?= .cache/demo-repo
 
-.PHONY: setup test lint proto demo bench bench-overcommit bench-control-plane clean
+.PHONY: setup test lint proto demo bench bench-overcommit bench-control-plane bench-fuzz clean
 
 setup:
 	./scripts/setup.sh
@@ -32,6 +32,9 @@ bench-overcommit: setup
 	$(PY) bench/density.py --factor 4 --budget 128MiB
 	$(PY) bench/density.py --factor 10 --budget 128MiB
 	$(PY) bench/density_closed_loop.py
+
+bench-fuzz: setup
+	$(PY) bench/fuzz.py
 
 bench-control-plane: setup
 	$(PY) bench/placement_speed.py

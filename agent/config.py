@@ -12,133 +12,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from edgeplex.agent.model_config import MiB, ModelConfig, load_model_config, parse_size
 from edgeplex.settings import FileSettings, render_tables
 
-MiB = 1024 * 1024
-
-_SUFFIXES = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "kb": 1024,
-    "kib": 1024,
-    "m": MiB,
-    "mb": MiB,
-    "mib": MiB,
-    "g": 1024**3,
-    "gb": 1024**3,
-    "gib": 1024**3,
-    "t": 1024**4,
-    "tb": 1024**4,
-    "tib": 1024**4,
-}
-
-
-def parse_size(value: int | str) -> int:
-    """'64MiB', '1.5G', '4096' -> bytes (binary multiples)."""
-    if isinstance(value, int):
-        return value
-    text = value.strip().lower().replace(" ", "")
-    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-    suffix = text[len(number) :]
-    if suffix not in _SUFFIXES or not number:
-        raise ValueError(f"not a size: {value!r} (use e.g. 512MiB, 2G, 1048576)")
-    return int(float(number) * _SUFFIXES[suffix])
-
-
-class ModelConfig(BaseModel):
-    """`<repo>/<model>/config.yaml`: how one model is served. Every field is optional."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_batch_size: int | None = Field(
-        default=None,
-        ge=0,
-        description="Largest dynamic batch. Unset: 8 when every input and output has a "
-        "dynamic leading dimension, else 0. 0 disables batching; a value above 0 on a "
-        "model without a dynamic leading dimension is an error.",
-    )
-    max_queue_delay_us: int = Field(
-        default=0,
-        ge=0,
-        description="How long the batcher may hold a request waiting for more to join its "
-        "batch. 0: batch only what is already queued when the model is free.",
-    )
-    max_queue_size: int = Field(
-        default=256,
-        ge=1,
-        description="Requests that may wait in this model's queue; beyond it clients get "
-        "RESOURCE_EXHAUSTED / HTTP 429 with Retry-After.",
-    )
-    timeout_ms: int = Field(
-        default=30_000,
-        ge=1,
-        description="Default per-request time limit, queueing included. A request's own "
-        "deadline (gRPC deadline or the `timeout` parameter, in microseconds) can shorten it.",
-    )
-    execution_timeout_ms: int = Field(
-        default=60_000,
-        ge=1,
-        description="How long one batch may run in the runner. Past it the runner is taken "
-        "as hung: it is killed and restarted, and the batch runs once more; lost again, the "
-        "batch is split until the request at fault is found and failed alone.",
-    )
-    instance_count: int = Field(
-        default=1,
-        ge=1,
-        le=16,
-        description="Batches of this model that may execute at the same time.",
-    )
-    max_instances: int | None = Field(
-        default=None,
-        ge=1,
-        le=16,
-        description="Elastic instances: when the queue stays deeper than the running "
-        "instances can absorb, add instances (threads over the same session, so no extra "
-        "weights) up to this many; back to `instance_count` after `scale_down_idle_s` "
-        "without a queue. Unset: fixed at `instance_count`.",
-    )
-    scale_down_idle_s: float = Field(
-        default=10.0,
-        gt=0,
-        description="Seconds without a queue before an elastic model drops its extra instances.",
-    )
-    isolation: Literal["shared", "dedicated"] = Field(
-        default="shared",
-        description="`shared`: the model lives in its device's shared runner. `dedicated`: "
-        "it gets a runner process of its own, so a crash there touches nothing else.",
-    )
-    intra_op_threads: int | None = Field(
-        default=None,
-        ge=1,
-        description="ONNX Runtime intra-op threads for this model; unset: the runner default.",
-    )
-    priority: int = Field(
-        default=0,
-        description="Relative importance, higher is more important: loaded first at start and "
-        "weighted 2**priority in the eviction cost.",
-    )
-    pin: bool = Field(
-        default=False,
-        description="Load the model at start and never evict it (the `pin` verb does the same "
-        "at run time).",
-    )
-    memory_limit: int | None = Field(
-        default=None,
-        description="Bytes the model may use (size suffixes allowed). With `isolation: "
-        "dedicated`, its runner's host memory is capped (cgroup v2, else v1, else "
-        "RLIMIT_AS; the agent logs which at start); on CUDA it is also ORT's "
-        "`gpu_mem_limit`.",
-    )
-
-    @field_validator("memory_limit", mode="before")
-    @classmethod
-    def _size(cls, value: Any) -> Any:
-        return None if value is None else parse_size(value)
+__all__ = [
+    "AgentSettings",
+    "FleetSettings",
+    "MiB",
+    "ModelConfig",
+    "RunnerSettings",
+    "load_model_config",
+    "load_settings",
+    "parse_size",
+]
 
 
 class RunnerSettings(BaseModel):
@@ -265,6 +154,24 @@ class AgentSettings(FileSettings):
         description="Largest tensor payload of one request (size suffixes allowed); larger "
         "requests get INVALID_ARGUMENT / HTTP 400 naming the input that crossed it.",
     )
+    max_json_bytes: int = Field(
+        default=8 * MiB,
+        description="Largest JSON part of an HTTP inference request (size suffixes allowed), "
+        "well below max_payload_bytes: JSON costs far more to decode than binary tensors. "
+        "Send large tensors in the binary extension.",
+    )
+    max_inflight_requests: int = Field(
+        default=1024,
+        ge=1,
+        description="Inference requests the agent holds at once, across both front doors; "
+        "beyond it a request is refused before it is read: RESOURCE_EXHAUSTED / HTTP 429 "
+        "with Retry-After.",
+    )
+    max_inflight_bytes: int = Field(
+        default=512 * MiB,
+        description="Request bytes the agent holds at once (size suffixes allowed); "
+        "beyond it, refused as for max_inflight_requests.",
+    )
     drain_timeout_s: float = Field(
         default=30.0,
         ge=0,
@@ -354,6 +261,8 @@ class AgentSettings(FileSettings):
 
     @field_validator(
         "max_payload_bytes",
+        "max_json_bytes",
+        "max_inflight_bytes",
         "device_memory_budget",
         "host_memory_budget",
         "disk_cache_budget",
@@ -367,17 +276,6 @@ class AgentSettings(FileSettings):
 def load_settings(config_file: Path | None = None, **overrides: Any) -> AgentSettings:
     """Settings from flags (`overrides`; None means not given), env and the YAML file."""
     return AgentSettings.load(config_file, **overrides)
-
-
-def load_model_config(path: Path | None, defaults: ModelConfig) -> ModelConfig:
-    """A model's config.yaml laid over the agent-wide defaults."""
-    merged = defaults.model_dump()
-    if path is not None and path.exists():
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError("config.yaml: the top level must be a mapping")
-        merged.update(data)
-    return ModelConfig(**merged)
 
 
 def reference_tables() -> str:

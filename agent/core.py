@@ -28,6 +28,7 @@ from edgeplex.agent.errors import (
 from edgeplex.agent.fleet.forward import NO_ROUTE_RETRY_S, Peer, Router
 from edgeplex.agent.fleet.load_window import LoadWindow
 from edgeplex.agent.fleet.routing import Local, Where, choose_route
+from edgeplex.agent.frontdoor.gate import InflightGate
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.repository import scan_model, scan_repository
 from edgeplex.agent.requests import InferInput, validate
@@ -64,6 +65,7 @@ class Agent:
         self.load_window = LoadWindow()
         self.router: Router | None = None  # set in fleet mode (forward.py)
         self.region = settings.fleet.region or "local"
+        self.gate = InflightGate(settings.max_inflight_requests, settings.max_inflight_bytes)
 
     # --- health and metadata -------------------------------------------------------------
 
@@ -77,6 +79,10 @@ class Agent:
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "edgeplex", "version": __version__, "extensions": EXTENSIONS}
+
+    def metric_label(self, name: str) -> str:
+        """`name` as a metric label: only models in the repository get a series."""
+        return name if self.residency.get(name) is not None else ""
 
     def entry(self, name: str, version: str = "") -> ModelRecord:
         record = self.residency.get(name, version)
@@ -278,7 +284,6 @@ class Agent:
         when empty. It feeds the demand the control plane sees."""
         loop = asyncio.get_running_loop()
         arrived = loop.time()
-        METRICS.requests.labels(model=name).inc()
         record: ModelRecord | None = None
         ticket: Ticket | None = None
         self._inflight += 1
@@ -287,6 +292,7 @@ class Agent:
             if self.draining:
                 raise Unavailable("the agent is shutting down")
             record = self.entry(name, version)
+            METRICS.requests.labels(model=name).inc()
             limit = record.config.timeout_ms / 1000 if record.source.config else 30.0
             if timeout_s is not None:
                 if timeout_s <= 0:
@@ -327,9 +333,12 @@ class Agent:
                 timer.cancel()
             return InferResult(record, result, ticket.cold_start)
         except ServeError as exc:
+            # Series exist only for models in the repository: an unknown name counts
+            # under the empty label, so a client cannot mint series.
+            label = name if record is not None else ""
             if isinstance(exc, Overloaded):
-                METRICS.refused.labels(model=name).inc()
-            METRICS.failures.labels(model=name, code=exc.grpc_code.name).inc()
+                METRICS.refused.labels(model=label).inc()
+            METRICS.failures.labels(model=label, code=exc.grpc_code.name).inc()
             if record is not None:
                 self.effects.stats(record).record_failure(loop.time() - arrived)
             raise
@@ -337,7 +346,8 @@ class Agent:
             if ticket is not None:
                 self.residency.release(ticket)
             elapsed = loop.time() - arrived
-            METRICS.request_duration.labels(model=name).observe(elapsed)
+            if record is not None:
+                METRICS.request_duration.labels(model=name).observe(elapsed)
             if record is not None or valid_name(name):
                 # Requests for a model this site lacks are demand the control plane
                 # must see, or it would never place the model here.

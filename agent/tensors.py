@@ -87,9 +87,23 @@ def numpy_dtype(datatype: str, tensor: str) -> np.dtype:
         ) from None
 
 
-def check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+MAX_RANK = 32  # numpy's own limit is 64
+
+
+def check_shape(name: str, shape: Sequence[int], itemsize: int, cap: int) -> tuple[int, ...]:
+    """A request tensor's dimensions, checked before anything is allocated for them:
+    integers, none negative, a rank numpy can hold, and at most `cap` bytes even
+    counting only the non-zero dimensions (so [0, 10**30] is refused too)."""
+    if len(shape) > MAX_RANK:
+        raise InvalidInput(f"input '{name}': rank {len(shape)} is above the limit of {MAX_RANK}")
+    if any(isinstance(d, bool) or not isinstance(d, int) for d in shape):
+        raise InvalidInput(f"input '{name}': shape {list(shape)} must hold integers")
     if any(d < 0 for d in shape):
         raise InvalidInput(f"input '{name}': shape {list(shape)} has a negative dimension")
+    if prod(max(d, 1) for d in shape) * itemsize > cap:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} is larger than the {cap}-byte payload cap"
+        )
     return tuple(int(d) for d in shape)
 
 
@@ -102,11 +116,13 @@ def check_payload_cap(name: str, total: int, cap: int) -> None:
         )
 
 
-def from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes | memoryview) -> np.ndarray:
+def from_raw(
+    name: str, datatype: str, shape: Sequence[int], raw: bytes | memoryview, cap: int
+) -> np.ndarray:
     """Decode raw little-endian bytes (no copy: the array views `raw`); the length
     must match shape x itemsize."""
-    dims = check_shape(name, shape)
     dtype = numpy_dtype(datatype, name)
+    dims = check_shape(name, shape, dtype.itemsize, cap)
     expected = prod(dims) * dtype.itemsize
     if len(raw) != expected:
         raise InvalidInput(
@@ -116,13 +132,17 @@ def from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes | memory
     return np.frombuffer(raw, dtype=dtype).reshape(dims)
 
 
-def from_list(name: str, datatype: str, shape: Sequence[int], values: Sequence) -> np.ndarray:
+def from_list(
+    name: str, datatype: str, shape: Sequence[int], values: Sequence, cap: int
+) -> np.ndarray:
     """Decode typed values (gRPC typed contents or JSON data, flat or nested)."""
-    dims = check_shape(name, shape)
     dtype = numpy_dtype(datatype, name)
+    dims = check_shape(name, shape, dtype.itemsize, cap)
+    if isinstance(values, (dict, str, bytes)) or values is None:
+        raise InvalidInput(f"input '{name}': 'data' must be a list of {datatype} values")
     try:
         array = np.asarray(values, dtype=dtype)
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise InvalidInput(f"input '{name}': data is not valid {datatype}: {exc}") from None
     if array.size != prod(dims):
         raise InvalidInput(

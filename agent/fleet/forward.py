@@ -37,14 +37,19 @@ PEER_BACKOFF_S = 5.0
 PEER_CONNECT_TIMEOUT_S = 2.0
 FORWARD_TIMEOUT_S = 30.0  # when the caller set no deadline
 NO_ROUTE_RETRY_S = 2.0
-# Headers an HTTP forward passes through, both ways.
-HTTP_REQUEST_HEADERS = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
-HTTP_RESPONSE_HEADERS = (
-    "Content-Type",
-    "Inference-Header-Content-Length",
-    SERVED_BY,
-    "edgeplex-cold-start",
-    "Retry-After",
+# Headers an HTTP forward passes through, both ways (lower case: header names are
+# compared without regard to case, as HTTP requires).
+HTTP_REQUEST_HEADERS = frozenset(
+    ("content-type", "content-encoding", "inference-header-content-length")
+)
+HTTP_RESPONSE_HEADERS = frozenset(
+    (
+        "content-type",
+        "inference-header-content-length",
+        SERVED_BY,
+        "edgeplex-cold-start",
+        "retry-after",
+    )
 )
 
 
@@ -146,7 +151,7 @@ class Router:
             self._http = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=60, sock_connect=PEER_CONNECT_TIMEOUT_S)
             )
-        out = {k: v for k, v in headers.items() if k in HTTP_REQUEST_HEADERS}
+        out = {k: v for k, v in headers.items() if k.lower() in HTTP_REQUEST_HEADERS}
         out[FORWARDED] = self.site_id
         out[ORIGIN_REGION] = origin or self.region
         for peer in peers[:2]:
@@ -155,7 +160,9 @@ class Router:
                     f"http://{peer.http_address}{path}", data=body, headers=out
                 ) as reply:
                     payload = await reply.read()
-                    kept = {k: v for k, v in reply.headers.items() if k in HTTP_RESPONSE_HEADERS}
+                    kept = {
+                        k: v for k, v in reply.headers.items() if k.lower() in HTTP_RESPONSE_HEADERS
+                    }
                     kept.setdefault(SERVED_BY, peer.site_id)
                     self.forwarded += 1
                     return reply.status, payload, kept

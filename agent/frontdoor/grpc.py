@@ -15,11 +15,13 @@ from typing import Any
 import grpc
 
 from edgeplex.agent.core import Agent
-from edgeplex.agent.errors import InvalidInput, ServeError
+from edgeplex.agent.errors import InvalidInput, Overloaded, ServeError
 from edgeplex.agent.fleet.forward import FORWARDED, ORIGIN_REGION, SERVED_BY, peer_error
+from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.requests import InferInput
 from edgeplex.agent.tensors import (
     CONTENTS_FIELD,
+    OIP_TO_NUMPY,
     check_payload_cap,
     from_list,
     from_raw,
@@ -73,7 +75,7 @@ def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list
             data = raw[i]
             total += len(data)
             check_payload_cap(tensor.name, total, max_payload_bytes)
-            array = from_raw(tensor.name, tensor.datatype, shape, data)
+            array = from_raw(tensor.name, tensor.datatype, shape, data, max_payload_bytes)
         else:
             field = CONTENTS_FIELD.get(tensor.datatype)
             if field is None:
@@ -82,9 +84,9 @@ def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list
                     "raw_input_contents"
                 )
             values = getattr(tensor.contents, field)
-            total += len(values) * 4
+            total += len(values) * OIP_TO_NUMPY[tensor.datatype].itemsize
             check_payload_cap(tensor.name, total, max_payload_bytes)
-            array = from_list(tensor.name, tensor.datatype, shape, values)
+            array = from_list(tensor.name, tensor.datatype, shape, values, max_payload_bytes)
         decoded.append(InferInput(tensor.name, tensor.datatype, shape, array))
     return decoded
 
@@ -167,6 +169,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._infer(request, context)
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        try:
+            with self.agent.gate.hold(sum(len(r) for r in request.raw_input_contents)):
+                return await self._serve(request, context)
+        except Overloaded:
+            METRICS.refused.labels(model=self.agent.metric_label(request.model_name)).inc()
+            raise
+
+    async def _serve(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         router = self.agent.router
         metadata = context.invocation_metadata()
         origin = origin_region(metadata)

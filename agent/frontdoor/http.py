@@ -10,10 +10,10 @@ ServeError; 429 and 503 carry Retry-After.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
-import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,22 +22,24 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from edgeplex.agent.core import Agent
-from edgeplex.agent.errors import InvalidInput, ServeError
+from edgeplex.agent.errors import InvalidInput, Overloaded, ServeError
 from edgeplex.agent.fleet.forward import FORWARDED, ORIGIN_REGION, SERVED_BY
-from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.requests import InferInput
-from edgeplex.agent.tensors import (
-    check_payload_cap,
-    from_list,
-    from_raw,
-    oip_datatype,
-    to_raw,
+from edgeplex.agent.frontdoor.gate import Pass
+from edgeplex.agent.frontdoor.oip_body import (
+    HEADER_LENGTH,
+    InferBody,
+    decode_content,
+    load_json,
+    parse_infer_body,
 )
+from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.tensors import oip_datatype, to_raw
 from edgeplex.names import valid_name
 
 log = logging.getLogger("edgeplex.agent.http")
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
+OFFLOAD_BYTES = 1 << 20  # bodies larger than this are decoded off the event loop
+SMALL_JSON = 64 * 1024  # the cap of the JSON bodies of the admin routes
 # Set when the request had to wait for its model's promotion; the value names the
 # tier it came from ("staged" or "cached").
 COLD_START = "edgeplex-cold-start"
@@ -65,88 +67,9 @@ def _json(data: Any, status: int = 200) -> web.Response:
     )
 
 
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise InvalidInput(f"unsupported Content-Encoding '{encoding}'")
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise InvalidInput(f"body is not valid {encoding}: {exc}") from None
-    if len(out) > limit:
-        raise InvalidInput(f"the decompressed request exceeds the {limit}-byte payload cap")
-    return out
-
-
-def parse_infer_body(
-    body: bytes, header_length: str | None, cap: int
-) -> tuple[dict[str, Any], list[InferInput]]:
-    """Split the JSON header from the binary tensors and decode every input."""
-    if header_length is not None:
-        try:
-            split = int(header_length)
-        except ValueError:
-            raise InvalidInput(f"{HEADER_LENGTH} is not an integer") from None
-        if not 0 <= split <= len(body):
-            raise InvalidInput(f"{HEADER_LENGTH} {split} is outside the body")
-    else:
-        split = len(body)
-    try:
-        doc = json.loads(body[:split])
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
-        raise InvalidInput("request JSON must be an object with an 'inputs' list")
-    binary = memoryview(body)[split:]
-    offset = 0
-    total = 0
-    inputs = []
-    for item in doc["inputs"]:
-        if not isinstance(item, dict):
-            raise InvalidInput("each input must be an object")
-        name = item.get("name")
-        shape = item.get("shape")
-        datatype = item.get("datatype")
-        if not isinstance(name, str):
-            raise InvalidInput("an input has no 'name'")
-        if (
-            not isinstance(shape, list)
-            or not all(isinstance(d, int) for d in shape)
-            or not isinstance(datatype, str)
-        ):
-            raise InvalidInput(f"input '{name}': 'shape' (integers) and 'datatype' are required")
-        params = item.get("parameters") or {}
-        size = params.get("binary_data_size") if isinstance(params, dict) else None
-        if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise InvalidInput(f"input '{name}': binary_data_size {size} exceeds the body")
-            total += size
-            check_payload_cap(name, total, cap)
-            array = from_raw(name, datatype, shape, binary[offset : offset + size])
-            offset += size
-        elif "data" in item:
-            array = from_list(name, datatype, shape, item["data"])
-            total += array.nbytes
-            check_payload_cap(name, total, cap)
-        else:
-            raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
-        inputs.append(InferInput(name, datatype, shape, array))
-    if offset != len(binary):
-        raise InvalidInput(f"{len(binary) - offset} bytes of binary data match no input")
-    return doc, inputs
-
-
 def encode_infer_response(
-    doc: dict[str, Any], model: str, version: str, outputs: dict[str, np.ndarray]
+    body: InferBody, model: str, version: str, outputs: dict[str, np.ndarray]
 ) -> web.Response:
-    requested = {}
-    for out in doc.get("outputs") or []:
-        if isinstance(out, dict) and isinstance(out.get("name"), str):
-            requested[out["name"]] = (out.get("parameters") or {}).get("binary_data")
-    default_binary = bool((doc.get("parameters") or {}).get("binary_data_output", False))
     items = []
     blobs = []
     for name, array in outputs.items():
@@ -155,10 +78,7 @@ def encode_infer_response(
             "datatype": oip_datatype(array),
             "shape": list(array.shape),
         }
-        binary = requested.get(name)
-        if binary is None:
-            binary = default_binary
-        if binary:
+        if body.binary_outputs.get(name, body.binary_default):
             blob = to_raw(array)
             item["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
@@ -166,8 +86,8 @@ def encode_infer_response(
             item["data"] = array.reshape(-1).tolist()
         items.append(item)
     response: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": items}
-    if "id" in doc:
-        response["id"] = doc["id"]
+    if body.request_id is not None:
+        response["id"] = body.request_id
     header = json.dumps(response).encode()
     if not blobs:
         return web.Response(body=header, content_type="application/json")
@@ -245,10 +165,7 @@ class HttpApi:
         body = await request.read()
         ready_only = False
         if body.strip():
-            try:
-                doc = json.loads(body)
-            except json.JSONDecodeError as exc:
-                raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+            doc = load_json(body, SMALL_JSON)
             ready_only = bool(isinstance(doc, dict) and doc.get("ready"))
         return _json(self.agent.repository_index(ready_only))
 
@@ -262,34 +179,44 @@ class HttpApi:
 
     async def infer(self, request: web.Request) -> web.Response:
         mi = request.match_info
+        try:
+            with self.agent.gate.hold(request.content_length or 0) as held:
+                return await self._infer(request, mi["model"], mi.get("version", ""), held)
+        except Overloaded:
+            METRICS.refused.labels(model=self.agent.metric_label(mi["model"])).inc()
+            raise
+
+    async def _infer(
+        self, request: web.Request, model: str, version: str, held: Pass
+    ) -> web.Response:
         origin = request.headers.get(ORIGIN_REGION, "")
         origin = origin if valid_name(origin) else ""
         router = self.agent.router
-        peers = self.agent.route(mi["model"], FORWARDED in request.headers, origin)
-        if peers and router is not None:
+        raw = await request.read()
+        held.grow(len(raw))
+        peers = self.agent.route(model, FORWARDED in request.headers, origin)
+        if peers and router is not None:  # forwarded as received, still encoded
             status, payload, headers = await router.forward_http(
-                request.path_qs, await request.read(), dict(request.headers), peers, origin
+                request.path_qs, raw, dict(request.headers), peers, origin
             )
             return web.Response(status=status, body=payload, headers=headers)
-        cap = self.agent.settings.max_payload_bytes
-        body = _decompress(
-            await request.read(), request.headers.get("Content-Encoding", "").lower(), 2 * cap
-        )
-        doc, inputs = parse_infer_body(body, request.headers.get(HEADER_LENGTH), cap)
-        wanted = [
-            o["name"]
-            for o in doc.get("outputs") or []
-            if isinstance(o, dict) and isinstance(o.get("name"), str)
-        ] or None
-        timeout_s = None
-        params = doc.get("parameters")
-        if isinstance(params, dict) and isinstance(params.get("timeout"), int):
-            timeout_s = params["timeout"] / 1e6
+        settings = self.agent.settings
+        encoding = request.headers.get("Content-Encoding", "")
+        split = request.headers.get(HEADER_LENGTH)
+
+        def decode() -> InferBody:
+            body = decode_content(raw, encoding, 2 * settings.max_payload_bytes)
+            return parse_infer_body(
+                body, split, settings.max_json_bytes, settings.max_payload_bytes
+            )
+
+        # Large bodies are decoded on a worker thread, so the loop keeps serving.
+        parsed = decode() if len(raw) <= OFFLOAD_BYTES else await asyncio.to_thread(decode)
         result = await self.agent.infer(
-            mi["model"], mi.get("version", ""), inputs, wanted, timeout_s, origin
+            model, version, parsed.inputs, parsed.outputs, parsed.timeout_s, origin
         )
         response = encode_infer_response(
-            doc, result.entry.name, result.entry.version, result.outputs
+            parsed, result.entry.name, result.entry.version, result.outputs
         )
         if result.cold_start:
             response.headers[COLD_START] = result.cold_start
@@ -321,10 +248,7 @@ class HttpApi:
         body = await request.read()
         tier = "staged"
         if body.strip():
-            try:
-                doc = json.loads(body)
-            except json.JSONDecodeError as exc:
-                raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+            doc = load_json(body, SMALL_JSON)
             if not isinstance(doc, dict) or not isinstance(doc.get("tier", "staged"), str):
                 raise InvalidInput('body must be {"tier": "staged" | "cached"}')
             tier = doc.get("tier", "staged")
@@ -338,7 +262,9 @@ async def start_http_server(agent: Agent) -> tuple[web.AppRunner, int]:
         middlewares=[serve_errors], client_max_size=2 * settings.max_payload_bytes + 1024 * 1024
     )
     app.add_routes(HttpApi(agent).routes())
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # The body is read as sent: parse_infer_body decodes Content-Encoding itself, once,
+    # under its own cap, and a forwarded request keeps the encoding it came with.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.http_host, settings.http_port)
     await site.start()

@@ -255,3 +255,43 @@ def test_http_error_bodies_name_no_paths(agent, model_repo):
     status, _, body = http_post(agent, "/v2/models/broken/infer", b'{"inputs": []}')
     assert status in (409, 503)
     assert str(model_repo) not in body.decode()
+
+
+def test_global_inflight_caps_refuse_with_429(model_repo, tmp_path):
+    """Beyond max_inflight_requests (here 2) or max_inflight_bytes, requests are refused
+    before they are read, with Retry-After; those admitted succeed."""
+    from tests.conftest import start_agent
+
+    capped = start_agent(
+        model_repo,
+        tmp_path,
+        env={
+            "EDGEPLEX_AGENT_MAX_INFLIGHT_REQUESTS": "2",
+            "EDGEPLEX_AGENT_MAX_INFLIGHT_BYTES": "12MiB",
+        },
+    )
+    try:
+        doc = {"inputs": [{"name": "input", "shape": [2, 512, 512], "datatype": "FP32"}]}
+        doc["inputs"][0]["parameters"] = {"binary_data_size": 2 * 512 * 512 * 4}
+        header = json.dumps(doc).encode()
+        body = header + bytes(2 * 512 * 512 * 4)
+        headers = {"Inference-Header-Content-Length": str(len(header))}
+        with ThreadPoolExecutor(8) as pool:
+            results = list(
+                pool.map(
+                    lambda _: http_post(capped, "/v2/models/slow/infer", body, headers), range(8)
+                )
+            )
+        refused = [r for r in results if r[0] == 429 and b"the agent holds" in r[2]]
+        assert refused, [(r[0], r[2][:80]) for r in results]
+        assert all(r[1].get("Retry-After") for r in refused)
+        assert all(r[0] in (200, 429) for r in results)
+        big = json.dumps({"inputs": []}).encode() + bytes(13 << 20)
+        status, _, reply = http_post(
+            capped, "/v2/models/slow/infer", big, {"Inference-Header-Content-Length": "14"}
+        )
+        assert status == 429 and b"bytes" in reply
+        status, _, _ = http_post(capped, "/v2/models/slow/infer", body, headers)
+        assert status == 200
+    finally:
+        assert capped.stop() == 0, capped.log()

@@ -1,0 +1,185 @@
+"""Decoding an OIP v2 HTTP inference request body, strictly.
+
+Pure functions, no I/O. Whatever a client sends, the result is an `InferBody`
+or an `InvalidInput` naming the fault: the content encoding is decoded once
+(aiohttp is told not to), the JSON part has its own size cap, well below the
+binary one, and a nesting limit checked before it is parsed; every field is
+type-checked; a tensor's shape is checked against the payload cap before
+anything is allocated for it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeplex.agent.errors import InvalidInput
+from edgeplex.agent.requests import InferInput
+from edgeplex.agent.tensors import check_payload_cap, from_list, from_raw
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_JSON_DEPTH = 32  # object/array nesting; a tensor of rank 8 in a request needs 12
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+@dataclass
+class InferBody:
+    """What an infer request asks for, decoded and checked."""
+
+    inputs: list[InferInput]
+    outputs: list[str] | None = None  # None: every output
+    binary_outputs: dict[str, bool] = field(default_factory=dict)
+    binary_default: bool = False
+    request_id: str | None = None
+    timeout_s: float | None = None
+
+
+def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
+    """Undo `Content-Encoding` once (identity, gzip, deflate), never past `limit`."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise InvalidInput(f"unsupported Content-Encoding '{encoding}' (gzip, deflate)")
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidInput(f"body is not valid {encoding}: {exc}") from None
+    if len(out) > limit:
+        raise InvalidInput(f"the decompressed request exceeds the {limit}-byte cap")
+    if not inflater.eof:
+        raise InvalidInput(f"body is truncated {encoding}")
+    return out
+
+
+def json_depth(text: bytes) -> int:
+    """Deepest nesting of arrays and objects in `text` (strings skipped), counted
+    without parsing: vectorised, so a large body costs milliseconds."""
+    if text.count(b"[") + text.count(b"{") <= MAX_JSON_DEPTH:
+        return 0  # cannot be deeper than the limit
+    stripped = np.frombuffer(_STRINGS.sub(b"", text), dtype=np.uint8)
+    opens = (stripped == ord("[")) | (stripped == ord("{"))
+    closes = (stripped == ord("]")) | (stripped == ord("}"))
+    steps = opens.astype(np.int32) - closes.astype(np.int32)
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def load_json(text: bytes, cap: int, what: str = "request JSON") -> Any:
+    if len(text) > cap:
+        raise InvalidInput(f"the {what} is {len(text)} bytes; the cap is {cap}")
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidInput(f"the {what} nests {depth} levels deep; the limit is {MAX_JSON_DEPTH}")
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what} must be an object")
+    return value
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _outputs(doc: dict[str, Any], body: InferBody) -> None:
+    outputs = doc.get("outputs")
+    if outputs is None:
+        return
+    if not isinstance(outputs, list):
+        raise InvalidInput("'outputs' must be a list")
+    names = []
+    for item in outputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidInput("each requested output must be an object with a 'name'")
+        params = _object(item.get("parameters"), f"output '{item['name']}': 'parameters'")
+        binary = params.get("binary_data")
+        if binary is not None:
+            if not isinstance(binary, bool):
+                raise InvalidInput(f"output '{item['name']}': 'binary_data' must be true or false")
+            body.binary_outputs[item["name"]] = binary
+        names.append(item["name"])
+    body.outputs = names or None
+
+
+def _parameters(doc: dict[str, Any], body: InferBody) -> None:
+    params = _object(doc.get("parameters"), "'parameters'")
+    binary = params.get("binary_data_output", False)
+    if not isinstance(binary, bool):
+        raise InvalidInput("'binary_data_output' must be true or false")
+    body.binary_default = binary
+    timeout = params.get("timeout")
+    if timeout is not None:
+        if not _int(timeout) or timeout < 0:
+            raise InvalidInput("'timeout' must be a non-negative integer (microseconds)")
+        body.timeout_s = timeout / 1e6 if timeout else None
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    body.request_id = request_id
+
+
+def parse_infer_body(
+    body: bytes, header_length: str | None, json_cap: int, payload_cap: int
+) -> InferBody:
+    """Split the JSON header from the binary tensors and decode every input."""
+    if header_length is not None:
+        try:
+            split = int(header_length.strip())
+        except ValueError:
+            raise InvalidInput(f"{HEADER_LENGTH} is not an integer") from None
+        if not 0 <= split <= len(body):
+            raise InvalidInput(f"{HEADER_LENGTH} {split} is outside the body")
+    else:
+        split = len(body)
+    doc = load_json(body[:split], json_cap)
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+        raise InvalidInput("request JSON must be an object with an 'inputs' list")
+    binary = memoryview(body)[split:]
+    offset = total = 0
+    inputs = []
+    for item in doc["inputs"]:
+        if not isinstance(item, dict):
+            raise InvalidInput("each input must be an object")
+        name, shape, datatype = item.get("name"), item.get("shape"), item.get("datatype")
+        if not isinstance(name, str):
+            raise InvalidInput("an input has no 'name'")
+        if not isinstance(shape, list) or not all(_int(d) for d in shape):
+            raise InvalidInput(f"input '{name}': 'shape' must be a list of integers")
+        if not isinstance(datatype, str):
+            raise InvalidInput(f"input '{name}': 'datatype' must be a string")
+        params = _object(item.get("parameters"), f"input '{name}': 'parameters'")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not _int(size) or size < 0 or offset + size > len(binary):
+                raise InvalidInput(f"input '{name}': binary_data_size {size} exceeds the body")
+            total += size
+            check_payload_cap(name, total, payload_cap)
+            array = from_raw(name, datatype, shape, binary[offset : offset + size], payload_cap)
+            offset += size
+        elif "data" in item:
+            array = from_list(name, datatype, shape, item["data"], payload_cap)
+            total += array.nbytes
+            check_payload_cap(name, total, payload_cap)
+        else:
+            raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
+        inputs.append(InferInput(name, datatype, shape, array))
+    if offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data match no input")
+    parsed = InferBody(inputs)
+    _outputs(doc, parsed)
+    _parameters(doc, parsed)
+    return parsed
