@@ -24,6 +24,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     agent.add_argument("--control-plane", help="host:port of the control plane: joins the fleet")
     agent.add_argument("--mqtt", help="mqtt://[user:password@]host:port of the fleet's broker")
     agent.add_argument("--advertise-address", help="host:port peers reach the gRPC port at")
+    agent.add_argument(
+        "--advertise-http-address", help="host:port peers and clients reach the HTTP port at"
+    )
+    agent.add_argument(
+        "--admin-token-file", type=Path, help="where the admin token is read (or generated)"
+    )
+    agent.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a non-loopback bind without TLS (a private network or a test rig)",
+    )
     agent.set_defaults(run=_run_agent)
 
     demo = sub.add_parser("demo-repo", help="build the demo model repository")
@@ -55,11 +67,17 @@ def _run_agent(args: argparse.Namespace) -> int:
         "control_plane": args.control_plane,
         "mqtt_url": args.mqtt,
         "advertise_address": args.advertise_address,
+        "advertise_http_address": args.advertise_http_address,
     }
     fleet_flags = {k: v for k, v in fleet_flags.items() if v is not None}
     if fleet_flags:
         fleet = settings.fleet.model_copy(update=fleet_flags)
         settings = settings.model_copy(update={"fleet": type(settings.fleet)(**fleet.model_dump())})
+    security_flags = {"admin_token_file": args.admin_token_file, "insecure": args.insecure}
+    security_flags = {k: v for k, v in security_flags.items() if v is not None}
+    if security_flags:
+        security = settings.security.model_copy(update=security_flags)
+        settings = settings.model_copy(update={"security": security})
     return run_agent(settings)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from edgeplex.agent.model_config import MiB, ModelConfig, load_model_config, parse_size
@@ -24,6 +24,7 @@ __all__ = [
     "MiB",
     "ModelConfig",
     "RunnerSettings",
+    "SecuritySettings",
     "load_model_config",
     "load_settings",
     "parse_size",
@@ -133,6 +134,39 @@ class FleetSettings(BaseModel):
     @classmethod
     def _size(cls, value: Any) -> Any:
         return parse_size(value)
+
+
+class SecuritySettings(BaseModel):
+    """Who may command this agent, and how its ports are exposed (docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token of the mutating verbs (repository load and unload, pin, "
+        "unpin, demote; HTTP and gRPC). Unset: read from admin_token_file, generated there "
+        "at first start.",
+    )
+    admin_token_file: Path | None = Field(
+        default=None,
+        description="Where the generated admin token lives (mode 0600). Unset: "
+        "`admin-token` in the state directory ($STATE_DIRECTORY under systemd, else "
+        "$XDG_STATE_HOME/edgeplex or ~/.local/state/edgeplex).",
+    )
+    inference_api_key: SecretStr | None = Field(
+        default=None,
+        description="If set, inference and model routes need `Authorization: Bearer <key>` "
+        "too (health, metadata and /metrics stay open).",
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="PEM certificate of both OIP ports; set: they serve TLS."
+    )
+    tls_key: Path | None = Field(default=None, description="PEM key of tls_cert.")
+    insecure: bool = Field(
+        default=False,
+        description="Allow binding a non-loopback address without TLS (a private network "
+        "or a test rig). Without it such a bind is refused at start.",
+    )
 
 
 class AgentSettings(FileSettings):
@@ -249,6 +283,10 @@ class AgentSettings(FileSettings):
     runner: RunnerSettings = Field(
         default_factory=RunnerSettings, description="Runner processes (see RunnerSettings)."
     )
+    security: SecuritySettings = Field(
+        default_factory=SecuritySettings,
+        description="Admin token, inference key, TLS (see SecuritySettings).",
+    )
     fleet: FleetSettings = Field(
         default_factory=FleetSettings,
         description="Fleet membership: control plane, site, region, MQTT (see FleetSettings).",
@@ -286,6 +324,7 @@ def reference_tables() -> str:
             (AgentSettings, ""),
             (RunnerSettings, "runner."),
             (FleetSettings, "fleet."),
+            (SecuritySettings, "security."),
             (ModelConfig, ""),
         )
     )

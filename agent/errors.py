@@ -1,6 +1,6 @@
 """Errors that reach clients, each with its gRPC status and HTTP code.
 
-Raise these anywhere in the agent; the front doors (grpc_api.py, http_api.py)
+Raise these anywhere in the agent; the front doors (frontdoor/grpc.py, frontdoor/http.py)
 turn them into the right status. Messages name the model or input at fault and
 never a filesystem path.
 """
@@ -79,6 +79,20 @@ class InferenceFailed(ServeError):
 
     grpc_code = grpc.StatusCode.INTERNAL
     http_status = 500
+
+
+class Unauthenticated(ServeError):
+    """No credential, or one that is not valid."""
+
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+    http_status = 401
+
+
+class PermissionDenied(ServeError):
+    """A valid credential that does not grant this call."""
+
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+    http_status = 403
 
 
 class RunnerLost(Exception):

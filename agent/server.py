@@ -26,6 +26,7 @@ from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet.forward import Router
 from edgeplex.agent.fleet.link import FleetLink
+from edgeplex.agent.frontdoor.auth import Credentials, check_binds, tls_credentials
 from edgeplex.agent.frontdoor.grpc import start_grpc_server
 from edgeplex.agent.frontdoor.http import start_http_server
 from edgeplex.agent.residency.contract import Limits
@@ -65,8 +66,12 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         names = agent.discover()
         if settings.fleet.control_plane:
             agent.router = Router(settings.fleet.site_id, settings.fleet.region)
-        grpc_server, grpc_port = await start_grpc_server(agent)
-        http_runner, http_port = await start_http_server(agent)
+        security = settings.security
+        check_binds(settings.grpc_host, settings.http_host, security)
+        credentials = Credentials.from_settings(security)
+        tls = tls_credentials(security)
+        grpc_server, grpc_port = await start_grpc_server(agent, credentials, tls and tls[1])
+        http_runner, http_port = await start_http_server(agent, credentials, tls and tls[0])
     except BaseException:
         await pool.stop()
         if settings.staging_dir is None:

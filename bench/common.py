@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -27,7 +28,8 @@ class Agent:
         self.grpc_port, self.http_port = free_port(), free_port()
         self.http = f"127.0.0.1:{self.http_port}"
         self.grpc = f"127.0.0.1:{self.grpc_port}"
-        env = dict(os.environ)
+        self.token = secrets.token_urlsafe(16)  # the admin token of this run's agent
+        env = dict(os.environ, EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN=self.token)
         env.update({f"EDGEPLEX_AGENT_{k.upper()}": str(v) for k, v in settings.items()})
         self.log_path = Path(tempfile.gettempdir()) / f"edgeplex-bench-{self.http_port}.log"
         with self.log_path.open("wb") as log:
@@ -70,7 +72,12 @@ class Agent:
 
     def post(self, path: str, body: dict | None = None) -> int:
         data = json.dumps(body).encode() if body is not None else b""
-        request = urllib.request.Request(f"http://{self.http}{path}", data=data, method="POST")
+        request = urllib.request.Request(
+            f"http://{self.http}{path}",
+            data=data,
+            method="POST",
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=300) as r:
                 return r.status

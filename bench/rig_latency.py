@@ -45,7 +45,13 @@ def pct(values: list[float], q: float) -> float:
 
 def demote(rig: RigHandle, site: str, model: str, tier: str) -> None:
     url = f"http://{rig.sites[site]['address']}:8000/edgeplex/v1/models/{model}/demote"
-    request = urllib.request.Request(url, data=json.dumps({"tier": tier}).encode(), method="POST")
+    token = (rig.rig.state_dir / "admin-token").read_text().strip()  # the rig's agents share it
+    request = urllib.request.Request(
+        url,
+        data=json.dumps({"tier": tier}).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}"},
+    )
     urllib.request.urlopen(request, timeout=30).read()
 
 

@@ -22,6 +22,9 @@ import pytest
 from edgeplex.agent import demo
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every agent the tests start takes this admin token; requests for its verbs carry AUTH.
+ADMIN_TOKEN = "test-admin-token"
+AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}  # lower case: gRPC metadata needs it
 CACHE = Path(os.environ.get("EDGEPLEX_TEST_CACHE", ROOT / ".cache" / "test-models"))
 
 
@@ -114,7 +117,7 @@ def start_agent(
         agent_command(repo, grpc_port, http_port),
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})},
     )
     agent = AgentProcess(process, grpc_port, http_port, log_path)
     deadline = time.monotonic() + 60

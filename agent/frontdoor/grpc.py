@@ -17,6 +17,7 @@ import grpc
 from edgeplex.agent.core import Agent
 from edgeplex.agent.errors import InvalidInput, Overloaded, ServeError
 from edgeplex.agent.fleet.forward import FORWARDED, ORIGIN_REGION, SERVED_BY, peer_error
+from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.requests import InferInput
 from edgeplex.agent.tensors import (
@@ -59,6 +60,30 @@ def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
             await context.abort(exc.grpc_code, exc.message)
 
     return wrapper
+
+
+def authorization(context: grpc.aio.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str):
+            return value
+    return None
+
+
+def _requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Check the caller's `authorization` metadata before the method runs (inside
+    _serve_errors, which turns a refusal into UNAUTHENTICATED / PERMISSION_DENIED)."""
+
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        what = method.__name__
+
+        @functools.wraps(method)
+        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            self.credentials.check(access, authorization(context), what)
+            return await method(self, request, context)
+
+        return wrapper
+
+    return decorate
 
 
 def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list[InferInput]:
@@ -107,8 +132,9 @@ def request_timeout_s(
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, credentials: Credentials) -> None:
         self.agent = agent
+        self.credentials = credentials
 
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.agent.live())
@@ -116,6 +142,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.agent.ready())
 
+    @_serve_errors
+    @_requires(Access.CLIENT)
     async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
         return pb.ModelReadyResponse(ready=self.agent.model_ready(request.name, request.version))
 
@@ -123,6 +151,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerMetadataResponse(**self.agent.server_metadata())
 
     @_serve_errors
+    @_requires(Access.CLIENT)
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
         meta = self.agent.model_metadata(request.name, request.version)
         return pb.ModelMetadataResponse(
@@ -134,6 +163,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     @_serve_errors
+    @_requires(Access.CLIENT)
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
         config = self.agent.model_config(request.name, request.version)
         return pb.ModelConfigResponse(
@@ -163,6 +193,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     @_serve_errors
+    @_requires(Access.CLIENT)
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
@@ -219,6 +250,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        token = next(
+            (v for k, v in context.invocation_metadata() or () if k == "authorization"), None
+        )
+        try:
+            self.credentials.check(Access.CLIENT, token, "ModelStreamInfer")
+        except ServeError as exc:
+            await context.abort(exc.grpc_code, exc.message)
         async for request in request_iterator:
             try:
                 response = await self._infer(request, context)
@@ -227,6 +265,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 yield pb.ModelStreamInferResponse(error_message=exc.message)
 
     @_serve_errors
+    @_requires(Access.CLIENT)
     async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
         stats = self.agent.statistics(request.name, request.version)
         response = pb.ModelStatisticsResponse()
@@ -250,6 +289,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     @_serve_errors
+    @_requires(Access.CLIENT)
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         return pb.RepositoryIndexResponse(
             models=[
@@ -259,6 +299,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     @_serve_errors
+    @_requires(Access.ADMIN)
     async def RepositoryModelLoad(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelLoadResponse:
@@ -266,6 +307,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelLoadResponse()
 
     @_serve_errors
+    @_requires(Access.ADMIN)
     async def RepositoryModelUnload(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
@@ -276,25 +318,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 class ControlServicer(ctl_grpc.AgentControlServicer):
     """edgeplex.v1.AgentControl: the residency verbs (pin, unpin, demote, memory)."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, credentials: Credentials) -> None:
         self.agent = agent
+        self.credentials = credentials
 
     @_serve_errors
+    @_requires(Access.ADMIN)
     async def Pin(self, request: Any, context: Any) -> ctl.Ack:
         self.agent.pin(request.name, True)
         return ctl.Ack()
 
     @_serve_errors
+    @_requires(Access.ADMIN)
     async def Unpin(self, request: Any, context: Any) -> ctl.Ack:
         self.agent.pin(request.name, False)
         return ctl.Ack()
 
     @_serve_errors
+    @_requires(Access.ADMIN)
     async def Demote(self, request: Any, context: Any) -> ctl.Ack:
         await self.agent.demote(request.name, request.tier or "staged")
         return ctl.Ack()
 
     @_serve_errors
+    @_requires(Access.CLIENT)
     async def Memory(self, request: Any, context: Any) -> ctl.MemoryResponse:
         memory = self.agent.memory()
         response = ctl.MemoryResponse(policy=memory["policy"])
@@ -304,7 +351,9 @@ class ControlServicer(ctl_grpc.AgentControlServicer):
         return response
 
 
-async def start_grpc_server(agent: Agent) -> tuple[grpc.aio.Server, int]:
+async def start_grpc_server(
+    agent: Agent, credentials: Credentials, tls: grpc.ServerCredentials | None = None
+) -> tuple[grpc.aio.Server, int]:
     """Start serving; returns the server and the bound port."""
     settings = agent.settings
     limit = 2 * settings.max_payload_bytes + 1024 * 1024
@@ -315,9 +364,12 @@ async def start_grpc_server(agent: Agent) -> tuple[grpc.aio.Server, int]:
             ("grpc.so_reuseport", 0),
         ]
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(agent), server)
-    ctl_grpc.add_AgentControlServicer_to_server(ControlServicer(agent), server)
-    port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
+        InferenceServicer(agent, credentials), server
+    )
+    ctl_grpc.add_AgentControlServicer_to_server(ControlServicer(agent, credentials), server)
+    address = f"{settings.grpc_host}:{settings.grpc_port}"
+    port = server.add_secure_port(address, tls) if tls else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind gRPC to {settings.grpc_host}:{settings.grpc_port}")
     await server.start()

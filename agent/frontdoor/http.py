@@ -15,6 +15,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from ssl import SSLContext
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from edgeplex.agent.core import Agent
 from edgeplex.agent.errors import InvalidInput, Overloaded, ServeError
 from edgeplex.agent.fleet.forward import FORWARDED, ORIGIN_REGION, SERVED_BY
+from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.gate import Pass
 from edgeplex.agent.frontdoor.oip_body import (
     HEADER_LENGTH,
@@ -48,6 +50,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def error_response(exc: ServeError) -> web.Response:
     headers = {}
+    if exc.http_status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     return web.json_response({"error": exc.message}, status=exc.http_status, headers=headers)
@@ -99,38 +103,52 @@ def encode_infer_response(
 
 
 class HttpApi:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, credentials: Credentials) -> None:
         self.agent = agent
+        self.credentials = credentials
 
     def routes(self) -> list[web.RouteDef]:
         m = "/v2/models/{model}"
         v = "/v2/models/{model}/versions/{version}"
-        return [
-            web.get("/v2", self.server_metadata),
-            web.get("/v2/health/live", self.live),
-            web.get("/v2/health/ready", self.ready),
-            web.get("/v2/models/stats", self.stats),
-            web.post("/v2/repository/index", self.repository_index),
-            web.post("/v2/repository/models/{model}/load", self.load),
-            web.post("/v2/repository/models/{model}/unload", self.unload),
+        open_, client, admin = Access.OPEN, Access.CLIENT, Access.ADMIN
+        table = [
+            (web.get, "/v2", self.server_metadata, open_),
+            (web.get, "/v2/health/live", self.live, open_),
+            (web.get, "/v2/health/ready", self.ready, open_),
+            (web.get, "/metrics", self.metrics, open_),
+            (web.get, "/v2/models/stats", self.stats, client),
+            (web.post, "/v2/repository/index", self.repository_index, client),
+            (web.post, "/v2/repository/models/{model}/load", self.load, admin),
+            (web.post, "/v2/repository/models/{model}/unload", self.unload, admin),
             *[
-                r
+                route
                 for base in (m, v)
-                for r in (
-                    web.get(base, self.model_metadata),
-                    web.get(base + "/ready", self.model_ready),
-                    web.get(base + "/config", self.model_config),
-                    web.get(base + "/stats", self.stats),
-                    web.post(base + "/infer", self.infer),
+                for route in (
+                    (web.get, base, self.model_metadata, client),
+                    (web.get, base + "/ready", self.model_ready, client),
+                    (web.get, base + "/config", self.model_config, client),
+                    (web.get, base + "/stats", self.stats, client),
+                    (web.post, base + "/infer", self.infer, client),
                 )
             ],
-            web.get("/metrics", self.metrics),
-            web.get("/edgeplex/v1/status", self.status),
-            web.get("/edgeplex/v1/memory", self.memory),
-            web.post("/edgeplex/v1/models/{model}/pin", self.pin),
-            web.post("/edgeplex/v1/models/{model}/unpin", self.unpin),
-            web.post("/edgeplex/v1/models/{model}/demote", self.demote),
+            (web.get, "/edgeplex/v1/status", self.status, client),
+            (web.get, "/edgeplex/v1/memory", self.memory, client),
+            (web.post, "/edgeplex/v1/models/{model}/pin", self.pin, admin),
+            (web.post, "/edgeplex/v1/models/{model}/unpin", self.unpin, admin),
+            (web.post, "/edgeplex/v1/models/{model}/demote", self.demote, admin),
         ]
+        return [verb(path, self._guard(handler, access)) for verb, path, handler, access in table]
+
+    def _guard(self, handler: Handler, access: Access) -> Handler:
+        if access == Access.OPEN:
+            return handler
+        what = handler.__name__.replace("_", " ")
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            self.credentials.check(access, request.headers.get("Authorization"), what)
+            return await handler(request)
+
+        return guarded
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return _json(self.agent.server_metadata())
@@ -256,17 +274,19 @@ class HttpApi:
         return web.Response(status=200)
 
 
-async def start_http_server(agent: Agent) -> tuple[web.AppRunner, int]:
+async def start_http_server(
+    agent: Agent, credentials: Credentials, ssl: SSLContext | None = None
+) -> tuple[web.AppRunner, int]:
     settings = agent.settings
     app = web.Application(
         middlewares=[serve_errors], client_max_size=2 * settings.max_payload_bytes + 1024 * 1024
     )
-    app.add_routes(HttpApi(agent).routes())
+    app.add_routes(HttpApi(agent, credentials).routes())
     # The body is read as sent: parse_infer_body decodes Content-Encoding itself, once,
     # under its own cap, and a forwarded request keeps the encoding it came with.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
     await runner.setup()
-    site = web.TCPSite(runner, settings.http_host, settings.http_port)
+    site = web.TCPSite(runner, settings.http_host, settings.http_port, ssl_context=ssl)
     await site.start()
     sockets = getattr(site._server, "sockets", None) or []
     port = sockets[0].getsockname()[1] if sockets else settings.http_port

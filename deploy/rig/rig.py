@@ -166,6 +166,8 @@ class Rig:
             "EDGEPLEX_AGENT_FLEET__MQTT_URL": state["mqtt"],
             "EDGEPLEX_AGENT_GRPC_HOST": site["address"],
             "EDGEPLEX_AGENT_HTTP_HOST": site["address"],
+            "EDGEPLEX_AGENT_SECURITY__INSECURE": "true",  # the rig's private namespaces
+            "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN_FILE": str(self.state_dir / "admin-token"),
             "EDGEPLEX_AGENT_PRESTAGE": "false",
             "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "256MiB",
             **(extra_env or {}),

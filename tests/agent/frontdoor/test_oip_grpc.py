@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
+from tests.conftest import AUTH
 
 DTYPES = {
     "FP32": np.float32,
@@ -180,12 +181,12 @@ def test_statistics_and_repository_index(client):
 
 
 def test_unload_then_load(client):
-    client.unload_model("mlp_small")
+    client.unload_model("mlp_small", headers=AUTH)
     assert not client.is_model_ready("mlp_small")
     feeds = {"input": np.ones((1, 32), dtype=np.float32)}
     with pytest.raises(InferenceServerException) as err:
         client.infer("mlp_small", inputs_for(feeds))
     assert err.value.status() == "StatusCode.UNAVAILABLE"
-    client.load_model("mlp_small")
+    client.load_model("mlp_small", headers=AUTH)
     assert client.is_model_ready("mlp_small")
     assert client.infer("mlp_small", inputs_for(feeds)).as_numpy("output").shape == (1, 64)

@@ -9,6 +9,7 @@ import pytest
 import tritonclient.http as th
 
 from tests.agent.frontdoor.test_oip_grpc import DTYPES, direct, silero_feeds
+from tests.conftest import AUTH
 
 
 def inputs_for(feeds, binary=True):
@@ -99,9 +100,9 @@ def test_statistics_index_load_unload(client):
     assert stats["inference_count"] >= stats["execution_count"] > 0
     index = {m["name"]: m for m in client.get_model_repository_index()}
     assert index["broken"]["state"] == "FAILED"
-    client.unload_model("identity_int8")
+    client.unload_model("identity_int8", headers=AUTH)
     assert not client.is_model_ready("identity_int8")
-    client.load_model("identity_int8")
+    client.load_model("identity_int8", headers=AUTH)
     assert client.is_model_ready("identity_int8")
 
 

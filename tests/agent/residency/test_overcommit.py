@@ -15,10 +15,11 @@ from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent import demo
 from tests.agent.frontdoor.test_oip_grpc import inputs_for
-from tests.conftest import start_agent
+from tests.conftest import ADMIN_TOKEN, AUTH, start_agent
 
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
+GRPC_AUTH = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 N_MODELS = 6
 
 
@@ -64,7 +65,9 @@ def memory(agent) -> dict:
 
 def post(agent, path: str, body: dict | None = None) -> int:
     data = json.dumps(body).encode() if body is not None else b""
-    request = urllib.request.Request(f"http://{agent.http_url}{path}", data=data, method="POST")
+    request = urllib.request.Request(
+        f"http://{agent.http_url}{path}", data=data, method="POST", headers=AUTH
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
             return r.status
@@ -223,18 +226,18 @@ def test_grpc_verbs(agent):
     infer_http(agent, "m5")
     with grpc.insecure_channel(agent.grpc_url) as channel:
         stub = ctl_grpc.AgentControlStub(channel)
-        stub.Pin(ctl.ModelRef(name="m5"))
+        stub.Pin(ctl.ModelRef(name="m5"), metadata=GRPC_AUTH)
         assert status(agent)["m5"]["pinned"] is True
-        stub.Unpin(ctl.ModelRef(name="m5"))
-        stub.Demote(ctl.DemoteRequest(name="m5", tier="cached"))
+        stub.Unpin(ctl.ModelRef(name="m5"), metadata=GRPC_AUTH)
+        stub.Demote(ctl.DemoteRequest(name="m5", tier="cached"), metadata=GRPC_AUTH)
         assert status(agent)["m5"]["tier"] == "cached"
         memory_now = stub.Memory(ctl.MemoryRequest())
         assert memory_now.policy == "gdsf" and memory_now.tiers["loaded"].budget == 130 * MiB
         with pytest.raises(grpc.RpcError) as err:
-            stub.Demote(ctl.DemoteRequest(name="m5", tier="orbit"))
+            stub.Demote(ctl.DemoteRequest(name="m5", tier="orbit"), metadata=GRPC_AUTH)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError) as err:
-            stub.Pin(ctl.ModelRef(name="nope"))
+            stub.Pin(ctl.ModelRef(name="nope"), metadata=GRPC_AUTH)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 

@@ -1,0 +1,146 @@
+"""Who may call what on the agent's own ports.
+
+- The mutating verbs (repository load and unload, pin, unpin, demote) need the
+  agent's admin token, on loopback too. Configured (`security.admin_token`), or
+  generated at first start into a mode-0600 file in the agent's state
+  directory, where `edgeplex` tools and operators read it.
+- With `security.inference_api_key` set, inference and model routes need that
+  key (or the admin token); health, server metadata and /metrics stay open.
+
+Both travel as `Authorization: Bearer <token>` (gRPC: `authorization`
+metadata) and are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import ipaddress
+import logging
+import os
+import secrets
+import ssl
+from enum import Enum
+from pathlib import Path
+
+import grpc
+
+from edgeplex.agent.config import SecuritySettings
+from edgeplex.agent.errors import PermissionDenied, Unauthenticated
+
+log = logging.getLogger("edgeplex.agent.auth")
+
+TOKEN_FILE = "admin-token"
+
+
+class Access(Enum):
+    OPEN = "open"
+    CLIENT = "client"  # inference and model routes: the inference key, when one is set
+    ADMIN = "admin"
+
+
+def state_dir() -> Path:
+    """$STATE_DIRECTORY (systemd's StateDirectory=), else the XDG state home."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "edgeplex"
+
+
+def token_file(security: SecuritySettings) -> Path:
+    return security.admin_token_file or state_dir() / TOKEN_FILE
+
+
+def admin_token(security: SecuritySettings) -> str:
+    """The configured token, or the one in the token file (created, mode 0600, with a
+    new random token when it does not exist yet)."""
+    if security.admin_token is not None and security.admin_token.get_secret_value():
+        return security.admin_token.get_secret_value()  # an empty one means unset
+    path = token_file(security)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_urlsafe(32)
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        log.info("generated the admin token in %s (mode 0600)", path)
+        return token
+    if path.stat().st_mode & 0o077:
+        raise PermissionError(f"{path} is readable by others; chmod 600 it")
+    token = path.read_text().strip()
+    if not token:
+        raise ValueError(f"{path} is empty")
+    log.info("admin token: %s", path)
+    return token
+
+
+def bearer(value: str | None) -> str | None:
+    if not value:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+class Credentials:
+    def __init__(self, admin: str, inference_key: str | None) -> None:
+        self._admin = admin.encode()
+        self._inference = inference_key.encode() if inference_key else None
+
+    @classmethod
+    def from_settings(cls, security: SecuritySettings) -> Credentials:
+        key = security.inference_api_key
+        return cls(admin_token(security), key.get_secret_value() if key else None)
+
+    def check(self, access: Access, authorization: str | None, what: str) -> None:
+        """Raise Unauthenticated (no or wrong credential) or PermissionDenied (a valid
+        inference key on an admin verb) unless `authorization` grants `access`."""
+        if access == Access.OPEN:
+            return
+        if access == Access.CLIENT and self._inference is None:
+            return
+        token = bearer(authorization)
+        if token is None:
+            raise Unauthenticated(f"{what} needs 'Authorization: Bearer <token>'")
+        given = token.encode()
+        if hmac.compare_digest(given, self._admin):
+            return
+        if self._inference is not None and hmac.compare_digest(given, self._inference):
+            if access == Access.CLIENT:
+                return
+            raise PermissionDenied(f"{what} needs the admin token, not the inference key")
+        raise Unauthenticated(f"{what}: the token is not valid")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name or a wildcard ("", "0.0.0.0", "::") may reach the network
+
+
+def check_binds(grpc_host: str, http_host: str, security: SecuritySettings) -> None:
+    """Refuse to expose a port beyond loopback in clear text unless told `insecure`."""
+    exposed = [h or "*" for h in (grpc_host, http_host) if not is_loopback(h)]
+    if exposed and security.tls_cert is None and not security.insecure:
+        raise ValueError(
+            f"refusing to serve {', '.join(sorted(set(exposed)))} without TLS: set "
+            "security.tls_cert and security.tls_key, or pass --insecure on a network "
+            "you trust"
+        )
+
+
+def tls_credentials(
+    security: SecuritySettings,
+) -> tuple[ssl.SSLContext, grpc.ServerCredentials] | None:
+    """Server TLS for both OIP ports, from security.tls_cert and tls_key."""
+    if security.tls_cert is None:
+        return None
+    if security.tls_key is None:
+        raise ValueError("security.tls_cert needs security.tls_key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(security.tls_cert, security.tls_key)
+    chain = security.tls_cert.read_bytes()
+    key = security.tls_key.read_bytes()
+    return context, grpc.ssl_server_credentials([(key, chain)])
