@@ -122,6 +122,22 @@ class FleetSettings(BaseModel):
     max_artifact_bytes: int = Field(
         default=8 * 1024**3, gt=0, description="Largest artifact this agent downloads, in bytes."
     )
+    control_plane_key: str | None = Field(
+        default=None,
+        description="The control plane's Ed25519 public key (base64 of the raw 32 bytes; the "
+        "control plane logs it at start). Unset: the key presented at the first "
+        "registration is pinned in trust_file (trust on first use).",
+    )
+    trust_file: Path | None = Field(
+        default=None,
+        description="Where the pinned control-plane key is kept. Unset: `control-plane.pub` "
+        "in the state directory.",
+    )
+    join_token: SecretStr | None = Field(
+        default=None,
+        description="This site's join token from `edgeplex admin site add` (shown once). "
+        "Register and Report need it unless an mTLS certificate names the site.",
+    )
     tls_ca: Path | None = Field(
         default=None, description="PEM CA of the control plane's certificate; set: TLS is on."
     )

@@ -145,8 +145,17 @@ class AgentMetrics:
         )
         self.refused = Counter(
             "edgeplex_agent_refused_total",
-            "Requests refused before admission because too many promotions were waiting.",
+            "Requests refused before admission: too many promotions waiting, or the agent's "
+            "cap on requests or bytes in flight reached (model '' when not in the repository).",
             ["model"],
+            registry=r,
+        )
+        self.rejected_messages = Counter(
+            "edgeplex_agent_rejected_messages_total",
+            "Control messages (desired state, routes, key rollovers) dropped unused, by "
+            "reason: malformed, unknown_key, bad_signature, wrong_kind, wrong_audience, "
+            "expired, stale.",
+            ["reason"],
             registry=r,
         )
         self.promotion_wait = Histogram(

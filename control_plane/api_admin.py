@@ -32,6 +32,7 @@ from edgeplex.control_plane.api_batch import redis_down as _redis_down
 from edgeplex.control_plane.explain import explain
 from edgeplex.control_plane.placement import PlacementResult
 from edgeplex.control_plane.planner import Planner
+from edgeplex.control_plane.site_identity import new_token, token_hash
 from edgeplex.control_plane.store import Store
 from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
@@ -220,6 +221,26 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
         return pb.Empty()
 
     # --- sites ----------------------------------------------------------------------------
+
+    async def AddSite(
+        self, request: pb.AddSiteRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AddSiteResponse:
+        for what, value in (("site_id", request.site_id), ("region", request.region)):
+            if not valid_name(value):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{what}: letters, digits, '_.-', at most 128",
+                )
+        token = new_token()
+        try:
+            await self._store.put_join_token(request.site_id, request.region, token_hash(token))
+        except RedisError:
+            await _redis_down(context)
+            raise
+        log.info(
+            "site %s (%s) may join; a new join token was issued", request.site_id, request.region
+        )
+        return pb.AddSiteResponse(site_id=request.site_id, join_token=token)
 
     async def ListSites(
         self, request: pb.ListSitesRequest, context: grpc.aio.ServicerContext

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from edgeplex.control_plane.config import ControlPlaneSettings
 from edgeplex.control_plane.metrics import METRICS
+from edgeplex.control_plane.site_identity import Refused, authenticate, check_address
 from edgeplex.control_plane.store import Store
 from edgeplex.fleet import desired_topic
 from edgeplex.names import valid_name
@@ -62,13 +63,33 @@ class ReportSink:
 
 
 class AgentServicer(pb_grpc.AgentServiceServicer):
+    """Register and Report, each only for the site the caller proves to be
+    (site_identity.py)."""
+
     def __init__(
-        self, settings: ControlPlaneSettings, store: Store, sink: ReportSink, on_change
+        self, settings: ControlPlaneSettings, store: Store, sink: ReportSink, on_change, signer
     ) -> None:  # type: ignore[no-untyped-def]
         self._settings = settings
         self._store = store
         self._sink = sink
         self._on_change = on_change
+        self._signer = signer
+
+    async def _identify(
+        self, context: grpc.aio.ServicerContext, site_id: str, region: str | None
+    ) -> None:
+        if self._settings.open_registration:
+            return
+        try:
+            await authenticate(context, self._store, site_id, region)
+        except Refused as refused:
+            METRICS.refused_agents.labels(code=refused.code.name).inc()
+            log.warning("refused an agent call for site %s: %s", site_id, refused.message)
+            await context.abort(refused.code, refused.message)
+        except RedisError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
+            )
 
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
@@ -81,11 +102,12 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "region: letters, digits, '_.-', at most 128"
             )
-        if not request.address:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "address: the site's OIP gRPC host:port is required",
-            )
+        try:
+            check_address("address", request.address, required=True)
+            check_address("http_address", request.http_address, required=False)
+        except Refused as refused:
+            await context.abort(refused.code, refused.message)
+        await self._identify(context, request.site_id, request.region)
         try:
             existing = await self._store.get_site(request.site_id)
             now = time.time()
@@ -115,6 +137,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             lease_s=self._settings.site_lease_s,
             report_interval_s=self._settings.report_interval_s,
             desired_topic=desired_topic(request.site_id),
+            signing_key_id=self._signer.key_id,
+            signing_public_key=self._signer.public,
         )
 
     async def Report(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ReportSummary:  # type: ignore[no-untyped-def]
@@ -126,6 +150,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             # seconds, so a control plane that lost it (Redis wiped) says so.
             now = time.monotonic()
             if report.site_id != known or now - checked > REGISTRATION_CHECK_S:
+                if report.site_id != known:
+                    await self._identify(context, report.site_id, None)
                 checked = now
                 try:
                     site = await self._store.get_site(report.site_id)

@@ -26,6 +26,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     cp.add_argument("--http-port", type=int, help="serve /metrics and /healthz here")
     cp.add_argument("--config", type=Path, help="YAML file of control-plane settings")
     cp.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    cp.add_argument(
+        "--rotate-signing-key",
+        type=Path,
+        metavar="NEW_KEY_FILE",
+        help="publish a rollover to the key in NEW_KEY_FILE (created if missing), signed "
+        "by the current key, and exit",
+    )
     cp.set_defaults(run=_run_control_plane)
 
     admin = sub.add_parser("admin", help="operate the fleet through the admin API")
@@ -35,6 +42,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="host:port of the control plane (env EDGEPLEX_CONTROL_PLANE)",
     )
     admin.add_argument("--tls-ca", type=Path, help="PEM CA of the control plane's certificate")
+    admin.add_argument("--tls-cert", type=Path, help="PEM client certificate (mTLS)")
+    admin.add_argument("--tls-key", type=Path, help="PEM key of --tls-cert")
+    admin.add_argument(
+        "--insecure",
+        action="store_true",
+        help="send the admin token to a non-loopback address without TLS",
+    )
     admin.add_argument("--json", action="store_true", help="print replies as JSON")
     nouns = admin.add_subparsers(dest="noun", required=True)
 
@@ -58,6 +72,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     site = nouns.add_parser("site", help="edge sites").add_subparsers(dest="verb", required=True)
     site.add_parser("list").set_defaults(call=_site_list)
+    p = site.add_parser("add", help="let a site join: prints its join token, once")
+    p.add_argument("site_id")
+    p.add_argument("--region", required=True, help="the region the site serves")
+    p.set_defaults(call=_site_add)
     for verb in ("cordon", "drain"):
         p = site.add_parser(verb)
         p.add_argument("site_id")
@@ -100,19 +118,39 @@ def _run_control_plane(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         log_level=args.log_level,
     )
+    if args.rotate_signing_key is not None:
+        from edgeplex.control_plane.keys import rotate
+
+        new = rotate(settings, args.rotate_signing_key)
+        print(f"published a rollover to key {new.key_id}; now set signing_key_file to")
+        print(f"{args.rotate_signing_key} on every replica and restart them")
+        return 0
     return run_control_plane(settings)
 
 
 def _run_admin(args: argparse.Namespace) -> int:
     import grpc
 
+    from edgeplex.net import is_loopback
     from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 
     token = os.environ.get("EDGEPLEX_ADMIN_TOKEN", "")
     if args.tls_ca:
-        creds = grpc.ssl_channel_credentials(args.tls_ca.read_bytes())
+        creds = grpc.ssl_channel_credentials(
+            args.tls_ca.read_bytes(),
+            private_key=args.tls_key.read_bytes() if args.tls_key else None,
+            certificate_chain=args.tls_cert.read_bytes() if args.tls_cert else None,
+        )
         channel = grpc.secure_channel(args.control_plane, creds)
     else:
+        host = args.control_plane.rpartition(":")[0]
+        if token and not is_loopback(host) and not args.insecure:
+            print(
+                f"error: refusing to send the admin token to {args.control_plane} in clear "
+                "text; pass --tls-ca (and --tls-cert/--tls-key for mTLS), or --insecure",
+                file=sys.stderr,
+            )
+            return 2
         channel = grpc.insecure_channel(args.control_plane)
     stub = pb_grpc.AdminServiceStub(channel)
     metadata = [("authorization", f"Bearer {token}")] if token else []
@@ -181,6 +219,17 @@ def _site_list(args: argparse.Namespace, call: Call) -> Any:
     from edgeplex.proto import edgeplex_control_pb2 as pb
 
     return call("ListSites", pb.ListSitesRequest())
+
+
+def _site_add(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    reply = call("AddSite", pb.AddSiteRequest(site_id=args.site_id, region=args.region))
+    if args.json:
+        return reply
+    print(f"join token of {reply.site_id} (shown once; set it as the agent's fleet.join_token):")
+    print(reply.join_token)
+    return None
 
 
 def _site_action(verb: str) -> Callable[[argparse.Namespace, Call], Any]:

@@ -101,6 +101,24 @@ class ControlPlaneSettings(FileSettings):
         description="PEM CA bundle; when set, clients must present a certificate it signed "
         "(mTLS for the agent link).",
     )
+    open_registration: bool = Field(
+        default=False,
+        description="Accept Register and Report without a join token or a certificate that "
+        "names the site. Only for a closed test network: anyone who reaches the port could "
+        "then register as any site.",
+    )
+    signing_key_file: Path | None = Field(
+        default=None,
+        description="Ed25519 key that signs desired state and routes, created with mode 0600 "
+        "when missing. Every replica needs the same one. Unset: `signing-key` in the state "
+        "directory ($STATE_DIRECTORY under systemd, else ~/.local/state/edgeplex).",
+    )
+    message_ttl_s: float = Field(
+        default=6 * 3600.0,
+        gt=60,
+        description="Signed messages expire after this long; the leader re-signs the latest "
+        "ones every third of it, so a site that restarts always finds a valid one retained.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level."
     )

@@ -29,6 +29,12 @@ class ControlPlaneMetrics:
         self.leader = Gauge(
             "edgeplex_cp_leader", "1 while this replica holds the leader lease.", registry=r
         )
+        self.refused_agents = Counter(
+            "edgeplex_cp_refused_agent_calls_total",
+            "Register or Report calls refused: no, a wrong, or another site's credential.",
+            ["code"],
+            registry=r,
+        )
 
 
 METRICS = ControlPlaneMetrics()

@@ -36,6 +36,7 @@ from edgeplex.control_plane.publisher import Publisher
 from edgeplex.control_plane.store import EVENTS, Store
 from edgeplex.fleet import desired_topic, routes_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.signing import DESIRED, ROUTES, region_audience, site_audience
 
 log = logging.getLogger("edgeplex.control_plane.planner")
 
@@ -212,20 +213,35 @@ class Planner:
     ) -> None:
         by_name = {m.name: m for m in catalog}
         published = await self._store.desired()
+        peer_token = await self._store.peer_token()
         now = time.time()
         for site in sites:
             models = [
                 _desired_model(by_name[name], "loaded") for name in result.loaded[site.site_id]
             ] + [_desired_model(by_name[name], "staged") for name in result.staged[site.site_id]]
             previous = published.get(site.site_id)
-            if previous is not None and list(previous.models) == models:
+            if (
+                previous is not None
+                and list(previous.models) == models
+                and previous.peer_token == peer_token
+            ):
                 desired = previous  # unchanged: keep its version, agents have applied it
             else:
                 desired = pb.DesiredState(
-                    version=version, site_id=site.site_id, issued_at=now, models=models
+                    version=version,
+                    site_id=site.site_id,
+                    issued_at=now,
+                    models=models,
+                    peer_token=peer_token,
                 )
                 await self._store.put_desired(desired)
-            self._publisher.publish(desired_topic(site.site_id), desired.SerializeToString())
+            self._publisher.publish(
+                desired_topic(site.site_id),
+                DESIRED,
+                site_audience(site.site_id),
+                desired.version,
+                desired.SerializeToString(),
+            )
         for region in sorted({s.region for s in sites}):
             routes = pb.Routes(version=version, region=region, issued_at=now)
             for model in sorted(by_name):
@@ -251,7 +267,13 @@ class Planner:
             stable = _unversioned(routes)
             if self._routes_sent.get(region) != stable:  # re-send only what changed
                 self._routes_sent[region] = stable
-                self._publisher.publish(routes_topic(region), routes.SerializeToString())
+                self._publisher.publish(
+                    routes_topic(region),
+                    ROUTES,
+                    region_audience(region),
+                    version,
+                    routes.SerializeToString(),
+                )
 
 
 def site_headroom(reports: dict[str, pb.LoadReport]) -> dict[str, float]:

@@ -1,39 +1,57 @@
-"""Desired state and routes out to the agents: retained QoS 1 MQTT messages.
+"""Desired state and routes out to the agents: signed, retained QoS 1 MQTT messages.
 
-`publish()` only records the latest payload per topic and wakes the task in
-`run()`, which owns the MQTT connection. After every (re)connect the task
-sends the latest payload of every topic again, so a broker that lost its
-retained messages (restarted without persistence) gets them back.
+`publish()` only records the latest message per topic and wakes the task in
+`run()`, which owns the MQTT connection. Each message is sealed (signed, with
+its kind, audience, version and expiry; edgeplex/signing.py) when it is sent.
+After every (re)connect the task sends the latest message of every topic
+again, so a broker that lost its retained messages (restarted without
+persistence) gets them back; and every third of the message lifetime it
+re-seals and re-sends them all, so the retained copies never expire while this
+replica leads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from dataclasses import dataclass
 
 import aiomqtt
 
 from edgeplex.fleet import Backoff, parse_mqtt_url
+from edgeplex.signing import Signer
 
 log = logging.getLogger("edgeplex.control_plane.publisher")
 
 
+@dataclass(frozen=True)
+class Outgoing:
+    kind: str
+    audience: str
+    version: int
+    payload: bytes
+
+
 class Publisher:
-    def __init__(self, url: str, client_id: str) -> None:
+    def __init__(self, url: str, client_id: str, signer: Signer, ttl_s: float) -> None:
         self._target = parse_mqtt_url(url)
         self._client_id = client_id
-        self._latest: dict[str, bytes] = {}
-        self._pending: dict[str, bytes] = {}
+        self._signer = signer
+        self._ttl_s = ttl_s
+        self._latest: dict[str, Outgoing] = {}
+        self._pending: dict[str, Outgoing] = {}
         self._wake = asyncio.Event()
         self.connected = False
         self.published = 0
 
-    def publish(self, topic: str, payload: bytes) -> None:
-        """Queue the newest payload of `topic`; older unsent payloads are dropped."""
-        if self._latest.get(topic) == payload:
+    def publish(self, topic: str, kind: str, audience: str, version: int, payload: bytes) -> None:
+        """Queue the newest message of `topic`; older unsent ones are dropped."""
+        message = Outgoing(kind, audience, version, payload)
+        if self._latest.get(topic) == message:
             return
-        self._latest[topic] = payload
-        self._pending[topic] = payload
+        self._latest[topic] = message
+        self._pending[topic] = message
         self._wake.set()
 
     def forget(self) -> None:
@@ -41,8 +59,14 @@ class Publisher:
         self._latest.clear()
         self._pending.clear()
 
+    def _seal(self, message: Outgoing) -> bytes:
+        return self._signer.seal(
+            message.kind, message.audience, message.version, message.payload, self._ttl_s
+        )
+
     async def run(self) -> None:
         backoff = Backoff()
+        refresh_s = self._ttl_s / 3
         while True:
             try:
                 async with aiomqtt.Client(
@@ -55,15 +79,18 @@ class Publisher:
                     self._pending = dict(self._latest)
                     while True:
                         while self._pending:
-                            topic, payload = self._pending.popitem()
+                            topic, message = self._pending.popitem()
                             try:
-                                await client.publish(topic, payload, qos=1, retain=True)
+                                await client.publish(topic, self._seal(message), qos=1, retain=True)
                             except BaseException:
-                                self._pending.setdefault(topic, payload)
+                                self._pending.setdefault(topic, message)
                                 raise
                             self.published += 1
                         self._wake.clear()
-                        await self._wake.wait()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._wake.wait(), refresh_s)
+                        if not self._wake.is_set():  # time to re-seal before expiry
+                            self._pending = dict(self._latest)
             except aiomqtt.MqttError as exc:
                 self.connected = False
                 delay = backoff.delay()

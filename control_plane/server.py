@@ -10,6 +10,7 @@ would miss: a restarted replica reads everything back from Redis.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import signal
@@ -32,6 +33,8 @@ from edgeplex.control_plane.planner import Planner
 from edgeplex.control_plane.publisher import Publisher
 from edgeplex.control_plane.store import Store
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from edgeplex.settings import state_dir
+from edgeplex.signing import Signer
 
 log = logging.getLogger("edgeplex.control_plane")
 
@@ -58,7 +61,15 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
     artifact_dir = settings.artifact_dir or Path(tempfile.mkdtemp(prefix="edgeplex-cp-artifacts-"))
     store = Store(settings.redis_url)
     lease = LeaderLease(store.redis, settings.replica_id, settings.leader_lease_s)
-    publisher = Publisher(settings.mqtt_url, f"edgeplex-cp-{settings.replica_id}")
+    signer = Signer.from_file(settings.signing_key_file or state_dir() / "signing-key")
+    log.info(
+        "signing control messages with key %s (public key %s)",
+        signer.key_id,
+        base64.b64encode(signer.public).decode(),
+    )
+    publisher = Publisher(
+        settings.mqtt_url, f"edgeplex-cp-{settings.replica_id}", signer, settings.message_ttl_s
+    )
     planner = Planner(settings, store, publisher, lease)
     sink = ReportSink(store)
     admin = AdminServicer(
@@ -70,7 +81,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
         options=[("grpc.so_reuseport", 0)],
     )
     pb_grpc.add_AgentServiceServicer_to_server(
-        AgentServicer(settings, store, sink, planner.poke), server
+        AgentServicer(settings, store, sink, planner.poke, signer), server
     )
     pb_grpc.add_AdminServiceServicer_to_server(admin, server)
     address = f"{settings.grpc_host}:{settings.grpc_port}"

@@ -23,6 +23,7 @@ while Redis is down; callers decide whether to retry or to answer UNAVAILABLE.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterable
 
@@ -75,6 +76,29 @@ class Store:
         raw = await self.redis.hgetall(P + "sites")
         return sorted((pb.Site.FromString(v) for v in raw.values()), key=lambda s: s.site_id)
 
+    async def put_join_token(self, site_id: str, region: str, digest: str) -> None:
+        """The site's join token (its sha256) and region; replaces and revokes any
+        earlier token of the site."""
+        old = await self.join_token(site_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if old is not None:
+                pipe.hdel(P + "join_token_sites", old[0])
+            pipe.hset(P + "join_tokens", site_id, f"{digest} {region}")
+            pipe.hset(P + "join_token_sites", digest, site_id)
+            await pipe.execute()
+
+    async def join_token(self, site_id: str) -> tuple[str, str] | None:
+        """(sha256 of the site's join token, its region), or None."""
+        raw = await self.redis.hget(P + "join_tokens", site_id)
+        if raw is None:
+            return None
+        digest, _, region = text(raw).partition(" ")
+        return digest, region
+
+    async def join_token_owner(self, digest: str) -> str | None:
+        raw = await self.redis.hget(P + "join_token_sites", digest)
+        return None if raw is None else text(raw)
+
     async def seen(self) -> dict[str, float]:
         pairs = await self.redis.zrange(P + "seen", 0, -1, withscores=True)
         return {text(k): float(v) for k, v in pairs}  # type: ignore[str-unpack,arg-type]
@@ -118,7 +142,18 @@ class Store:
     # --- placement and desired state -------------------------------------------------------
 
     async def next_version(self) -> int:
-        return int(await self.redis.incr(P + "version"))
+        """A version above every earlier one, even after Redis lost its data: the
+        clock in microseconds is its floor (agents drop what is not above the last
+        version they accepted, so a reset counter would lock them out)."""
+        floor = time.time_ns() // 1000
+        return int(await self.redis.eval(_NEXT_VERSION, 1, P + "version", floor))
+
+    async def peer_token(self) -> str:
+        """The fleet's peer token (created once): what forwarding sites present so
+        that their hop headers are honoured. Carried in each signed desired state."""
+        await self.redis.set(P + "peer_token", secrets.token_urlsafe(24), nx=True)
+        token = await self.redis.get(P + "peer_token")
+        return text(token) if token is not None else ""
 
     async def put_placement(self, placement: pb.Placement) -> None:
         await self.redis.set(P + "placement", placement.SerializeToString())
@@ -186,6 +221,15 @@ class Store:
 
     async def notify(self, what: str) -> None:
         await self.redis.publish(EVENTS, what)
+
+
+_NEXT_VERSION = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local floor = tonumber(ARGV[1])
+local next = math.max(current + 1, floor)
+redis.call('SET', KEYS[1], string.format('%d', next))
+return next
+"""
 
 
 def text(value: bytes | str) -> str:

@@ -23,6 +23,11 @@ def routes_topic(region: str) -> str:
     return f"{TOPIC_ROOT}/regions/{region}/routes"
 
 
+def key_topic() -> str:
+    """Where a signed KeyRollover is retained for every site."""
+    return f"{TOPIC_ROOT}/fleet/key"
+
+
 @dataclass(frozen=True)
 class MqttTarget:
     host: str

@@ -1,8 +1,10 @@
 """What every process's settings share: flags over environment over a YAML file,
-and the Markdown reference tables docs/configuration.md is generated from."""
+the state directory, and the Markdown reference tables docs/configuration.md is
+generated from."""
 
 from __future__ import annotations
 
+import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,6 +15,15 @@ from pydantic_settings import BaseSettings, YamlConfigSettingsSource
 _config_file: ContextVar[Path | None] = ContextVar("edgeplex_config_file", default=None)
 
 S = TypeVar("S", bound="FileSettings")
+
+
+def state_dir() -> Path:
+    """Where a process keeps its keys and tokens: $STATE_DIRECTORY (systemd's
+    StateDirectory=), else $XDG_STATE_HOME/edgeplex or ~/.local/state/edgeplex."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "edgeplex"
 
 
 class FileSettings(BaseSettings):

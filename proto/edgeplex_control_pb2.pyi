@@ -46,15 +46,35 @@ class RegisterRequest(_message.Message):
     agent_version: str
     def __init__(self, site_id: _Optional[str] = ..., region: _Optional[str] = ..., address: _Optional[str] = ..., http_address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., budgets: _Optional[_Union[TierBudgets, _Mapping]] = ..., execution_providers: _Optional[_Iterable[str]] = ..., agent_version: _Optional[str] = ...) -> None: ...
 
+class AddSiteRequest(_message.Message):
+    __slots__ = ("site_id", "region")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    region: str
+    def __init__(self, site_id: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...
+
+class AddSiteResponse(_message.Message):
+    __slots__ = ("site_id", "join_token")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    join_token: str
+    def __init__(self, site_id: _Optional[str] = ..., join_token: _Optional[str] = ...) -> None: ...
+
 class RegisterResponse(_message.Message):
-    __slots__ = ("lease_s", "report_interval_s", "desired_topic")
+    __slots__ = ("lease_s", "report_interval_s", "desired_topic", "signing_key_id", "signing_public_key")
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     DESIRED_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SIGNING_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNING_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     lease_s: float
     report_interval_s: float
     desired_topic: str
-    def __init__(self, lease_s: _Optional[float] = ..., report_interval_s: _Optional[float] = ..., desired_topic: _Optional[str] = ...) -> None: ...
+    signing_key_id: str
+    signing_public_key: bytes
+    def __init__(self, lease_s: _Optional[float] = ..., report_interval_s: _Optional[float] = ..., desired_topic: _Optional[str] = ..., signing_key_id: _Optional[str] = ..., signing_public_key: _Optional[bytes] = ...) -> None: ...
 
 class ModelLoad(_message.Message):
     __slots__ = ("name", "version", "rate_by_region", "p50_ms", "p99_ms", "queue_depth", "tier", "memory_bytes", "state", "reason")
@@ -340,16 +360,50 @@ class BatchResults(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DesiredState(_message.Message):
-    __slots__ = ("version", "site_id", "issued_at", "models")
+    __slots__ = ("version", "site_id", "issued_at", "models", "peer_token")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    PEER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     version: int
     site_id: str
     issued_at: float
     models: _containers.RepeatedCompositeFieldContainer[DesiredModel]
-    def __init__(self, version: _Optional[int] = ..., site_id: _Optional[str] = ..., issued_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[DesiredModel, _Mapping]]] = ...) -> None: ...
+    peer_token: str
+    def __init__(self, version: _Optional[int] = ..., site_id: _Optional[str] = ..., issued_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[DesiredModel, _Mapping]]] = ..., peer_token: _Optional[str] = ...) -> None: ...
+
+class SignedMessage(_message.Message):
+    __slots__ = ("body", "key_id", "signature")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    key_id: str
+    signature: bytes
+    def __init__(self, body: _Optional[bytes] = ..., key_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class SignedBody(_message.Message):
+    __slots__ = ("kind", "audience", "version", "expires_at", "payload")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AUDIENCE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    audience: str
+    version: int
+    expires_at: float
+    payload: bytes
+    def __init__(self, kind: _Optional[str] = ..., audience: _Optional[str] = ..., version: _Optional[int] = ..., expires_at: _Optional[float] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class KeyRollover(_message.Message):
+    __slots__ = ("key_id", "public_key")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    public_key: bytes
+    def __init__(self, key_id: _Optional[str] = ..., public_key: _Optional[bytes] = ...) -> None: ...
 
 class DesiredModel(_message.Message):
     __slots__ = ("name", "version", "artifact_uri", "sha256", "size_bytes", "tier", "pin", "priority")

@@ -190,6 +190,11 @@ class AdminServiceStub:
                 request_serializer=edgeplex__control__pb2.ListSitesRequest.SerializeToString,
                 response_deserializer=edgeplex__control__pb2.ListSitesResponse.FromString,
                 _registered_method=True)
+        self.AddSite = channel.unary_unary(
+                '/edgeplex.v1.AdminService/AddSite',
+                request_serializer=edgeplex__control__pb2.AddSiteRequest.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.AddSiteResponse.FromString,
+                _registered_method=True)
         self.CordonSite = channel.unary_unary(
                 '/edgeplex.v1.AdminService/CordonSite',
                 request_serializer=edgeplex__control__pb2.SiteAction.SerializeToString,
@@ -259,6 +264,14 @@ class AdminServiceServicer:
 
     def ListSites(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddSite(self, request, context):
+        """A site that may join: returns its join token, shown once (stored hashed).
+        Adding a site again issues a new token and revokes the old one.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -334,6 +347,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListSites,
                     request_deserializer=edgeplex__control__pb2.ListSitesRequest.FromString,
                     response_serializer=edgeplex__control__pb2.ListSitesResponse.SerializeToString,
+            ),
+            'AddSite': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddSite,
+                    request_deserializer=edgeplex__control__pb2.AddSiteRequest.FromString,
+                    response_serializer=edgeplex__control__pb2.AddSiteResponse.SerializeToString,
             ),
             'CordonSite': grpc.unary_unary_rpc_method_handler(
                     servicer.CordonSite,
@@ -509,6 +527,33 @@ class AdminService:
             '/edgeplex.v1.AdminService/ListSites',
             edgeplex__control__pb2.ListSitesRequest.SerializeToString,
             edgeplex__control__pb2.ListSitesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddSite(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/AddSite',
+            edgeplex__control__pb2.AddSiteRequest.SerializeToString,
+            edgeplex__control__pb2.AddSiteResponse.FromString,
             options,
             channel_credentials,
             insecure,

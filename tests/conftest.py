@@ -117,7 +117,13 @@ def start_agent(
         agent_command(repo, grpc_port, http_port),
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})},
+        env={
+            **os.environ,
+            "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN": ADMIN_TOKEN,
+            # Each agent pins its own control-plane key (never the user's state directory).
+            "EDGEPLEX_AGENT_FLEET__TRUST_FILE": str(log_dir / f"control-plane-{grpc_port}.pub"),
+            **(env or {}),
+        },
     )
     agent = AgentProcess(process, grpc_port, http_port, log_path)
     deadline = time.monotonic() + 60

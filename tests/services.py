@@ -154,6 +154,8 @@ class ControlPlane(Service):
             "EDGEPLEX_CP_LEADER_LEASE_S": "2",
             "EDGEPLEX_CP_DEMAND_HALF_LIFE_S": "2",
             "EDGEPLEX_CP_ARTIFACT_DIR": str(self.workdir / f"artifacts-{self.port}"),
+            # Replicas sharing a workdir share the key, as every replica of one fleet must.
+            "EDGEPLEX_CP_SIGNING_KEY_FILE": str(self.workdir / "signing-key"),
             **self.env,
         }
         self.process = subprocess.Popen(
@@ -171,3 +173,30 @@ class ControlPlane(Service):
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+
+def join_token(cp: ControlPlane, site_id: str, region: str) -> str:
+    """`edgeplex admin site add` through the admin API: the site's join token."""
+    import grpc
+
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+    from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(cp.address) as channel:
+        reply = pb_grpc.AdminServiceStub(channel).AddSite(
+            pb.AddSiteRequest(site_id=site_id, region=region),
+            metadata=(("authorization", f"Bearer {TOKEN}"),),
+            timeout=10,
+        )
+    return reply.join_token
+
+
+def fleet_env(cp: ControlPlane, mqtt_url: str, site_id: str, region: str) -> dict[str, str]:
+    """The environment of an agent joining `cp` as `site_id`, with its own join token."""
+    return {
+        "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": cp.address,
+        "EDGEPLEX_AGENT_FLEET__SITE_ID": site_id,
+        "EDGEPLEX_AGENT_FLEET__REGION": region,
+        "EDGEPLEX_AGENT_FLEET__MQTT_URL": mqtt_url,
+        "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": join_token(cp, site_id, region),
+    }

@@ -9,8 +9,9 @@ region (`edgeplex/v1/regions/<region>/routes`, nearest site first).
 Every inference response names the site that served it in `edgeplex-served-by`
 (an HTTP header or a gRPC trailer); a forwarded response carries the peer's.
 The forwarder sends `edgeplex-origin-region` so the peer accounts the demand
-to the region it came from. A peer that fails to connect is skipped for
-PEER_BACKOFF_S and the next one is tried.
+to the region it came from, and the fleet's peer token; a site honours the hop
+headers only from a caller that presents that token (`hop`). A peer that fails
+to connect is skipped for PEER_BACKOFF_S and the next one is tried.
 
 Owned by the agent's event loop: routes are replaced by the fleet link, read
 by the core; connections to peers are cached per address.
@@ -18,7 +19,9 @@ by the core; connections to peers are cached per address.
 
 from __future__ import annotations
 
+import hmac
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -26,6 +29,7 @@ import grpc
 
 from edgeplex.agent.errors import ServeError, Unavailable
 from edgeplex.agent.fleet.routing import PeerOption
+from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as cpb
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
@@ -33,6 +37,9 @@ from edgeplex.proto import inference_pb2_grpc as pb_grpc
 FORWARDED = "edgeplex-forwarded"
 SERVED_BY = "edgeplex-served-by"
 ORIGIN_REGION = "edgeplex-origin-region"
+# A forwarding peer proves it is one: the fleet's peer token, from the signed
+# desired state. Only then are the two hop headers above honoured.
+PEER_TOKEN = "edgeplex-peer-token"
 PEER_BACKOFF_S = 5.0
 PEER_CONNECT_TIMEOUT_S = 2.0
 FORWARD_TIMEOUT_S = 30.0  # when the caller set no deadline
@@ -72,6 +79,18 @@ class Router:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._http: aiohttp.ClientSession | None = None
         self.forwarded = 0
+        self.peer_token = ""  # from the signed desired state
+
+    def hop(self, header: Callable[[str], str | None]) -> tuple[bool, str]:
+        """(forwarded, origin region) from a request's hop headers: honoured only
+        when it carries this fleet's peer token; from anyone else, (False, "")."""
+        token = header(PEER_TOKEN)
+        if not self.peer_token or not token:
+            return False, ""
+        if not hmac.compare_digest(token.encode(), self.peer_token.encode()):
+            return False, ""
+        origin = header(ORIGIN_REGION) or ""
+        return header(FORWARDED) is not None, origin if valid_name(origin) else ""
 
     def update(self, routes: cpb.Routes) -> bool:
         """Replace the table unless `routes` is stale or for another region."""
@@ -119,7 +138,11 @@ class Router:
         timeout_s: float | None,
     ) -> tuple[pb.ModelInferResponse, str]:
         """(response, serving site). Raises grpc.aio.AioRpcError from the last peer."""
-        metadata = ((FORWARDED, self.site_id), (ORIGIN_REGION, origin or self.region))
+        metadata = (
+            (FORWARDED, self.site_id),
+            (ORIGIN_REGION, origin or self.region),
+            (PEER_TOKEN, self.peer_token),
+        )
         last: grpc.aio.AioRpcError | None = None
         for peer in peers[:2]:
             channel = self._channels.get(peer.address)
@@ -154,6 +177,7 @@ class Router:
         out = {k: v for k, v in headers.items() if k.lower() in HTTP_REQUEST_HEADERS}
         out[FORWARDED] = self.site_id
         out[ORIGIN_REGION] = origin or self.region
+        out[PEER_TOKEN] = self.peer_token
         for peer in peers[:2]:
             try:
                 async with self._http.post(

@@ -7,11 +7,17 @@ Three tasks, each owning one connection or one job:
   every report interval. FAILED_PRECONDITION (the control plane lost the
   registration, e.g. Redis was wiped) registers again; any other failure
   reconnects after a jittered backoff.
-- `_mqtt_loop`: subscribes to the site's desired-state topic (QoS 1) with a
-  last-will `offline` on its presence topic and a retained `online` after
-  each connect; hands every DesiredState to the reconciler; reconnects with
-  jittered backoff. The broker's retained message brings the agent up to
+- `_mqtt_loop`: subscribes to the site's desired-state topic, its region's
+  routes and the fleet's key topic (QoS 1) with a last-will `offline` on its
+  presence topic and a retained `online` after each connect; hands every
+  message to `ControlMessages` (control_messages.py), which verifies its
+  signature before the reconciler or the router see it; reconnects with
+  jittered backoff. The broker's retained messages bring the agent up to
   date after a reconnect.
+
+Register and Report carry the site's join token (`authorization` metadata)
+when one is configured; the registration's reply names the key the control
+plane signs with, which the agent pins when it trusts none yet.
 - the reconciler's `run` (reconcile.py).
 
 Nothing here stops the agent from serving: while the control plane, Redis or
@@ -32,18 +38,15 @@ import grpc
 from edgeplex import __version__
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
+from edgeplex.agent.fleet.control_messages import ControlMessages
 from edgeplex.agent.fleet.reconcile import Reconciler
 from edgeplex.agent.residency.state import Phase
 from edgeplex.artifacts import ArtifactCache
-from edgeplex.fleet import (
-    Backoff,
-    desired_topic,
-    parse_mqtt_url,
-    presence_topic,
-    routes_topic,
-)
+from edgeplex.fleet import Backoff, parse_mqtt_url, presence_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from edgeplex.settings import state_dir
+from edgeplex.signing import TrustStore
 
 log = logging.getLogger("edgeplex.agent.fleet")
 
@@ -63,6 +66,14 @@ class FleetLink:
         self.reconciler = Reconciler(
             agent, settings.model_repo, ArtifactCache(artifact_dir, fleet.max_artifact_bytes)
         )
+        trust = TrustStore.load(
+            fleet.control_plane_key, fleet.trust_file or state_dir() / "control-plane.pub"
+        )
+        self.messages = ControlMessages(
+            self._site, fleet.region, trust, self._apply_desired, self._apply_routes
+        )
+        token = fleet.join_token.get_secret_value() if fleet.join_token else ""
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.registered = asyncio.Event()
         self.reports_sent = 0
         self._interval = 2.0
@@ -92,17 +103,26 @@ class FleetLink:
             channel = self._channel()
             try:
                 stub = pb_grpc.AgentServiceStub(channel)
-                reply = await stub.Register(self._registration(), timeout=10)
+                reply = await stub.Register(
+                    self._registration(), timeout=10, metadata=self._metadata
+                )
+                self.messages.pin(reply.signing_key_id, reply.signing_public_key)
                 self._interval = reply.report_interval_s or self._interval
                 self.registered.set()
                 backoff.reset()
                 log.info("registered with the control plane as %s", self._site)
-                await stub.Report(self._reports())
+                await stub.Report(self._reports(), metadata=self._metadata)
             except grpc.aio.AioRpcError as exc:
                 self.registered.clear()
                 if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     log.warning("control plane forgot this site: registering again")
                     continue
+                if exc.code() in (
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                ):
+                    log.error("the control plane refused this site: %s", exc.details())
                 delay = backoff.delay()
                 log.warning(
                     "control plane unavailable (%s); retrying in %.1f s", exc.code().name, delay
@@ -210,40 +230,27 @@ class FleetLink:
                 ) as client:
                     backoff.reset()
                     await client.publish(presence_topic(self._site), b"online", qos=1, retain=True)
-                    await client.subscribe(desired_topic(self._site), qos=1)
-                    await client.subscribe(routes_topic(self._settings.fleet.region), qos=1)
-                    log.info("subscribed to %s", desired_topic(self._site))
+                    for topic in self.messages.topics:
+                        await client.subscribe(topic, qos=1)
+                    log.info("subscribed to %s", ", ".join(self.messages.topics))
                     async for message in client.messages:
-                        if message.topic.value.endswith("/routes"):
-                            self._on_routes(message.payload)
-                        else:
-                            self._on_desired(message.payload)
+                        if isinstance(message.payload, bytes | bytearray):
+                            self.messages.receive(message.topic.value, bytes(message.payload))
             except aiomqtt.MqttError as exc:
                 delay = backoff.delay()
                 log.warning("MQTT unavailable (%s); retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
 
-    def _on_routes(self, payload: object) -> None:
-        if self._agent.router is None or not isinstance(payload, bytes | bytearray):
-            return
-        try:
-            routes = pb.Routes.FromString(bytes(payload))
-        except Exception:
-            log.warning("ignored a routes message that is not a Routes")
-            return
-        self._agent.router.update(routes)
+    def _apply_routes(self, routes: pb.Routes) -> None:
+        if self._agent.router is not None:
+            self._agent.router.update(routes)
 
-    def _on_desired(self, payload: object) -> None:
-        if not isinstance(payload, bytes | bytearray):
-            return
-        try:
-            desired = pb.DesiredState.FromString(bytes(payload))
-        except Exception:
-            log.warning("ignored a desired-state message that is not a DesiredState")
-            return
+    def _apply_desired(self, desired: pb.DesiredState) -> None:
         if desired.site_id != self._site:
             log.warning("ignored desired state addressed to %s", desired.site_id)
             return
+        if self._agent.router is not None and desired.peer_token:
+            self._agent.router.peer_token = desired.peer_token
         if not self.reconciler.offer(desired):
             log.debug("ignored stale desired state v%d", desired.version)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import logging
 import os
 import secrets
@@ -27,6 +26,8 @@ import grpc
 
 from edgeplex.agent.config import SecuritySettings
 from edgeplex.agent.errors import PermissionDenied, Unauthenticated
+from edgeplex.net import is_loopback
+from edgeplex.settings import state_dir
 
 log = logging.getLogger("edgeplex.agent.auth")
 
@@ -37,14 +38,6 @@ class Access(Enum):
     OPEN = "open"
     CLIENT = "client"  # inference and model routes: the inference key, when one is set
     ADMIN = "admin"
-
-
-def state_dir() -> Path:
-    """$STATE_DIRECTORY (systemd's StateDirectory=), else the XDG state home."""
-    if os.environ.get("STATE_DIRECTORY"):
-        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "edgeplex"
 
 
 def token_file(security: SecuritySettings) -> Path:
@@ -109,15 +102,6 @@ class Credentials:
                 return
             raise PermissionDenied(f"{what} needs the admin token, not the inference key")
         raise Unauthenticated(f"{what}: the token is not valid")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name or a wildcard ("", "0.0.0.0", "::") may reach the network
 
 
 def check_binds(grpc_host: str, http_host: str, security: SecuritySettings) -> None:

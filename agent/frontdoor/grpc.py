@@ -16,7 +16,7 @@ import grpc
 
 from edgeplex.agent.core import Agent
 from edgeplex.agent.errors import InvalidInput, Overloaded, ServeError
-from edgeplex.agent.fleet.forward import FORWARDED, ORIGIN_REGION, SERVED_BY, peer_error
+from edgeplex.agent.fleet.forward import SERVED_BY, peer_error
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.requests import InferInput
@@ -29,7 +29,6 @@ from edgeplex.agent.tensors import (
     oip_datatype,
     to_raw,
 )
-from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_agent_pb2 as ctl
 from edgeplex.proto import edgeplex_agent_pb2_grpc as ctl_grpc
 from edgeplex.proto import inference_pb2 as pb
@@ -39,14 +38,6 @@ log = logging.getLogger("edgeplex.agent.grpc")
 
 # Trailing metadata set when the request waited for its model's promotion.
 COLD_START = "edgeplex-cold-start"
-
-
-def origin_region(metadata: Any) -> str:
-    """The `edgeplex-origin-region` a forwarding peer set, if it is a valid name."""
-    for key, value in metadata or ():
-        if key == ORIGIN_REGION and isinstance(value, str) and valid_name(value):
-            return value
-    return ""
 
 
 def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -209,9 +200,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _serve(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         router = self.agent.router
-        metadata = context.invocation_metadata()
-        origin = origin_region(metadata)
-        forwarded = any(key == FORWARDED for key, _ in metadata or ())
+        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        forwarded, origin = router.hop(metadata.get) if router else (False, "")
         peers = self.agent.route(request.model_name, forwarded, origin)
         if peers and router is not None:
             try:

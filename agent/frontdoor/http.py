@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from edgeplex.agent.core import Agent
 from edgeplex.agent.errors import InvalidInput, Overloaded, ServeError
-from edgeplex.agent.fleet.forward import FORWARDED, ORIGIN_REGION, SERVED_BY
+from edgeplex.agent.fleet.forward import SERVED_BY
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.gate import Pass
 from edgeplex.agent.frontdoor.oip_body import (
@@ -36,7 +36,6 @@ from edgeplex.agent.frontdoor.oip_body import (
 )
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.tensors import oip_datatype, to_raw
-from edgeplex.names import valid_name
 
 log = logging.getLogger("edgeplex.agent.http")
 
@@ -207,12 +206,11 @@ class HttpApi:
     async def _infer(
         self, request: web.Request, model: str, version: str, held: Pass
     ) -> web.Response:
-        origin = request.headers.get(ORIGIN_REGION, "")
-        origin = origin if valid_name(origin) else ""
         router = self.agent.router
+        forwarded, origin = router.hop(request.headers.get) if router else (False, "")
         raw = await request.read()
         held.grow(len(raw))
-        peers = self.agent.route(model, FORWARDED in request.headers, origin)
+        peers = self.agent.route(model, forwarded, origin)
         if peers and router is not None:  # forwarded as received, still encoded
             status, payload, headers = await router.forward_http(
                 request.path_qs, raw, dict(request.headers), peers, origin

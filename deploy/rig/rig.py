@@ -168,6 +168,8 @@ class Rig:
             "EDGEPLEX_AGENT_HTTP_HOST": site["address"],
             "EDGEPLEX_AGENT_SECURITY__INSECURE": "true",  # the rig's private namespaces
             "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN_FILE": str(self.state_dir / "admin-token"),
+            "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": self._add_site(state, site_id, site["region"]),
+            "EDGEPLEX_AGENT_FLEET__TRUST_FILE": str(self.state_dir / f"trust-{site_id}.pub"),
             "EDGEPLEX_AGENT_PRESTAGE": "false",
             "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "256MiB",
             **(extra_env or {}),
@@ -175,6 +177,23 @@ class Rig:
         cmd = ["ip", "netns", "exec", site["namespace"], sys.executable, "-m", "edgeplex", "agent",
                "--model-repo", str(repo), "--grpc-port", "8001", "--http-port", "8000"]  # fmt: skip
         return self._spawn(f"agent-{site_id}", cmd, env=env)
+
+    def _add_site(self, state: dict, site_id: str, region: str) -> str:  # type: ignore[type-arg]
+        """`edgeplex admin site add`: a fresh join token for the site (the last one is
+        revoked, so a restarted agent always joins with a valid one)."""
+        import grpc
+
+        from edgeplex.proto import edgeplex_control_pb2 as pb
+        from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+
+        token = (self.state_dir / "admin-token").read_text().strip()
+        with grpc.insecure_channel(state["control_plane"]) as channel:
+            reply = pb_grpc.AdminServiceStub(channel).AddSite(
+                pb.AddSiteRequest(site_id=site_id, region=region),
+                metadata=(("authorization", f"Bearer {token}"),),
+                timeout=10,
+            )
+        return reply.join_token
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> int:
         log = (self.state_dir / f"{name}.log").open("ab")

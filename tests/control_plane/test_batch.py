@@ -23,7 +23,7 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.conftest import AgentProcess, start_agent
 from tests.control_plane.test_fleet import wait_until
-from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer
+from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, fleet_env
 
 AUTH = [("authorization", f"Bearer {TOKEN}")]
 
@@ -76,12 +76,7 @@ def batch_fleet(
     for sid, region in (("a1", "a"), ("b1", "b")):
         repo = workdir / f"repo-{sid}"
         repo.mkdir()
-        agents.append(start_agent(repo, workdir, env={
-            "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": cp.address,
-            "EDGEPLEX_AGENT_FLEET__SITE_ID": sid,
-            "EDGEPLEX_AGENT_FLEET__REGION": region,
-            "EDGEPLEX_AGENT_FLEET__MQTT_URL": m.url(),
-        }))  # fmt: skip
+        agents.append(start_agent(repo, workdir, env=fleet_env(cp, m.url(), sid, region)))
     with grpc.insecure_channel(cp.address) as channel:
         pb_grpc.AdminServiceStub(channel).AddModel(
             pb.CatalogModel(name="mlp", artifact_uri=model.as_uri(), sha256=sha256_of(model),

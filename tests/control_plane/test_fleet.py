@@ -38,7 +38,7 @@ from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.proto import inference_pb2 as ipb
 from edgeplex.proto import inference_pb2_grpc as ipb_grpc
 from tests.conftest import AgentProcess, free_port, start_agent
-from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer
+from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, fleet_env
 
 pytestmark = pytest.mark.slow
 AUTH = [("authorization", f"Bearer {TOKEN}")]
@@ -101,10 +101,7 @@ class Fleet:
             repo,
             self.workdir,
             env={
-                "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": self.cp.address,
-                "EDGEPLEX_AGENT_FLEET__SITE_ID": site,
-                "EDGEPLEX_AGENT_FLEET__REGION": region,
-                "EDGEPLEX_AGENT_FLEET__MQTT_URL": self.mqtt.url(),
+                **fleet_env(self.cp, self.mqtt.url(), site, region),
                 "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "256MiB",
                 "EDGEPLEX_AGENT_PRESTAGE": "false",
             },
@@ -113,13 +110,12 @@ class Fleet:
         return agent
 
 
-def infer(agent: AgentProcess, model: str, origin: str = "") -> np.ndarray:
+def infer(agent: AgentProcess, model: str) -> np.ndarray:
     client = triton.InferenceServerClient(agent.grpc_url)
     x = np.ones((1, 32), dtype=np.float32)
     inp = triton.InferInput("input", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
-    headers = {"edgeplex-origin-region": origin} if origin else None
-    result = client.infer(model, [inp], headers=headers, client_timeout=10)
+    result = client.infer(model, [inp], client_timeout=10)
     return result.as_numpy("output")
 
 
@@ -432,11 +428,15 @@ def test_forwarding_to_the_site_that_holds_the_model(fleet: Fleet) -> None:
     # Served locally: the header names the site itself.
     status, headers, _ = http_post(b1, "/v2/models/b_only/infer", body)
     assert status == 200 and headers["edgeplex-served-by"] == "b1"
-    # A forwarded request is never forwarded again.
-    status, headers, reply = http_post(
-        a1, "/v2/models/b_only/infer", body, {"edgeplex-forwarded": "x9"}
-    )
+    # A request a peer forwarded (it carries the fleet's peer token) is never forwarded
+    # again; from anyone else the hop header is ignored.
+    token = redis.Redis.from_url(fleet.redis.url).get("edgeplex:peer_token").decode()
+    hop = {"edgeplex-forwarded": "x9", "edgeplex-peer-token": token}
+    status, headers, reply = http_post(a1, "/v2/models/b_only/infer", body, hop)
     assert status == 503 and b"not at this site" in reply
+    spoofed = {"edgeplex-forwarded": "x9", "edgeplex-peer-token": "guess"}
+    status, headers, reply = http_post(a1, "/v2/models/b_only/infer", body, spoofed)
+    assert status == 200 and headers["edgeplex-served-by"] == "b1"
     # No site serves it: UNAVAILABLE with a retry hint.
     status, headers, reply = http_post(a1, "/v2/models/nowhere/infer", body)
     assert status == 503 and "Retry-After" in headers and b"no site serves" in reply

@@ -10,12 +10,14 @@ import aiomqtt
 import grpc
 import pytest
 import redis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgeplex.control_plane.config import ControlPlaneSettings
 from edgeplex.control_plane.publisher import Publisher
 from edgeplex.fleet import parse_mqtt_url
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from edgeplex.signing import DESIRED, Signer, TrustStore
 from tests.conftest import start_agent
 from tests.control_plane.test_fleet import wait_until
 from tests.services import ControlPlane, Mosquitto, RedisServer
@@ -33,7 +35,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
-    for name, san in (("server", "IP:127.0.0.1,DNS:localhost"), ("client", "DNS:agent")):
+    for name, san in (("server", "IP:127.0.0.1,DNS:localhost"), ("client", "DNS:tls1")):
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
         (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
@@ -104,9 +106,10 @@ def test_mqtt_username_and_password(tmp_path: Path) -> None:
         with pytest.raises(aiomqtt.MqttError):
             async with aiomqtt.Client(**parse_mqtt_url(broker.url("cp", "wrong")).client_kwargs()):  # type: ignore[arg-type]
                 pass
-        publisher = Publisher(broker.url("cp", "s3cret"), "test-cp")
+        signer = Signer(Ed25519PrivateKey.generate())
+        publisher = Publisher(broker.url("cp", "s3cret"), "test-cp", signer, 600)
         task = asyncio.create_task(publisher.run())
-        publisher.publish("edgeplex/v1/sites/s1/desired", b"payload")
+        publisher.publish("edgeplex/v1/sites/s1/desired", DESIRED, "site/s1", 1, b"payload")
         for _ in range(100):  # subscribe after the publish, so the broker's retained copy arrives
             if publisher.published:
                 break
@@ -116,7 +119,10 @@ def test_mqtt_username_and_password(tmp_path: Path) -> None:
         ) as c:  # type: ignore[arg-type]
             await c.subscribe("edgeplex/v1/sites/s1/desired", qos=1)
             message = await asyncio.wait_for(anext(aiter(c.messages)), 10)
-            assert message.payload == b"payload" and message.retain
+            assert message.retain
+            trust = TrustStore()
+            assert trust.pin(signer.public)
+            assert trust.open(bytes(message.payload), DESIRED, "site/s1").payload == b"payload"
         task.cancel()
 
     try:
@@ -132,3 +138,16 @@ def test_everything_binds_to_loopback_by_default() -> None:
     agent = AgentSettings()
     assert cp.grpc_host == cp.http_host == "127.0.0.1"
     assert agent.grpc_host == agent.http_host == "127.0.0.1"
+
+
+def test_admin_cli_never_sends_its_token_in_clear_text_beyond_loopback() -> None:
+    import os
+    import sys
+
+    env = {**os.environ, "EDGEPLEX_ADMIN_TOKEN": "secret"}
+    command = [sys.executable, "-m", "edgeplex", "admin", "--control-plane", "192.0.2.1:7070"]
+    result = subprocess.run(
+        [*command, "site", "list"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "clear text" in result.stderr and "secret" not in result.stderr

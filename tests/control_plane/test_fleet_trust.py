@@ -1,0 +1,179 @@
+"""Fleet trust end to end: forged MQTT control messages change nothing at a site
+and are counted; a site proves who it is before it may register or report;
+hop headers count only from fleet peers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import aiomqtt
+import grpc
+import numpy as np
+import pytest
+import redis
+import tritonclient.http as triton_http
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from edgeplex.agent import demo
+from edgeplex.fleet import desired_topic, parse_mqtt_url, routes_topic
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from edgeplex.signing import DESIRED, ROUTES, Signer, region_audience, site_audience
+from tests.control_plane.test_fleet import Fleet, agent_tier, wait_until
+from tests.services import ControlPlane, Mosquitto, RedisServer, join_token
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    workdir = tmp_path_factory.mktemp("trust")
+    r, m = RedisServer(workdir), Mosquitto(workdir)
+    r.start()
+    m.start()
+    cp = ControlPlane(workdir, r, m.url())
+    cp.start()
+    f = Fleet(workdir, r, m, cp)
+    demo.make_mlp(workdir / "src" / "base", width=64, layers=2, in_width=32)
+    f.start_agent("a1", "a")
+    f.add_model("base", workdir / "src" / "base" / "1" / "model.onnx", min_replicas=1)
+    try:
+        yield f
+    finally:
+        for agent in f.agents.values():
+            agent.stop()
+        cp.stop()
+        m.stop()
+        r.stop()
+
+
+def rejected(agent) -> float:  # type: ignore[no-untyped-def]
+    _, body = agent.http_get("/metrics")
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.decode().splitlines()
+        if line.startswith("edgeplex_agent_rejected_messages_total{")
+    )
+
+
+def publish(fleet: Fleet, topic: str, payloads: list[bytes]) -> None:
+    async def send() -> None:
+        kwargs = parse_mqtt_url(fleet.mqtt.url()).client_kwargs()
+        async with aiomqtt.Client(**kwargs) as client:  # type: ignore[arg-type]
+            for payload in payloads:  # not retained: the real retained copy stays
+                await client.publish(topic, payload, qos=1)
+
+    asyncio.run(send())
+
+
+def test_forged_control_messages_change_nothing_and_are_counted(fleet: Fleet) -> None:
+    agent = fleet.agents["a1"]
+    wait_until(lambda: agent_tier(agent, "base") == "loaded", 40, what="base loaded at a1")
+    before = rejected(agent)
+    empty = pb.DesiredState(version=2**64 - 1, site_id="a1").SerializeToString()
+    attacker = Signer(Ed25519PrivateKey.generate())
+    legit = Signer.from_file(fleet.workdir / "signing-key")  # the real key, misused
+    forged = [
+        empty,  # unsigned
+        attacker.seal(DESIRED, site_audience("a1"), 2**64 - 1, empty, 600),  # another key
+        legit.seal(DESIRED, site_audience("b9"), 2**63, empty, 600),  # another site's
+        legit.seal(DESIRED, site_audience("a1"), 2**63, empty, -5),  # expired
+        legit.seal(DESIRED, site_audience("a1"), 1, empty, 600),  # replayed: an old version
+        legit.seal(ROUTES, site_audience("a1"), 2**63, empty, 600),  # wrong kind
+    ]
+    publish(fleet, desired_topic("a1"), forged)
+    routes = pb.Routes(version=2**63, region="a").SerializeToString()
+    publish(
+        fleet, routes_topic("a"), [attacker.seal(ROUTES, region_audience("a"), 2**63, routes, 600)]
+    )
+    wait_until(lambda: rejected(agent) >= before + len(forged) + 1, what="all forgeries rejected")
+    assert agent_tier(agent, "base") == "loaded"
+    # The real control plane still commands the site afterwards.
+    demo.make_mlp(fleet.workdir / "src" / "late", width=64, layers=2, in_width=32, seed=4)
+    fleet.add_model("late", fleet.workdir / "src" / "late" / "1" / "model.onnx", min_replicas=1)
+    wait_until(lambda: agent_tier(agent, "late") == "loaded", 40, what="a real update applied")
+
+
+def test_sites_prove_who_they_are(fleet: Fleet) -> None:
+    client = redis.Redis.from_url(fleet.redis.url)
+    address_before = client.hget("edgeplex:sites", "a1")
+    other = join_token(fleet.cp, "x9", "a")  # a site that may join, but is not a1
+
+    def register(site: str, region: str, token: str | None, address: str = "10.9.9.9:8001"):  # type: ignore[no-untyped-def]
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        request = pb.RegisterRequest(site_id=site, region=region, address=address)
+        with (
+            grpc.insecure_channel(fleet.cp.address) as channel,
+            pytest.raises(grpc.RpcError) as err,
+        ):
+            pb_grpc.AgentServiceStub(channel).Register(request, metadata=metadata, timeout=10)
+        return err.value.code()
+
+    assert register("a1", "a", None) == grpc.StatusCode.UNAUTHENTICATED
+    assert register("a1", "a", "ejt_made-up") == grpc.StatusCode.UNAUTHENTICATED
+    assert register("a1", "a", other) == grpc.StatusCode.PERMISSION_DENIED  # x9's token
+    assert register("x9", "b", other) == grpc.StatusCode.PERMISSION_DENIED  # wrong region
+    assert register("x9", "a", other, "0.0.0.0:8001") == grpc.StatusCode.INVALID_ARGUMENT
+    assert register("x9", "a", other, "[::]:8001") == grpc.StatusCode.INVALID_ARGUMENT
+    with grpc.insecure_channel(fleet.cp.address) as channel, pytest.raises(grpc.RpcError) as err:
+        reports = iter([pb.LoadReport(site_id="a1")])
+        pb_grpc.AgentServiceStub(channel).Report(
+            reports, metadata=(("authorization", f"Bearer {other}"),), timeout=10
+        )
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert client.hget("edgeplex:sites", "a1") == address_before
+    assert not client.hexists("edgeplex:sites", "x9")
+
+
+def test_hop_headers_count_only_from_fleet_peers(fleet: Fleet) -> None:
+    """A client cannot pose as a forwarding peer: its origin region is ignored."""
+    agent = fleet.agents["a1"]
+    wait_until(lambda: agent_tier(agent, "base") == "loaded", 40, what="base loaded at a1")
+    client = triton_http.InferenceServerClient(agent.http_url)
+    x = np.ones((1, 32), dtype=np.float32)
+    inp = triton_http.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    spoof = {
+        "edgeplex-origin-region": "zz",
+        "edgeplex-forwarded": "evil",
+        "edgeplex-peer-token": "x",
+    }
+    for _ in range(5):
+        client.infer("base", [inp], headers=spoof)
+    wait_until(lambda: fleet_demand_regions(fleet) >= {"a"}, what="demand reported")
+    assert "zz" not in fleet_demand_regions(fleet)
+
+
+def fleet_demand_regions(fleet: Fleet) -> set[str]:
+    client = redis.Redis.from_url(fleet.redis.url)
+    regions = set()
+    for raw in client.hvals("edgeplex:reports"):
+        report = pb.LoadReport.FromString(raw)
+        for model in report.models:
+            regions.update(model.rate_by_region)
+    return regions
+
+
+def test_a_signed_rollover_moves_sites_to_the_new_key(fleet: Fleet) -> None:
+    """Runs last: afterwards the site no longer trusts the running control plane's key."""
+    agent = fleet.agents["a1"]
+    trust_file = fleet.workdir / f"control-plane-{agent.grpc_port}.pub"
+    old = trust_file.read_text()
+    new_key = fleet.workdir / "new-signing-key"
+    env = {**os.environ, "EDGEPLEX_CP_SIGNING_KEY_FILE": str(fleet.workdir / "signing-key")}
+    result = subprocess.run(
+        [sys.executable, "-m", "edgeplex", "control-plane", "--mqtt", fleet.mqtt.url(),
+         "--rotate-signing-key", str(new_key)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    new = Signer.from_file(new_key)
+    assert new.key_id in result.stdout
+    expected = base64.b64encode(new.public).decode()
+    wait_until(lambda: trust_file.read_text().strip() == expected, what="the site switched keys")
+    assert trust_file.read_text() != old

@@ -1,0 +1,112 @@
+"""Signed control messages (edgeplex/signing.py): what an agent accepts, what it
+drops and why, key pinning and rollover. Pure: no broker, no processes."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.signing import (
+    DESIRED,
+    ROLLOVER,
+    ROUTES,
+    Rejected,
+    Signer,
+    TrustStore,
+    site_audience,
+)
+
+SITE = site_audience("s1")
+
+
+def desired(version: int, site: str = "s1") -> bytes:
+    return pb.DesiredState(version=version, site_id=site).SerializeToString()
+
+
+@pytest.fixture
+def signer() -> Signer:
+    return Signer(Ed25519PrivateKey.generate())
+
+
+@pytest.fixture
+def store(signer: Signer, tmp_path) -> TrustStore:
+    trust = TrustStore(tmp_path / "cp.pub")
+    assert trust.pin(signer.public)
+    return trust
+
+
+def reason(store: TrustStore, data: bytes, kind: str = DESIRED, audience: str = SITE) -> str:
+    with pytest.raises(Rejected) as err:
+        store.open(data, kind, audience)
+    return err.value.reason
+
+
+def test_a_sealed_message_opens(signer, store):
+    opened = store.open(signer.seal(DESIRED, SITE, 7, desired(7), 60), DESIRED, SITE)
+    assert opened.version == 7
+    assert pb.DesiredState.FromString(opened.payload).version == 7
+
+
+def test_forgeries_are_rejected_with_their_reason(signer, store):
+    attacker = Signer(Ed25519PrivateKey.generate())
+    assert reason(store, desired(2**64 - 1)) in ("malformed", "unknown_key")  # unsigned
+    assert reason(store, b"\xff" * 40) == "malformed"
+    assert reason(store, attacker.seal(DESIRED, SITE, 2**64 - 1, desired(9), 60)) == "unknown_key"
+    sealed = pb.SignedMessage.FromString(signer.seal(DESIRED, SITE, 3, desired(3), 60))
+    sealed.signature = attacker._private.sign(sealed.body)  # right key id, wrong signer
+    assert reason(store, sealed.SerializeToString()) == "bad_signature"
+    tampered = pb.SignedMessage.FromString(signer.seal(DESIRED, SITE, 3, desired(3), 60))
+    tampered.body = tampered.body.replace(b"s1", b"s2")
+    assert reason(store, tampered.SerializeToString()) == "bad_signature"
+    other_site = signer.seal(DESIRED, site_audience("s2"), 4, desired(4, "s2"), 60)
+    assert reason(store, other_site) == "wrong_audience"
+    assert reason(store, signer.seal(ROUTES, SITE, 4, b"", 60)) == "wrong_kind"
+    expired = signer.seal(DESIRED, SITE, 5, desired(5), -1)
+    assert reason(store, expired) == "expired"
+
+
+def test_replays_and_rollbacks_are_stale_but_a_refresh_is_not(signer, store):
+    store.open(signer.seal(DESIRED, SITE, 10, desired(10), 60), DESIRED, SITE)
+    assert reason(store, signer.seal(DESIRED, SITE, 9, desired(9), 60)) == "stale"
+    assert reason(store, signer.seal(DESIRED, SITE, 10, desired(11), 60)) == "stale"
+    refreshed = store.open(signer.seal(DESIRED, SITE, 10, desired(10), 120), DESIRED, SITE)
+    assert refreshed.version == 10
+
+
+def test_trust_on_first_use_then_only_a_signed_rollover(signer, tmp_path):
+    pin = tmp_path / "cp.pub"
+    store = TrustStore.load(None, pin)
+    assert reason(store, signer.seal(DESIRED, SITE, 1, desired(1), 60)) == "unknown_key"
+    assert store.pin(signer.public)
+    other = Signer(Ed25519PrivateKey.generate())
+    assert not store.pin(other.public)  # a different key later is refused
+    assert TrustStore.load(None, pin).keys.keys() == store.keys.keys()  # survives a restart
+    rollover = pb.KeyRollover(key_id=other.key_id, public_key=other.public).SerializeToString()
+    forged = other.seal(ROLLOVER, "fleet", 1, rollover, 60)  # signed by the new key itself
+    assert reason(store, forged, ROLLOVER, "fleet") == "unknown_key"
+    store.rollover(store.open(signer.seal(ROLLOVER, "fleet", 2, rollover, 60), ROLLOVER, "fleet"))
+    assert list(store.keys) == [other.key_id]
+    assert store.open(other.seal(DESIRED, SITE, 2, desired(2), 60), DESIRED, SITE).version == 2
+    assert reason(store, signer.seal(DESIRED, SITE, 3, desired(3), 60)) == "unknown_key"
+    assert TrustStore.load(None, pin).keys.keys() == store.keys.keys()
+
+
+def test_the_key_file_is_private_and_stable(tmp_path):
+    path = tmp_path / "state" / "signing-key"
+    first = Signer.from_file(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert Signer.from_file(path).key_id == first.key_id
+    path.chmod(0o644)
+    with pytest.raises(PermissionError):
+        Signer.from_file(path)
+
+
+def test_a_configured_key_is_trusted_without_pinning(signer, tmp_path):
+    import base64
+
+    store = TrustStore.load(base64.b64encode(signer.public).decode(), tmp_path / "x.pub")
+    assert store.open(signer.seal(DESIRED, SITE, 1, desired(1), 60), DESIRED, SITE).version == 1
+    assert not store.pin(Signer(Ed25519PrivateKey.generate()).public)
