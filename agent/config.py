@@ -122,6 +122,19 @@ class FleetSettings(BaseModel):
     max_artifact_bytes: int = Field(
         default=8 * 1024**3, gt=0, description="Largest artifact this agent downloads, in bytes."
     )
+    artifact_schemes: list[Literal["https", "http"]] = Field(
+        default=["https"],
+        description="Network schemes artifact URIs may use. file:// is governed by "
+        "artifact_file_roots; a redirect to another scheme is refused.",
+    )
+    artifact_file_roots: list[Path] = Field(
+        default=[],
+        description="Directories file:// artifact URIs may point under. Empty: no file:// "
+        "artifacts.",
+    )
+    artifact_deadline_s: float = Field(
+        default=600.0, gt=0, description="Longest one artifact download may take in all."
+    )
     control_plane_key: str | None = Field(
         default=None,
         description="The control plane's Ed25519 public key (base64 of the raw 32 bytes; the "
@@ -145,6 +158,11 @@ class FleetSettings(BaseModel):
         default=None, description="PEM client certificate for mTLS to the control plane."
     )
     tls_key: Path | None = Field(default=None, description="PEM key of tls_cert.")
+    peer_tls_ca: Path | None = Field(
+        default=None,
+        description="PEM CA of the fleet's OIP certificates (security.tls_cert). Set: requests "
+        "are forwarded to peers over TLS (https, secure gRPC) verified against it.",
+    )
 
     @field_validator("max_artifact_bytes", mode="before")
     @classmethod
@@ -253,7 +271,8 @@ class AgentSettings(FileSettings):
     disk_cache_budget: int | None = Field(
         default=None,
         description="Bytes of downloaded artifacts kept on local disk (the `cached` tier). "
-        "Reported today; enforced once artifacts are fetched from a store (control plane).",
+        "After each reconcile the least recently used ones beyond it are deleted; never one "
+        "the desired state names. Unset: no limit.",
     )
     eviction_policy: Literal["gdsf", "lru", "ttl", "none"] = Field(
         default="gdsf",

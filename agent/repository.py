@@ -28,6 +28,9 @@ class ModelSource:
     path: Path  # the model.onnx to load
     config: ModelConfig | None  # None when config.yaml is invalid (see config_error)
     config_error: str = ""
+    # What the artifact is: its sha256 when the fleet installed it, else size and
+    # mtime. Staged copies are keyed by it, so a replaced artifact is noticed.
+    digest: str = ""
 
 
 def scan_model(repo: Path, name: str, defaults: ModelConfig) -> ModelSource | None:
@@ -53,7 +56,19 @@ def scan_model(repo: Path, name: str, defaults: ModelConfig) -> ModelSource | No
         error = ""
     except Exception as exc:  # pydantic ValidationError, YAML errors
         config, error = None, f"invalid {CONFIG_FILE}: {_first_line(exc)}"
-    return ModelSource(name, version, model_dir / version / MODEL_FILE, config, error)
+    path = model_dir / version / MODEL_FILE
+    return ModelSource(name, version, path, config, error, artifact_digest(path))
+
+
+def artifact_digest(path: Path) -> str:
+    marker = path.parent / ".sha256"  # written by the fleet's reconciler
+    if marker.is_file():
+        return marker.read_text().strip()[:64]
+    try:
+        st = path.stat()
+    except OSError:
+        return ""
+    return f"{st.st_size:x}-{st.st_mtime_ns:x}"
 
 
 def scan_repository(repo: Path, defaults: ModelConfig) -> dict[str, ModelSource]:

@@ -65,7 +65,10 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         agent = Agent(settings, residency, effects)
         names = agent.discover()
         if settings.fleet.control_plane:
-            agent.router = Router(settings.fleet.site_id, settings.fleet.region)
+            ca = settings.fleet.peer_tls_ca
+            agent.router = Router(
+                settings.fleet.site_id, settings.fleet.region, ca.read_bytes() if ca else None
+            )
         security = settings.security
         check_binds(settings.grpc_host, settings.http_host, security)
         credentials = Credentials.from_settings(security)

@@ -87,7 +87,7 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
         if not valid_name(request.name):
             problems.append("name: letters, digits, '_.-', at most 128 characters")
         try:
-            check_uri(request.artifact_uri)
+            check_uri(request.artifact_uri, self._artifacts.policy)
         except ArtifactError as exc:
             problems.append(f"artifact_uri: {exc}")
         try:

@@ -10,7 +10,7 @@ import grpc
 from redis.exceptions import RedisError
 
 from edgeplex.control_plane.batch import make_job
-from edgeplex.control_plane.store import Store
+from edgeplex.control_plane.store import ShardLease, Store
 from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
@@ -64,10 +64,11 @@ class BatchAdmin:
             raise
         job.shards_done = len(done)
         for index in range(job.shards):
-            site, expiry, attempts = leases.get(index, ("", 0.0, 0))
-            state = "DONE" if index in done else ("RUNNING" if expiry > time.time() else "PENDING")
+            lease = leases.get(index, ShardLease("", 0.0, 0))
+            running = lease.expiry > time.time()
+            state = "DONE" if index in done else ("RUNNING" if running else "PENDING")
             job.shard_states.append(
-                pb.BatchShard(index=index, state=state, site_id=site, attempts=attempts)
+                pb.BatchShard(index=index, state=state, site_id=lease.site, attempts=lease.attempt)
             )
         return job
 

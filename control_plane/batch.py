@@ -5,35 +5,40 @@ leader, `BatchRunner.run` wakes every TICK_S and, for every shard of a
 running job that has no output and no live lease, picks a site
 (`pick_site`: up, not draining, utilisation under `IDLE_UTILIZATION`,
 preferring sites where it is local night, then the model already loaded, then
-the least busy), writes a lease, and sends the shard's requests to that
-site's OIP HTTP endpoint one by one. The outputs of a shard are written with
-HSETNX when all its items are done, so a shard run twice (its lease expired
-while a replica was dying) is recorded once: a control-plane restart loses
-no shard and duplicates none. A site that fails mid-shard simply lets the
-lease lapse; the shard runs again elsewhere.
+the least busy), takes a lease on it with compare-and-set (two replicas never
+both win it), and sends the shard's requests to that site's OIP HTTP endpoint
+one by one, renewing the lease while it runs. The outputs of a shard are
+written with HSETNX when all its items are done, so a shard run twice (its
+lease expired while a replica was dying) is recorded once: a control-plane
+restart loses no shard and duplicates none. A replica that stops leading
+cancels its runs at once. A run that fails records why and gives its lease
+up; the shard runs again elsewhere, and after MAX_ATTEMPTS failed runs its
+items fail with that reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 from redis.exceptions import RedisError
 
 from edgeplex.control_plane.leader import LeaderLease
-from edgeplex.control_plane.store import Store
+from edgeplex.control_plane.store import ShardLease, Store
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
 log = logging.getLogger("edgeplex.control_plane.batch")
 
 DEFAULT_SHARD_SIZE = 32
-SHARD_LEASE_S = 15.0
+SHARD_LEASE_S = 15.0  # renewed every third of it while the shard runs
+MAX_ATTEMPTS = 3
 TICK_S = 0.5
 IDLE_UTILIZATION = 0.5
 MAX_SHARDS_PER_SITE = 1
@@ -125,6 +130,8 @@ class BatchRunner:
             while True:
                 await asyncio.sleep(TICK_S)
                 if not self._lease.is_leader:
+                    for task in list(self._running.values()):  # deposed: stop at once
+                        task.cancel()
                     continue
                 try:
                     await self._tick()
@@ -151,18 +158,59 @@ class BatchRunner:
                 if index in done or (job.job_id, index) in self._running:
                     continue
                 lease = leases.get(index)
-                if lease is not None and lease[1] > now:
+                if lease is not None and lease.expiry > now:
                     continue  # another replica's run may still finish
+                if lease is not None and lease.attempt >= MAX_ATTEMPTS:
+                    await self._fail_shard(job, index)
+                    continue
                 site = pick_site(sites, job.model, self._busy, self._offsets, now)
                 if site is None:
                     return
-                attempt = (lease[2] + 1) if lease else 1
-                await self._store.lease_batch_shard(
-                    job.job_id, index, site.site_id, now + SHARD_LEASE_S, attempt
+                new = ShardLease(
+                    site.site_id,
+                    now + SHARD_LEASE_S,
+                    (lease.attempt + 1) if lease else 1,
+                    self._lease.replica_id,
                 )
+                old = lease.format() if lease else ""
+                if not await self._store.lease_batch_shard(job.job_id, index, old, new):
+                    continue  # another replica took it
                 self._busy[site.site_id] = self._busy.get(site.site_id, 0) + 1
-                task = asyncio.create_task(self._run_shard(job, index, site))
+                task = asyncio.create_task(self._run_shard(job, index, site, new))
                 self._running[(job.job_id, index)] = task
+
+    async def _fail_shard(self, job: pb.BatchJob, index: int) -> None:
+        why = await self._store.batch_failure(job.job_id, index) or "its sites stopped answering"
+        items = json.loads(await self._store.batch_shard(job.job_id, index))
+        error = json.dumps({"error": f"the shard failed {MAX_ATTEMPTS} times: {why}"})
+        if await self._store.put_batch_output(
+            job.job_id, index, json.dumps([error] * len(items)).encode()
+        ):
+            log.warning(
+                "batch %s shard %d failed %d times: %s", job.job_id, index, MAX_ATTEMPTS, why
+            )
+
+    async def _renew(
+        self, job_id: str, index: int, held: list[ShardLease], run: asyncio.Task[None]
+    ) -> None:
+        """Extend the lease (`held[0]`) while the shard runs; stop the run if it is lost."""
+        while True:
+            lease = held[0]
+            await asyncio.sleep(SHARD_LEASE_S / 3)
+            renewed = replace(lease, expiry=time.time() + SHARD_LEASE_S)
+            try:
+                kept = self._lease.is_leader and await self._store.lease_batch_shard(
+                    job_id, index, lease.format(), renewed
+                )
+            except RedisError:
+                kept = lease.expiry > time.time() + SHARD_LEASE_S / 3  # try again soon
+                if kept:
+                    continue
+            if not kept:
+                log.warning("batch %s shard %d: lease lost, stopping its run", job_id, index)
+                run.cancel()
+                return
+            held[0] = renewed
 
     async def _site_loads(self) -> list[SiteLoad]:
         sites = await self._store.sites()
@@ -181,8 +229,14 @@ class BatchRunner:
             )
         return out
 
-    async def _run_shard(self, job: pb.BatchJob, index: int, site: SiteLoad) -> None:
+    async def _run_shard(
+        self, job: pb.BatchJob, index: int, site: SiteLoad, lease: ShardLease
+    ) -> None:
         assert self._http is not None
+        run = asyncio.current_task()
+        assert run is not None
+        held = [lease]
+        renewer = asyncio.create_task(self._renew(job.job_id, index, held, run))
         try:
             items = json.loads(await self._store.batch_shard(job.job_id, index))
             url = f"http://{site.http_address}/v2/models/{job.model}/infer"
@@ -201,8 +255,16 @@ class BatchRunner:
             if await self._store.put_batch_output(job.job_id, index, json.dumps(outputs).encode()):
                 log.info("batch %s shard %d done at %s", job.job_id, index, site.site_id)
         except (aiohttp.ClientError, RuntimeError, TimeoutError, RedisError) as exc:
-            log.warning("batch %s shard %d at %s failed: %s", job.job_id, index, site.site_id, exc)
+            renewer.cancel()
+            reason = f"{site.site_id}: {exc or type(exc).__name__}"
+            log.warning("batch %s shard %d failed at %s", job.job_id, index, reason)
+            with contextlib.suppress(RedisError):  # record why, and give the lease up now
+                await self._store.batch_failure(job.job_id, index, reason)
+                await self._store.lease_batch_shard(
+                    job.job_id, index, held[0].format(), replace(held[0], expiry=0.0)
+                )
         finally:
+            renewer.cancel()
             self._busy[site.site_id] -= 1
             self._running.pop((job.job_id, index), None)
 

@@ -92,6 +92,19 @@ class ControlPlaneSettings(FileSettings):
     max_artifact_bytes: int = Field(
         default=8 * 1024**3, gt=0, description="Largest artifact accepted, in bytes."
     )
+    artifact_schemes: list[Literal["https", "http"]] = Field(
+        default=["https"],
+        description="Network schemes artifact URIs may use. file:// is governed by "
+        "artifact_file_roots; a redirect to another scheme is refused.",
+    )
+    artifact_file_roots: list[Path] = Field(
+        default=[],
+        description="Directories file:// artifact URIs may point under. Empty: no file:// "
+        "artifacts.",
+    )
+    artifact_deadline_s: float = Field(
+        default=600.0, gt=0, description="Longest one artifact download may take in all."
+    )
     tls_cert: Path | None = Field(
         default=None, description="PEM certificate of the gRPC server; with tls_key, TLS is on."
     )

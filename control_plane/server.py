@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from edgeplex import systemd
-from edgeplex.artifacts import ArtifactCache
+from edgeplex.artifacts import ArtifactCache, FetchPolicy
 from edgeplex.control_plane.api_admin import AdminServicer, TokenAuth
 from edgeplex.control_plane.api_agent import AgentServicer, ReportSink
 from edgeplex.control_plane.batch import BatchRunner
@@ -73,7 +73,18 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
     planner = Planner(settings, store, publisher, lease)
     sink = ReportSink(store)
     admin = AdminServicer(
-        store, planner, ArtifactCache(artifact_dir, settings.max_artifact_bytes), planner.poke
+        store,
+        planner,
+        ArtifactCache(
+            artifact_dir,
+            settings.max_artifact_bytes,
+            FetchPolicy.of(
+                list(settings.artifact_schemes),
+                settings.artifact_file_roots,
+                settings.artifact_deadline_s,
+            ),
+        ),
+        planner.poke,
     )
 
     server = grpc.aio.server(

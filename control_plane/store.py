@@ -26,6 +26,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
@@ -204,24 +205,39 @@ class Store:
         """Record a shard's outputs unless some run of it already did (no duplicates)."""
         return bool(await self.redis.hsetnx(f"{P}batch:{job_id}:out", str(index), outputs))
 
-    async def batch_leases(self, job_id: str) -> dict[int, tuple[str, float, int]]:
+    async def batch_leases(self, job_id: str) -> dict[int, ShardLease]:
         raw = await self.redis.hgetall(f"{P}batch:{job_id}:lease")
-        out = {}
-        for k, v in raw.items():
-            site, expiry, attempt = text(v).split()
-            out[int(text(k))] = (site, float(expiry), int(attempt))
-        return out
+        return {int(text(k)): ShardLease.parse(text(v)) for k, v in raw.items()}
 
-    async def lease_batch_shard(
-        self, job_id: str, index: int, site: str, expiry: float, attempt: int
-    ) -> None:
-        await self.redis.hset(f"{P}batch:{job_id}:lease", str(index), f"{site} {expiry} {attempt}")
+    async def lease_batch_shard(self, job_id: str, index: int, old: str, new: ShardLease) -> bool:
+        """Compare-and-set: write `new` only if the lease is still `old` (its raw value,
+        "" when there was none). False when another replica got there first."""
+        done = await self.redis.eval(
+            _CAS, 1, f"{P}batch:{job_id}:lease", str(index), old, new.format()
+        )
+        return bool(done)
+
+    async def batch_failure(self, job_id: str, index: int, reason: str | None = None) -> str:
+        """The last failure of a shard (recorded when `reason` is given)."""
+        key = f"{P}batch:{job_id}:why"
+        if reason is not None:
+            await self.redis.hset(key, str(index), reason[:500])
+            return reason
+        raw = await self.redis.hget(key, str(index))
+        return "" if raw is None else text(raw)
 
     # --- events ---------------------------------------------------------------------------
 
     async def notify(self, what: str) -> None:
         await self.redis.publish(EVENTS, what)
 
+
+_CAS = """
+local current = redis.call('HGET', KEYS[1], ARGV[1]) or ''
+if current ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
 
 _NEXT_VERSION = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -230,6 +246,25 @@ local next = math.max(current + 1, floor)
 redis.call('SET', KEYS[1], string.format('%d', next))
 return next
 """
+
+
+@dataclass(frozen=True)
+class ShardLease:
+    """Who runs a batch shard, until when, which attempt, for which replica."""
+
+    site: str
+    expiry: float
+    attempt: int
+    holder: str = ""
+
+    def format(self) -> str:
+        return f"{self.site} {self.expiry!r} {self.attempt} {self.holder}".rstrip()
+
+    @classmethod
+    def parse(cls, raw: str) -> ShardLease:
+        parts = raw.split()
+        holder = parts[3] if len(parts) > 3 else ""
+        return cls(parts[0], float(parts[1]), int(parts[2]), holder)
 
 
 def text(value: bytes | str) -> str:

@@ -3,7 +3,11 @@
 Used by the control plane (to verify a catalog entry before placing it) and by
 agents (to install what their desired state names). The guarantees:
 
-- Only `file://`, `http://` and `https://` URIs.
+- Only the schemes the `FetchPolicy` allows (by default `https://`), and
+  `file://` only under the policy's roots; a redirect never changes scheme.
+- A download has an overall deadline as well as a per-read timeout, so a
+  server that drips bytes cannot hold a fetch forever.
+- Errors say what is wrong without echoing hashes, sizes or local paths.
 - Bytes go to a temporary file inside the cache, are hashed as they arrive,
   and are renamed to `sha256/<hex>` only when the hash matches. A partial,
   truncated or corrupt download is never visible under its hash.
@@ -20,6 +24,7 @@ Blocking I/O: call from a thread (`asyncio.to_thread`), never on an event loop.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -28,8 +33,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -48,11 +55,45 @@ def check_sha256(value: str) -> str:
     return value
 
 
-def check_uri(uri: str) -> str:
-    scheme = urllib.parse.urlparse(uri).scheme
-    if scheme not in ("file", "http", "https"):
-        raise ArtifactError(f"unsupported artifact URI scheme {scheme!r} (use file, http, https)")
+@dataclass(frozen=True)
+class FetchPolicy:
+    """Where artifacts may come from, and how long a download may take."""
+
+    schemes: tuple[str, ...] = ("https",)  # network schemes: https, http
+    file_roots: tuple[Path, ...] = ()  # file:// only below one of these
+    deadline_s: float = 600.0
+
+    @classmethod
+    def of(cls, schemes: list[str], file_roots: list[Path], deadline_s: float) -> FetchPolicy:
+        return cls(tuple(schemes), tuple(p.resolve() for p in file_roots), deadline_s)
+
+
+ANYWHERE = FetchPolicy(("https", "http"), (Path("/"),))  # tests and local tools only
+
+
+def check_uri(uri: str, policy: FetchPolicy) -> str:
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme == "file":
+        path = Path(urllib.parse.unquote(parsed.path)).resolve()
+        if not any(path.is_relative_to(root) for root in policy.file_roots):
+            raise ArtifactError(
+                "file:// artifacts are allowed only under the configured artifact_file_roots"
+            )
+        return uri
+    if parsed.scheme not in ("http", "https") or parsed.scheme not in policy.schemes:
+        allowed = ", ".join(policy.schemes) + (", file" if policy.file_roots else "")
+        raise ArtifactError(f"artifact URI scheme {parsed.scheme!r} is not allowed ({allowed})")
     return uri
+
+
+class _SameScheme(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        if urllib.parse.urlparse(newurl).scheme != urllib.parse.urlparse(req.full_url).scheme:
+            raise ArtifactError("the artifact URL redirects to another scheme")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_SameScheme)
 
 
 def is_archive(uri: str) -> bool:
@@ -60,9 +101,12 @@ def is_archive(uri: str) -> bool:
 
 
 class ArtifactCache:
-    def __init__(self, root: Path, max_bytes: int, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, root: Path, max_bytes: int, policy: FetchPolicy, timeout_s: float = 60.0
+    ) -> None:
         self.root = root
         self.max_bytes = max_bytes
+        self.policy = policy
         self.timeout_s = timeout_s
         for sub in ("sha256", "unpacked", "tmp"):
             (root / sub).mkdir(parents=True, exist_ok=True)
@@ -71,9 +115,11 @@ class ArtifactCache:
         """The verified artifact: a file (a single model) or a directory (an unpacked
         archive). Raises ArtifactError naming what is wrong."""
         sha256 = check_sha256(sha256)
-        check_uri(uri)
+        check_uri(uri, self.policy)
         blob = self.root / "sha256" / sha256
-        if not (blob.is_file() and sha256_of(blob) == sha256):
+        if blob.is_file() and sha256_of(blob) == sha256:
+            os.utime(blob)  # recently used: pruned last
+        else:
             blob.unlink(missing_ok=True)
             self._download(uri, sha256, blob)
         if not is_archive(uri):
@@ -91,11 +137,17 @@ class ArtifactCache:
     def _download(self, uri: str, sha256: str, dest: Path) -> None:
         digest = hashlib.sha256()
         size = 0
+        deadline = time.monotonic() + self.policy.deadline_s
         fd, tmp_name = tempfile.mkstemp(dir=self.root / "tmp")
         tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as out, self._open(uri) as src:
-                while chunk := src.read(CHUNK):
+                read = getattr(src, "read1", src.read)  # returns after one receive
+                while chunk := self._read(read, uri):
+                    if time.monotonic() > deadline:
+                        raise ArtifactError(
+                            f"the download took longer than {self.policy.deadline_s:g} s"
+                        )
                     size += len(chunk)
                     if size > self.max_bytes:
                         raise ArtifactError(
@@ -103,14 +155,45 @@ class ArtifactCache:
                         )
                     digest.update(chunk)
                     out.write(chunk)
-            got = digest.hexdigest()
-            if got != sha256:
+                headers = getattr(src, "headers", None)
+                declared = headers.get("Content-Length", "") if headers is not None else ""
+                if declared.isdigit() and int(declared) != size:
+                    raise ArtifactError("the download broke off before its end")
+            if digest.hexdigest() != sha256:
                 raise ArtifactError(
-                    f"sha256 mismatch: expected {sha256}, got {got} ({size} bytes read)"
+                    "sha256 mismatch: the artifact is not the one the catalog names"
                 )
             os.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _read(read, uri: str) -> bytes:  # type: ignore[no-untyped-def]
+        try:
+            return bytes(read(CHUNK))
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # reset, timeout, short
+            kind = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
+            raise ArtifactError(f"the download broke off ({kind})") from None
+
+    def prune(self, budget: int | None, keep: set[str]) -> list[str]:
+        """Drop cached artifacts, least recently used first, until the cache holds at
+        most `budget` bytes; never one in `keep` (what the desired state names).
+        Returns the sha256 of what was dropped."""
+        if budget is None:
+            return []
+        blobs = [(p.stat().st_mtime, p) for p in (self.root / "sha256").iterdir() if p.is_file()]
+        total = sum(p.stat().st_size for _, p in blobs)
+        dropped = []
+        for _, blob in sorted(blobs):
+            if total <= budget:
+                break
+            if blob.name in keep:
+                continue
+            total -= blob.stat().st_size
+            blob.unlink(missing_ok=True)
+            shutil.rmtree(self.root / "unpacked" / blob.name, ignore_errors=True)
+            dropped.append(blob.name)
+        return dropped
 
     def _open(self, uri: str):  # type: ignore[no-untyped-def]
         parsed = urllib.parse.urlparse(uri)
@@ -120,10 +203,12 @@ class ArtifactCache:
                 return path.open("rb")
             except OSError as exc:
                 raise ArtifactError(f"cannot read artifact: {exc.strerror}") from None
+        timeout = min(self.timeout_s, self.policy.deadline_s)
         try:
-            response = urllib.request.urlopen(uri, timeout=self.timeout_s)
+            response = _OPENER.open(uri, timeout=timeout)
         except OSError as exc:
-            raise ArtifactError(f"cannot download artifact: {exc}") from None
+            reason = getattr(exc, "reason", None) or getattr(exc, "code", None) or exc
+            raise ArtifactError(f"cannot download artifact: {reason}") from None
         length = response.headers.get("Content-Length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             response.close()

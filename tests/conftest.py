@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -68,6 +69,7 @@ class AgentProcess:
     grpc_port: int
     http_port: int
     log_path: Path
+    tls_ca: Path | None = None  # set when the agent serves TLS (security.tls_cert)
 
     @property
     def grpc_url(self) -> str:
@@ -78,8 +80,12 @@ class AgentProcess:
         return f"127.0.0.1:{self.http_port}"
 
     def http_get(self, path: str) -> tuple[int, bytes]:
+        scheme, context = "http", None
+        if self.tls_ca is not None:
+            scheme, context = "https", ssl.create_default_context(cafile=str(self.tls_ca))
+        url = f"{scheme}://{self.http_url}{path}"
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=5) as r:
+            with urllib.request.urlopen(url, timeout=5, context=context) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
@@ -109,7 +115,11 @@ def agent_command(repo: Path, grpc_port: int, http_port: int) -> list[str]:
 
 
 def start_agent(
-    repo: Path, log_dir: Path, env: dict[str, str] | None = None, wait_ready: bool = True
+    repo: Path,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    wait_ready: bool = True,
+    tls_ca: Path | None = None,
 ) -> AgentProcess:
     grpc_port, http_port = free_port(), free_port()
     log_path = log_dir / f"agent-{grpc_port}.log"
@@ -125,7 +135,7 @@ def start_agent(
             **(env or {}),
         },
     )
-    agent = AgentProcess(process, grpc_port, http_port, log_path)
+    agent = AgentProcess(process, grpc_port, http_port, log_path, tls_ca)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -7,6 +7,7 @@ the same port with the same data. Nothing here fakes a protocol.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -156,6 +157,9 @@ class ControlPlane(Service):
             "EDGEPLEX_CP_ARTIFACT_DIR": str(self.workdir / f"artifacts-{self.port}"),
             # Replicas sharing a workdir share the key, as every replica of one fleet must.
             "EDGEPLEX_CP_SIGNING_KEY_FILE": str(self.workdir / "signing-key"),
+            # Test artifacts live in the workdir, and some are served over plain HTTP.
+            "EDGEPLEX_CP_ARTIFACT_FILE_ROOTS": json.dumps([str(self.workdir)]),
+            "EDGEPLEX_CP_ARTIFACT_SCHEMES": '["https", "http"]',
             **self.env,
         }
         self.process = subprocess.Popen(
@@ -199,4 +203,6 @@ def fleet_env(cp: ControlPlane, mqtt_url: str, site_id: str, region: str) -> dic
         "EDGEPLEX_AGENT_FLEET__REGION": region,
         "EDGEPLEX_AGENT_FLEET__MQTT_URL": mqtt_url,
         "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": join_token(cp, site_id, region),
+        "EDGEPLEX_AGENT_FLEET__ARTIFACT_FILE_ROOTS": json.dumps([str(cp.workdir)]),
+        "EDGEPLEX_AGENT_FLEET__ARTIFACT_SCHEMES": '["https", "http"]',
     }

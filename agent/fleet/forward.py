@@ -20,6 +20,7 @@ by the core; connections to peers are cached per address.
 from __future__ import annotations
 
 import hmac
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,9 +71,12 @@ class Peer:
 
 
 class Router:
-    def __init__(self, site_id: str, region: str) -> None:
+    def __init__(self, site_id: str, region: str, peer_ca: bytes | None = None) -> None:
         self.site_id = site_id
         self.region = region
+        # Set: peers serve TLS (security.tls_cert) signed by this CA, and forwards use it.
+        self._peer_ca = peer_ca
+        self._ssl = ssl.create_default_context(cadata=peer_ca.decode()) if peer_ca else None
         self._routes: dict[str, list[Peer]] = {}
         self.version = 0
         self._down_until: dict[str, float] = {}
@@ -147,7 +151,13 @@ class Router:
         for peer in peers[:2]:
             channel = self._channels.get(peer.address)
             if channel is None:
-                channel = self._channels[peer.address] = grpc.aio.insecure_channel(peer.address)
+                channel = self._channels[peer.address] = (
+                    grpc.aio.secure_channel(
+                        peer.address, grpc.ssl_channel_credentials(self._peer_ca)
+                    )
+                    if self._peer_ca
+                    else grpc.aio.insecure_channel(peer.address)
+                )
             call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
                 request, metadata=metadata, timeout=timeout_s or FORWARD_TIMEOUT_S
             )
@@ -180,8 +190,12 @@ class Router:
         out[PEER_TOKEN] = self.peer_token
         for peer in peers[:2]:
             try:
+                scheme = "https" if self._ssl else "http"
                 async with self._http.post(
-                    f"http://{peer.http_address}{path}", data=body, headers=out
+                    f"{scheme}://{peer.http_address}{path}",
+                    data=body,
+                    headers=out,
+                    ssl=self._ssl if self._ssl else True,
                 ) as reply:
                     payload = await reply.read()
                     kept = {

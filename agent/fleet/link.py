@@ -41,7 +41,7 @@ from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet.control_messages import ControlMessages
 from edgeplex.agent.fleet.reconcile import Reconciler
 from edgeplex.agent.residency.state import Phase
-from edgeplex.artifacts import ArtifactCache
+from edgeplex.artifacts import ArtifactCache, FetchPolicy
 from edgeplex.fleet import Backoff, parse_mqtt_url, presence_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
@@ -64,7 +64,18 @@ class FleetLink:
         self._mqtt = parse_mqtt_url(fleet.mqtt_url)
         artifact_dir = fleet.artifact_dir or settings.model_repo / ".artifacts"
         self.reconciler = Reconciler(
-            agent, settings.model_repo, ArtifactCache(artifact_dir, fleet.max_artifact_bytes)
+            agent,
+            settings.model_repo,
+            ArtifactCache(
+                artifact_dir,
+                fleet.max_artifact_bytes,
+                FetchPolicy.of(
+                    list(fleet.artifact_schemes),
+                    fleet.artifact_file_roots,
+                    fleet.artifact_deadline_s,
+                ),
+            ),
+            disk_budget=settings.disk_cache_budget,
         )
         trust = TrustStore.load(
             fleet.control_plane_key, fleet.trust_file or state_dir() / "control-plane.pub"

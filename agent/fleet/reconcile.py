@@ -13,9 +13,14 @@ Applying is idempotent:
 2. load the `loaded` models (pinned ones pinned), stage the `staged` ones;
 3. demote to `staged` every other loaded model that is not pinned locally.
 
-A model whose artifact cannot be fetched or verified is reported FAILED with
-the reason (`failures`) and nothing else is disturbed. The agent keeps
-serving the last state it applied while the control plane or broker is down.
+A model whose artifact cannot be fetched or verified, whatever the cause, is
+reported FAILED with the reason (`failures`), nothing else is disturbed, and
+the desired state is applied again after a backoff (jittered, up to 5 s doubling to 5 min)
+until it succeeds or a newer one arrives. A version counts as applied once
+every model in it is in its desired state or failed with a reason. After each
+pass the artifact cache is pruned to `disk_cache_budget`, least recently used
+first, never what the desired state names. The agent keeps serving the last
+state it applied while the control plane or broker is down.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING
 from edgeplex.agent.repository import MODEL_FILE
 from edgeplex.agent.residency.state import Phase, Tier
 from edgeplex.artifacts import ArtifactCache, ArtifactError, model_file
+from edgeplex.fleet import Backoff
 from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
@@ -38,12 +44,23 @@ if TYPE_CHECKING:  # the core imports the fleet package
 
 log = logging.getLogger("edgeplex.agent.reconcile")
 
+RETRY_INITIAL_S = 5.0
+RETRY_MAX_S = 300.0
+
 
 class Reconciler:
-    def __init__(self, agent: Agent, repo: Path, artifacts: ArtifactCache) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        repo: Path,
+        artifacts: ArtifactCache,
+        disk_budget: int | None = None,
+    ) -> None:
         self._agent = agent
         self._repo = repo
         self._artifacts = artifacts
+        self._disk_budget = disk_budget
+        self._retry = Backoff(RETRY_INITIAL_S, RETRY_MAX_S, floor_s=1.0)
         self._pending: pb.DesiredState | None = None
         self._wake = asyncio.Event()
         self.applied_version = 0
@@ -61,18 +78,31 @@ class Reconciler:
         return True
 
     async def run(self) -> None:
+        retry: pb.DesiredState | None = None
+        delay = None
         while True:
-            await self._wake.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
             self._wake.clear()
             desired, self._pending = self._pending, None
+            desired = desired or retry  # a newer state replaces the one being retried
             if desired is None:
+                delay = None
                 continue
             try:
                 await self.apply(desired)
+                complete = not any(dm.name in self.failures for dm in desired.models)
+                self.applied_version = max(self.applied_version, desired.version)
             except Exception:
                 log.exception("reconcile of desired state v%d failed", desired.version)
-            self.applied_version = max(self.applied_version, desired.version)
+                complete = False
             self.applied.set()
+            if complete:
+                retry, delay = None, None
+                self._retry.reset()
+            else:
+                retry, delay = desired, self._retry.delay()
+                log.info("desired state v%d: retrying in %.0f s", desired.version, delay)
 
     async def apply(self, desired: pb.DesiredState) -> None:
         log.info("applying desired state v%d: %d models", desired.version, len(desired.models))
@@ -83,9 +113,10 @@ class Reconciler:
                 continue
             try:
                 await asyncio.to_thread(self._install, dm)
-            except ArtifactError as exc:
-                self.failures[dm.name] = str(exc)
-                log.warning("model %s: %s", dm.name, exc)
+            except Exception as exc:  # whatever the cause, this model failed, with a reason
+                reason = str(exc) if isinstance(exc, ArtifactError) else type(exc).__name__
+                self.failures[dm.name] = reason
+                log.warning("model %s: %s", dm.name, reason)
                 continue
             self.failures.pop(dm.name, None)
             self.managed.add(dm.name)
@@ -115,6 +146,10 @@ class Reconciler:
                     log.warning("model %s: load for placement failed: %s", dm.name, exc)
         for name in sorted(wanted_staged):
             residency.stage(name)
+        keep = {dm.sha256 for dm in desired.models}
+        dropped = await asyncio.to_thread(self._artifacts.prune, self._disk_budget, keep)
+        if dropped:
+            log.info("artifact cache over its budget: dropped %d artifacts", len(dropped))
 
     def _install(self, dm: pb.DesiredModel) -> None:
         """Make `<repo>/<name>/<version>/model.onnx` the verified artifact. Blocking."""

@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from edgeplex.agent.core import Agent
 from edgeplex.agent.errors import InvalidInput, Overloaded, ServeError
 from edgeplex.agent.fleet.forward import SERVED_BY
+from edgeplex.agent.frontdoor import openapi
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.gate import Pass
 from edgeplex.agent.frontdoor.oip_body import (
@@ -115,6 +116,7 @@ class HttpApi:
             (web.get, "/v2/health/live", self.live, open_),
             (web.get, "/v2/health/ready", self.ready, open_),
             (web.get, "/metrics", self.metrics, open_),
+            (web.get, "/openapi.json", self.openapi, open_),
             (web.get, "/v2/models/stats", self.stats, client),
             (web.post, "/v2/repository/index", self.repository_index, client),
             (web.post, "/v2/repository/models/{model}/load", self.load, admin),
@@ -239,6 +241,9 @@ class HttpApi:
         if router is not None:
             response.headers[SERVED_BY] = router.site_id
         return response
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return _json(openapi.document())
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(

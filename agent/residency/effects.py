@@ -50,7 +50,8 @@ class RunnerEffects:
         return self._queues.get(key)
 
     def staged_dir(self, record: ModelRecord) -> Path:
-        return self._staging / record.name / record.version
+        digest = record.source.digest[:16] or "0"  # a replaced artifact gets a new copy
+        return self._staging / record.name / record.version / digest
 
     def runner_pid(self, record: ModelRecord) -> int | None:
         runner = self._pool.get(record.runner_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from edgeplex.agent.errors import ModelFailed, NoRoom, Unavailable
+from edgeplex.agent.repository import ModelSource
 from edgeplex.agent.residency.contract import Effects, Limits
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.planner import QueuedLoad, plan_room, victims_for
@@ -63,6 +64,19 @@ class Lifecycle:
             del self._ledger.by_key[record.key]
         elif record.phase == Phase.READY:
             self.retreat(record)
+
+    def replace_artifact(self, record: ModelRecord, source: ModelSource) -> None:
+        """The artifact changed under the same version: drop the staged copy of the old
+        one, and reload a serving model from the new one once its leases end."""
+        self.drop_staged(record)
+        record.source = source
+        if record.phase == Phase.FAILED:
+            record.enter(Phase.ABSENT)
+            record.reason = ""
+        elif record.phase == Phase.READY:
+            record.intent = Intent.SERVE
+            self.retreat(record)
+            self.pump()
 
     def begin_unload(self, record: ModelRecord) -> None:
         record.generation += 1

@@ -83,6 +83,9 @@ class Residency:
             record = self.ledger.by_key[key] = ModelRecord(key, source)
             describe(record)
             record.pinned = bool(source.config and source.config.pin)
+        elif record.source.digest != source.digest:
+            self._life.replace_artifact(record, source)
+            describe(record)
         elif record.source != source and record.phase in (Phase.ABSENT, Phase.FAILED):
             record.source = source  # config.yaml changed; the next load reads it
             record.reason = ""

@@ -27,6 +27,7 @@ import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
+from edgeplex.rig.broker import Broker
 from edgeplex.rig.topology import Topology, build, network_commands, proxy_args
 
 STATE_FILE = "rig.json"
@@ -60,6 +61,8 @@ class Rig:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.state_path = state_dir / STATE_FILE
+        # The one folder file:// artifacts may come from, for the control plane and sites.
+        self.artifact_root = state_dir / "artifacts"
 
     # --- state ----------------------------------------------------------------------------
 
@@ -106,11 +109,7 @@ class Rig:
         state["control_plane"] = f"{gw}:7070"
         redis_password = secrets.token_hex(16)
         state["redis"] = f"redis://:{redis_password}@{gw}:6379/0"
-        state["mqtt"] = f"mqtt://{gw}:1883"
-        (self.state_dir / "mosquitto.conf").write_text(
-            f"listener 1883 {gw}\nallow_anonymous true\n"
-            + ("user root\n" if os.geteuid() == 0 else "")
-        )
+        state["mqtt"] = Broker(self.state_dir).configure(gw)  # the control plane's user
         state["pids"]["redis"] = self._spawn(
             "redis", ["redis-server", "--bind", gw, "--port", "6379", "--dir", str(self.state_dir),
                       "--appendonly", "yes", "--save", "", "--requirepass", redis_password],
@@ -137,6 +136,8 @@ class Rig:
             "EDGEPLEX_CP_REPORT_INTERVAL_S": "0.5",
             "EDGEPLEX_CP_DEMAND_HALF_LIFE_S": "1",
             "EDGEPLEX_CP_ARTIFACT_DIR": str(self.state_dir / "cp-artifacts"),
+            # file:// artifacts only from the rig's own folder (docs/security.md)
+            "EDGEPLEX_CP_ARTIFACT_FILE_ROOTS": json.dumps([str(self.artifact_root)]),
         }
         state["pids"]["control-plane"] = self._spawn(
             "control-plane",
@@ -163,13 +164,19 @@ class Rig:
             "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": state["control_plane"],
             "EDGEPLEX_AGENT_FLEET__SITE_ID": site_id,
             "EDGEPLEX_AGENT_FLEET__REGION": site["region"],
-            "EDGEPLEX_AGENT_FLEET__MQTT_URL": state["mqtt"],
+            "EDGEPLEX_AGENT_FLEET__MQTT_URL": Broker(self.state_dir).add_site(
+                site_id,
+                site["region"],
+                state["mqtt"].rpartition("@")[2].split(":")[0],
+                state["pids"].get("mosquitto"),
+            ),
             "EDGEPLEX_AGENT_GRPC_HOST": site["address"],
             "EDGEPLEX_AGENT_HTTP_HOST": site["address"],
             "EDGEPLEX_AGENT_SECURITY__INSECURE": "true",  # the rig's private namespaces
             "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN_FILE": str(self.state_dir / "admin-token"),
             "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": self._add_site(state, site_id, site["region"]),
             "EDGEPLEX_AGENT_FLEET__TRUST_FILE": str(self.state_dir / f"trust-{site_id}.pub"),
+            "EDGEPLEX_AGENT_FLEET__ARTIFACT_FILE_ROOTS": json.dumps([str(self.artifact_root)]),
             "EDGEPLEX_AGENT_PRESTAGE": "false",
             "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "256MiB",
             **(extra_env or {}),
@@ -237,7 +244,7 @@ class Rig:
             return "no rig is up"
         delays = "tc netem" if state["netem"] else "userspace TCP proxy (no netem in this kernel)"
         lines = [
-            f"control plane {state['control_plane']}  redis {state['redis']}  mqtt {state['mqtt']}",
+            f"control plane {state['control_plane']}  mqtt {state['mqtt'].rpartition('@')[2]}",
             f"inter-region delays: {delays}  {state['topology']['delays_ms']}",
             f"admin token: {self.state_dir / 'admin-token'}",
             "SITE   REGION  ADDRESS            UP   LOADED",

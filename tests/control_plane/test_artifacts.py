@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import http.server
 import io
+import os
 import tarfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from edgeplex.agent import demo
-from edgeplex.artifacts import ArtifactCache, ArtifactError, model_file, probe_onnx
+from edgeplex.artifacts import (
+    ArtifactCache,
+    ArtifactError,
+    FetchPolicy,
+    model_file,
+    probe_onnx,
+)
 
 
 def sha(data: bytes) -> str:
@@ -23,7 +32,8 @@ def sha(data: bytes) -> str:
 
 @pytest.fixture
 def cache(tmp_path: Path) -> ArtifactCache:
-    return ArtifactCache(tmp_path / "cache", max_bytes=1 << 20)
+    policy = FetchPolicy(("https", "http"), (tmp_path,), deadline_s=5.0)
+    return ArtifactCache(tmp_path / "cache", max_bytes=1 << 20, policy=policy)
 
 
 @pytest.fixture
@@ -54,8 +64,9 @@ def test_file_uri_is_verified_and_cached_by_content(tmp_path: Path, cache: Artif
 def test_mismatch_leaves_nothing_behind(tmp_path: Path, cache: ArtifactCache) -> None:
     src = tmp_path / "m.onnx"
     src.write_bytes(b"truncated")
-    with pytest.raises(ArtifactError, match="sha256 mismatch"):
+    with pytest.raises(ArtifactError, match="sha256 mismatch") as err:
         cache.fetch(src.as_uri(), sha(b"truncated and more"))
+    assert sha(b"truncated") not in str(err.value)  # never echoes what it read
     assert list((cache.root / "sha256").iterdir()) == []
     assert list((cache.root / "tmp").iterdir()) == []
 
@@ -84,6 +95,8 @@ def test_bad_uris_and_hashes(cache: ArtifactCache) -> None:
         cache.fetch("ftp://host/m.onnx", "0" * 64)
     with pytest.raises(ArtifactError, match="64 hex"):
         cache.fetch("file:///m.onnx", "abc")
+    with pytest.raises(ArtifactError, match="artifact_file_roots"):
+        cache.fetch("file:///etc/passwd", "0" * 64)  # outside the configured roots
 
 
 def _tar(members: list[tarfile.TarInfo], payloads: dict[str, bytes]) -> bytes:
@@ -141,3 +154,85 @@ def test_probe_rejects_what_is_not_onnx(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="not a loadable ONNX model") as info:
         probe_onnx(junk)
     assert str(tmp_path) not in str(info.value)
+
+
+def test_only_allowed_schemes_and_roots(tmp_path: Path) -> None:
+    strict = ArtifactCache(tmp_path / "c", 1 << 20, FetchPolicy())  # the default: https only
+    for uri in ("http://127.0.0.1:1/m.onnx", (tmp_path / "m.onnx").as_uri(), "ftp://h/m"):
+        with pytest.raises(ArtifactError, match=r"not allowed|artifact_file_roots"):
+            strict.fetch(uri, "0" * 64)
+    roots = FetchPolicy(file_roots=(tmp_path / "models",))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m.onnx").write_bytes(b"m")
+    cache = ArtifactCache(tmp_path / "c2", 1 << 20, roots)
+    assert cache.fetch((tmp_path / "models" / "m.onnx").as_uri(), sha(b"m")).read_bytes() == b"m"
+    escape = (tmp_path / "models" / ".." / "m.onnx").as_uri()
+    with pytest.raises(ArtifactError, match="artifact_file_roots"):
+        cache.fetch(escape, sha(b"m"))
+
+
+class _Misbehaving(http.server.BaseHTTPRequestHandler):
+    """/redirect: to another scheme; /midway: promises 1000 bytes, sends 10 and hangs
+    up; /drip: one byte every 0.2 s, forever."""
+
+    def do_GET(self) -> None:
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "https://127.0.0.1:9/m.onnx")
+            self.end_headers()
+        elif self.path == "/midway":
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b"x" * 10)
+        elif self.path == "/drip":
+            self.send_response(200)
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                for _ in range(200):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def bad_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Misbehaving)
+    server.daemon_threads = True
+    server.handle_error = lambda *a: None  # type: ignore[method-assign]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_downloads_that_misbehave_fail_with_a_reason(bad_server: str, tmp_path: Path) -> None:
+    cache = ArtifactCache(
+        tmp_path / "c", 1 << 20, FetchPolicy(("http",), (), deadline_s=1.5), timeout_s=5
+    )
+    with pytest.raises(ArtifactError, match="another scheme"):
+        cache.fetch(f"{bad_server}/redirect", "0" * 64)
+    with pytest.raises(ArtifactError, match="broke off"):
+        cache.fetch(f"{bad_server}/midway", "0" * 64)
+    started = time.monotonic()
+    with pytest.raises(ArtifactError, match=r"longer than 1\.5 s"):
+        cache.fetch(f"{bad_server}/drip", "0" * 64)
+    assert time.monotonic() - started < 4
+    assert list((cache.root / "tmp").iterdir()) == []
+
+
+def test_prune_keeps_the_budget_and_what_is_desired(tmp_path: Path, cache: ArtifactCache) -> None:
+    hashes = []
+    for i in range(4):
+        data = bytes([i]) * 1000
+        src = tmp_path / f"m{i}.onnx"
+        src.write_bytes(data)
+        hashes.append(sha(data))
+        blob = cache.fetch(src.as_uri(), hashes[-1])
+        os.utime(blob, (i, i))  # m0 is the least recently used
+    dropped = cache.prune(2500, keep={hashes[0]})
+    assert dropped == [hashes[1], hashes[2]]
+    assert {p.name for p in (cache.root / "sha256").iterdir()} == {hashes[0], hashes[3]}
+    assert cache.prune(None, keep=set()) == []

@@ -94,7 +94,13 @@ class Fleet:
                 return set(sp.loaded)
         return set()
 
-    def start_agent(self, site: str, region: str) -> AgentProcess:
+    def start_agent(
+        self,
+        site: str,
+        region: str,
+        extra_env: dict[str, str] | None = None,
+        tls_ca: Path | None = None,
+    ) -> AgentProcess:
         repo = self.workdir / f"repo-{site}"
         repo.mkdir(exist_ok=True)
         agent = start_agent(
@@ -104,7 +110,9 @@ class Fleet:
                 **fleet_env(self.cp, self.mqtt.url(), site, region),
                 "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "256MiB",
                 "EDGEPLEX_AGENT_PRESTAGE": "false",
+                **(extra_env or {}),
             },
+            tls_ca=tls_ca,
         )
         self.agents[site] = agent
         return agent

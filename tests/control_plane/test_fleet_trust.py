@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import hashlib
+import http.server
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import aiomqtt
@@ -40,7 +45,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     cp.start()
     f = Fleet(workdir, r, m, cp)
     demo.make_mlp(workdir / "src" / "base", width=64, layers=2, in_width=32)
-    f.start_agent("a1", "a")
+    f.start_agent("a1", "a", {"EDGEPLEX_AGENT_FLEET__ARTIFACT_DEADLINE_S": "3"})
     f.add_model("base", workdir / "src" / "base" / "1" / "model.onnx", min_replicas=1)
     try:
         yield f
@@ -157,6 +162,60 @@ def fleet_demand_regions(fleet: Fleet) -> set[str]:
         for model in report.models:
             regions.update(model.rate_by_region)
     return regions
+
+
+class Flaky(http.server.BaseHTTPRequestHandler):
+    """Serves one artifact: whole to the first caller (the control plane verifying
+    it), then broken off midway, then dripping past the agent's deadline, then whole."""
+
+    body = b""
+    calls = 0
+
+    def do_GET(self) -> None:
+        Flaky.calls += 1
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            if Flaky.calls == 2:
+                self.wfile.write(self.body[:100])  # and hang up
+            elif Flaky.calls == 3:
+                for byte in self.body[:50]:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            else:
+                self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_failed_downloads_leave_a_reason_and_are_retried(fleet: Fleet) -> None:
+    path = fleet.workdir / "src" / "flaky"
+    demo.make_mlp(path, width=64, layers=2, in_width=32, seed=9)
+    Flaky.body = (path / "1" / "model.onnx").read_bytes()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    agent = fleet.agents["a1"]
+    try:
+        fleet.call(
+            "AddModel",
+            pb.CatalogModel(
+                name="flaky",
+                artifact_uri=f"http://127.0.0.1:{server.server_address[1]}/flaky.onnx",
+                sha256=hashlib.sha256(Flaky.body).hexdigest(),
+                min_replicas=1,
+            ),
+        )
+        wait_until(lambda: agent_tier(agent, "flaky") == "loaded", 90, what="loaded at last")
+    finally:
+        server.shutdown()
+    log = agent.log()
+    assert "model flaky: the download broke off" in log
+    assert "model flaky: the download took longer than 3 s" in log
+    assert Flaky.calls >= 4
 
 
 def test_a_signed_rollover_moves_sites_to_the_new_key(fleet: Fleet) -> None:

@@ -151,3 +151,62 @@ def test_admin_cli_never_sends_its_token_in_clear_text_beyond_loopback() -> None
     )
     assert result.returncode == 2
     assert "clear text" in result.stderr and "secret" not in result.stderr
+
+
+def test_agents_serve_tls_and_forward_to_peers_over_it(pki: Path, tmp_path: Path) -> None:
+    """Both OIP ports on TLS, and a request forwarded across regions goes over TLS."""
+    import json
+    import ssl
+    import urllib.request
+
+    from edgeplex.agent import demo
+    from tests.control_plane.test_fleet import Fleet, agent_tier
+
+    r, m = RedisServer(tmp_path), Mosquitto(tmp_path)
+    r.start()
+    m.start()
+    cp = ControlPlane(tmp_path, r, m.url())
+    cp.start()
+    fleet = Fleet(tmp_path, r, m, cp)
+    tls = {
+        "EDGEPLEX_AGENT_SECURITY__TLS_CERT": str(pki / "server.pem"),
+        "EDGEPLEX_AGENT_SECURITY__TLS_KEY": str(pki / "server.key"),
+        "EDGEPLEX_AGENT_FLEET__PEER_TLS_CA": str(pki / "ca.pem"),
+    }
+    try:
+        a1 = fleet.start_agent("a1", "a", tls, tls_ca=pki / "ca.pem")
+        b1 = fleet.start_agent("b1", "b", tls, tls_ca=pki / "ca.pem")
+        demo.make_mlp(tmp_path / "src" / "b_only", width=64, layers=2, in_width=32)
+        fleet.add_model(
+            "b_only",
+            tmp_path / "src" / "b_only" / "1" / "model.onnx",
+            regions=["b"],
+            min_replicas=1,
+        )
+        wait_until(lambda: agent_tier(b1, "b_only") == "loaded", 40, what="b_only at b1")
+        context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        body = json.dumps(
+            {"inputs": [{"name": "input", "shape": [1, 32], "datatype": "FP32", "data": [1] * 32}]}
+        ).encode()
+
+        def served_by() -> str:
+            url = f"https://{a1.http_url}/v2/models/b_only/infer"
+            with urllib.request.urlopen(url, data=body, timeout=10, context=context) as reply:
+                return reply.headers["edgeplex-served-by"]
+
+        assert wait_until(lambda: served_by() == "b1", 40, what="a1 forwards to b1 over TLS")
+        with pytest.raises(OSError):  # clear text is not served
+            urllib.request.urlopen(f"http://{a1.http_url}/v2/health/ready", timeout=5)
+        creds = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+        with grpc.secure_channel(a1.grpc_url, creds) as channel:
+            from edgeplex.proto import inference_pb2 as ipb
+            from edgeplex.proto import inference_pb2_grpc as ipb_grpc
+
+            live = ipb_grpc.GRPCInferenceServiceStub(channel).ServerLive(ipb.ServerLiveRequest())
+            assert live.live
+    finally:
+        for agent in fleet.agents.values():
+            agent.stop()
+        cp.stop()
+        m.stop()
+        r.stop()

@@ -84,8 +84,9 @@ class RigHandle:
         return set()
 
     def add_model(self, name: str, seed: int, **kw: object) -> None:
-        demo.make_mlp(self.workdir / name, width=64, layers=2, in_width=32, seed=seed)
-        path = self.workdir / name / "1" / "model.onnx"
+        folder = self.rig.artifact_root / name  # the rig's allowed file:// root
+        demo.make_mlp(folder, width=64, layers=2, in_width=32, seed=seed)
+        path = folder / "1" / "model.onnx"
         self.call(
             "AddModel",
             pb.CatalogModel(name=name, artifact_uri=path.as_uri(), sha256=sha256_of(path), **kw),
@@ -137,6 +138,28 @@ def test_status_lists_sites_and_the_network_is_up(rig: RigHandle) -> None:
     assert "10.79.1.10:8001" in text
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "epxt-r2s1" in namespaces
+
+
+def test_the_broker_refuses_anonymous_clients_and_enforces_its_acl(rig: RigHandle) -> None:
+    import asyncio
+
+    import aiomqtt
+
+    from edgeplex.fleet import parse_mqtt_url
+
+    cp_url = rig.state["mqtt"]
+    host = cp_url.rpartition("@")[2]
+
+    async def anonymous() -> None:
+        async with aiomqtt.Client(**parse_mqtt_url(f"mqtt://{host}").client_kwargs()):  # type: ignore[arg-type]
+            pass
+
+    with pytest.raises(aiomqtt.MqttError):
+        asyncio.run(anonymous())
+    acl = (rig.rig.state_dir / "mosquitto.acl").read_text()
+    assert "pattern read edgeplex/v1/sites/%u/desired" in acl
+    sites = [s["site_id"] for s in rig.state["sites"]]
+    assert all(f"user {site}" in acl for site in sites)
 
 
 def test_forwarded_requests_pay_the_inter_region_delay(rig: RigHandle) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeplex.agent.fleet.reconcile import Reconciler
-from edgeplex.artifacts import ArtifactCache
+from edgeplex.artifacts import ANYWHERE, ArtifactCache
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
 
 def test_only_newer_versions_are_queued(tmp_path: Path) -> None:
-    r = Reconciler(agent=None, repo=tmp_path, artifacts=ArtifactCache(tmp_path / "c", 1 << 20))  # type: ignore[arg-type]
+    r = Reconciler(
+        agent=None, repo=tmp_path, artifacts=ArtifactCache(tmp_path / "c", 1 << 20, ANYWHERE)
+    )  # type: ignore[arg-type]
     assert r.offer(pb.DesiredState(version=5, site_id="s"))
     assert not r.offer(pb.DesiredState(version=5, site_id="s"))  # the same, seen again
     assert not r.offer(pb.DesiredState(version=3, site_id="s"))  # from a deposed leader
