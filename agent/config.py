@@ -16,7 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from edgeplex.agent.model_config import MiB, ModelConfig, load_model_config, parse_size
-from edgeplex.settings import FileSettings, render_tables
+from edgeplex.settings import (
+    ArtifactDeadline,
+    ArtifactFileRoots,
+    ArtifactSchemes,
+    FileSettings,
+    render_tables,
+)
 
 __all__ = [
     "AgentSettings",
@@ -122,19 +128,9 @@ class FleetSettings(BaseModel):
     max_artifact_bytes: int = Field(
         default=8 * 1024**3, gt=0, description="Largest artifact this agent downloads, in bytes."
     )
-    artifact_schemes: list[Literal["https", "http"]] = Field(
-        default=["https"],
-        description="Network schemes artifact URIs may use. file:// is governed by "
-        "artifact_file_roots; a redirect to another scheme is refused.",
-    )
-    artifact_file_roots: list[Path] = Field(
-        default=[],
-        description="Directories file:// artifact URIs may point under. Empty: no file:// "
-        "artifacts.",
-    )
-    artifact_deadline_s: float = Field(
-        default=600.0, gt=0, description="Longest one artifact download may take in all."
-    )
+    artifact_schemes: ArtifactSchemes = ["https"]
+    artifact_file_roots: ArtifactFileRoots = []
+    artifact_deadline_s: ArtifactDeadline = 600.0
     control_plane_key: str | None = Field(
         default=None,
         description="The control plane's Ed25519 public key (base64 of the raw 32 bytes; the "

@@ -29,6 +29,7 @@ from edgeplex.artifacts import (
 )
 from edgeplex.control_plane.api_batch import BatchAdmin
 from edgeplex.control_plane.api_batch import redis_down as _redis_down
+from edgeplex.control_plane.broker_files import BrokerFiles
 from edgeplex.control_plane.explain import explain
 from edgeplex.control_plane.placement import PlacementResult
 from edgeplex.control_plane.planner import Planner
@@ -69,9 +70,15 @@ class TokenAuth(grpc.aio.ServerInterceptor):
 
 class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
     def __init__(
-        self, store: Store, planner: Planner, artifacts: ArtifactCache, poke: Callable[[], None]
+        self,
+        store: Store,
+        planner: Planner,
+        artifacts: ArtifactCache,
+        poke: Callable[[], None],
+        broker: BrokerFiles | None = None,
     ) -> None:
         self._store = store
+        self._broker = broker
         self._planner = planner
         self._artifacts = artifacts
         self._poke = poke
@@ -234,13 +241,17 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
         token = new_token()
         try:
             await self._store.put_join_token(request.site_id, request.region, token_hash(token))
+            regions = await self._store.site_regions()
         except RedisError:
             await _redis_down(context)
             raise
+        password = ""
+        if self._broker is not None:
+            password = await asyncio.to_thread(self._broker.add_site, request.site_id, regions)
         log.info(
             "site %s (%s) may join; a new join token was issued", request.site_id, request.region
         )
-        return pb.AddSiteResponse(site_id=request.site_id, join_token=token)
+        return pb.AddSiteResponse(site_id=request.site_id, join_token=token, mqtt_password=password)
 
     async def ListSites(
         self, request: pb.ListSitesRequest, context: grpc.aio.ServicerContext

@@ -227,6 +227,9 @@ def _site_add(args: argparse.Namespace, call: Call) -> Any:
     reply = call("AddSite", pb.AddSiteRequest(site_id=args.site_id, region=args.region))
     if args.json:
         return reply
+    if reply.mqtt_password:
+        print(f"broker password of user {reply.site_id} (shown once; put it in fleet.mqtt_url):")
+        print(reply.mqtt_password)
     print(f"join token of {reply.site_id} (shown once; set it as the agent's fleet.join_token):")
     print(reply.join_token)
     return None

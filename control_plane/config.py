@@ -15,7 +15,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from edgeplex.settings import FileSettings, render_tables
+from edgeplex.settings import (
+    ArtifactDeadline,
+    ArtifactFileRoots,
+    ArtifactSchemes,
+    FileSettings,
+    render_tables,
+)
 
 
 class ControlPlaneSettings(FileSettings):
@@ -92,19 +98,9 @@ class ControlPlaneSettings(FileSettings):
     max_artifact_bytes: int = Field(
         default=8 * 1024**3, gt=0, description="Largest artifact accepted, in bytes."
     )
-    artifact_schemes: list[Literal["https", "http"]] = Field(
-        default=["https"],
-        description="Network schemes artifact URIs may use. file:// is governed by "
-        "artifact_file_roots; a redirect to another scheme is refused.",
-    )
-    artifact_file_roots: list[Path] = Field(
-        default=[],
-        description="Directories file:// artifact URIs may point under. Empty: no file:// "
-        "artifacts.",
-    )
-    artifact_deadline_s: float = Field(
-        default=600.0, gt=0, description="Longest one artifact download may take in all."
-    )
+    artifact_schemes: ArtifactSchemes = ["https"]
+    artifact_file_roots: ArtifactFileRoots = []
+    artifact_deadline_s: ArtifactDeadline = 600.0
     tls_cert: Path | None = Field(
         default=None, description="PEM certificate of the gRPC server; with tls_key, TLS is on."
     )
@@ -113,6 +109,21 @@ class ControlPlaneSettings(FileSettings):
         default=None,
         description="PEM CA bundle; when set, clients must present a certificate it signed "
         "(mTLS for the agent link).",
+    )
+    mqtt_password_file: Path | None = Field(
+        default=None,
+        description="The broker's password file, when this control plane manages it: "
+        "`admin site add` then gives each site its own broker user (its site id) with a "
+        "new password. Set with mqtt_acl_file.",
+    )
+    mqtt_acl_file: Path | None = Field(
+        default=None, description="The broker's ACL file, rewritten by `admin site add`."
+    )
+    mqtt_pid_file: Path | None = Field(
+        default=None, description="The broker's pid file: it is sent SIGHUP to reload both."
+    )
+    mqtt_cp_user: str = Field(
+        default="edgeplex-cp", description="The control plane's own user in that ACL."
     )
     open_registration: bool = Field(
         default=False,

@@ -26,6 +26,7 @@ from edgeplex.artifacts import ArtifactCache, FetchPolicy
 from edgeplex.control_plane.api_admin import AdminServicer, TokenAuth
 from edgeplex.control_plane.api_agent import AgentServicer, ReportSink
 from edgeplex.control_plane.batch import BatchRunner
+from edgeplex.control_plane.broker_files import BrokerFiles
 from edgeplex.control_plane.config import ControlPlaneSettings
 from edgeplex.control_plane.leader import LeaderLease
 from edgeplex.control_plane.metrics import METRICS
@@ -78,13 +79,17 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
         ArtifactCache(
             artifact_dir,
             settings.max_artifact_bytes,
-            FetchPolicy.of(
-                list(settings.artifact_schemes),
-                settings.artifact_file_roots,
-                settings.artifact_deadline_s,
-            ),
+            FetchPolicy.of(settings),
         ),
         planner.poke,
+        BrokerFiles(
+            settings.mqtt_password_file,
+            settings.mqtt_acl_file,
+            settings.mqtt_pid_file,
+            settings.mqtt_cp_user,
+        )
+        if settings.mqtt_password_file and settings.mqtt_acl_file
+        else None,
     )
 
     server = grpc.aio.server(

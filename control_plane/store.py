@@ -96,6 +96,11 @@ class Store:
         digest, _, region = text(raw).partition(" ")
         return digest, region
 
+    async def site_regions(self) -> dict[str, str]:
+        """Every site that may join, with its region."""
+        raw = await self.redis.hgetall(P + "join_tokens")
+        return {text(k): text(v).partition(" ")[2] for k, v in raw.items()}
+
     async def join_token_owner(self, digest: str) -> str | None:
         raw = await self.redis.hget(P + "join_token_sites", digest)
         return None if raw is None else text(raw)

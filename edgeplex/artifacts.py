@@ -38,6 +38,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 HEX = re.compile(r"^[0-9a-f]{64}$")
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -64,8 +65,11 @@ class FetchPolicy:
     deadline_s: float = 600.0
 
     @classmethod
-    def of(cls, schemes: list[str], file_roots: list[Path], deadline_s: float) -> FetchPolicy:
-        return cls(tuple(schemes), tuple(p.resolve() for p in file_roots), deadline_s)
+    def of(cls, settings: Any) -> FetchPolicy:
+        """From the artifact_schemes, artifact_file_roots and artifact_deadline_s of an
+        agent's fleet settings or the control plane's settings."""
+        roots = tuple(Path(p).resolve() for p in settings.artifact_file_roots)
+        return cls(tuple(settings.artifact_schemes), roots, settings.artifact_deadline_s)
 
 
 ANYWHERE = FetchPolicy(("https", "http"), (Path("/"),))  # tests and local tools only

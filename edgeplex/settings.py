@@ -7,14 +7,35 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, YamlConfigSettingsSource
 
 _config_file: ContextVar[Path | None] = ContextVar("edgeplex_config_file", default=None)
 
 S = TypeVar("S", bound="FileSettings")
+
+
+# Where artifacts may come from: the same three settings on agents (fleet.*) and
+# the control plane; edgeplex.artifacts.FetchPolicy.of() reads them.
+ArtifactSchemes = Annotated[
+    list[Literal["https", "http"]],
+    Field(
+        description="Network schemes artifact URIs may use. file:// is governed by "
+        "artifact_file_roots; a redirect to another scheme is refused."
+    ),
+]
+ArtifactFileRoots = Annotated[
+    list[Path],
+    Field(
+        description="Directories file:// artifact URIs may point under. Empty: no file:// "
+        "artifacts."
+    ),
+]
+ArtifactDeadline = Annotated[
+    float, Field(gt=0, description="Longest one artifact download may take in all.")
+]
 
 
 def state_dir() -> Path:

@@ -55,12 +55,14 @@ class AddSiteRequest(_message.Message):
     def __init__(self, site_id: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...
 
 class AddSiteResponse(_message.Message):
-    __slots__ = ("site_id", "join_token")
+    __slots__ = ("site_id", "join_token", "mqtt_password")
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MQTT_PASSWORD_FIELD_NUMBER: _ClassVar[int]
     site_id: str
     join_token: str
-    def __init__(self, site_id: _Optional[str] = ..., join_token: _Optional[str] = ...) -> None: ...
+    mqtt_password: str
+    def __init__(self, site_id: _Optional[str] = ..., join_token: _Optional[str] = ..., mqtt_password: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("lease_s", "report_interval_s", "desired_topic", "signing_key_id", "signing_public_key")

@@ -69,11 +69,7 @@ class FleetLink:
             ArtifactCache(
                 artifact_dir,
                 fleet.max_artifact_bytes,
-                FetchPolicy.of(
-                    list(fleet.artifact_schemes),
-                    fleet.artifact_file_roots,
-                    fleet.artifact_deadline_s,
-                ),
+                FetchPolicy.of(fleet),
             ),
             disk_budget=settings.disk_cache_budget,
         )

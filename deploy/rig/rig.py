@@ -136,6 +136,7 @@ class Rig:
             "EDGEPLEX_CP_REPORT_INTERVAL_S": "0.5",
             "EDGEPLEX_CP_DEMAND_HALF_LIFE_S": "1",
             "EDGEPLEX_CP_ARTIFACT_DIR": str(self.state_dir / "cp-artifacts"),
+            **Broker(self.state_dir).control_plane_env(),
             # file:// artifacts only from the rig's own folder (docs/security.md)
             "EDGEPLEX_CP_ARTIFACT_FILE_ROOTS": json.dumps([str(self.artifact_root)]),
         }
@@ -159,22 +160,19 @@ class Rig:
     ) -> int:  # type: ignore[type-arg]
         site = next(s for s in state["sites"] if s["site_id"] == site_id)
         repo = self.state_dir / "sites" / site_id
+        join_token, mqtt_password = self._add_site(state, site_id, site["region"])
+        broker = state["mqtt"].rpartition("@")[2]
         repo.mkdir(parents=True, exist_ok=True)
         env = {
             "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": state["control_plane"],
             "EDGEPLEX_AGENT_FLEET__SITE_ID": site_id,
             "EDGEPLEX_AGENT_FLEET__REGION": site["region"],
-            "EDGEPLEX_AGENT_FLEET__MQTT_URL": Broker(self.state_dir).add_site(
-                site_id,
-                site["region"],
-                state["mqtt"].rpartition("@")[2].split(":")[0],
-                state["pids"].get("mosquitto"),
-            ),
             "EDGEPLEX_AGENT_GRPC_HOST": site["address"],
             "EDGEPLEX_AGENT_HTTP_HOST": site["address"],
             "EDGEPLEX_AGENT_SECURITY__INSECURE": "true",  # the rig's private namespaces
             "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN_FILE": str(self.state_dir / "admin-token"),
-            "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": self._add_site(state, site_id, site["region"]),
+            "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": join_token,
+            "EDGEPLEX_AGENT_FLEET__MQTT_URL": f"mqtt://{site_id}:{mqtt_password}@{broker}",
             "EDGEPLEX_AGENT_FLEET__TRUST_FILE": str(self.state_dir / f"trust-{site_id}.pub"),
             "EDGEPLEX_AGENT_FLEET__ARTIFACT_FILE_ROOTS": json.dumps([str(self.artifact_root)]),
             "EDGEPLEX_AGENT_PRESTAGE": "false",
@@ -185,9 +183,9 @@ class Rig:
                "--model-repo", str(repo), "--grpc-port", "8001", "--http-port", "8000"]  # fmt: skip
         return self._spawn(f"agent-{site_id}", cmd, env=env)
 
-    def _add_site(self, state: dict, site_id: str, region: str) -> str:  # type: ignore[type-arg]
-        """`edgeplex admin site add`: a fresh join token for the site (the last one is
-        revoked, so a restarted agent always joins with a valid one)."""
+    def _add_site(self, state: dict, site_id: str, region: str) -> tuple[str, str]:  # type: ignore[type-arg]
+        """`edgeplex admin site add`: a fresh join token and broker password for the
+        site (the last ones are revoked, so a restarted agent joins with valid ones)."""
         import grpc
 
         from edgeplex.proto import edgeplex_control_pb2 as pb
@@ -200,7 +198,7 @@ class Rig:
                 metadata=(("authorization", f"Bearer {token}"),),
                 timeout=10,
             )
-        return reply.join_token
+        return reply.join_token, reply.mqtt_password
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> int:
         log = (self.state_dir / f"{name}.log").open("ab")

@@ -1,5 +1,5 @@
-"""Batch shard leases against a real Redis: taken with compare-and-set, given up
-by a deposed leader, and a shard whose runs keep failing fails its items with
+"""Batch shard leases against a real Redis: taken with compare-and-set, and a
+shard whose runs keep failing fails its items with
 the reason after MAX_ATTEMPTS runs instead of being retried forever."""
 
 from __future__ import annotations

@@ -1,0 +1,74 @@
+"""The MQTT broker's password and ACL files, where the control plane manages them
+(the rig; any single-host deployment that runs mosquitto beside it).
+
+`edgeplex admin site add` then also gives the site its own broker user, with
+a fresh password returned once beside the join token, and rewrites the ACL in
+which only the control plane writes the control topics and each site reads
+only its own desired state, its region's routes and the fleet's key topic;
+mosquitto reloads both on SIGHUP. docs/security.md shows the same ACL for a
+broker run by others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+from pathlib import Path
+
+CP_USER = "edgeplex-cp"
+
+
+def acl_text(site_regions: dict[str, str], cp_user: str = CP_USER) -> str:
+    lines = [
+        f"user {cp_user}",
+        "topic readwrite edgeplex/v1/#",
+        "",
+        "pattern read edgeplex/v1/sites/%u/desired",
+        "pattern readwrite edgeplex/v1/sites/%u/presence",
+        "pattern read edgeplex/v1/fleet/key",
+    ]
+    for site, region in sorted(site_regions.items()):
+        lines += ["", f"user {site}", f"topic read edgeplex/v1/regions/{region}/routes"]
+    return "\n".join(lines) + "\n"
+
+
+def set_password(password_file: Path, user: str) -> str:
+    """A new random password for `user` in a mosquitto password file (created 0600)."""
+    if not password_file.exists():
+        password_file.touch(mode=0o600)
+    password = secrets.token_urlsafe(24)
+    subprocess.run(
+        ["mosquitto_passwd", "-b", str(password_file), user, password],
+        check=True,
+        capture_output=True,
+    )
+    return password
+
+
+class BrokerFiles:
+    def __init__(
+        self, password_file: Path, acl_file: Path, pid_file: Path | None, cp_user: str
+    ) -> None:
+        self.password_file = password_file
+        self.acl_file = acl_file
+        self.pid_file = pid_file
+        self.cp_user = cp_user
+
+    def add_site(self, site_id: str, site_regions: dict[str, str]) -> str:
+        """Give `site_id` a user with a new password and rewrite the ACL for every
+        site in `site_regions`; returns the password. Blocking: call in a thread."""
+        password = set_password(self.password_file, site_id)
+        tmp = self.acl_file.with_suffix(".tmp")
+        tmp.write_text(acl_text(site_regions, self.cp_user))
+        tmp.replace(self.acl_file)
+        self.reload()
+        return password
+
+    def reload(self) -> None:
+        if self.pid_file is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(self.pid_file.read_text().strip()), signal.SIGHUP)
