@@ -21,6 +21,7 @@ import secrets
 import grpc
 
 from edgeplex.control_plane.store import Store
+from edgeplex.net import bearer_token
 
 WILDCARDS = {"", "0.0.0.0", "::", "*"}
 
@@ -52,9 +53,7 @@ def certificate_names(context: grpc.aio.ServicerContext) -> set[str]:
 def bearer(context: grpc.aio.ServicerContext) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == "authorization" and isinstance(value, str):
-            scheme, _, token = value.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
+            return bearer_token(value)
     return None
 
 

@@ -14,3 +14,11 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def bearer_token(value: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` value (scheme in any case)."""
+    if not value:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None

@@ -26,7 +26,7 @@ import grpc
 
 from edgeplex.agent.config import SecuritySettings
 from edgeplex.agent.errors import PermissionDenied, Unauthenticated
-from edgeplex.net import is_loopback
+from edgeplex.net import bearer_token, is_loopback
 from edgeplex.settings import state_dir
 
 log = logging.getLogger("edgeplex.agent.auth")
@@ -67,13 +67,6 @@ def admin_token(security: SecuritySettings) -> str:
     return token
 
 
-def bearer(value: str | None) -> str | None:
-    if not value:
-        return None
-    scheme, _, token = value.strip().partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
 class Credentials:
     def __init__(self, admin: str, inference_key: str | None) -> None:
         self._admin = admin.encode()
@@ -91,7 +84,7 @@ class Credentials:
             return
         if access == Access.CLIENT and self._inference is None:
             return
-        token = bearer(authorization)
+        token = bearer_token(authorization)
         if token is None:
             raise Unauthenticated(f"{what} needs 'Authorization: Bearer <token>'")
         given = token.encode()
