@@ -16,6 +16,8 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToJson
 
+from edgeplex.control_plane.cli_render import render
+
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     cp = sub.add_parser("control-plane", help="run the control plane (state in Redis)")
@@ -75,6 +77,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = site.add_parser("add", help="let a site join: prints its join token, once")
     p.add_argument("site_id")
     p.add_argument("--region", required=True, help="the region the site serves")
+    p.add_argument(
+        "--env-file",
+        type=Path,
+        help="write the site's credentials here instead of printing them, as the agent's "
+        "environment variables (mode 0600; for systemd's EnvironmentFile or compose)",
+    )
+    p.add_argument(
+        "--mqtt-url",
+        help="with --env-file: the broker's mqtt://host:port, written with the site's user "
+        "and broker password as EDGEPLEX_AGENT_FLEET__MQTT_URL",
+    )
     p.set_defaults(call=_site_add)
     for verb in ("cordon", "drain"):
         p = site.add_parser(verb)
@@ -168,7 +181,7 @@ def _run_admin(args: argparse.Namespace) -> int:
     if args.json and reply is not None:
         print(MessageToJson(reply, preserving_proto_field_name=True))
     elif reply is not None:
-        print(_render(reply))
+        print(render(reply))
     return 0
 
 
@@ -225,6 +238,10 @@ def _site_add(args: argparse.Namespace, call: Call) -> Any:
     from edgeplex.proto import edgeplex_control_pb2 as pb
 
     reply = call("AddSite", pb.AddSiteRequest(site_id=args.site_id, region=args.region))
+    if args.env_file is not None:
+        _write_site_env(args.env_file, reply, args.mqtt_url)
+        print(f"credentials of {reply.site_id} written to {args.env_file}")
+        return None
     if args.json:
         return reply
     if reply.mqtt_password:
@@ -233,6 +250,21 @@ def _site_add(args: argparse.Namespace, call: Call) -> Any:
     print(f"join token of {reply.site_id} (shown once; set it as the agent's fleet.join_token):")
     print(reply.join_token)
     return None
+
+
+def _write_site_env(path: Path, reply: Any, mqtt_url: str | None) -> None:
+    """The agent's fleet credentials as KEY=value lines, readable by its owner only."""
+    lines = [f"EDGEPLEX_AGENT_FLEET__JOIN_TOKEN={reply.join_token}"]
+    if mqtt_url:
+        scheme, _, hostport = mqtt_url.partition("://")
+        if not hostport or "@" in hostport:
+            raise SystemExit(f"--mqtt-url {mqtt_url!r}: expected mqtt://host:port, no user")
+        user = f"{reply.site_id}:{reply.mqtt_password}@" if reply.mqtt_password else ""
+        lines.append(f"EDGEPLEX_AGENT_FLEET__MQTT_URL={scheme}://{user}{hostport}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write("\n".join(lines) + "\n")
 
 
 def _site_action(verb: str) -> Callable[[argparse.Namespace, Call], Any]:
@@ -287,88 +319,3 @@ def _batch_results(args: argparse.Namespace, call: Call) -> Any:
     else:
         print(text, end="")
     return None
-
-
-def _render(reply: Any) -> str:
-    """Plain-text views of the replies; --json gives every field."""
-    kind = type(reply).__name__
-    if kind == "ListModelsResponse":
-        rows: list[tuple[str, ...]] = [
-            ("NAME", "STATE", "BYTES", "SLO_MS", "MIN", "REGIONS", "REASON")
-        ]
-        for m in reply.models:
-            rows.append(
-                (
-                    m.name,
-                    m.state,
-                    str(m.size_bytes),
-                    f"{m.slo_ms:g}",
-                    str(m.min_replicas),
-                    ",".join(m.regions) or "*",
-                    m.reason,
-                )
-            )
-        return _table(rows)
-    if kind == "ListSitesResponse":
-        rows = [("SITE", "REGION", "ADDRESS", "UP", "FLAGS", "LOADED")]
-        for s in reply.sites:
-            flags = ",".join(
-                f for f, on in (("cordoned", s.cordoned), ("draining", s.draining)) if on
-            )
-            rows.append(
-                (
-                    s.site_id,
-                    s.region,
-                    s.address,
-                    "yes" if s.up else "no",
-                    flags or "-",
-                    " ".join(s.loaded),
-                )
-            )
-        return _table(rows)
-    if kind == "Placement":
-        lines = [
-            f"version {reply.version}  leader {reply.leader}  served within SLO "
-            f"{reply.served_fraction:.1%}  objective {reply.objective:.4g}"
-        ]
-        for sp in reply.sites:
-            lines.append(
-                f"{sp.site_id}: loaded [{' '.join(sp.loaded)}] staged [{' '.join(sp.staged)}]"
-            )
-        return "\n".join(lines)
-    if kind == "BatchJob":
-        lines = [
-            f"{reply.job_id}: {reply.state}, model {reply.model}, {reply.items} items, "
-            f"{reply.shards_done}/{reply.shards} shards done, {reply.items_failed} failed"
-        ]
-        for shard in reply.shard_states:
-            lines.append(
-                f"  shard {shard.index}: {shard.state} {shard.site_id} (attempts {shard.attempts})"
-            )
-        return "\n".join(lines)
-    if kind == "PlacementExplanation":
-        return "\n".join(reply.lines)
-    if kind == "ModelDetail":
-        m = reply.model
-        lines = [
-            f"{m.name} v{m.version}: {m.state}" + (f" ({m.reason})" if m.reason else ""),
-            f"  artifact {m.artifact_uri}",
-            f"  sha256 {m.sha256}",
-            f"  bytes {m.size_bytes}",
-            f"  slo {m.slo_ms:g} ms, min replicas {m.min_replicas}, priority {m.priority}, "
-            f"pin {str(m.pin).lower()}, regions {','.join(m.regions) or '*'}",
-        ]
-        for s in reply.sites:
-            lines.append(
-                f"  {s.site_id}: {s.tier} {s.state} {s.rate:.3g} req/s"
-                + (f" ({s.reason})" if s.reason else "")
-            )
-        return "\n".join(lines)
-    return MessageToJson(reply, preserving_proto_field_name=True)
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )

@@ -6,6 +6,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -85,8 +86,60 @@ def test_compose_rig_matches_the_rig_topology() -> None:
             other = topo.regions[int(subnet.split(".")[2]) - 1]
             assert float(ms) == topo.delay(site.region, other)
     assert len(addresses) == 6
+    # Locked down: each agent joins with the credentials enrolment wrote for it,
+    # the broker takes users and an ACL, and nobody may register unannounced.
+    services = compose["services"]
+    enrolled = dict(
+        item.split("=") for item in services["enroll"]["environment"]["EDGEPLEX_SITES"].split()
+    )
+    assert enrolled == {s.site_id: s.region for s in topo.sites}
+    for name, agent in agents.items():
+        assert agent["environment"]["EDGEPLEX_ENV_FILE"] == f"/enroll/{name[6:]}.env"
+        assert "EDGEPLEX_AGENT_FLEET__MQTT_URL" not in agent["environment"]
+    assert "edgeplex.rig.broker" in " ".join(services["mosquitto"]["entrypoint"])
+    assert services["control-plane"]["pid"] == "service:mosquitto"
+    assert "OPEN_REGISTRATION" not in str(compose)
     # The image installs every package the project declares.
     dockerfile = (ROOT / "deploy" / "compose" / "Dockerfile").read_text()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     for source in pyproject["tool"]["setuptools"]["package-dir"].values():
         assert f"COPY {source} ./{source}" in dockerfile
+
+
+def test_compose_broker_files_lock_mosquitto_down(tmp_path: Path) -> None:
+    """The compose broker container's first step, against Debian's mosquitto: no
+    anonymous client connects, and the control plane's URL from cp.env does."""
+    import asyncio
+    import shutil
+
+    import aiomqtt
+
+    from edgeplex.fleet import parse_mqtt_url
+    from tests.conftest import free_port
+    from tests.services import wait_port
+
+    port = free_port()
+    init = [sys.executable, "-m", "edgeplex.rig.broker", "--dir", str(tmp_path)]
+    subprocess.run(
+        [*init, "--listen", "127.0.0.1", "--advertise", "127.0.0.1", "--port", str(port)],
+        check=True,
+        timeout=60,
+    )
+    env = dict(line.split("=", 1) for line in (tmp_path / "cp.env").read_text().splitlines())
+    assert (tmp_path / "cp.env").stat().st_mode & 0o777 == 0o600
+    assert env["EDGEPLEX_CP_MQTT_PASSWORD_FILE"] == str(tmp_path / "mosquitto.passwd")
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    broker = subprocess.Popen([binary, "-c", str(tmp_path / "mosquitto.conf")])
+    try:
+        wait_port(port)
+
+        async def connect(url: str) -> None:
+            async with aiomqtt.Client(**parse_mqtt_url(url).client_kwargs()):  # type: ignore[arg-type]
+                pass
+
+        asyncio.run(connect(env["EDGEPLEX_CP_MQTT_URL"]))
+        with pytest.raises(aiomqtt.MqttError):
+            asyncio.run(connect(f"mqtt://127.0.0.1:{port}"))
+    finally:
+        broker.terminate()
+        broker.wait(10)

@@ -1,8 +1,22 @@
 #!/bin/sh
-# Container entrypoint: apply the rig's inter-region delays, then run edgeplex.
+# Container entrypoint: read credentials, apply the rig's inter-region delays,
+# then run edgeplex.
 # EDGEPLEX_DELAYS="172.28.2.0/24=30 172.28.3.0/24=80" delays egress to those
 # subnets (one-way, ms) with tc netem; needs the NET_ADMIN capability.
 set -eu
+# EDGEPLEX_ENV_FILE: KEY=value credentials written by another container (the
+# broker's for the control plane, enrolment's for an agent); waited for.
+if [ -n "${EDGEPLEX_ENV_FILE:-}" ]; then
+    waited=0
+    until [ -s "$EDGEPLEX_ENV_FILE" ]; do
+        waited=$((waited + 1))
+        [ "$waited" -lt 120 ] || { echo "no $EDGEPLEX_ENV_FILE" >&2; exit 1; }
+        sleep 1
+    done
+    set -a
+    . "$EDGEPLEX_ENV_FILE"
+    set +a
+fi
 if [ -n "${EDGEPLEX_DELAYS:-}" ]; then
     bands=3
     for _ in $EDGEPLEX_DELAYS; do bands=$((bands + 1)); done

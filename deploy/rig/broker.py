@@ -7,6 +7,7 @@ reload them (control_plane/broker_files.py).
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -20,17 +21,18 @@ class Broker:
         self.acl = state_dir / "mosquitto.acl"
         self.pid = state_dir / "mosquitto.pid"
 
-    def configure(self, host: str) -> str:
-        """Write the broker's files; returns the control plane's MQTT URL."""
+    def configure(self, host: str, advertise: str | None = None, port: int = 1883) -> str:
+        """Write the broker's files for a listener on `host`; returns the control
+        plane's MQTT URL (to `advertise`, by default `host`)."""
         self.passwords.unlink(missing_ok=True)
         password = set_password(self.passwords, CP_USER)
         self.acl.write_text(acl_text({}))
         self.conf.write_text(
-            f"listener 1883 {host}\nallow_anonymous false\n"
+            f"listener {port} {host}\nallow_anonymous false\n"
             f"password_file {self.passwords}\nacl_file {self.acl}\npid_file {self.pid}\n"
             + ("user root\n" if os.geteuid() == 0 else "")
         )
-        return f"mqtt://{CP_USER}:{password}@{host}:1883"
+        return f"mqtt://{CP_USER}:{password}@{advertise or host}:{port}"
 
     def control_plane_env(self) -> dict[str, str]:
         return {
@@ -38,3 +40,27 @@ class Broker:
             "EDGEPLEX_CP_MQTT_ACL_FILE": str(self.acl),
             "EDGEPLEX_CP_MQTT_PID_FILE": str(self.pid),
         }
+
+
+def main() -> None:
+    """Compose's broker container: write the files once into a volume shared with
+    the control plane, with the control plane's MQTT URL in `cp.env` (0600)."""
+    parser = argparse.ArgumentParser(prog="python -m edgeplex.rig.broker")
+    parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("--listen", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=1883)
+    parser.add_argument("--advertise", required=True, help="the broker's address for clients")
+    args = parser.parse_args()
+    broker = Broker(args.dir)
+    env = args.dir / "cp.env"
+    if broker.passwords.exists() and env.exists():
+        return
+    url = broker.configure(args.listen, args.advertise, args.port)
+    fd = os.open(env, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"EDGEPLEX_CP_MQTT_URL={url}\n")
+        out.writelines(f"{k}={v}\n" for k, v in broker.control_plane_env().items())
+
+
+if __name__ == "__main__":
+    main()

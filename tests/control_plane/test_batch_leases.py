@@ -87,3 +87,90 @@ def test_a_shard_that_keeps_failing_fails_its_items_with_the_reason(redis_url: s
     errors = asyncio.run(scenario())
     assert len(errors) == 2
     assert all(f"failed {MAX_ATTEMPTS} times" in e and "dead" in e for e in errors)
+
+
+def test_a_deposed_leader_stops_its_runs_and_the_new_leader_finishes_them(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replica a is running a shard whose site hangs when it loses the leader lease:
+    it drops the request at once, and replica b runs the shard after the lease
+    lapses, recording its outputs once."""
+    from aiohttp import web
+
+    from edgeplex.control_plane import batch
+
+    monkeypatch.setattr(batch, "SHARD_LEASE_S", 3.0)
+    calls: list[float] = []
+    dropped: list[float] = []
+
+    async def infer(request: web.Request) -> web.Response:
+        calls.append(time.monotonic())
+        if len(calls) == 1:  # the first run hangs until its client goes away
+            while request.transport is not None and not request.transport.is_closing():
+                await asyncio.sleep(0.05)
+            dropped.append(time.monotonic())
+            return web.Response(status=503)
+        return web.json_response({"outputs": [{"name": "y", "data": [len(calls)]}]})
+
+    async def scenario() -> list[str]:
+        app = web.Application()
+        app.router.add_post("/v2/models/m/infer", infer)
+        web_runner = web.AppRunner(app)
+        await web_runner.setup()
+        site = web.TCPSite(web_runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        store = Store(redis_url)
+        await store.redis.flushdb()  # no sites or jobs from the tests before
+        replicas = []
+        for name in ("cp-a", "cp-b"):
+            lease = LeaderLease(store.redis, name, 1.5)
+            replicas.append((lease, BatchRunner(store, lease, {})))
+        a_lease, a_runner = replicas[0]
+        tasks = [asyncio.create_task(a_lease.run()), asyncio.create_task(a_runner.run())]
+        try:
+            await store.put_site(
+                pb.Site(site_id="slow", region="a", address="127.0.0.1:1",
+                        http_address=f"127.0.0.1:{port}", up=True)
+            )  # fmt: skip
+            job, shards = make_job("m", [json.dumps({"inputs": []})], 5)
+            await store.put_batch(job, shards)
+            await until(lambda: bool(calls), "replica a's run reaches the site")
+            # Replica b takes the leader key (a's next renewal fails): a is deposed.
+            b_lease, b_runner = replicas[1]
+            await store.redis.set("edgeplex:leader", "cp-b", px=1500)
+            tasks += [asyncio.create_task(b_lease.run()), asyncio.create_task(b_runner.run())]
+            await until(lambda: bool(dropped), "replica a drops its run")
+            assert dropped[0] - calls[0] < 8.0
+            outputs: dict = {}
+
+            async def finished() -> bool:
+                outputs.update(await store.batch_outputs(job.job_id))
+                return bool(outputs)
+
+            await until(finished, "replica b finishes the shard")
+            assert len(calls) == 2 and calls[1] > dropped[0]
+            leases = await store.batch_leases(job.job_id)
+            assert leases[0].holder == "cp-b" and leases[0].attempt == 2
+            return json.loads(outputs[0])
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await store.close()
+            await web_runner.cleanup()
+
+    outputs = asyncio.run(scenario())
+    assert [json.loads(o)["outputs"][0]["data"] for o in outputs] == [[2]]
+
+
+async def until(check, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out: {what}")

@@ -30,7 +30,7 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.signing import DESIRED, ROUTES, Signer, region_audience, site_audience
 from tests.control_plane.test_fleet import Fleet, agent_tier, wait_until
-from tests.services import ControlPlane, Mosquitto, RedisServer, join_token
+from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, join_token
 
 pytestmark = pytest.mark.slow
 
@@ -133,6 +133,30 @@ def test_sites_prove_who_they_are(fleet: Fleet) -> None:
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert client.hget("edgeplex:sites", "a1") == address_before
     assert not client.hexists("edgeplex:sites", "x9")
+
+
+def test_site_add_writes_an_env_file_the_agent_joins_with(fleet: Fleet, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`admin site add --env-file` (systemd's EnvironmentFile, the compose rig):
+    the credentials land in a 0600 file and nothing secret is printed."""
+    env_file = tmp_path / "x8.env"
+    command = [sys.executable, "-m", "edgeplex", "admin", "--control-plane", fleet.cp.address]
+    result = subprocess.run(
+        [*command, "site", "add", "x8", "--region", "a", "--env-file", str(env_file),
+         "--mqtt-url", "mqtt://127.0.0.1:1883"],
+        env={**os.environ, "EDGEPLEX_ADMIN_TOKEN": TOKEN},
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    token = values["EDGEPLEX_AGENT_FLEET__JOIN_TOKEN"]
+    assert token not in result.stdout and token not in result.stderr
+    assert values["EDGEPLEX_AGENT_FLEET__MQTT_URL"] == "mqtt://127.0.0.1:1883"  # no broker user
+    request = pb.RegisterRequest(site_id="x8", region="a", address="127.0.0.1:9")
+    with grpc.insecure_channel(fleet.cp.address) as channel:
+        reply = pb_grpc.AgentServiceStub(channel).Register(
+            request, metadata=(("authorization", f"Bearer {token}"),), timeout=10
+        )
+    assert reply.signing_key_id
 
 
 def test_hop_headers_count_only_from_fleet_peers(fleet: Fleet) -> None:

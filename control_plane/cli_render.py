@@ -1,0 +1,92 @@
+"""Plain-text views of the admin API's replies (`edgeplex admin` without --json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.json_format import MessageToJson
+
+
+def render(reply: Any) -> str:
+    """Plain-text views of the replies; --json gives every field."""
+    kind = type(reply).__name__
+    if kind == "ListModelsResponse":
+        rows: list[tuple[str, ...]] = [
+            ("NAME", "STATE", "BYTES", "SLO_MS", "MIN", "REGIONS", "REASON")
+        ]
+        for m in reply.models:
+            rows.append(
+                (
+                    m.name,
+                    m.state,
+                    str(m.size_bytes),
+                    f"{m.slo_ms:g}",
+                    str(m.min_replicas),
+                    ",".join(m.regions) or "*",
+                    m.reason,
+                )
+            )
+        return table(rows)
+    if kind == "ListSitesResponse":
+        rows = [("SITE", "REGION", "ADDRESS", "UP", "FLAGS", "LOADED")]
+        for s in reply.sites:
+            flags = ",".join(
+                f for f, on in (("cordoned", s.cordoned), ("draining", s.draining)) if on
+            )
+            rows.append(
+                (
+                    s.site_id,
+                    s.region,
+                    s.address,
+                    "yes" if s.up else "no",
+                    flags or "-",
+                    " ".join(s.loaded),
+                )
+            )
+        return table(rows)
+    if kind == "Placement":
+        lines = [
+            f"version {reply.version}  leader {reply.leader}  served within SLO "
+            f"{reply.served_fraction:.1%}  objective {reply.objective:.4g}"
+        ]
+        for sp in reply.sites:
+            lines.append(
+                f"{sp.site_id}: loaded [{' '.join(sp.loaded)}] staged [{' '.join(sp.staged)}]"
+            )
+        return "\n".join(lines)
+    if kind == "BatchJob":
+        lines = [
+            f"{reply.job_id}: {reply.state}, model {reply.model}, {reply.items} items, "
+            f"{reply.shards_done}/{reply.shards} shards done, {reply.items_failed} failed"
+        ]
+        for shard in reply.shard_states:
+            lines.append(
+                f"  shard {shard.index}: {shard.state} {shard.site_id} (attempts {shard.attempts})"
+            )
+        return "\n".join(lines)
+    if kind == "PlacementExplanation":
+        return "\n".join(reply.lines)
+    if kind == "ModelDetail":
+        m = reply.model
+        lines = [
+            f"{m.name} v{m.version}: {m.state}" + (f" ({m.reason})" if m.reason else ""),
+            f"  artifact {m.artifact_uri}",
+            f"  sha256 {m.sha256}",
+            f"  bytes {m.size_bytes}",
+            f"  slo {m.slo_ms:g} ms, min replicas {m.min_replicas}, priority {m.priority}, "
+            f"pin {str(m.pin).lower()}, regions {','.join(m.regions) or '*'}",
+        ]
+        for s in reply.sites:
+            lines.append(
+                f"  {s.site_id}: {s.tier} {s.state} {s.rate:.3g} req/s"
+                + (f" ({s.reason})" if s.reason else "")
+            )
+        return "\n".join(lines)
+    return MessageToJson(reply, preserving_proto_field_name=True)
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
