@@ -8,6 +8,7 @@ methods run on the agent's event loop.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,11 @@ from edgeplex.agent.residency.tickets import Ticket
 from edgeplex.names import valid_name
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]
+DEFAULT_TIMEOUT_S = 30.0  # a request's deadline when neither it nor its model sets one
+
+# Fetches a model no site holds into this site's repository (fleet/on_demand.py):
+# (name, version, origin region, timeout_s).
+FetchOnDemand = Callable[[str, str, str, float], Awaitable[None]]
 
 
 @dataclass
@@ -64,6 +70,7 @@ class Agent:
         self._idle.set()
         self.load_window = LoadWindow()
         self.router: Router | None = None  # set in fleet mode (forward.py)
+        self.on_demand: FetchOnDemand | None = None  # set in fleet mode (on_demand.py)
         self.region = settings.fleet.region or "local"
         self.gate = InflightGate(settings.max_inflight_requests, settings.max_inflight_bytes)
 
@@ -258,6 +265,8 @@ class Agent:
             return router.peers(name, route.peers)
         if route.where == Where.LOCAL:
             return []
+        if record is None and not forwarded and self.on_demand is not None and valid_name(name):
+            return []  # fetched and loaded here, if the fleet's catalog has it (infer)
         if valid_name(name):  # demand for a model no site has: the control plane must see it
             self.load_window.record(name, origin or self.region, 0.0)
         if record is not None or forwarded:
@@ -291,9 +300,12 @@ class Agent:
         try:
             if self.draining:
                 raise Unavailable("the agent is shutting down")
+            if self.on_demand is not None and self.residency.get(name) is None and valid_name(name):
+                wait_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+                await self.on_demand(name, version, origin or self.region, wait_s)
             record = self.entry(name, version)
             METRICS.requests.labels(model=name).inc()
-            limit = record.config.timeout_ms / 1000 if record.source.config else 30.0
+            limit = record.config.timeout_ms / 1000 if record.source.config else DEFAULT_TIMEOUT_S
             if timeout_s is not None:
                 if timeout_s <= 0:
                     raise DeadlineExceeded(f"model '{name}': request arrived past its deadline")

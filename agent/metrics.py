@@ -158,6 +158,13 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        self.on_demand = Counter(
+            "edgeplex_agent_on_demand_lookups_total",
+            "Requests for a model held nowhere that asked the control plane for its "
+            "catalog entry, by result: installed, not_in_catalog, failed.",
+            ["result"],
+            registry=r,
+        )
         self.promotion_wait = Histogram(
             "edgeplex_agent_promotion_wait_seconds",
             "Time admitted requests waited for their model to be promoted.",

@@ -18,16 +18,19 @@ from redis.exceptions import RedisError
 
 from edgeplex.control_plane.config import ControlPlaneSettings
 from edgeplex.control_plane.metrics import METRICS
+from edgeplex.control_plane.planner import desired_model
 from edgeplex.control_plane.site_identity import Refused, authenticate, check_address
 from edgeplex.control_plane.store import Store
 from edgeplex.fleet import desired_topic
 from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from edgeplex.signing import CATALOG_ENTRY, site_audience
 
 log = logging.getLogger("edgeplex.control_plane.agents")
 
 REGISTRATION_CHECK_S = 2.0
+CATALOG_ENTRY_TTL_S = 60.0
 
 
 class ReportSink:
@@ -171,3 +174,50 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             METRICS.reports.inc()
             count += 1
         return pb.ReportSummary(reports=count)
+
+    async def LookupModel(
+        self, request: pb.ModelLookup, context: grpc.aio.ServicerContext
+    ) -> pb.SignedMessage:
+        if not valid_name(request.model):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model: not a valid model name")
+        if not 8 <= len(request.nonce) <= 64:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "nonce: 8 to 64 bytes")
+        await self._identify(context, request.site_id, None)
+        reason = ""
+        try:
+            site = await self._store.get_site(request.site_id)
+            model = await self._store.get_model(request.model)
+            if site is None:
+                reason = f"cannot be loaded at {request.site_id}: the site is not registered"
+            elif model is not None and model.state not in ("READY", "PENDING"):
+                # PENDING: still being verified here; the site checks the sha256 itself
+                reason = f"is {model.state} in the catalog: {model.reason}"
+            elif model is not None and model.regions and site.region not in model.regions:
+                reason = f"is not allowed in region {site.region}"
+            found = site is not None and model is not None and not reason
+            if found:
+                assert site is not None
+                region = request.origin_region if valid_name(request.origin_region) else ""
+                await self._store.put_demand_hint(
+                    site.site_id, region or site.region, request.model, time.time()
+                )
+                await self._store.notify("demand")
+        except RedisError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
+            )
+        entry = pb.CatalogEntry(nonce=request.nonce, found=found, reason=reason)
+        if found:
+            assert site is not None and model is not None
+            entry.model.CopyFrom(desired_model(model, "loaded"))
+            log.info("site %s asked for %s: loading it there on demand", site.site_id, model.name)
+            self._on_change()  # placement sees the demand now, not at its next period
+        return pb.SignedMessage.FromString(
+            self._signer.seal(
+                CATALOG_ENTRY,
+                site_audience(request.site_id),
+                0,
+                entry.SerializeToString(),
+                CATALOG_ENTRY_TTL_S,
+            )
+        )

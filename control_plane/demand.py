@@ -15,6 +15,13 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 
 Demand = dict[tuple[str, str], float]  # (origin region, model) -> requests/s
 
+# A first call at a site that holds a model nowhere (AgentService.LookupModel)
+# stands for this much demand from its region, for HINT_TTL_S, until reports
+# carry the real rate: enough for placement to keep the model where it is
+# being loaded.
+HINT_RATE = 1.0
+HINT_TTL_S = 60.0
+
 
 def current_demand(reports: Iterable[pb.LoadReport]) -> Demand:
     out: Demand = {}
@@ -38,4 +45,12 @@ def ewma(previous: Demand, now: Demand, dt_s: float, half_life_s: float) -> Dema
         value = (1 - alpha) * previous.get(key, 0.0) + alpha * now.get(key, 0.0)
         if value >= 1e-3:
             out[key] = value
+    return out
+
+
+def with_hints(demand: Demand, hints: Iterable[tuple[str, str, str]]) -> Demand:
+    """`demand` with each hinted (site, region, model) at least HINT_RATE."""
+    out = dict(demand)
+    for _site, region, model in hints:
+        out[(region, model)] = max(out.get((region, model), 0.0), HINT_RATE)
     return out

@@ -21,7 +21,7 @@ import time
 from redis.exceptions import RedisError
 
 from edgeplex.control_plane.config import ControlPlaneSettings
-from edgeplex.control_plane.demand import current_demand, ewma
+from edgeplex.control_plane.demand import HINT_TTL_S, current_demand, ewma, with_hints
 from edgeplex.control_plane.leader import LeaderLease
 from edgeplex.control_plane.metrics import METRICS
 from edgeplex.control_plane.placement import (
@@ -134,6 +134,8 @@ class Planner:
         demand = ewma(previous, current_demand(live), now - at, settings.demand_half_life_s)
         if update_demand and self._lease.is_leader:
             await self._store.put_demand(demand, now)
+        hints = await self._store.demand_hints(now - HINT_TTL_S)
+        demand = with_hints(demand, hints)
         measured: dict[str, int] = {}
         for report in live:
             for m in report.models:
@@ -142,6 +144,8 @@ class Planner:
         current = {
             sp.site_id: frozenset(sp.loaded) for sp in (current_placement or pb.Placement()).sites
         }
+        for site_id, _, model in hints:  # being loaded there on demand: keep it there
+            current[site_id] = current.get(site_id, frozenset()) | {model}
         inp = PlacementInput(
             sites=tuple(
                 SiteInfo(
@@ -217,8 +221,8 @@ class Planner:
         now = time.time()
         for site in sites:
             models = [
-                _desired_model(by_name[name], "loaded") for name in result.loaded[site.site_id]
-            ] + [_desired_model(by_name[name], "staged") for name in result.staged[site.site_id]]
+                desired_model(by_name[name], "loaded") for name in result.loaded[site.site_id]
+            ] + [desired_model(by_name[name], "staged") for name in result.staged[site.site_id]]
             previous = published.get(site.site_id)
             if (
                 previous is not None
@@ -285,7 +289,7 @@ def site_headroom(reports: dict[str, pb.LoadReport]) -> dict[str, float]:
     }
 
 
-def _desired_model(m: pb.CatalogModel, tier: str) -> pb.DesiredModel:
+def desired_model(m: pb.CatalogModel, tier: str) -> pb.DesiredModel:
     return pb.DesiredModel(
         name=m.name,
         version=m.version,

@@ -145,6 +145,22 @@ class Store:
             pipe.set(P + "demand_at", repr(at))
             await pipe.execute()
 
+    async def put_demand_hint(self, site_id: str, region: str, model: str, at: float) -> None:
+        """A site was asked for `model` (from `region`) and holds it nowhere."""
+        await self.redis.hset(P + "demand_hints", f"{site_id}|{region}|{model}", repr(at))
+
+    async def demand_hints(self, since: float) -> list[tuple[str, str, str]]:
+        """(site, region, model) hinted after `since`; older hints are dropped."""
+        raw = await self.redis.hgetall(P + "demand_hints")
+        fresh: list[tuple[str, str, str]] = []
+        stale: list[tuple[str, str, str]] = []
+        for key, value in raw.items():
+            site, region, model = text(key).split("|", 2)
+            (fresh if float(value) > since else stale).append((site, region, model))
+        if stale:
+            await self.redis.hdel(P + "demand_hints", *("|".join(h) for h in stale))
+        return fresh
+
     # --- placement and desired state -------------------------------------------------------
 
     async def next_version(self) -> int:

@@ -38,6 +38,9 @@ from google.protobuf.message import DecodeError
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
 DESIRED, ROUTES, ROLLOVER = "desired", "routes", "key-rollover"
+# A reply to AgentService.LookupModel: fresh per call, bound to it by a nonce
+# (opened with ordered=False: it has no place in the version order).
+CATALOG_ENTRY = "catalog-entry"
 MAX_MESSAGE_BYTES = 16 << 20
 
 
@@ -157,7 +160,7 @@ class TrustStore:
         self._save(public)
         return True
 
-    def open(self, data: bytes, kind: str, audience: str) -> Opened:
+    def open(self, data: bytes, kind: str, audience: str, ordered: bool = True) -> Opened:
         if len(data) > MAX_MESSAGE_BYTES:
             raise Rejected("malformed", f"{len(data)} bytes")
         try:
@@ -183,6 +186,8 @@ class TrustStore:
             raise Rejected("wrong_audience", f"for {body.audience!r}, not {audience!r}")
         if body.expires_at < time.time():
             raise Rejected("expired", f"expired at {body.expires_at:.0f}")
+        if not ordered:
+            return Opened(body.version, body.payload)
         last = self.last.get(kind)
         if last is not None and (
             body.version < last[0] or (body.version == last[0] and body.payload != last[1])

@@ -6,6 +6,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ModelLookup(_message.Message):
+    __slots__ = ("site_id", "model", "origin_region", "nonce")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_REGION_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    model: str
+    origin_region: str
+    nonce: bytes
+    def __init__(self, site_id: _Optional[str] = ..., model: _Optional[str] = ..., origin_region: _Optional[str] = ..., nonce: _Optional[bytes] = ...) -> None: ...
+
+class CatalogEntry(_message.Message):
+    __slots__ = ("nonce", "found", "model", "reason")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    found: bool
+    model: DesiredModel
+    reason: str
+    def __init__(self, nonce: _Optional[bytes] = ..., found: _Optional[bool] = ..., model: _Optional[_Union[DesiredModel, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class Device(_message.Message):
     __slots__ = ("kind", "index", "memory_bytes")
     KIND_FIELD_NUMBER: _ClassVar[int]

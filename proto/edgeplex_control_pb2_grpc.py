@@ -47,6 +47,11 @@ class AgentServiceStub:
                 request_serializer=edgeplex__control__pb2.LoadReport.SerializeToString,
                 response_deserializer=edgeplex__control__pb2.ReportSummary.FromString,
                 _registered_method=True)
+        self.LookupModel = channel.unary_unary(
+                '/edgeplex.v1.AgentService/LookupModel',
+                request_serializer=edgeplex__control__pb2.ModelLookup.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.SignedMessage.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -71,6 +76,15 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LookupModel(self, request, context):
+        """A model this site was asked for and holds nowhere: its catalog entry, in a
+        SignedMessage of kind "catalog-entry" for this site, so the site can load
+        it on demand. The call is demand placement sees at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -83,6 +97,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=edgeplex__control__pb2.LoadReport.FromString,
                     response_serializer=edgeplex__control__pb2.ReportSummary.SerializeToString,
+            ),
+            'LookupModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupModel,
+                    request_deserializer=edgeplex__control__pb2.ModelLookup.FromString,
+                    response_serializer=edgeplex__control__pb2.SignedMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -142,6 +161,33 @@ class AgentService:
             '/edgeplex.v1.AgentService/Report',
             edgeplex__control__pb2.LoadReport.SerializeToString,
             edgeplex__control__pb2.ReportSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AgentService/LookupModel',
+            edgeplex__control__pb2.ModelLookup.SerializeToString,
+            edgeplex__control__pb2.SignedMessage.FromString,
             options,
             channel_credentials,
             insecure,

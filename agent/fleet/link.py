@@ -20,6 +20,9 @@ when one is configured; the registration's reply names the key the control
 plane signs with, which the agent pins when it trusts none yet.
 - the reconciler's `run` (reconcile.py).
 
+A request for a model no site holds asks the control plane for its catalog
+entry and loads it here (on_demand.py).
+
 Nothing here stops the agent from serving: while the control plane, Redis or
 the broker are down, the agent keeps its last applied state.
 """
@@ -39,6 +42,7 @@ from edgeplex import __version__
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet.control_messages import ControlMessages
+from edgeplex.agent.fleet.on_demand import OnDemand
 from edgeplex.agent.fleet.reconcile import Reconciler
 from edgeplex.agent.residency.state import Phase
 from edgeplex.artifacts import ArtifactCache, FetchPolicy
@@ -81,6 +85,10 @@ class FleetLink:
         )
         token = fleet.join_token.get_secret_value() if fleet.join_token else ""
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.on_demand = OnDemand(
+            self._site, agent, self.reconciler, trust, self._channel, self._metadata
+        )
+        agent.on_demand = self.on_demand.fetch
         self.registered = asyncio.Event()
         self.reports_sent = 0
         self._interval = 2.0

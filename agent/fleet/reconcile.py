@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,7 @@ class Reconciler:
         self._artifacts = artifacts
         self._disk_budget = disk_budget
         self._retry = Backoff(RETRY_INITIAL_S, RETRY_MAX_S, floor_s=1.0)
+        self._installing = threading.Lock()  # reconcile and on-demand fetches both install
         self._pending: pb.DesiredState | None = None
         self._wake = asyncio.Event()
         self.applied_version = 0
@@ -112,7 +114,7 @@ class Reconciler:
                 self.failures[dm.name] = "invalid model name or version in desired state"
                 continue
             try:
-                await asyncio.to_thread(self._install, dm)
+                await asyncio.to_thread(self.install, dm)
             except Exception as exc:  # whatever the cause, this model failed, with a reason
                 reason = str(exc) if isinstance(exc, ArtifactError) else type(exc).__name__
                 self.failures[dm.name] = reason
@@ -151,8 +153,12 @@ class Reconciler:
         if dropped:
             log.info("artifact cache over its budget: dropped %d artifacts", len(dropped))
 
-    def _install(self, dm: pb.DesiredModel) -> None:
+    def install(self, dm: pb.DesiredModel) -> None:
         """Make `<repo>/<name>/<version>/model.onnx` the verified artifact. Blocking."""
+        with self._installing:
+            self._install(dm)
+
+    def _install(self, dm: pb.DesiredModel) -> None:
         version = dm.version or "1"
         target = self._repo / dm.name / version
         marker = target / ".sha256"

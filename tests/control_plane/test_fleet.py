@@ -445,12 +445,55 @@ def test_forwarding_to_the_site_that_holds_the_model(fleet: Fleet) -> None:
     spoofed = {"edgeplex-forwarded": "x9", "edgeplex-peer-token": "guess"}
     status, headers, reply = http_post(a1, "/v2/models/b_only/infer", body, spoofed)
     assert status == 200 and headers["edgeplex-served-by"] == "b1"
-    # No site serves it: UNAVAILABLE with a retry hint.
+    # Not in the fleet's catalog: 404 / NOT_FOUND, saying so.
     status, headers, reply = http_post(a1, "/v2/models/nowhere/infer", body)
-    assert status == 503 and "Retry-After" in headers and b"no site serves" in reply
+    assert status == 404 and b"not in the fleet's catalog" in reply
     with pytest.raises(triton.InferenceServerException) as info:
         infer(a1, "nowhere")
-    assert "UNAVAILABLE" in str(info.value.status())
+    assert "NOT_FOUND" in str(info.value.status())
+
+
+def test_a_new_models_first_calls_succeed_at_any_site(fleet: Fleet) -> None:
+    """A model just added to the catalog, placed nowhere yet: its first calls at a
+    site succeed (fetched and loaded there on demand), concurrent ones included,
+    and placement keeps it where it was loaded."""
+    src = fleet.workdir / "src"
+    for i, name in enumerate(("fresh", "fresh2")):
+        demo.make_mlp(src / name, width=64, layers=2, in_width=32, seed=10 + i)
+        fleet.add_model(name, src / name / "1" / "model.onnx")
+    a1, b1 = fleet.agents["a1"], fleet.agents["b1"]
+    body = json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 32], "datatype": "FP32", "data": [1.0] * 32}]}
+    ).encode()
+    started = time.monotonic()
+    status, headers, reply = http_post(a1, "/v2/models/fresh/infer", body)
+    first_call_s = time.monotonic() - started
+    assert status == 200, reply
+    assert headers["edgeplex-served-by"] == "a1" and headers.get("edgeplex-cold-start")
+    assert len(json.loads(reply)["outputs"][0]["data"]) == 64
+    # Eight callers at once at the other site: one fetch, every call served.
+    results: list[int] = []
+
+    def call() -> None:
+        results.append(http_post(b1, "/v2/models/fresh2/infer", body)[0])
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [200] * 8
+    # Bad input for a model not yet here: 400 naming the fault, after the fetch.
+    bad = json.dumps({"inputs": [{"name": "input", "shape": [1, 3], "datatype": "FP32",
+                                  "data": [1.0] * 3}]}).encode()  # fmt: skip
+    demo.make_mlp(src / "fresh3", width=64, layers=2, in_width=32, seed=12)
+    fleet.add_model("fresh3", src / "fresh3" / "1" / "model.onnx")
+    status, _, reply = http_post(a1, "/v2/models/fresh3/infer", bad)
+    assert status == 400 and b"input" in reply
+    # Placement saw the demand at once and keeps each model where it was loaded.
+    wait_until(lambda: "fresh" in fleet.loaded_at("a1"), 10, what="fresh placed at a1")
+    wait_until(lambda: "fresh2" in fleet.loaded_at("b1"), 10, what="fresh2 placed at b1")
+    assert first_call_s < 10.0
 
 
 def http_post(

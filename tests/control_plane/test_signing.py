@@ -110,3 +110,17 @@ def test_a_configured_key_is_trusted_without_pinning(signer, tmp_path):
     store = TrustStore.load(base64.b64encode(signer.public).decode(), tmp_path / "x.pub")
     assert store.open(signer.seal(DESIRED, SITE, 1, desired(1), 60), DESIRED, SITE).version == 1
     assert not store.pin(Signer(Ed25519PrivateKey.generate()).public)
+
+
+def test_lookup_replies_open_out_of_order_but_only_when_asked(signer, store):
+    """Catalog entries answer one lookup each (bound by a nonce): they have no place
+    in the version order, so they open unordered, and do not move that order."""
+    from edgeplex.signing import CATALOG_ENTRY
+
+    first = signer.seal(CATALOG_ENTRY, SITE, 0, b"one", 60)
+    second = signer.seal(CATALOG_ENTRY, SITE, 0, b"two", 60)
+    assert store.open(second, CATALOG_ENTRY, SITE, ordered=False).payload == b"two"
+    assert store.open(first, CATALOG_ENTRY, SITE, ordered=False).payload == b"one"
+    assert CATALOG_ENTRY not in store.last
+    store.open(first, CATALOG_ENTRY, SITE)
+    assert reason(store, second, CATALOG_ENTRY) == "stale"
