@@ -325,4 +325,5 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
             objective=placement.objective,
             served_fraction=placement.served_fraction,
         )
-        return pb.PlacementExplanation(model=request.name, lines=explain(inp, result, request.name))
+        lines = explain(inp, result, request.name, self._planner.observed, self._planner.forecast)
+        return pb.PlacementExplanation(model=request.name, lines=lines)

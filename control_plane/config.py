@@ -74,6 +74,13 @@ class ControlPlaneSettings(FileSettings):
     demand_half_life_s: float = Field(
         default=60.0, gt=0, description="Half-life of the EWMA that turns reports into demand."
     )
+    forecast_horizon_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="Place for the demand forecast this far ahead (seasonal by hour of day "
+        "and week, blended with recent demand; never below the observed demand), so models "
+        "move before a region's peak. 0: place from observed demand only.",
+    )
     churn_cost: float = Field(
         default=0.1,
         ge=0,

@@ -5,10 +5,17 @@ A pure function of the same input and result that placement used.
 
 from __future__ import annotations
 
+from edgeplex.control_plane.demand import Demand
 from edgeplex.control_plane.placement import PlacementInput, PlacementResult, latency
 
 
-def explain(inp: PlacementInput, result: PlacementResult, model: str) -> list[str]:
+def explain(
+    inp: PlacementInput,
+    result: PlacementResult,
+    model: str,
+    observed: Demand | None = None,
+    forecast: Demand | None = None,
+) -> list[str]:
     spec = next((m for m in inp.models if m.name == model), None)
     if spec is None:
         return [f"{model}: not in the catalog, or not READY (only verified models are placed)"]
@@ -25,6 +32,12 @@ def explain(inp: PlacementInput, result: PlacementResult, model: str) -> list[st
         ),
         f"loaded at {len(holders)} site(s)",
     ]
+    if observed is not None or forecast is not None:
+        regions = sorted({r for r, m in (observed or {}) | (forecast or {}) if m == model})
+        for r in regions:
+            seen = (observed or {}).get((r, model), 0.0)
+            ahead = (forecast or {}).get((r, model), 0.0)
+            lines.append(f"demand from {r}: observed {seen:.3g} req/s, forecast {ahead:.3g} req/s")
     held_regions = {s.region for s in holders}
     sizes = {m.name: m.size_bytes for m in inp.models}
     for site in inp.sites:

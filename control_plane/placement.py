@@ -75,6 +75,9 @@ class PlacementInput:
     latency_ms: dict[tuple[str, str], float]  # (region, region) -> one-way ms; absent: unreachable
     current: dict[str, frozenset[str]] = field(default_factory=dict)  # site -> loaded models
     churn_cost: float = 0.1  # objective units (req/s) per GiB newly loaded
+    # Sites x models up to which the local search runs after greedy (the
+    # simulator passes 0: it places hundreds of times per simulated day).
+    search_limit: int = SWAP_SEARCH_LIMIT
 
 
 @dataclass
@@ -291,7 +294,7 @@ def place(inp: PlacementInput) -> PlacementResult:
 
     # 4. Local search on small instances: greedy by density can strand capacity
     # (the knapsack case); dropping up to two models and refilling recovers it.
-    if len(sites) * n_m <= SWAP_SEARCH_LIMIT:
+    if len(sites) * n_m <= inp.search_limit:
         locked = {j for j, m in enumerate(p.models) if m.pin}
         improve(p, site_region, loaded, holds, free, current, may_hold, churn_per_byte, locked)
         best[:] = 0.0

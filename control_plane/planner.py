@@ -21,7 +21,8 @@ import time
 from redis.exceptions import RedisError
 
 from edgeplex.control_plane.config import ControlPlaneSettings
-from edgeplex.control_plane.demand import HINT_TTL_S, current_demand, ewma, with_hints
+from edgeplex.control_plane.demand import HINT_TTL_S, Demand, current_demand, ewma, with_hints
+from edgeplex.control_plane.forecast import Forecaster
 from edgeplex.control_plane.leader import LeaderLease
 from edgeplex.control_plane.metrics import METRICS
 from edgeplex.control_plane.placement import (
@@ -53,6 +54,9 @@ class Planner:
         self._lease = lease
         self._wake = asyncio.Event()
         self._routes_sent: dict[str, bytes] = {}  # region -> unversioned routes last published
+        self._forecaster: Forecaster | None = None  # loaded from Redis on first use
+        self.observed: Demand = {}  # the last round's demand EWMA (explain shows it)
+        self.forecast: Demand = {}  # and its forecast one horizon ahead
         self.rounds = 0
 
     def poke(self) -> None:
@@ -134,6 +138,17 @@ class Planner:
         demand = ewma(previous, current_demand(live), now - at, settings.demand_half_life_s)
         if update_demand and self._lease.is_leader:
             await self._store.put_demand(demand, now)
+        self.observed = demand
+        if settings.forecast_horizon_s > 0:
+            forecaster = await self._load_forecaster()
+            if update_demand and self._lease.is_leader:
+                forecaster.observe(current_demand(live), now)
+                await self._store.put_forecast(forecaster.to_bytes())
+            self.forecast = forecaster.predict(now, settings.forecast_horizon_s)
+            demand = {
+                key: max(demand.get(key, 0.0), self.forecast.get(key, 0.0))
+                for key in demand.keys() | self.forecast.keys()
+            }
         hints = await self._store.demand_hints(now - HINT_TTL_S)
         demand = with_hints(demand, hints)
         measured: dict[str, int] = {}
@@ -177,6 +192,16 @@ class Planner:
             churn_cost=settings.churn_cost,
         )
         return inp, sites, catalog
+
+    async def _load_forecaster(self) -> Forecaster:
+        if self._forecaster is None or not self._lease.is_leader:
+            state = await self._store.forecast()
+            try:
+                self._forecaster = Forecaster.from_bytes(state) if state else Forecaster()
+            except ValueError:
+                log.warning("forecaster state in Redis is unreadable: starting afresh")
+                self._forecaster = Forecaster()
+        return self._forecaster
 
     async def round(self) -> pb.Placement:
         started = time.perf_counter()

@@ -161,6 +161,13 @@ class Store:
             await self.redis.hdel(P + "demand_hints", *("|".join(h) for h in stale))
         return fresh
 
+    async def put_forecast(self, state: bytes) -> None:
+        await self.redis.set(P + "forecast", state)
+
+    async def forecast(self) -> bytes | None:
+        raw = await self.redis.get(P + "forecast")
+        return raw if isinstance(raw, bytes) else None
+
     # --- placement and desired state -------------------------------------------------------
 
     async def next_version(self) -> int:

@@ -18,6 +18,10 @@ def main(argv: list[str] | None = None) -> None:
 
     control_plane_cli.add_commands(sub)
 
+    from edgeplex.control_plane.sim import cli as sim_cli
+
+    sim_cli.add_commands(sub)
+
     from edgeplex.rig import cli as rig_cli
 
     rig_cli.add_commands(sub)

@@ -144,18 +144,26 @@ class OnDemand:
     async def _lookup(self, name: str, origin: str) -> pb.CatalogEntry:
         nonce = secrets.token_bytes(16)
         request = pb.ModelLookup(site_id=self._site, model=name, origin_region=origin, nonce=nonce)
-        if self._channel is None:
-            self._channel = self._new_channel()
-        stub = pb_grpc.AgentServiceStub(self._channel)
-        try:
-            signed = await stub.LookupModel(
-                request, timeout=LOOKUP_TIMEOUT_S, metadata=self._metadata
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise Unavailable(
-                f"model '{name}' is not at this site and the control plane cannot be asked "
-                f"now ({exc.code().name})"
-            ) from None
+        signed = None
+        for attempt in range(2):  # a cached channel may sit in reconnect backoff: renew it once
+            if self._channel is None:
+                self._channel = self._new_channel()
+            stub = pb_grpc.AgentServiceStub(self._channel)
+            try:
+                signed = await stub.LookupModel(
+                    request, timeout=LOOKUP_TIMEOUT_S, metadata=self._metadata
+                )
+                break
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt == 0:
+                    await self._channel.close()
+                    self._channel = None
+                    continue
+                raise Unavailable(
+                    f"model '{name}' is not at this site and the control plane cannot be "
+                    f"asked now ({exc.code().name})"
+                ) from None
+        assert signed is not None
         try:
             opened = self._trust.open(
                 signed.SerializeToString(), CATALOG_ENTRY, site_audience(self._site), ordered=False

@@ -495,6 +495,15 @@ def test_a_new_models_first_calls_succeed_at_any_site(fleet: Fleet) -> None:
     wait_until(lambda: "fresh2" in fleet.loaded_at("b1"), 10, what="fresh2 placed at b1")
     assert first_call_s < 10.0
 
+    def explained() -> list[str]:
+        return list(fleet.call("ExplainPlacement", pb.ModelName(name="fresh")).lines)  # type: ignore[attr-defined]
+
+    wait_until(
+        lambda: any(line.startswith("demand from a: observed") for line in explained()),
+        10,
+        what="explain shows observed and forecast demand",
+    )
+
 
 def http_post(
     agent: AgentProcess, path: str, body: bytes, headers: dict[str, str] | None = None

@@ -1,0 +1,187 @@
+"""Demand one placement horizon ahead, per (region, model): seasonal by hour of
+day and day of week, blended with recent demand. Pure numpy; no hidden clock.
+
+`observe(demand, now)` folds one observation (requests/s per (region, model),
+at unix time `now`) into three things per key:
+
+- the recent level: an exponentially weighted mean with half-life
+  `recent_half_life_s` (what reactive placement uses alone);
+- an hour-of-day profile: per hour, an exponentially weighted mean over days
+  (weight `day_weight` for each new day's value);
+- an hour-of-week profile, the same over weeks, used for a bucket once it has
+  been seen at least once (before that, the hour-of-day profile stands in).
+
+`predict(now, horizon_s)` is, per key, the seasonal value of the hour that
+`now + horizon_s` falls in, scaled by how today compares with the profile so
+far (the recent level over the profile's value for the current hour, clipped
+to [0.5, 2]), and never below the recent level: follow-the-sun moves happen
+before a region's peak, and nothing is dropped while it is still busy. A key
+with no season yet predicts its recent level.
+
+The control plane's planner feeds it every round and places from
+`predict(now, placement_interval_s)`; the simulator (control_plane/sim/) runs
+the same object. `to_bytes`/`from_bytes` keep it in Redis (raw float arrays and
+JSON keys; no pickle), so a new leader keeps what the last one learned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import numpy as np
+
+Demand = dict[tuple[str, str], float]
+
+HOURS_PER_DAY = 24
+HOURS_PER_WEEK = 168
+_HEADER = struct.Struct("<I")
+
+
+class Forecaster:
+    def __init__(self, recent_half_life_s: float = 300.0, day_weight: float = 0.5) -> None:
+        self.recent_half_life_s = recent_half_life_s
+        self.day_weight = day_weight
+        self.keys: list[tuple[str, str]] = []
+        self._ix: dict[tuple[str, str], int] = {}
+        self.recent = np.zeros(0)
+        self.by_hour = np.zeros((0, HOURS_PER_DAY))
+        self.by_week_hour = np.zeros((0, HOURS_PER_WEEK))
+        self.seen_hour = np.zeros((0, HOURS_PER_DAY), dtype=bool)
+        self.seen_week_hour = np.zeros((0, HOURS_PER_WEEK), dtype=bool)
+        self._last: float | None = None
+        # The bucket being filled, and the mean of its observations so far.
+        self._bucket: int | None = None
+        self._bucket_sum = np.zeros(0)
+        self._bucket_n = 0
+
+    # --- learning -------------------------------------------------------------------------
+
+    def _index(self, demand: Demand) -> np.ndarray:
+        new = [k for k in demand if k not in self._ix]
+        if new:
+            for k in new:
+                self._ix[k] = len(self.keys)
+                self.keys.append(k)
+            grow = len(new)
+            self.recent = np.concatenate([self.recent, np.zeros(grow)])
+            self.by_hour = np.vstack([self.by_hour, np.zeros((grow, HOURS_PER_DAY))])
+            self.by_week_hour = np.vstack([self.by_week_hour, np.zeros((grow, HOURS_PER_WEEK))])
+            self.seen_hour = np.vstack(
+                [self.seen_hour, np.zeros((grow, HOURS_PER_DAY), dtype=bool)]
+            )
+            self.seen_week_hour = np.vstack(
+                [self.seen_week_hour, np.zeros((grow, HOURS_PER_WEEK), dtype=bool)]
+            )
+            self._bucket_sum = np.concatenate([self._bucket_sum, np.zeros(grow)])
+        values = np.zeros(len(self.keys))
+        for k, v in demand.items():
+            values[self._ix[k]] = v
+        return values
+
+    def observe(self, demand: Demand, now: float) -> None:
+        values = self._index(demand)
+        dt = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
+        alpha = (
+            1.0
+            if dt == 0.0 and not self.recent.any()
+            else 1.0 - 0.5 ** (dt / self.recent_half_life_s)
+        )
+        self.recent += alpha * (values - self.recent)
+        bucket = week_hour(now)
+        if self._bucket is not None and bucket != self._bucket:
+            self._close_bucket()
+        self._bucket = bucket
+        self._bucket_sum += values
+        self._bucket_n += 1
+
+    def _close_bucket(self) -> None:
+        """Fold the finished hour's mean into both profiles."""
+        assert self._bucket is not None
+        mean = self._bucket_sum / max(1, self._bucket_n)
+        for profile, seen, b in (
+            (self.by_hour, self.seen_hour, self._bucket % HOURS_PER_DAY),
+            (self.by_week_hour, self.seen_week_hour, self._bucket),
+        ):
+            old = profile[:, b]
+            profile[:, b] = np.where(seen[:, b], old + self.day_weight * (mean - old), mean)
+            seen[:, b] = True
+        self._bucket_sum = np.zeros(len(self.keys))
+        self._bucket_n = 0
+
+    # --- predicting -----------------------------------------------------------------------
+
+    def _seasonal(self, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+        """The profile's value at `bucket` and whether there is one, per key."""
+        week = self.seen_week_hour[:, bucket]
+        day = self.seen_hour[:, bucket % HOURS_PER_DAY]
+        value = np.where(week, self.by_week_hour[:, bucket], self.by_hour[:, bucket % 24])
+        return value, week | day
+
+    def predict_array(self, now: float, horizon_s: float) -> np.ndarray:
+        here, known_here = self._seasonal(week_hour(now))
+        ahead, known_ahead = self._seasonal(week_hour(now + horizon_s))
+        ratio = np.where(known_here & (here > 1e-9), self.recent / np.maximum(here, 1e-9), 1.0)
+        ratio = np.clip(ratio, 0.5, 2.0)
+        seasonal = np.where(known_ahead, ahead * ratio, self.recent)
+        return np.maximum(self.recent, seasonal)
+
+    def predict(self, now: float, horizon_s: float) -> Demand:
+        values = self.predict_array(now, horizon_s)
+        return {k: float(v) for k, v in zip(self.keys, values, strict=True) if v >= 1e-3}
+
+    def observed(self) -> Demand:
+        return {k: float(v) for k, v in zip(self.keys, self.recent, strict=True) if v >= 1e-3}
+
+    # --- persistence (Redis) -------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        meta = json.dumps(
+            {
+                "keys": [list(k) for k in self.keys],
+                "last": self._last,
+                "bucket": self._bucket,
+                "bucket_n": self._bucket_n,
+            }
+        ).encode()
+        arrays = [
+            self.recent,
+            self.by_hour,
+            self.by_week_hour,
+            self.seen_hour.astype(np.float64),
+            self.seen_week_hour.astype(np.float64),
+            self._bucket_sum,
+        ]
+        return _HEADER.pack(len(meta)) + meta + b"".join(a.astype("<f8").tobytes() for a in arrays)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, **kwargs: float) -> Forecaster:
+        (n,) = _HEADER.unpack_from(data)
+        meta = json.loads(data[_HEADER.size : _HEADER.size + n])
+        f = cls(**kwargs)
+        f.keys = [(str(r), str(m)) for r, m in meta["keys"]]
+        f._ix = {k: i for i, k in enumerate(f.keys)}
+        k = len(f.keys)
+        flat = np.frombuffer(data[_HEADER.size + n :], dtype="<f8")
+        sizes = [k, k * 24, k * 168, k * 24, k * 168, k]
+        if flat.size != sum(sizes):
+            raise ValueError("forecaster state has the wrong size")
+        parts = np.split(flat, np.cumsum(sizes)[:-1])
+        f.recent = parts[0].copy()
+        f.by_hour = parts[1].reshape(k, 24).copy()
+        f.by_week_hour = parts[2].reshape(k, 168).copy()
+        f.seen_hour = parts[3].reshape(k, 24) > 0
+        f.seen_week_hour = parts[4].reshape(k, 168) > 0
+        f._bucket_sum = parts[5].copy()
+        f._last = meta["last"]
+        f._bucket = meta["bucket"]
+        f._bucket_n = int(meta["bucket_n"])
+        return f
+
+
+def week_hour(t: float) -> int:
+    """Hour of the week (0..167, Monday 00:00 UTC first) of unix time `t`."""
+    # 1970-01-01 was a Thursday: shift so that Monday is 0.
+    return math.floor(t / 3600.0 + 72) % HOURS_PER_WEEK

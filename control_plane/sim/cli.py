@@ -1,0 +1,124 @@
+"""`edgeplex simulate`: the trace-driven fleet simulator (docs/simulator.md).
+
+edgeplex simulate --fleet fleet.yaml --catalog catalog.yaml --trace trace.csv --out DIR
+edgeplex simulate --standard --days 7 --out DIR
+edgeplex simulate --standard --days 1 --write-trace trace.csv   # the generator alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="replay a demand trace over a simulated fleet: GPUs saved per strategy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--fleet", type=Path, help="fleet YAML (regions, round trips, sites)")
+    p.add_argument("--catalog", type=Path, help="catalog YAML or CSV")
+    p.add_argument(
+        "--trace", type=Path, action="append", help="CSV or Parquet trace; repeat for Azure days"
+    )
+    p.add_argument(
+        "--azure",
+        action="store_true",
+        help="--trace files are Azure Functions invocation counts (one per day)",
+    )
+    p.add_argument("--standard", action="store_true", help="generate the standard fleet")
+    p.add_argument("--days", type=float, default=None, help="simulated days (standard: 7)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="write report.json and report.html here")
+    p.add_argument("--target", type=float, default=0.95, help="served-in-region share to size for")
+    p.add_argument("--step-min", type=int, default=1, help="simulated minutes per step")
+    p.add_argument("--placement-period-min", type=int, default=5)
+    p.add_argument("--search-days", type=float, default=2.0, help="days each sizing run covers")
+    p.add_argument("--write-trace", type=Path, help="write the generated trace as CSV and stop")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from edgeplex.control_plane.sim import report as sim_report
+    from edgeplex.control_plane.sim.engine import SimConfig
+    from edgeplex.control_plane.sim.spec import (
+        StandardKnobs,
+        load_catalog,
+        load_fleet,
+        standard_catalog,
+        standard_fleet,
+    )
+    from edgeplex.control_plane.sim.study import Study, run_study
+    from edgeplex.control_plane.sim.traces import (
+        SyntheticTrace,
+        TraceFile,
+        TraceKnobs,
+        read_azure_functions,
+        read_rows,
+        write_csv,
+    )
+
+    knobs, trace_knobs = StandardKnobs(), TraceKnobs()
+    if args.standard:
+        fleet, catalog = standard_fleet(knobs), standard_catalog(knobs, args.seed)
+    elif args.fleet and args.catalog:
+        fleet, catalog = load_fleet(args.fleet), load_catalog(args.catalog)
+    else:
+        print("error: give --standard, or --fleet and --catalog", file=sys.stderr)
+        return 2
+    days = args.days
+    if args.trace:
+        regions = [r.name for r in fleet.regions]
+        rows = (
+            read_azure_functions(args.trace, regions)
+            if args.azure
+            else (row for path in args.trace for row in read_rows(path))
+        )
+        trace = TraceFile(rows, fleet, catalog)
+        minutes = trace.minutes if days is None else int(days * 1440)
+    else:
+        days = 7.0 if days is None else days
+        trace = SyntheticTrace(fleet, catalog, days, trace_knobs, args.seed)  # type: ignore[assignment]
+        minutes = trace.minutes
+    if args.write_trace:
+        if not isinstance(trace, SyntheticTrace):
+            print("error: --write-trace writes the generated trace", file=sys.stderr)
+            return 2
+        names, regions = catalog.names, [r.name for r in fleet.regions]
+        write_csv(args.write_trace, ((t, regions[r], names[m], n) for t, r, m, n in trace.rows()))
+        print(f"wrote {args.write_trace}")
+        return 0
+    if args.out is None:
+        print("error: --out DIR is required", file=sys.stderr)
+        return 2
+    config = SimConfig(step_min=args.step_min, placement_period_min=args.placement_period_min)
+    study = Study(fleet, catalog, trace, minutes, config, args.target, args.search_days)
+    print(
+        f"simulating {minutes / 1440:g} days: {len(fleet.regions)} regions, {fleet.gpus} sites, "
+        f"{len(catalog)} models, seed {args.seed}"
+    )
+    report = run_study(study)
+    report["config"] = {
+        "days": minutes / 1440,
+        "seed": args.seed,
+        "target": args.target,
+        "regions": [r.name for r in fleet.regions],
+        "fleet": fleet.model_dump(),
+        "models": len(catalog),
+        "standard": asdict(knobs) if args.standard else None,
+        "trace": asdict(trace_knobs) if isinstance(trace, SyntheticTrace) else "file",
+        "sim": asdict(config),
+        "search_days": args.search_days,
+    }
+    sim_report.write(report, args.out, config.step_min)
+    summary = {k: report[k] for k in ("dedicated", "lru", "reactive", "forecast")}
+    print(json.dumps(summary, indent=1))
+    for goal in report["goals"]:  # type: ignore[attr-defined]
+        print(f"{'met' if goal['met'] else 'NOT met'}: {goal['goal']} = {goal['value']}")
+    print(f"report: {args.out / 'report.html'}")
+    return 0

@@ -1,0 +1,179 @@
+"""The GPUs-saved study: for each strategy, the smallest fleet that serves the
+target share of requests within SLO from their own region, and what it does
+there.
+
+A strategy's GPU count is found by bisection over fleet sizes (every site
+group scaled by one factor, one GPU per site), each candidate simulated over
+`search_days` at `search_step_min` steps (coarser than the final run, so the
+search stays cheap). At that size the strategy is then simulated over the
+whole trace at `step_min`, which gives the figures reported. `dedicated` (one
+model per GPU) needs no simulation: in each region where a model has demand,
+the GPUs its regional peak needs.
+
+Reactive and forecasting placement are also compared at one fleet size (the
+one forecasting needs), so that cold starts at each region's peak onset are
+measured side by side on equal hardware.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from edgeplex.control_plane.sim.engine import (
+    STRATEGIES,
+    Outcome,
+    SimConfig,
+    dedicated_gpus,
+    simulate,
+)
+from edgeplex.control_plane.sim.spec import Catalog, FleetSpec
+from edgeplex.control_plane.sim.traces import DemandSource
+
+MAX_SCALE = 4.0  # search no further than 4x the given fleet
+
+
+@dataclass
+class Study:
+    fleet: FleetSpec
+    catalog: Catalog
+    trace: DemandSource
+    minutes: int
+    config: SimConfig
+    target: float = 0.95
+    search_days: float = 2.0
+    search_step_min: int = 15
+    log: Callable[[str], None] = lambda line: print(line, flush=True)
+
+
+@dataclass
+class Sized:
+    strategy: str
+    gpus: int | None  # None: the target was not reached at MAX_SCALE x the fleet
+    fleet: FleetSpec
+    outcome: Outcome
+
+
+def served(outcome: Outcome) -> float:
+    return outcome.in_region_within_slo / max(outcome.requests, 1.0)
+
+
+def size_strategy(study: Study, strategy: str) -> Sized:
+    """The smallest fleet at which `strategy` meets the target, and its full run."""
+    minutes = min(study.minutes, max(int(study.search_days * 1440), study.config.warmup_min + 60))
+    step = study.search_step_min
+    period = max(study.config.placement_period_min, step)
+    search = replace(study.config, step_min=step, placement_period_min=period)
+    cache: dict[int, tuple[FleetSpec, float]] = {}
+
+    def trial(factor: float) -> tuple[int, float]:
+        fleet = study.fleet.scaled(factor)
+        if fleet.gpus not in cache:
+            started = time.perf_counter()
+            outcome = simulate(fleet, study.catalog, study.trace, minutes, strategy, search, False)
+            cache[fleet.gpus] = (fleet, served(outcome))
+            study.log(
+                f"  {strategy}: {fleet.gpus} GPUs -> {served(outcome):.2%} in region within "
+                f"SLO ({time.perf_counter() - started:.1f} s)"
+            )
+        return fleet.gpus, cache[fleet.gpus][1]
+
+    lo, hi = 0.0, 1.0
+    while trial(hi)[1] < study.target:
+        lo, hi = hi, hi * 2
+        if hi > MAX_SCALE:
+            fleet = study.fleet.scaled(MAX_SCALE)
+            final = simulate(
+                fleet, study.catalog, study.trace, study.minutes, strategy, study.config
+            )
+            return Sized(strategy, None, fleet, final)
+    for _ in range(12):
+        gpus_lo, gpus_hi = study.fleet.scaled(lo).gpus, study.fleet.scaled(hi).gpus
+        mid = (lo + hi) / 2
+        gpus_mid = study.fleet.scaled(mid).gpus
+        if gpus_hi - gpus_lo <= max(1, gpus_hi // 50) or gpus_mid in (gpus_lo, gpus_hi):
+            break
+        if trial(mid)[1] >= study.target:
+            hi = mid
+        else:
+            lo = mid
+    fleet = study.fleet.scaled(hi)
+    final = simulate(fleet, study.catalog, study.trace, study.minutes, strategy, study.config)
+    return Sized(strategy, fleet.gpus, fleet, final)
+
+
+def peak_rates(study: Study, step_min: int = 5) -> np.ndarray:
+    """Per (region, model), the highest requests/s over any step of the trace."""
+    peak = np.zeros((len(study.fleet.regions), len(study.catalog)))
+    for t in range(0, study.minutes, step_min):
+        np.maximum(peak, study.trace.demand(t, step_min) / (step_min * 60.0), out=peak)
+    return peak
+
+
+def peak_onset_cold_starts(outcome: Outcome, step_min: int, window_min: int = 60) -> int:
+    """Cold starts of requests from each region in the hour around the onset of
+    its daily peak (where its demand first crosses the midpoint between the
+    day's low and high, going up), summed over regions and days."""
+    tl = outcome.timeline
+    if not tl.demand_rps:
+        return 0
+    demand = np.array(tl.demand_rps)  # [steps, regions]
+    cold = np.array(tl.cold_by_region)  # [steps, regions]
+    per_day = 1440 // step_min
+    half = window_min // 2 // step_min
+    total = 0
+    for day in range(len(demand) // per_day):
+        rows = slice(day * per_day, (day + 1) * per_day)
+        for r in range(demand.shape[1]):
+            series = demand[rows, r]
+            mid = (series.min() + series.max()) / 2
+            rising = np.nonzero((series[1:] >= mid) & (series[:-1] < mid))[0]
+            if rising.size == 0:
+                continue
+            at = day * per_day + int(rising[0]) + 1
+            total += int(cold[max(0, at - half) : at + half, r].sum())
+    return total
+
+
+def run_study(study: Study) -> dict[str, object]:
+    started = time.perf_counter()
+    n_models = len(study.catalog)
+    peak = peak_rates(study)
+    report: dict[str, object] = {}
+    report["dedicated"] = {
+        "gpus": dedicated_gpus(study.fleet, study.catalog, peak),
+        "served_in_region_within_slo": 1.0,
+        "forwarded": 0.0,
+        "cold_starts": 0,
+        "cold_starts_peak_onset": 0,
+        "churn_per_hour": 0.0,
+        "bytes_moved": 0,
+    }
+    sized: dict[str, Sized] = {}
+    for strategy in STRATEGIES:
+        study.log(f"sizing {strategy}")
+        sized[strategy] = size_strategy(study, strategy)
+        s = sized[strategy]
+        entry: dict[str, object] = dict(s.outcome.summary(n_models))
+        entry["gpus"] = s.gpus
+        entry["cold_starts_peak_onset"] = peak_onset_cold_starts(s.outcome, study.config.step_min)
+        report[strategy] = entry
+    # Reactive on forecasting's fleet: cold starts at peak onset on equal hardware.
+    equal = sized["forecast"].fleet
+    reactive_equal = simulate(
+        equal, study.catalog, study.trace, study.minutes, "reactive", study.config
+    )
+    report["equal_size"] = {
+        "gpus": equal.gpus,
+        "reactive": {
+            **reactive_equal.summary(n_models),
+            "cold_starts_peak_onset": peak_onset_cold_starts(reactive_equal, study.config.step_min),
+        },
+        "forecast": report["forecast"],
+    }
+    report["runtime_s"] = time.perf_counter() - started
+    report["_timelines"] = {k: v.outcome for k, v in sized.items()}
+    return report

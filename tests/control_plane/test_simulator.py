@@ -1,0 +1,177 @@
+"""The fleet simulator and the forecaster: deterministic for a seed, trace files
+in every layout it reads, and a forecaster that sees a region's rise before the EWMA."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeplex.control_plane.demand import ewma
+from edgeplex.control_plane.forecast import Forecaster
+from edgeplex.control_plane.sim.engine import SimConfig, simulate
+from edgeplex.control_plane.sim.spec import (
+    FleetSpec,
+    GiB,
+    RegionSpec,
+    SiteGroup,
+    StandardKnobs,
+    standard_catalog,
+    write_catalog,
+)
+from edgeplex.control_plane.sim.study import Study
+from edgeplex.control_plane.sim.traces import (
+    SyntheticTrace,
+    TraceFile,
+    TraceKnobs,
+    read_azure_functions,
+    read_rows,
+    write_csv,
+)
+
+DAY = 1440
+
+
+def small_fleet(sites_per_region: int = 2, gpu: int = 8 * GiB) -> FleetSpec:
+    return FleetSpec(
+        regions=[
+            RegionSpec(name="east", utc_offset_h=0),
+            RegionSpec(name="west", utc_offset_h=8),
+            RegionSpec(name="south", utc_offset_h=16),
+        ],
+        rtt_ms={"east,west": 60, "east,south": 120, "west,south": 180},
+        sites=[
+            SiteGroup(region=r, count=sites_per_region, gpu_memory=gpu, concurrency=16)
+            for r in ("east", "west", "south")
+        ],
+    )
+
+
+KNOBS = StandardKnobs(models=120, size_min_bytes=50 * 10**6, size_max_bytes=1500 * 10**6)
+
+
+def test_the_simulator_is_deterministic_for_a_seed() -> None:
+    fleet, catalog = small_fleet(), standard_catalog(KNOBS, seed=3)
+
+    def run(seed: int) -> dict[str, float | int]:
+        trace = SyntheticTrace(fleet, catalog, 0.25, TraceKnobs(peak_rps=2000), seed)
+        config = SimConfig(step_min=5)
+        return simulate(fleet, catalog, trace, trace.minutes, "reactive", config).summary(120)
+
+    first = run(7)
+    assert run(7) == first
+    assert run(8) != first
+    assert 0.0 < first["served_in_region_within_slo"] <= 1.0
+
+
+def test_trace_files_replay_the_generated_trace(tmp_path: Path) -> None:
+    fleet, catalog = small_fleet(), standard_catalog(KNOBS, seed=1)
+    trace = SyntheticTrace(fleet, catalog, 0.05, TraceKnobs(peak_rps=500), seed=2)
+    regions = [r.name for r in fleet.regions]
+    rows = [(t, regions[r], catalog.names[m], n) for t, r, m, n in trace.rows()]
+    write_csv(tmp_path / "trace.csv", rows)
+    replay = TraceFile(read_rows(tmp_path / "trace.csv"), fleet, catalog)
+    for minute in (0, 17, trace.minutes - 1):
+        assert np.array_equal(replay.demand(minute, 1), trace.demand(minute, 1))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = list(zip(*rows, strict=True))
+    table = pa.table({k: list(v) for k, v in zip(("minute", "region", "model", "requests"),
+                                                  columns, strict=True)})  # fmt: skip
+    pq.write_table(table, tmp_path / "trace.parquet")
+    parquet = TraceFile(read_rows(tmp_path / "trace.parquet"), fleet, catalog)
+    assert np.array_equal(parquet.demand(0, trace.minutes), replay.demand(0, trace.minutes))
+    with pytest.raises(ValueError, match="'nowhere' is not in the fleet"):
+        TraceFile([(0, "nowhere", catalog.names[0], 1)], fleet, catalog)
+
+
+def test_azure_functions_layout(tmp_path: Path) -> None:
+    """The public traces' per-minute invocation counts, one file per day."""
+    header = ["HashOwner", "HashApp", "HashFunction", "Trigger", *map(str, range(1, 1441))]
+    functions = [("o1", "a1", "f" * 64, "http"), ("o1", "a1", "e" * 64, "timer"),
+                 ("o2", "a2", "d" * 64, "queue")]  # fmt: skip
+    for day in (1, 2):
+        with (tmp_path / f"invocations_per_function_md.anon.d0{day}.csv").open("w") as f:
+            out = csv.writer(f)
+            out.writerow(header)
+            for i, fn in enumerate(functions):
+                counts = [0] * 1440
+                counts[i] = 10 * day + i  # minute i + 1
+                out.writerow([*fn, *counts])
+    paths = sorted(tmp_path.glob("*.csv"))
+    rows = list(read_azure_functions(paths, ["east", "west"]))
+    assert len(rows) == 6
+    assert (0, rows[0][1], "fn-ffffffffffff", 10.0) == rows[0]
+    assert rows[3][0] == DAY and rows[3][3] == 20.0  # day two, minute one
+    owners = {r[2]: r[1] for r in rows}
+    assert owners["fn-ffffffffffff"] == owners["fn-eeeeeeeeeeee"]  # one owner, one region
+
+
+def test_the_forecaster_sees_the_rise_before_the_ewma() -> None:
+    """On a diurnal series, an hour before the daily rise the forecast is already
+    up, while the reactive EWMA still reads the night."""
+    forecaster, seen, seen_at = Forecaster(), {}, 0.0
+    start = 4 * 86400.0  # a Monday
+    key = ("east", "m")
+
+    def rate(t: float) -> float:
+        hour = (t / 3600) % 24
+        return 100.0 if 9 <= hour < 17 else 5.0
+
+    for step in range(2 * 24 * 12 + 8 * 12 + 7):  # two days and 8.5 hours, 5-minute steps
+        t = start + step * 300
+        observed = {key: rate(t)}
+        forecaster.observe(observed, t)
+        seen = ewma(seen, observed, t - seen_at, 60.0)
+        seen_at = t
+    assert 8 <= ((seen_at - start) / 3600) % 24 < 9
+    assert seen[key] < 10
+    assert forecaster.predict(seen_at, 3600)[key] > 50
+    # Its state survives a leader change (Redis holds it as bytes, no pickle).
+    again = Forecaster.from_bytes(forecaster.to_bytes())
+    assert again.predict(seen_at, 3600) == forecaster.predict(seen_at, 3600)
+
+
+def test_simulate_cli_writes_the_report(tmp_path: Path) -> None:
+    fleet, catalog = small_fleet(), standard_catalog(KNOBS, seed=2)
+    (tmp_path / "fleet.yaml").write_text(json.dumps(fleet.model_dump()))
+    write_catalog(catalog, tmp_path / "catalog.yaml")
+    trace = SyntheticTrace(fleet, catalog, 0.2, TraceKnobs(peak_rps=800), seed=4)
+    regions = [r.name for r in fleet.regions]
+    write_csv(tmp_path / "trace.csv",
+              ((t, regions[r], catalog.names[m], n) for t, r, m, n in trace.rows()))  # fmt: skip
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "edgeplex", "simulate", "--fleet", str(tmp_path / "fleet.yaml"),
+         "--catalog", str(tmp_path / "catalog.yaml"), "--trace", str(tmp_path / "trace.csv"),
+         "--out", str(out), "--step-min", "5", "--search-days", "0.2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "report.json").read_text())
+    for strategy in ("dedicated", "lru", "reactive", "forecast"):
+        for key in ("gpus", "served_in_region_within_slo", "forwarded", "cold_starts",
+                    "churn_per_hour", "cold_starts_peak_onset", "bytes_moved"):  # fmt: skip
+            assert key in report[strategy], (strategy, key)
+    assert report["dedicated"]["gpus"] >= report["forecast"]["gpus"]
+    page = (out / "report.html").read_text()
+    for png in ("demand.png", "gpus.png", "residency.png", "cold_starts.png", "forwarded.png"):
+        assert (out / png).stat().st_size > 1000 and png in page
+
+
+def test_study_sizes_within_the_search_bounds() -> None:
+    fleet, catalog = small_fleet(sites_per_region=4), standard_catalog(KNOBS, seed=9)
+    trace = SyntheticTrace(fleet, catalog, 0.2, TraceKnobs(peak_rps=1500), seed=9)
+    study = Study(fleet, catalog, trace, trace.minutes, SimConfig(step_min=5), 0.9, 0.2, 5,
+                  log=lambda _line: None)  # fmt: skip
+    from edgeplex.control_plane.sim.study import served, size_strategy
+
+    sized = size_strategy(study, "lru")
+    assert sized.gpus is not None and 3 <= sized.gpus <= 4 * fleet.gpus
+    assert served(sized.outcome) >= 0.85  # the search is coarser than the final run
