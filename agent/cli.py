@@ -21,7 +21,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     agent.add_argument("--eviction-policy", choices=["gdsf", "lru", "ttl", "none"])
     agent.add_argument("--site-id", help="this site's name in the fleet")
     agent.add_argument("--region", help="the region this site serves")
-    agent.add_argument("--control-plane", help="host:port of the control plane: joins the fleet")
+    agent.add_argument(
+        "--control-plane",
+        help="host:port of the control plane (or its replicas, comma-separated): joins the fleet",
+    )
     agent.add_argument("--mqtt", help="mqtt://[user:password@]host:port of the fleet's broker")
     agent.add_argument("--advertise-address", help="host:port peers reach the gRPC port at")
     agent.add_argument(

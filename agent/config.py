@@ -103,7 +103,9 @@ class FleetSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     control_plane: str | None = Field(
-        default=None, description="host:port of the control plane's gRPC API; unset: standalone."
+        default=None,
+        description="host:port of the control plane's gRPC API, or a comma-separated list of "
+        "its replicas (tried in turn); unset: standalone.",
     )
     site_id: str = Field(default="", description="This site's name, unique in the fleet.")
     region: str = Field(default="", description="The region this site serves.")

@@ -16,11 +16,15 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 Demand = dict[tuple[str, str], float]  # (origin region, model) -> requests/s
 
 # A first call at a site that holds a model nowhere (AgentService.LookupModel)
-# stands for this much demand from its region, for HINT_TTL_S, until reports
-# carry the real rate: enough for placement to keep the model where it is
+# stands for this much demand from its region until reports carry the real
+# rate (`hint_ttl_s`): enough for placement to keep the model where it is
 # being loaded.
 HINT_RATE = 1.0
-HINT_TTL_S = 60.0
+
+
+def hint_ttl_s(report_interval_s: float, placement_interval_s: float) -> float:
+    """How long a hint stands: a few reports, and a round to act on them."""
+    return 3 * report_interval_s + placement_interval_s
 
 
 def current_demand(reports: Iterable[pb.LoadReport]) -> Demand:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -44,6 +45,7 @@ class LeaderLease:
         self.replica_id = replica_id
         self._lease_ms = max(1, int(lease_s * 1000))
         self.is_leader = False
+        self.since = 0.0  # wall time this replica last became the leader
         self._redis_ok = True
         self.changed = asyncio.Event()  # set on every change of is_leader
 
@@ -62,6 +64,7 @@ class LeaderLease:
                 self._redis_ok = True
             if held != self.is_leader:
                 self.is_leader = held
+                self.since = time.time() if held else 0.0
                 self.changed.set()
                 log.info("%s is %s", self.replica_id, "the leader" if held else "a standby")
             await asyncio.sleep(self._lease_ms / 3000)

@@ -249,7 +249,7 @@ def place(inp: PlacementInput) -> PlacementResult:
     penalty = np.broadcast_to((churn_per_byte * p.size)[:, None], (n_m, n_r)).copy()
     for j, r in holders:
         penalty[j, r] = 0.0
-    open_regions = np.array([bool(members) for members in by_region])
+    open_regions = np.array([bool(members) for members in by_region], dtype=bool)
     blocked = ~(p.allowed.T & open_regions[None, :])  # [m, R]: never (again) a candidate
     for j in range(n_m):
         for r in placed_regions[j]:
@@ -266,7 +266,7 @@ def place(inp: PlacementInput) -> PlacementResult:
         gains[dirty] = regain(dirty)
     scores = np.where(blocked, -np.inf, (gains - penalty) / p.size[:, None])
     per_round = max(256, n_m // 20)
-    while True:
+    while n_r and n_m:  # (a fleet with no sites or no models has nothing to place)
         best_region = scores.argmax(axis=1)
         best_score = scores[np.arange(n_m), best_region]
         candidates = np.nonzero(best_score > 0)[0]

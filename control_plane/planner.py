@@ -21,7 +21,13 @@ import time
 from redis.exceptions import RedisError
 
 from edgeplex.control_plane.config import ControlPlaneSettings
-from edgeplex.control_plane.demand import HINT_TTL_S, Demand, current_demand, ewma, with_hints
+from edgeplex.control_plane.demand import (
+    Demand,
+    current_demand,
+    ewma,
+    hint_ttl_s,
+    with_hints,
+)
 from edgeplex.control_plane.forecast import Forecaster
 from edgeplex.control_plane.leader import LeaderLease
 from edgeplex.control_plane.metrics import METRICS
@@ -80,6 +86,8 @@ class Planner:
                     continue
                 due = time.monotonic() - last_round >= self._settings.placement_interval_s
                 try:
+                    if not was_leader and not await self._settled():
+                        continue
                     changed = await self._check_leases()
                     if poked or due or changed or not was_leader:
                         was_leader = True
@@ -106,14 +114,45 @@ class Planner:
             except RedisError:
                 await asyncio.sleep(1.0)
 
+    def _heard_from(self, seen: dict[str, float], sites: list[pb.Site]) -> dict[str, float]:
+        """When each site was last heard from, as far as this replica may judge. A
+        new leader (restarted, or a standby taking over) counts sites that were up
+        as heard at its takeover: their reports may have gone to the replica that
+        died, or be waiting out a reconnect, and one site lease is theirs to find
+        it. Judging them on the old times would mark live sites down and drop
+        their demand in its first round."""
+        since = self._lease.since
+        return {s.site_id: max(seen.get(s.site_id, 0.0), since if s.up else 0.0) for s in sites}
+
+    async def _settled(self) -> bool:
+        """Whether a new leader has heard enough to place: every site that was up has
+        reported since the takeover, or the settling window has passed (agents
+        reconnect within a third of the site lease, then report within two report
+        intervals; never longer than the site lease). Until then the
+        desired state already published stays in force; a round run on the
+        reports from before the takeover would drop what sites were asked for
+        during the gap (a model loaded on demand, a rise in demand)."""
+        since, settings = self._lease.since, self._settings
+        window = min(
+            settings.site_lease_s, settings.site_lease_s / 3 + 2 * settings.report_interval_s
+        )
+        if time.time() - since >= window:
+            return True
+        reports = await self._store.reports()
+        return all(
+            s.site_id in reports and reports[s.site_id].sent_at >= since
+            for s in await self._store.sites()
+            if s.up
+        )
+
     async def _check_leases(self) -> bool:
         """Mark sites up or down from their last report; True when any changed."""
         now = time.time()
-        seen = await self._store.seen()
         sites = await self._store.sites()
+        heard = self._heard_from(await self._store.seen(), sites)
         changed = False
         for site in sites:
-            up = now - seen.get(site.site_id, 0.0) <= self._settings.site_lease_s
+            up = now - heard[site.site_id] <= self._settings.site_lease_s
             if site.up != up:
                 log.warning("site %s is %s", site.site_id, "up" if up else "down (lease lapsed)")
                 site.up = up
@@ -129,10 +168,10 @@ class Planner:
         settings = self._settings
         catalog = [m for m in await self._store.models() if m.state == "READY"]
         sites = await self._store.sites()
-        seen = await self._store.seen()
+        heard = self._heard_from(await self._store.seen(), sites)
         reports = await self._store.reports()
         live = [
-            r for sid, r in reports.items() if now - seen.get(sid, 0.0) <= settings.site_lease_s
+            r for sid, r in reports.items() if now - heard.get(sid, 0.0) <= settings.site_lease_s
         ]
         previous, at = await self._store.demand()
         demand = ewma(previous, current_demand(live), now - at, settings.demand_half_life_s)
@@ -149,7 +188,8 @@ class Planner:
                 key: max(demand.get(key, 0.0), self.forecast.get(key, 0.0))
                 for key in demand.keys() | self.forecast.keys()
             }
-        hints = await self._store.demand_hints(now - HINT_TTL_S)
+        ttl = hint_ttl_s(settings.report_interval_s, settings.placement_interval_s)
+        hints = await self._store.demand_hints(now - ttl)
         demand = with_hints(demand, hints)
         measured: dict[str, int] = {}
         for report in live:
@@ -196,11 +236,18 @@ class Planner:
     async def _load_forecaster(self) -> Forecaster:
         if self._forecaster is None or not self._lease.is_leader:
             state = await self._store.forecast()
+            # Its recent level moves as fast as the observed demand's EWMA, so that
+            # it adds only what the season says.
+            half_life = self._settings.demand_half_life_s
             try:
-                self._forecaster = Forecaster.from_bytes(state) if state else Forecaster()
+                self._forecaster = (
+                    Forecaster.from_bytes(state, recent_half_life_s=half_life)
+                    if state
+                    else Forecaster(half_life)
+                )
             except ValueError:
                 log.warning("forecaster state in Redis is unreadable: starting afresh")
-                self._forecaster = Forecaster()
+                self._forecaster = Forecaster(half_life)
         return self._forecaster
 
     async def round(self) -> pb.Placement:

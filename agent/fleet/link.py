@@ -66,6 +66,9 @@ class FleetLink:
         self._address = fleet.advertise_address or f"{settings.grpc_host}:{grpc_port}"
         self._http_address = fleet.advertise_http_address or f"{settings.http_host}:{http_port}"
         self._mqtt = parse_mqtt_url(fleet.mqtt_url)
+        # Replicas of the control plane: the first that answers; the next on failure.
+        self._targets = [t.strip() for t in (fleet.control_plane or "").split(",") if t.strip()]
+        self._target_ix = 0
         artifact_dir = fleet.artifact_dir or settings.model_repo / ".artifacts"
         self.reconciler = Reconciler(
             agent,
@@ -101,8 +104,7 @@ class FleetLink:
 
     def _channel(self) -> grpc.aio.Channel:
         fleet = self._settings.fleet
-        target = fleet.control_plane
-        assert target is not None
+        target = self._targets[self._target_ix % len(self._targets)]
         if fleet.tls_ca is None:
             return grpc.aio.insecure_channel(target)
         creds = grpc.ssl_channel_credentials(
@@ -123,6 +125,10 @@ class FleetLink:
                 )
                 self.messages.pin(reply.signing_key_id, reply.signing_public_key)
                 self._interval = reply.report_interval_s or self._interval
+                if reply.lease_s > 0:
+                    # Back within a third of the lease after the control plane
+                    # restarts, so a short outage does not mark this site down.
+                    backoff.cap_s = max(0.5, reply.lease_s / 3)
                 self.registered.set()
                 backoff.reset()
                 log.info("registered with the control plane as %s", self._site)
@@ -140,8 +146,12 @@ class FleetLink:
                     log.error("the control plane refused this site: %s", exc.details())
                 delay = backoff.delay()
                 log.warning(
-                    "control plane unavailable (%s); retrying in %.1f s", exc.code().name, delay
+                    "control plane %s unavailable (%s); retrying in %.1f s",
+                    self._targets[self._target_ix % len(self._targets)],
+                    exc.code().name,
+                    delay,
                 )
+                self._target_ix += 1
                 await asyncio.sleep(delay)
             finally:
                 await channel.close()

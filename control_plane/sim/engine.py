@@ -216,7 +216,7 @@ def simulate(
     fits_remote = (state.rtt[:, :, None] + catalog.compute_ms[None, None, :]) <= catalog.slo_ms
     demand_seen: dict[tuple[str, str], float] = {}
     demand_at = 0.0
-    forecaster = Forecaster()
+    forecaster = Forecaster(recent_half_life_s=config.demand_half_life_s)
     period_requests = np.zeros((len(state.regions), len(catalog)))
     period_start = 0
     step = config.step_min

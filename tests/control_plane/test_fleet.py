@@ -64,6 +64,7 @@ class Fleet:
     redis: RedisServer
     mqtt: Mosquitto
     cp: ControlPlane
+    standby: ControlPlane | None = None
     agents: dict[str, AgentProcess] = field(default_factory=dict)
     artifacts: dict[str, Path] = field(default_factory=dict)
 
@@ -108,6 +109,9 @@ class Fleet:
             self.workdir,
             env={
                 **fleet_env(self.cp, self.mqtt.url(), site, region),
+                "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": ",".join(
+                    cp.address for cp in (self.cp, self.standby) if cp is not None
+                ),
                 "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "256MiB",
                 "EDGEPLEX_AGENT_PRESTAGE": "false",
                 **(extra_env or {}),
@@ -163,7 +167,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         EDGEPLEX_CP_HTTP_PORT=str(free_port()),
     )
     cp.start()
-    f = Fleet(workdir, r, m, cp)
+    # A second replica, started by the test that kills the first; agents know both.
+    standby = ControlPlane(workdir, r, m.url())
+    f = Fleet(workdir, r, m, cp, standby)
     src = workdir / "src"
     for i, name in enumerate(("base", "hot", "other")):
         demo.make_mlp(src / name, width=64, layers=2, in_width=32, seed=i)
@@ -307,9 +313,19 @@ class Hammer:
 
 
 def test_control_plane_killed_and_restarted_loses_nothing(fleet: Fleet) -> None:
+    # Demand for every placed model goes on through the restart, so the round
+    # after it must place what the round before it did.
     before = fleet.placement()
     models_before = {m.name for m in fleet.call("ListModels", pb.ListModelsRequest()).models}  # type: ignore[attr-defined]
-    with Hammer(fleet.agents["b1"], "base") as hammer:
+    demanded = [
+        Hammer(fleet.agents[s.site_id], name)  # type: ignore[attr-defined]
+        for s in before.sites  # type: ignore[attr-defined]
+        for name in s.loaded
+        if name != "base"
+    ]
+    with contextlib.ExitStack() as others, Hammer(fleet.agents["b1"], "base") as hammer:
+        for h in demanded:
+            others.enter_context(h)
         fleet.cp.stop(signal.SIGKILL)
         time.sleep(1.0)
         fleet.cp.start()
@@ -389,21 +405,35 @@ def test_a_dead_site_is_marked_down_and_its_models_move(fleet: Fleet) -> None:
 
 
 def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None:
-    standby = ControlPlane(fleet.workdir, fleet.redis, fleet.mqtt.url())
+    """The standby takes the lease; the agents, which know both replicas, move to it
+    before their site leases lapse, so no site is marked down and nothing moves."""
+    standby = fleet.standby
+    assert standby is not None
     standby.start()
     try:
-        assert fleet.placement().leader == fleet.cp.replica
-        fleet.cp.stop(signal.SIGKILL)
-        killed = time.monotonic()
-        wait_until(
-            lambda: (
-                fleet.call("GetPlacement", pb.PlacementRequest(), standby).leader  # type: ignore[attr-defined]
-                == standby.replica
-            ),
-            timeout=10,
-            what="standby leads",
-        )
-        assert time.monotonic() - killed < 2 + 1 + 1.5  # lease + a round + slack
+        before = fleet.placement()
+        assert before.leader == fleet.cp.replica  # type: ignore[attr-defined]
+        with Hammer(fleet.agents["a1"], "base") as hammer:
+            fleet.cp.stop(signal.SIGKILL)
+            killed = time.monotonic()
+            after = wait_until(
+                lambda: (
+                    (p := fleet.call("GetPlacement", pb.PlacementRequest(), standby)).leader  # type: ignore[attr-defined]
+                    == standby.replica
+                    and p
+                ),
+                timeout=10,
+                what="standby leads",
+            )
+            # The leader lease, the new leader's settling window (until every site
+            # has reported to it), a round, and slack.
+            assert time.monotonic() - killed < 2 + 2 + 1 + 1.5
+        assert hammer.failures == [] and hammer.ok > 20
+        assert all(s.up for s in fleet.call("ListSites", pb.ListSitesRequest(), standby).sites)  # type: ignore[attr-defined]
+        assert {s.site_id: set(s.loaded) for s in after.sites} == {  # type: ignore[attr-defined]
+            s.site_id: set(s.loaded)
+            for s in before.sites  # type: ignore[attr-defined]
+        }
     finally:
         fleet.cp.start()  # back as a standby; the fleet stays usable
         standby.stop()
@@ -490,9 +520,15 @@ def test_a_new_models_first_calls_succeed_at_any_site(fleet: Fleet) -> None:
     fleet.add_model("fresh3", src / "fresh3" / "1" / "model.onnx")
     status, _, reply = http_post(a1, "/v2/models/fresh3/infer", bad)
     assert status == 400 and b"input" in reply
-    # Placement saw the demand at once and keeps each model where it was loaded.
-    wait_until(lambda: "fresh" in fleet.loaded_at("a1"), 10, what="fresh placed at a1")
-    wait_until(lambda: "fresh2" in fleet.loaded_at("b1"), 10, what="fresh2 placed at b1")
+
+    # Placement sees the demand at once and, while the calls go on, keeps each
+    # model where it was loaded.
+    def placed(site: str, name: str) -> bool:
+        assert http_post(fleet.agents[site], f"/v2/models/{name}/infer", body)[0] == 200
+        return name in fleet.loaded_at(site)
+
+    wait_until(lambda: placed("a1", "fresh"), 10, what="fresh placed at a1")
+    wait_until(lambda: placed("b1", "fresh2"), 10, what="fresh2 placed at b1")
     assert first_call_s < 10.0
 
     def explained() -> list[str]:

@@ -196,3 +196,13 @@ def test_demand_from_reports_and_its_ewma():
     blended = ewma({("a", "m0"): 0.0, ("c", "m1"): 1.0}, now, dt_s=10, half_life_s=10)
     assert blended[("a", "m0")] == pytest.approx(3.0)
     assert blended[("c", "m1")] == pytest.approx(0.5)
+
+
+def test_an_empty_fleet_or_catalog_places_nothing():
+    """A control plane's first round often runs before any site has joined."""
+    model = ModelSpec(name="m", size_bytes=GiB)
+    site = SiteInfo(site_id="s", region="a", device_bytes=4 * GiB)
+    for sites, models in (((), (model,)), ((site,), ()), ((), ())):
+        inp = PlacementInput(sites=sites, models=models, demand={("a", "m"): 1.0}, latency_ms={})
+        result = place(inp)
+        assert all(not loaded for loaded in result.loaded.values())
