@@ -58,3 +58,27 @@ def with_hints(demand: Demand, hints: Iterable[tuple[str, str, str]]) -> Demand:
     for _site, region, model in hints:
         out[(region, model)] = max(out.get((region, model), 0.0), HINT_RATE)
     return out
+
+
+def compute_per_request(reports: Iterable[pb.LoadReport]) -> dict[str, float]:
+    """Milliseconds of a site's busy time one request of each model takes.
+
+    A site reports its device's busy share and, per model, its rate and p50
+    latency; the busy share is split between models in proportion to rate x
+    p50, so a model's compute is busy_share x p50 / sum(rate x p50). Averaged
+    over sites, weighted by rate. Placement sizes replicas from it against a
+    site capacity of 1.0 (a fully busy device).
+    """
+    sums: dict[str, list[float]] = {}  # name -> [rate-weighted compute, rate]
+    for report in reports:
+        busy = max((d.utilization for d in report.devices), default=0.0)
+        work = [(m, sum(m.rate_by_region.values())) for m in report.models]
+        total = sum(rate * m.p50_ms for m, rate in work)
+        if busy <= 0 or total <= 0:
+            continue
+        for m, rate in work:
+            if rate > 0 and m.p50_ms > 0:
+                acc = sums.setdefault(m.name, [0.0, 0.0])
+                acc[0] += rate * 1000.0 * busy * m.p50_ms / total
+                acc[1] += rate
+    return {name: weighted / rate for name, (weighted, rate) in sums.items()}

@@ -20,9 +20,11 @@ the cost of moving bytes keeps what it has (hysteresis).
 Constraints: a site's loaded models fit its device budget; models are placed
 only at sites that are up, not cordoned (except what they already hold) and
 not draining, in allowed regions; pinned models go to every such site;
-`min_replicas` sites hold each model where capacity allows.
+`min_replicas` sites hold each model where capacity allows; a site's placed
+load (demand x compute per request) stays within its throughput, and a hot
+model gets as many sites of a region as its load there needs (replicas.py).
 
-The algorithm: pins and minimum replicas first; then greedy on gain per byte
+The algorithm: pins, minimum replicas and hot models' replicas first; then greedy on gain per byte
 over (model, region) choices, in vectorised rounds (a model's gain changes only
 when it is placed itself); then, on small instances, a local search of adds
 and swaps that recovers what greedy-by-density strands (the knapsack case).
@@ -40,6 +42,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgeplex.control_plane.local_search import improve
+from edgeplex.control_plane.replicas import region_capacity, replica_plan
+from edgeplex.control_plane.staging import staged_models
 
 GiB = 1024**3
 SWAP_SEARCH_LIMIT = 50_000  # sites x models up to which local search runs
@@ -54,6 +58,9 @@ class SiteInfo:
     up: bool = True
     cordoned: bool = False
     draining: bool = False
+    # Throughput: compute-seconds per second the site serves (its GPU's
+    # concurrency; 1.0 for a busy share). 0: unknown, memory is the only limit.
+    capacity: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class ModelSpec:
     regions: frozenset[str] = frozenset()  # empty: any region
     priority: int = 0
     pin: bool = False
+    compute_ms: float = 0.0  # per request, in the units of SiteInfo.capacity; 0: unknown
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,10 @@ class PlacementInput:
     latency_ms: dict[tuple[str, str], float]  # (region, region) -> one-way ms; absent: unreachable
     current: dict[str, frozenset[str]] = field(default_factory=dict)  # site -> loaded models
     churn_cost: float = 0.1  # objective units (req/s) per GiB newly loaded
+    # Replicas of a hot model keep each under the target, and are removed only
+    # when they would all run under the floor (replicas.py).
+    utilization_target: float = 0.8
+    utilization_floor: float = 0.4
     # Sites x models up to which the local search runs after greedy (the
     # simulator passes 0: it places hundreds of times per simulated day).
     search_limit: int = SWAP_SEARCH_LIMIT
@@ -170,6 +182,13 @@ def place(inp: PlacementInput) -> PlacementResult:
     for heap in room_heaps:
         heapq.heapify(heap)
 
+    capacity = [s.capacity for s in sites]
+    compute_s = np.array([m.compute_ms / 1000.0 for m in p.models])
+    site_load = [0.0] * len(sites)  # compute-seconds/s placed on each site
+
+    def has_throughput(i: int, j: int, r: int) -> bool:
+        return capacity[i] <= 0 or site_load[i] + p.demand[r, j] * compute_s[j] <= capacity[i]
+
     def may_hold(i: int, j: int) -> bool:
         s = sites[i]
         if not s.up or s.draining or not p.allowed[p.region_ix[s.region], j]:
@@ -190,7 +209,8 @@ def place(inp: PlacementInput) -> PlacementResult:
     def site_in_region(r: int, j: int) -> int | None:
         """Where m goes in region r: a site already holding it, else the roomiest."""
         for i in holders.get((j, r), ()):
-            if j not in holds[i] and free[i] >= p.size[j] and may_hold(i, j):
+            fits = free[i] >= p.size[j] and has_throughput(i, j, r)
+            if j not in holds[i] and fits and may_hold(i, j):
                 return i
         heap = room_heaps[r]
         skipped = []
@@ -202,7 +222,7 @@ def place(inp: PlacementInput) -> PlacementResult:
                 continue
             if -neg_free < p.size[j]:
                 break
-            if j in holds[i] or not may_hold(i, j):
+            if j in holds[i] or not may_hold(i, j) or not has_throughput(i, j, r):
                 skipped.append(heapq.heappop(heap))
                 continue
             chosen = i
@@ -238,6 +258,21 @@ def place(inp: PlacementInput) -> PlacementResult:
             if j not in holds[i] and may_hold(i, j) and free[i] >= p.size[j]:
                 put(i, j)
                 need -= 1
+
+    # 2b. Hot models: as many sites of a region as their load there needs, on
+    # the sites with the least load (those holding them now first).
+    region_cap = [region_capacity(capacity, members) for members in by_region]
+    band = (inp.utilization_target, inp.utilization_floor)
+    hot = replica_plan(p.demand, compute_s, region_cap, holders, *band)
+    for load, j, r, want in hot:
+        spare = [i for i in by_region[r] if j not in holds[i] and may_hold(i, j)]
+        spare.sort(key=lambda i: (j not in current[i], site_load[i], -free[i]))
+        have = sum(j in holds[i] for i in by_region[r])
+        for i in [i for i in spare if free[i] >= sizes[j]][: max(0, want - have)]:
+            put(i, j)
+        sharing = [i for i in by_region[r] if j in holds[i]]
+        for i in sharing:
+            site_load[i] += load / len(sharing)
 
     # 3. Greedy over (model, region) on gain per byte, in rounds. The gain of
     # (m, R) changes only when m itself is placed, so each round takes every
@@ -281,6 +316,7 @@ def place(inp: PlacementInput) -> PlacementResult:
                 scores[j, r] = -np.inf
                 continue
             put(target, j)
+            site_load[target] += p.demand[r, j] * compute_s[j]
             placed.append(j)
         if placed:
             blocked_rows = blocked[placed]
@@ -295,7 +331,7 @@ def place(inp: PlacementInput) -> PlacementResult:
     # 4. Local search on small instances: greedy by density can strand capacity
     # (the knapsack case); dropping up to two models and refilling recovers it.
     if len(sites) * n_m <= inp.search_limit:
-        locked = {j for j, m in enumerate(p.models) if m.pin}
+        locked = {j for j, m in enumerate(p.models) if m.pin} | {j for _, j, _, _ in hot}
         improve(p, site_region, loaded, holds, free, current, may_hold, churn_per_byte, locked)
         best[:] = 0.0
         for i, held in enumerate(loaded):
@@ -303,7 +339,7 @@ def place(inp: PlacementInput) -> PlacementResult:
                 np.maximum(best[j], p.w_m[j][:, site_region[i]], out=best[j])
 
     # 5. Staged: per site, the best remaining models for its region, within host RAM.
-    staged = _staged(p, sites, holds)
+    staged = staged_models(p, sites, holds)
 
     objective = float((p.value_m * best).sum())
     for i in range(len(sites)):
@@ -318,30 +354,6 @@ def place(inp: PlacementInput) -> PlacementResult:
         objective=objective,
         served_fraction=served,
     )
-
-
-def _staged(p: _Problem, sites: list[SiteInfo], holds: list[set[int]]) -> dict[str, list[str]]:
-    """Models a site should keep pre-optimized in host RAM: the next best for its
-    region that it does not load, so a shift in demand promotes from RAM."""
-    staged: dict[str, list[str]] = {}
-    order_by_region: dict[int, np.ndarray] = {}
-    names = np.array([m.name for m in p.models], dtype=object)
-    for i, s in enumerate(sites):
-        staged[s.site_id] = []
-        if not s.up or s.draining or s.cordoned:
-            continue
-        r = p.region_ix[s.region]
-        if r not in order_by_region:
-            density = np.einsum("rm,rm->m", p.value, p.w[:, r, :]) / p.size
-            order = np.argsort(-density, kind="stable")
-            order = order[p.allowed[r, order] & (density[order] > 0)]
-            order_by_region[r] = order[:4096]
-        budget = float(s.host_bytes) if s.host_bytes else 2.0 * s.device_bytes
-        order = order_by_region[r][: len(holds[i]) + 512]
-        order = order[~np.isin(order, list(holds[i]))]
-        take = order[np.cumsum(p.size[order]) <= budget]
-        staged[s.site_id] = sorted(names[take].tolist())
-    return staged
 
 
 def evaluate(inp: PlacementInput, loaded: dict[str, list[str]] | dict[str, set[str]]) -> float:

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from edgeplex.control_plane.config import ControlPlaneSettings
 from edgeplex.control_plane.demand import (
     Demand,
+    compute_per_request,
     current_demand,
     ewma,
     hint_ttl_s,
@@ -195,6 +196,7 @@ class Planner:
         for report in live:
             for m in report.models:
                 measured[m.name] = max(measured.get(m.name, 0), m.memory_bytes)
+        compute_ms = compute_per_request(live)
         current_placement = await self._store.placement()
         current = {
             sp.site_id: frozenset(sp.loaded) for sp in (current_placement or pb.Placement()).sites
@@ -211,6 +213,7 @@ class Planner:
                     up=s.up,
                     cordoned=s.cordoned,
                     draining=s.draining,
+                    capacity=1.0,  # a fully busy device, the unit of compute_ms below
                 )
                 for s in sites
             ),
@@ -223,6 +226,7 @@ class Planner:
                     regions=frozenset(m.regions),
                     priority=m.priority,
                     pin=m.pin,
+                    compute_ms=compute_ms.get(m.name, 0.0),
                 )
                 for m in catalog
             ),

@@ -29,6 +29,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
@@ -38,8 +42,15 @@ EVENTS = P + "events"
 
 class Store:
     def __init__(self, url: str) -> None:
+        # A restarted Redis leaves the pool's idle connections broken: each command
+        # on one reconnects and is retried instead of failing the caller.
         self.redis = aioredis.from_url(
-            url, decode_responses=False, socket_connect_timeout=2.0, socket_timeout=5.0
+            url,
+            decode_responses=False,
+            socket_connect_timeout=2.0,
+            socket_timeout=5.0,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
 
     async def close(self) -> None:

@@ -5,7 +5,8 @@ Every step (`step_min` simulated minutes) reads the trace's requests per
 
 1. For the central strategies (`reactive`, `forecast`), every
    `placement_period_min` the demand the control plane would have seen feeds
-   the real placement (`control_plane.placement.place`) and each site's loaded
+   the real placement (`control_plane.placement.place`, which sees each site's
+   concurrency and each model's compute, so hot models get replicas) and each site's loaded
    set becomes what it says (models it drops are demoted, new ones loaded;
    bytes moved and churn are counted). `reactive` feeds it the real EWMA
    (`control_plane.demand.ewma`); `forecast` the real `Forecaster`'s demand
@@ -69,6 +70,7 @@ class Timeline:
     forwarded_share: list[float] = field(default_factory=list)
     holders: list[np.ndarray] = field(default_factory=list)  # [step] -> sites per model
     cold_by_region: list[np.ndarray] = field(default_factory=list)  # [step][region]
+    start_min: int = 0  # the trace minute of the first step recorded (after the warm-up)
 
 
 @dataclass
@@ -80,7 +82,8 @@ class Outcome:
     forwarded: float = 0.0
     forwarded_within_slo: float = 0.0
     cold_starts: int = 0
-    models_moved: int = 0
+    models_moved: int = 0  # (model, hour) pairs whose placement changed
+    models_cached: int = 0  # (model, hour) pairs whose holders loads on demand changed
     bytes_moved: int = 0
     hours: float = 0.0
     timeline: Timeline = field(default_factory=Timeline)
@@ -95,6 +98,9 @@ class Outcome:
             "forwarded": self.forwarded / total,
             "cold_starts": self.cold_starts,
             "churn_per_hour": self.models_moved / max(self.hours, 1e-9) / max(n_models, 1),
+            "on_demand_churn_per_hour": self.models_cached
+            / max(self.hours, 1e-9)
+            / max(n_models, 1),
             "bytes_moved": self.bytes_moved,
         }
 
@@ -122,7 +128,9 @@ class _Fleet:
         self.onehot = np.zeros((n_r, n_s))
         self.onehot[self.region, np.arange(n_s)] = 1.0
         self.holds = np.zeros((n_s, n_m), dtype=bool)
-        self.changed = np.zeros(n_m, dtype=bool)  # placement changed this hour
+        self.placed = np.zeros((n_s, n_m), dtype=bool)  # what placement loads where
+        self.moved = np.zeros(n_m, dtype=bool)  # placement changed this hour
+        self.cached = np.zeros(n_m, dtype=bool)  # loads on demand changed holders this hour
         self.bytes_loaded = 0
         self.last_used = np.zeros((n_s, n_m))
         self.freq = np.zeros((n_s, n_m))
@@ -162,7 +170,7 @@ class _Fleet:
                 victims = candidates
             for v in victims:
                 self.holds[s, int(v.name)] = False
-                self.changed[int(v.name)] = True
+                self.cached[int(v.name)] = True
         loaded = []
         room = self.memory[s] - self.used(s)
         for m in wanted:
@@ -171,7 +179,7 @@ class _Fleet:
             room -= self.size[m]
             loaded.append(m)
             self.holds[s, m] = True
-            self.changed[m] = True
+            self.cached[m] = True
             self.freq[s, m] = 0.0
             self.last_used[s, m] = now
             self.credit[s, m] = self.policies[s].stamp()
@@ -197,12 +205,20 @@ def simulate(
     out = Outcome(strategy, gpus=len(state.site_ids), hours=minutes / 60.0)
     central = strategy != "lru"
     specs = tuple(
-        ModelSpec(name=n, size_bytes=int(catalog.size_bytes[j]), slo_ms=float(catalog.slo_ms[j]))
+        ModelSpec(
+            name=n,
+            size_bytes=int(catalog.size_bytes[j]),
+            slo_ms=float(catalog.slo_ms[j]),
+            compute_ms=float(catalog.compute_ms[j]),
+        )
         for j, n in enumerate(catalog.names)
     )
     sites = tuple(
         SiteInfo(
-            site_id=sid, region=state.regions[state.region[i]], device_bytes=int(state.memory[i])
+            site_id=sid,
+            region=state.regions[state.region[i]],
+            device_bytes=int(state.memory[i]),
+            capacity=float(state.concurrency[i]),
         )
         for i, sid in enumerate(state.site_ids)
     )
@@ -226,13 +242,15 @@ def simulate(
         if not counting and t >= config.warmup_min:  # count from here on
             counting = True
             out = Outcome(strategy, gpus=out.gpus, hours=(minutes - t) / 60.0)
+            out.timeline.start_min = t
             state.bytes_loaded = 0
-            state.changed[:] = False
+            state.moved[:] = state.cached[:] = False
             hour = t // 60
         elif counting and t // 60 != hour:
             hour = t // 60
-            out.models_moved += int(state.changed.sum())
-            state.changed[:] = False
+            out.models_moved += int(state.moved.sum())
+            out.models_cached += int(state.cached.sum())
+            state.moved[:] = state.cached[:] = False
         if central and (t == 0 or t - placed_at >= config.placement_period_min):
             placed_at = t
             if t > 0:
@@ -252,7 +270,8 @@ def simulate(
         requests = trace.demand(t, step)
         period_requests += requests
         _serve(state, out, requests, step, now, central, compute_s, fits_remote, catalog, record)
-    out.models_moved += int(state.changed.sum())
+    out.models_moved += int(state.moved.sum())
+    out.models_cached += int(state.cached.sum())
     out.bytes_moved = state.bytes_loaded
     return out
 
@@ -282,14 +301,15 @@ def _apply_placement(state, out, sites, specs, demand, latency, config, catalog,
         )
     )
     index = {n: j for j, n in enumerate(names)}
-    before = state.holds.copy()
-    state.holds[:] = False
+    before, placed_before = state.holds.copy(), state.placed.copy()
+    state.placed[:] = False
     for i, sid in enumerate(state.site_ids):
         for name in result.loaded.get(sid, ()):
-            state.holds[i, index[name]] = True
+            state.placed[i, index[name]] = True
+    state.holds[:] = state.placed  # agents demote what the desired state does not load
     added = state.holds & ~before
     state.bytes_loaded += int((added * state.size[None, :]).sum())
-    state.changed |= np.any(state.holds != before, axis=0)
+    state.moved |= np.any(state.placed != placed_before, axis=0)
     for i, j in zip(*np.nonzero(added), strict=True):
         state.last_used[i, j] = now
         state.freq[i, j] = 0.0

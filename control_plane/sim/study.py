@@ -113,28 +113,33 @@ def peak_rates(study: Study, step_min: int = 5) -> np.ndarray:
     return peak
 
 
-def peak_onset_cold_starts(outcome: Outcome, step_min: int, window_min: int = 60) -> int:
-    """Cold starts of requests from each region in the hour around the onset of
-    its daily peak (where its demand first crosses the midpoint between the
-    day's low and high, going up), summed over regions and days."""
+def peak_onset_cold_starts(outcome: Outcome, step_min: int, lead_min: int = 60) -> int:
+    """Cold starts of requests from each region while its demand ramps up to the
+    day's peak: from `lead_min` before its daily low until its demand first
+    crosses the midpoint between the day's low and high, going up. Summed over
+    regions and (UTC) days; a day the timeline covers only in part counts from
+    what it covers."""
     tl = outcome.timeline
     if not tl.demand_rps:
         return 0
     demand = np.array(tl.demand_rps)  # [steps, regions]
     cold = np.array(tl.cold_by_region)  # [steps, regions]
     per_day = 1440 // step_min
-    half = window_min // 2 // step_min
+    first = tl.start_min // step_min  # timeline row 0 is this step of the trace
+    lead = lead_min // step_min
     total = 0
-    for day in range(len(demand) // per_day):
-        rows = slice(day * per_day, (day + 1) * per_day)
+    for day_start in range(-(first % per_day), len(demand), per_day):
+        lo, hi = max(0, day_start), min(len(demand), day_start + per_day)
+        if hi - lo < per_day // 2:
+            continue  # too little of this day to find its low and its rise
         for r in range(demand.shape[1]):
-            series = demand[rows, r]
+            series = demand[lo:hi, r]
+            low_at = int(np.argmin(series))
             mid = (series.min() + series.max()) / 2
-            rising = np.nonzero((series[1:] >= mid) & (series[:-1] < mid))[0]
-            if rising.size == 0:
-                continue
-            at = day * per_day + int(rising[0]) + 1
-            total += int(cold[max(0, at - half) : at + half, r].sum())
+            after = series[low_at:]
+            crossing = np.nonzero(after >= mid)[0]
+            end_at = low_at + (int(crossing[0]) if crossing.size else len(after))
+            total += int(cold[max(0, lo + low_at - lead) : lo + end_at + 1, r].sum())
     return total
 
 

@@ -430,10 +430,17 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
             assert time.monotonic() - killed < 2 + 2 + 1 + 1.5
         assert hammer.failures == [] and hammer.ok > 20
         assert all(s.up for s in fleet.call("ListSites", pb.ListSitesRequest(), standby).sites)  # type: ignore[attr-defined]
-        assert {s.site_id: set(s.loaded) for s in after.sites} == {  # type: ignore[attr-defined]
+        moved = {s.site_id: set(s.loaded) for s in after.sites} != {  # type: ignore[attr-defined]
             s.site_id: set(s.loaded)
             for s in before.sites  # type: ignore[attr-defined]
         }
+        if moved:  # say why, model by model, from the new leader
+            why = {
+                name: list(fleet.call("ExplainPlacement", pb.ModelName(name=name), standby).lines)  # type: ignore[attr-defined]
+                for sp in before.sites  # type: ignore[attr-defined]
+                for name in sp.loaded
+            }
+            pytest.fail(f"placement moved at the takeover: {before} -> {after}; {why}")
     finally:
         fleet.cp.start()  # back as a standby; the fleet stays usable
         standby.stop()

@@ -24,7 +24,7 @@ from edgeplex.control_plane.sim.spec import (
     standard_catalog,
     write_catalog,
 )
-from edgeplex.control_plane.sim.study import Study
+from edgeplex.control_plane.sim.study import Study, peak_onset_cold_starts
 from edgeplex.control_plane.sim.traces import (
     SyntheticTrace,
     TraceFile,
@@ -136,6 +136,24 @@ def test_the_forecaster_sees_the_rise_before_the_ewma() -> None:
     # Its state survives a leader change (Redis holds it as bytes, no pickle).
     again = Forecaster.from_bytes(forecaster.to_bytes())
     assert again.predict(seen_at, 3600) == forecaster.predict(seen_at, 3600)
+
+
+def test_forecasting_cuts_cold_starts_at_peak_onset() -> None:
+    """A diurnal trace whose models go quiet at night, on a fleet with room for the
+    catalog: reactive placement drops what the night left idle and loads it again
+    on demand as each region wakes; forecasting, having seen the day before, keeps
+    it. Three days, the first to learn."""
+    fleet, catalog = small_fleet(gpu=24 * GiB), standard_catalog(KNOBS, seed=3)
+    knobs = TraceKnobs(peak_rps=2000, night_floor=0.0, model_phase_h=0.0, bursts_per_day=0,
+                       launch_share=0.0, retire_share=0.0)  # fmt: skip
+    trace = SyntheticTrace(fleet, catalog, 3, knobs, seed=5)
+    onset = {}
+    for strategy in ("reactive", "forecast"):
+        outcome = simulate(fleet, catalog, trace, trace.minutes, strategy, SimConfig(step_min=5))
+        onset[strategy] = peak_onset_cold_starts(outcome, 5)
+        assert outcome.summary(len(catalog))["served_in_region_within_slo"] > 0.99
+    assert onset["reactive"] > 100
+    assert onset["forecast"] <= 0.5 * onset["reactive"], onset
 
 
 def test_simulate_cli_writes_the_report(tmp_path: Path) -> None:
