@@ -508,6 +508,7 @@ def test_a_new_models_first_calls_succeed_at_any_site(fleet: Fleet) -> None:
     assert status == 200, reply
     assert headers["edgeplex-served-by"] == "a1" and headers.get("edgeplex-cold-start")
     assert len(json.loads(reply)["outputs"][0]["data"]) == 64
+    print(f"first call to a new model: {first_call_s * 1000:.0f} ms (fetch, verify, load, infer)")
     # Eight callers at once at the other site: one fetch, every call served.
     results: list[int] = []
 
@@ -536,7 +537,9 @@ def test_a_new_models_first_calls_succeed_at_any_site(fleet: Fleet) -> None:
 
     wait_until(lambda: placed("a1", "fresh"), 10, what="fresh placed at a1")
     wait_until(lambda: placed("b1", "fresh2"), 10, what="fresh2 placed at b1")
-    assert first_call_s < 10.0
+    # Its load (about 0.1 s here) within one placement period (1 s), with slack
+    # for a loaded machine.
+    assert first_call_s < 3.0
 
     def explained() -> list[str]:
         return list(fleet.call("ExplainPlacement", pb.ModelName(name="fresh")).lines)  # type: ignore[attr-defined]
