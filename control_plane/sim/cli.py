@@ -38,7 +38,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=float, default=0.95, help="served-in-region share to size for")
     p.add_argument("--step-min", type=int, default=1, help="simulated minutes per step")
     p.add_argument("--placement-period-min", type=int, default=5)
+    p.add_argument(
+        "--churn-cost", type=float, default=0.1,
+        help="placement's hysteresis, req/s per GiB newly loaded (the control plane's churn_cost)",
+    )  # fmt: skip
     p.add_argument("--search-days", type=float, default=2.0, help="days each sizing run covers")
+    p.add_argument(
+        "--search-step-min", type=int, default=15,
+        help="simulated minutes per step of the sizing runs (coarser steps hide cold starts)",
+    )  # fmt: skip
     p.add_argument("--write-trace", type=Path, help="write the generated trace as CSV and stop")
     p.set_defaults(run=_run)
 
@@ -96,8 +104,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.out is None:
         print("error: --out DIR is required", file=sys.stderr)
         return 2
-    config = SimConfig(step_min=args.step_min, placement_period_min=args.placement_period_min)
-    study = Study(fleet, catalog, trace, minutes, config, args.target, args.search_days)
+    config = SimConfig(
+        step_min=args.step_min,
+        placement_period_min=args.placement_period_min,
+        churn_cost=args.churn_cost,
+    )
+    study = Study(
+        fleet, catalog, trace, minutes, config, args.target, args.search_days, args.search_step_min
+    )
     print(
         f"simulating {minutes / 1440:g} days: {len(fleet.regions)} regions, {fleet.gpus} sites, "
         f"{len(catalog)} models, seed {args.seed}"

@@ -5,19 +5,19 @@ Every step (`step_min` simulated minutes) reads the trace's requests per
 
 1. For the central strategies (`reactive`, `forecast`), every
    `placement_period_min` the demand the control plane would have seen feeds
-   the real placement (`control_plane.placement.place`, which sees each site's
-   concurrency and each model's compute, so hot models get replicas) and each site's loaded
-   set becomes what it says (models it drops are demoted, new ones loaded;
-   bytes moved and churn are counted). `reactive` feeds it the real EWMA
-   (`control_plane.demand.ewma`); `forecast` the real `Forecaster`'s demand
-   one horizon ahead.
+   the real placement (`control_plane.placement.place`, with each site's
+   concurrency and each model's compute, and the last placement as its
+   incumbents, as the planner does); each site then holds what it says
+   (what it drops is demoted, what is new loaded). `reactive` feeds it the
+   real EWMA (`control_plane.demand.ewma`); `forecast` the real `Forecaster`.
 2. Requests from region r for model m go to the sites of r that hold m,
    split evenly. With none, the central strategies forward to the nearest
-   region holding it if the round trip plus the compute fits the SLO (as the
-   agents' routing does); otherwise the model is loaded on demand at the site
-   of r with the most free memory, making room with the agent's real eviction
-   policy object (GDSF for edgeplex, LRU for `lru`). A cold start: the
-   requests of its first `load_s` seconds miss the SLO.
+   region holding it if the round trip plus the compute fits the SLO;
+   otherwise the model is loaded on demand at the site of r with the most
+   free memory, making room with the agent's real eviction policy object
+   (GDSF for edgeplex, LRU for `lru`) after the step's use of what is held
+   is counted. A site loads one model at a time: a cold start's requests
+   miss the SLO until the loads before it and its own are done.
 3. Each site's utilisation is the compute of what it serves over its
    concurrency; a site over 1 serves only 1/utilisation of its requests in
    time.
@@ -286,7 +286,7 @@ def _as_demand(
 def _apply_placement(state, out, sites, specs, demand, latency, config, catalog, now) -> None:  # type: ignore[no-untyped-def]
     names = catalog.names
     current = {
-        sid: frozenset(names[j] for j in np.nonzero(state.holds[i])[0])
+        sid: frozenset(names[j] for j in np.nonzero(state.placed[i])[0])
         for i, sid in enumerate(state.site_ids)
     }
     result = place(
@@ -337,6 +337,14 @@ def _serve(
                 forwarded_at[nearest, m] += n
                 continue
         misses.setdefault(int(r), []).append(int(m))
+    # The models held at the step's start serve it, and are credited with that
+    # use before its loads on demand choose victims (an agent sees each request
+    # as it comes; a step that counted use after its evictions made the models
+    # placement had just loaded, with no use yet, the cheapest victims).
+    before = state.holds.copy()
+    first = before * np.where(holders > 0, served_at / np.maximum(holders, 1), 0.0)[state.region]
+    state.freq += first
+    state.last_used[first > 0] = now
     # Cold starts: each region's misses go to its sites with the most free memory.
     for r, models in misses.items():
         members = np.nonzero(state.region == r)[0]
@@ -351,14 +359,21 @@ def _serve(
             batches.setdefault(i, []).append(m)
             heapq.heappush(heap, (room + float(state.size[m]), i))
         for i, batch in batches.items():
+            # A site loads one model at a time (the agent's runner creates
+            # sessions one after another): each waits for the loads before it.
+            ready_s = 0.0
             for m in state.load_on_demand(i, batch, now):
+                ready_s += catalog.load_s[m]
                 holders[r, m] += 1
                 cold[r] += 1
-                served_at[r, m] += requests[r, m] * (1.0 - min(1.0, catalog.load_s[m] / step_s))
-    # Spread what each region serves over its holders; utilisation per site.
+                served_at[r, m] += requests[r, m] * (1.0 - min(1.0, ready_s / step_s))
+    # Spread what each region serves over its holders, a victim of this step's
+    # loads included (it served until then); utilisation per site.
+    serving = before | state.holds
+    holders = state.onehot @ serving
     spread = np.maximum(holders, 1)
-    per_site = state.holds * np.where(holders > 0, served_at / spread, 0.0)[state.region]
-    per_site_fwd = state.holds * (forwarded_at / spread)[state.region]
+    per_site = serving * np.where(holders > 0, served_at / spread, 0.0)[state.region]
+    per_site_fwd = serving * (forwarded_at / spread)[state.region]
     util = (per_site * compute_s[None, :]).sum(axis=1) / (state.concurrency * step_s)
     in_time = np.minimum(1.0, 1.0 / np.maximum(util, 1e-12))  # [S]
     fits = (catalog.compute_ms <= catalog.slo_ms).astype(np.float64)
@@ -373,7 +388,7 @@ def _serve(
     out.cold_starts += int(cold.sum())
     used = state.holds.any(axis=1)
     state.last_used[share > 0] = now
-    state.freq += per_site
+    state.freq += per_site * ~before  # the held models' use is counted above
     if record:
         tl = out.timeline
         tl.demand_rps.append((requests.sum(axis=1) / step_s).tolist())
@@ -382,11 +397,3 @@ def _serve(
         tl.forwarded_share.append(forwarded / max(float(requests.sum()), 1.0))
         tl.holders.append(state.holds.sum(axis=0).astype(np.int16))
         tl.cold_by_region.append(cold)
-
-
-def dedicated_gpus(fleet: FleetSpec, catalog: Catalog, peak_rps: np.ndarray) -> int:
-    """(a) One model per GPU: in every region where a model has demand, the GPUs its
-    regional peak needs (compute over one GPU's concurrency), at least one."""
-    concurrency = np.mean([g.concurrency for g in fleet.sites]) if fleet.sites else 1.0
-    need = np.ceil(peak_rps * (catalog.compute_ms / 1000.0)[None, :] / concurrency)
-    return int(np.where(peak_rps > 0, np.maximum(need, 1), 0).sum())

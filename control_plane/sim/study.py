@@ -27,7 +27,6 @@ from edgeplex.control_plane.sim.engine import (
     STRATEGIES,
     Outcome,
     SimConfig,
-    dedicated_gpus,
     simulate,
 )
 from edgeplex.control_plane.sim.spec import Catalog, FleetSpec
@@ -182,3 +181,11 @@ def run_study(study: Study) -> dict[str, object]:
     report["runtime_s"] = time.perf_counter() - started
     report["_timelines"] = {k: v.outcome for k, v in sized.items()}
     return report
+
+
+def dedicated_gpus(fleet: FleetSpec, catalog: Catalog, peak_rps: np.ndarray) -> int:
+    """(a) One model per GPU: in every region where a model has demand, the GPUs its
+    regional peak needs (compute over one GPU's concurrency), at least one."""
+    concurrency = np.mean([g.concurrency for g in fleet.sites]) if fleet.sites else 1.0
+    need = np.ceil(peak_rps * (catalog.compute_ms / 1000.0)[None, :] / concurrency)
+    return int(np.where(peak_rps > 0, np.maximum(need, 1), 0).sum())
