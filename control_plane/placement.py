@@ -24,10 +24,11 @@ not draining, in allowed regions; pinned models go to every such site;
 load (demand x compute per request) stays within its throughput, and a hot
 model gets as many sites of a region as its load there needs (replicas.py).
 
-The algorithm: pins, minimum replicas and hot models' replicas first; then greedy on gain per byte
-over (model, region) choices, in vectorised rounds (a model's gain changes only
-when it is placed itself); then, on small instances, a local search of adds
-and swaps that recovers what greedy-by-density strands (the knapsack case).
+The algorithm: pins, minimum replicas and hot models' replicas first; then
+greedy on gain per byte over (model, region) choices, in vectorised rounds (a
+model's gain changes only when it is placed itself); then, on small
+instances, a local search of adds and swaps that recovers what
+greedy-by-density strands (the knapsack case).
 Within a region sites are equivalent for the objective; a model goes to the
 site that already holds it, else to the site with the most free bytes (which
 spreads load). bench/placement_quality.py compares it with an exact MIP.
