@@ -51,12 +51,19 @@ def replica_plan(
     more sites, hottest first. One replica is left to the greedy placement,
     which weighs it against everything else that wants the memory."""
     plan = []
-    rows, cols = np.nonzero((demand > 0) & (compute_s[None, :] > 0))
+    caps = np.asarray(region_cap, dtype=np.float64)[:, None]
+    loads = demand * compute_s[None, :]  # [R, M] compute-seconds/s
+    holding = np.zeros_like(loads)
+    for (j, r), sites in holders_now.items():
+        holding[r, j] = len(sites)
+    # Only where one site is not enough, or two or more hold it now, can the
+    # answer be two or more (replicas_wanted below decides).
+    per_site = np.divide(loads, caps * target, out=np.zeros_like(loads), where=caps > 0)
+    maybe = (loads > 0) & (caps > 0) & ((per_site > 1.0) | (holding >= 2))
+    rows, cols = np.nonzero(maybe)
     for r, j in zip(rows.tolist(), cols.tolist(), strict=True):
-        cap = region_cap[r]
-        load = float(demand[r, j] * compute_s[j])
-        current = len(holders_now.get((j, r), ()))
-        want = replicas_wanted(load, cap, current, target, floor)
+        load = float(loads[r, j])
+        want = replicas_wanted(load, region_cap[r], int(holding[r, j]), target, floor)
         if want >= 2:
             plan.append((load, j, r, want))
     plan.sort(key=lambda item: -item[0])

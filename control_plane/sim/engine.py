@@ -326,17 +326,17 @@ def _serve(
     served_at = np.where(holders > 0, requests, 0.0)  # [R(serving), M] requests
     cold = np.zeros(n_r, dtype=np.int64)
     forwarded_at = np.zeros_like(served_at)  # the part of served_at that was forwarded
+    rs, ms = np.nonzero(wanted & (holders == 0))
+    if central and rs.size:  # forward each to the nearest region holding it within the SLO
+        reach = (holders[:, ms].T > 0) & fits_remote[rs, :, ms]  # [miss, region]
+        nearest = np.where(reach, state.rtt[rs], np.inf).argmin(axis=1)
+        sent = reach.any(axis=1)
+        np.add.at(served_at, (nearest[sent], ms[sent]), requests[rs[sent], ms[sent]])
+        np.add.at(forwarded_at, (nearest[sent], ms[sent]), requests[rs[sent], ms[sent]])
+        rs, ms = rs[~sent], ms[~sent]
     misses: dict[int, list[int]] = {}  # region -> models it must load
-    for r, m in zip(*np.nonzero(wanted & (holders == 0)), strict=True):
-        n = requests[r, m]
-        if central:
-            remote = np.nonzero((holders[:, m] > 0) & fits_remote[r, :, m])[0]
-            if remote.size:
-                nearest = remote[np.argmin(state.rtt[r, remote])]
-                served_at[nearest, m] += n
-                forwarded_at[nearest, m] += n
-                continue
-        misses.setdefault(int(r), []).append(int(m))
+    for r, m in zip(rs.tolist(), ms.tolist(), strict=True):
+        misses.setdefault(r, []).append(m)
     # The models held at the step's start serve it, and are credited with that
     # use before its loads on demand choose victims (an agent sees each request
     # as it comes; a step that counted use after its evictions made the models
