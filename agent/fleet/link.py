@@ -102,9 +102,14 @@ class FleetLink:
 
     # --- control plane --------------------------------------------------------------------
 
+    @property
+    def _target(self) -> str:
+        """The control-plane replica this site talks to now."""
+        return self._targets[self._target_ix % len(self._targets)]
+
     def _channel(self) -> grpc.aio.Channel:
         fleet = self._settings.fleet
-        target = self._targets[self._target_ix % len(self._targets)]
+        target = self._target
         if fleet.tls_ca is None:
             return grpc.aio.insecure_channel(target)
         creds = grpc.ssl_channel_credentials(
@@ -147,7 +152,7 @@ class FleetLink:
                 delay = backoff.delay()
                 log.warning(
                     "control plane %s unavailable (%s); retrying in %.1f s",
-                    self._targets[self._target_ix % len(self._targets)],
+                    self._target,
                     exc.code().name,
                     delay,
                 )
