@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 DEMO_REPO ?= .cache/demo-repo
 
-.PHONY: setup test lint proto demo bench bench-overcommit bench-control-plane bench-fuzz clean
+.PHONY: setup test lint proto demo bench bench-profile bench-overcommit bench-variants bench-control-plane bench-fuzz compose-rig clean
 
 setup:
 	./scripts/setup.sh
@@ -14,6 +14,7 @@ lint: setup
 
 test: setup lint
 	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m compose
 
 proto: setup
 	$(PY) scripts/gen_proto.py
@@ -26,6 +27,17 @@ bench:
 	EDGEPLEX_SETUP_BENCH=1 ./scripts/setup.sh
 	@[ -f $(DEMO_REPO)/.edgeplex-demo ] || .venv/bin/edgeplex demo-repo $(DEMO_REPO)
 	$(PY) bench/agent_overhead.py --repo $(DEMO_REPO)
+
+# Where the agent's time goes: py-spy per-function tables of the agent and a runner
+# under each workload, written to .cache/profile/<workload>/.
+bench-profile:
+	EDGEPLEX_SETUP_BENCH=1 ./scripts/setup.sh
+	for w in http-binary http-json grpc; do \
+		$(PY) bench/profile_agent.py --workload $$w --out .cache/profile/$$w || exit 1; \
+	done
+
+bench-variants: setup
+	$(PY) bench/variants_density.py
 
 bench-overcommit: setup
 	$(PY) bench/swap_in.py
@@ -40,6 +52,11 @@ bench-control-plane: setup
 	$(PY) bench/placement_speed.py
 	$(PY) bench/placement_quality.py
 	$(PY) bench/report_ingest.py
+
+# Builds the images (no registry), brings up the 3-region compose rig, runs its
+# smoke test and takes everything down (scripts/compose_rig.py; root, apt).
+compose-rig: setup
+	$(PY) scripts/compose_rig.py
 
 clean:
 	rm -rf .venv .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

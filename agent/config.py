@@ -15,7 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from edgeplex.agent.forms import Calibration, VariantGuard
 from edgeplex.agent.model_config import MiB, ModelConfig, load_model_config, parse_size
+from edgeplex.logs import LogFormat
 from edgeplex.settings import (
     ArtifactDeadline,
     ArtifactFileRoots,
@@ -310,8 +312,36 @@ class AgentSettings(FileSettings):
         description="Directory in host RAM (tmpfs) for the staged tier. Unset: a private "
         "directory under /dev/shm, removed at exit.",
     )
+    variant_dir: Path | None = Field(
+        default=None,
+        description="Content-addressed store of built variants (models' `variants`). "
+        "Unset: `.variants` inside the model repository.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level of the agent and its runners."
+    )
+    log_format: LogFormat = Field(
+        default="text",
+        description="`text` lines, or `json`: one object per line (time, level, logger, "
+        "message) for a log pipeline.",
+    )
+    access_log_rate: float = Field(
+        default=100.0,
+        ge=0,
+        description="Access log lines a second at most (logger `edgeplex.access`, one per "
+        "inference request); above it successes are sampled and failures still written. "
+        "0 turns the access log off.",
+    )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        default="auto",
+        description="The front doors' event loop: uvloop (fewer wake-ups and cheaper socket "
+        "writes), or the standard library's asyncio. auto: uvloop where it is installed.",
+    )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP traces endpoint (for example http://collector:4318/v1/traces): "
+        "each sampled inference request is exported as a span with the access log's trace "
+        "and span ids. Needs the `otel` extra. Unset: no export.",
     )
     runner: RunnerSettings = Field(
         default_factory=RunnerSettings, description="Runner processes (see RunnerSettings)."
@@ -359,5 +389,7 @@ def reference_tables() -> str:
             (FleetSettings, "fleet."),
             (SecuritySettings, "security."),
             (ModelConfig, ""),
+            (Calibration, "calibration."),
+            (VariantGuard, "variant_guard."),
         )
     )

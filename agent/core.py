@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgeplex import __version__
+from edgeplex.agent import views
 from edgeplex.agent.batching.batcher import Request, batch_key
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.errors import (
@@ -22,6 +23,7 @@ from edgeplex.agent.errors import (
     InvalidInput,
     ModelFailed,
     ModelNotFound,
+    NotHere,
     Overloaded,
     ServeError,
     Unavailable,
@@ -31,12 +33,13 @@ from edgeplex.agent.fleet.load_window import LoadWindow
 from edgeplex.agent.fleet.routing import Local, Where, choose_route
 from edgeplex.agent.frontdoor.gate import InflightGate
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.repository import scan_model, scan_repository
+from edgeplex.agent.repository import ModelSource, scan_repository_versions, scan_versions
 from edgeplex.agent.requests import InferInput, validate
 from edgeplex.agent.residency.effects import RunnerEffects
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.state import ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
+from edgeplex.agent.triton_config import config_json
 from edgeplex.names import valid_name
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]
@@ -54,6 +57,7 @@ class InferResult:
     # The tier this request had to promote the model from ("staged" or "cached"),
     # or "" when it was loaded already.
     cold_start: str
+    variant: str = ""  # the variant that served it; "" as shipped
 
 
 class Agent:
@@ -124,27 +128,7 @@ class Agent:
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         entry = self.entry(name, version)
         self.model_metadata(name, version)  # same availability rule
-
-        def dims(shape: tuple[int, ...]) -> list[int]:
-            return list(shape[1:] if entry.max_batch_size else shape)
-
-        config = entry.config
-        return {
-            "name": entry.name,
-            "platform": "onnxruntime_onnx",
-            "backend": "onnxruntime",
-            "max_batch_size": entry.max_batch_size,
-            "input": [
-                {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": dims(t.shape)}
-                for t in entry.inputs
-            ],
-            "output": [
-                {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": dims(t.shape)}
-                for t in entry.outputs
-            ],
-            "dynamic_batching": {"max_queue_delay_microseconds": config.max_queue_delay_us},
-            "edgeplex": config.model_dump(),
-        }
+        return config_json(entry)
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         entries = [self.entry(name, version)] if name else self.residency.records()
@@ -152,19 +136,22 @@ class Agent:
 
     # --- repository ---------------------------------------------------------------------------
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """OIP's fields, plus the form serving and the variants' figures where a model
+        has variants (the gRPC door sends OIP's fields only)."""
         return [
             {"name": e.name, "version": e.version, "state": e.public_state(), "reason": e.reason}
+            | views.forms(e)
             for e in self.residency.records()
             if not ready_only or e.phase == Phase.READY
         ]
 
     async def load(self, name: str) -> None:
         """OIP load: re-read the model from the repository and serve it."""
-        source = scan_model(self.settings.model_repo, name, self.settings.model_defaults)
-        if source is None:
+        versions = scan_versions(self.settings.model_repo, name, self.settings.model_defaults)
+        if not versions:
             raise ModelNotFound(f"model '{name}' is not in the repository")
-        self.residency.add(source)
+        self._know(versions)
         await self._settled(self.residency.load(name))
 
     async def place(self, name: str) -> None:
@@ -174,8 +161,18 @@ class Agent:
 
     def discover(self) -> list[str]:
         """Know every model of the repository (new ones and new versions)."""
-        found = scan_repository(self.settings.model_repo, self.settings.model_defaults)
-        return [self.residency.add(source).name for source in found.values()]
+        found = scan_repository_versions(self.settings.model_repo, self.settings.model_defaults)
+        for versions in found.values():
+            self._know(versions)
+        return list(found)
+
+    def _know(self, versions: list[ModelSource]) -> None:
+        """A model's versions to serve, newest first: the newest answers requests that
+        name no version; the others stay for requests that name theirs."""
+        newest, *older = versions
+        for source in older:
+            self.residency.add_version(source)
+        self.residency.add(newest, keep={s.version for s in older})
 
     async def unload(self, name: str) -> None:
         await self._settled(self.residency.unload(name))
@@ -186,54 +183,16 @@ class Agent:
             raise ticket.error
 
     def status(self) -> list[dict[str, Any]]:
-        out = []
-        for e in self.residency.records():
-            queue = self.effects.queue(e.key)
-            out.append(
-                {
-                    "name": e.name,
-                    "version": e.version,
-                    "state": e.public_state(),
-                    "phase": str(e.phase),
-                    "intent": str(e.intent),
-                    "reason": e.reason,
-                    "runner": e.runner_id,
-                    "runner_pid": self.effects.runner_pid(e),
-                    "memory_bytes": e.device_bytes,
-                    "tier": str(e.tier),
-                    "staged_bytes": e.staged_bytes,
-                    "leases": e.leases,
-                    "waiting": len(e.waiters),
-                    "last_promotion": self.effects.last_promotion.get(e.key, {}),
-                    "max_batch_size": e.max_batch_size,
-                    "instances": queue.instances if queue else 0,
-                    "prepacked": e.prepacked if e.phase == Phase.READY else None,
-                    "queue_depth": queue.depth if queue else 0,
-                    "isolation": e.config.isolation if e.source.config else None,
-                    "priority": e.config.priority if e.source.config else None,
-                    "pinned": e.pinned,
-                }
-            )
-        return out
+        return views.status(self.residency, self.effects)
 
     def memory(self) -> dict[str, Any]:
-        s = self.settings
-        return {
-            "policy": s.eviction_policy,
-            "runner_memory_limits": self.effects.limit_mechanism(),
-            "pending_loads": self.residency.ledger.pending_loads(),
-            "tiers": {
-                "loaded": {
-                    "bytes": self.residency.device_bytes(),
-                    "budget": s.device_memory_budget,
-                },
-                "staged": {"bytes": self.residency.host_bytes(), "budget": s.host_memory_budget},
-                "cached": {
-                    "bytes": self.effects.disk_bytes(self.residency.records()),
-                    "budget": s.disk_cache_budget,
-                },
-            },
-        }
+        return views.memory(self.settings, self.residency, self.effects)
+
+    def set_device_budget(self, budget: int | None) -> None:
+        """A new device budget, at run time (a GPU shared anew, an operator's change):
+        models leave until the rest fit, or models waiting for room load."""
+        self.settings.device_memory_budget = budget
+        self.residency.set_device_budget(budget)
 
     def pin(self, name: str, pinned: bool) -> None:
         self.residency.pin(name, pinned)
@@ -258,8 +217,8 @@ class Agent:
         record = self.residency.get(name)
         local = None
         if record is not None and record.phase != Phase.FAILED and not record.disabled:
-            estimate = record.usage.promote_s if record.tier == Tier.STAGED else None
-            local = Local(record.phase == Phase.READY, estimate or None)
+            estimate = self.residency.ledger.promote_estimate(record)
+            local = Local(record.phase == Phase.READY, estimate)
         route = choose_route(local, router.options(name), forwarded)
         if route.where == Where.FORWARD:
             return router.peers(name, route.peers)
@@ -269,8 +228,10 @@ class Agent:
             return []  # fetched and loaded here, if the fleet's catalog has it (infer)
         if valid_name(name):  # demand for a model no site has: the control plane must see it
             self.load_window.record(name, origin or self.region, 0.0)
-        if record is not None or forwarded:
-            raise Unavailable(f"model '{name}' is not at this site (routes are changing)")
+        if forwarded:  # the forwarder's routes are out of date: it tries elsewhere
+            raise NotHere(f"model '{name}' is not at this site (routes are changing)")
+        if record is not None:
+            raise Unavailable(f"model '{name}' cannot be served at this site now")
         error = Unavailable(f"no site serves model '{name}' now; retry in {NO_ROUTE_RETRY_S:g} s")
         error.retry_after_s = NO_ROUTE_RETRY_S
         raise error
@@ -304,7 +265,7 @@ class Agent:
                 wait_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
                 await self.on_demand(name, version, origin or self.region, wait_s)
             record = self.entry(name, version)
-            METRICS.requests.labels(model=name).inc()
+            METRICS.of_model(name).requests.inc()
             limit = record.config.timeout_ms / 1000 if record.source.config else DEFAULT_TIMEOUT_S
             if timeout_s is not None:
                 if timeout_s <= 0:
@@ -343,7 +304,9 @@ class Agent:
                 result = await request.future
             finally:
                 timer.cancel()
-            return InferResult(record, result, ticket.cold_start)
+            if request.form:
+                METRICS.variant_requests.labels(model=name, variant=request.form).inc()
+            return InferResult(record, result, ticket.cold_start, request.form)
         except ServeError as exc:
             # Series exist only for models in the repository: an unknown name counts
             # under the empty label, so a client cannot mint series.
@@ -359,7 +322,7 @@ class Agent:
                 self.residency.release(ticket)
             elapsed = loop.time() - arrived
             if record is not None:
-                METRICS.request_duration.labels(model=name).observe(elapsed)
+                METRICS.of_model(name).request_duration.observe(elapsed)
             if record is not None or valid_name(name):
                 # Requests for a model this site lacks are demand the control plane
                 # must see, or it would never place the model here.

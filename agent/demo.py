@@ -7,6 +7,7 @@ are installed) and checked against a pinned sha256 before use.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import shutil
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,9 @@ log = logging.getLogger("edgeplex.demo")
 SILERO_PACKAGE = "silero-vad==6.2.3"
 SILERO_MEMBER = "silero_vad/data/silero_vad.onnx"
 SILERO_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
+PPOCR_PACKAGE = "rapidocr-onnxruntime==1.4.4"
+PPOCR_CLS_MEMBER = "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
+PPOCR_CLS_SHA256 = "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c"
 
 # OIP datatype -> ONNX TensorProto enum name, for the identity models.
 IDENTITY_TYPES = {
@@ -136,12 +141,25 @@ def fetch_silero(directory: Path, cache: Path | None = None) -> Path:
     """Extract silero-vad's ONNX file from its wheel into directory/1/model.onnx.
 
     `cache`, when given, keeps a verified copy so later calls skip the download."""
+    return _from_wheel(SILERO_PACKAGE, SILERO_MEMBER, SILERO_SHA256, directory, cache)
+
+
+def fetch_ppocr_cls(directory: Path, cache: Path | None = None) -> Path:
+    """PP-OCR's text-direction classifier (a small convolutional network, two class
+    scores per image), from rapidocr-onnxruntime's wheel, like fetch_silero."""
+    return _from_wheel(PPOCR_PACKAGE, PPOCR_CLS_MEMBER, PPOCR_CLS_SHA256, directory, cache)
+
+
+def _from_wheel(
+    package: str, member: str, sha256: str, directory: Path, cache: Path | None
+) -> Path:
     target = directory / "1" / "model.onnx"
     target.parent.mkdir(parents=True, exist_ok=True)
-    cached = cache / f"silero_vad-{SILERO_SHA256[:16]}.onnx" if cache else None
+    stem = Path(member).stem
+    cached = cache / f"{stem}-{sha256[:16]}.onnx" if cache else None
     if cached is not None and cached.is_file():
         data = cached.read_bytes()
-        if hashlib.sha256(data).hexdigest() == SILERO_SHA256:
+        if hashlib.sha256(data).hexdigest() == sha256:
             target.write_bytes(data)
             return target
     with tempfile.TemporaryDirectory() as tmp:
@@ -156,15 +174,15 @@ def fetch_silero(directory: Path, cache: Path | None = None) -> Path:
             "-q",
             "-d",
             str(download),
-            SILERO_PACKAGE,
+            package,
         ]
         subprocess.run(cmd, check=True)
         wheel = next(download.glob("*.whl"))
         with zipfile.ZipFile(wheel) as zf:
-            data = zf.read(SILERO_MEMBER)
+            data = zf.read(member)
     digest = hashlib.sha256(data).hexdigest()
-    if digest != SILERO_SHA256:
-        raise RuntimeError(f"silero-vad model sha256 {digest} != pinned {SILERO_SHA256}")
+    if digest != sha256:
+        raise RuntimeError(f"{package} {member}: sha256 {digest} != pinned {sha256}")
     for path in (target, cached):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -197,8 +215,14 @@ def make_slow(directory: Path, size: int = 256, depth: int = 24, config: str | N
     return _save(_model(graph), directory, config)
 
 
-def build_demo_repo(repo: Path, force: bool = False, with_medium: bool = True) -> Path:
-    """The demo repository: silero-vad plus generated models. Idempotent."""
+def build_demo_repo(
+    repo: Path,
+    force: bool = False,
+    with_medium: bool = True,
+    on_step: Callable[[str, int], None] | None = None,
+) -> Path:
+    """The demo repository: silero-vad plus generated models. Idempotent.
+    `on_step(model, steps)` is called before each model is made."""
     marker = repo / ".edgeplex-demo"
     if marker.exists() and not force:
         log.info("demo repository already built")
@@ -206,18 +230,22 @@ def build_demo_repo(repo: Path, force: bool = False, with_medium: bool = True) -
     if force and repo.exists():
         shutil.rmtree(repo)
     repo.mkdir(parents=True, exist_ok=True)
-    fetch_silero(repo / "silero_vad")
-    make_add_sub(repo / "add_sub", config="max_batch_size: 8\nmax_queue_delay_us: 200\n")
-    make_mlp(repo / "mlp_small", width=320, layers=2, in_width=512)  # ~1 MB
-    if with_medium:
-        make_mlp(
-            repo / "mlp_medium",
-            width=1024,
-            layers=12,
-            seed=1,  # ~50 MB
-            config="isolation: dedicated\nmax_batch_size: 16\n",
-        )
+    steps: list[tuple[str, Callable[[], object]]] = [
+        ("silero_vad", lambda: fetch_silero(repo / "silero_vad")),
+        ("add_sub", lambda: make_add_sub(
+            repo / "add_sub", config="max_batch_size: 8\nmax_queue_delay_us: 200\n")),
+        ("mlp_small", lambda: make_mlp(repo / "mlp_small", width=320, layers=2, in_width=512)),
+    ]  # fmt: skip
+    if with_medium:  # ~50 MB
+        steps.append(("mlp_medium", lambda: make_mlp(
+            repo / "mlp_medium", width=1024, layers=12, seed=1,
+            config="isolation: dedicated\nmax_batch_size: 16\n")))  # fmt: skip
     for datatype in ("FP32", "FP16", "INT64", "INT32", "INT8", "UINT8", "BOOL"):
-        make_identity(repo / f"identity_{datatype.lower()}", datatype)
+        name = f"identity_{datatype.lower()}"
+        steps.append((name, functools.partial(make_identity, repo / name, datatype)))
+    for name, make in steps:
+        if on_step is not None:
+            on_step(name, len(steps))
+        make()
     marker.write_text("built by `edgeplex demo-repo`\n")
     return repo

@@ -16,6 +16,7 @@ class ServeError(Exception):
     grpc_code = grpc.StatusCode.INTERNAL
     http_status = 500
     retry_after_s: float | None = None
+    not_here = False  # NotHere: marked on the wire for the forwarder
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -67,6 +68,15 @@ class Unavailable(ServeError):
     retry_after_s = 1.0
 
 
+class NotHere(Unavailable):
+    """A forwarded request for a model this site does not hold: the forwarder's
+    routes are out of date. Marked on the wire (`edgeplex-not-here`), so the
+    forwarder drops this site from the model's routes and routes the request again
+    instead of failing it."""
+
+    not_here = True
+
+
 class ModelFailed(ServeError):
     """The model cannot be loaded (bad artifact); retrying will not help."""
 
@@ -93,6 +103,10 @@ class PermissionDenied(ServeError):
 
     grpc_code = grpc.StatusCode.PERMISSION_DENIED
     http_status = 403
+
+
+class StaleRoute(Exception):
+    """Every peer tried answered NotHere; the request is routed again (internal only)."""
 
 
 class RunnerLost(Exception):

@@ -6,6 +6,9 @@ thing happens (batcher, runners); http_api serves METRICS.registry at /metrics.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (
@@ -91,6 +94,25 @@ class AgentMetrics:
             ["model"],
             registry=r,
         )
+        self.variant_bytes = Gauge(
+            "edgeplex_agent_model_variant_bytes",
+            "Memory of the model's session by the form it holds (original, int8, fp16); 0 "
+            "for the forms it does not hold now.",
+            ["model", "variant"],
+            registry=r,
+        )
+        self.variant_requests = Counter(
+            "edgeplex_agent_variant_requests_total",
+            "Requests a variant served (the rest were served as shipped).",
+            ["model", "variant"],
+            registry=r,
+        )
+        self.variant_build_duration = Histogram(
+            "edgeplex_agent_variant_build_duration_seconds",
+            "Time to build (or find) and check a model's variants, in a runner.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.load_duration = Histogram(
             "edgeplex_agent_model_load_duration_seconds",
             "Session creation time in the runner.",
@@ -108,6 +130,13 @@ class AgentMetrics:
             "edgeplex_agent_promotions_total",
             "Models promoted to loaded, by the tier they came from (staged, cached).",
             ["source"],
+            registry=r,
+        )
+        self.cold_starts = Counter(
+            "edgeplex_agent_cold_starts_total",
+            "Promotions a request started and waited for: it asked for a model not loaded "
+            "here (placement's and admins' loads are not counted).",
+            ["model"],
             registry=r,
         )
         self.demotions = Counter(
@@ -177,6 +206,31 @@ class AgentMetrics:
             ["runner"],
             registry=r,
         )
+
+        self._series: dict[str, ModelSeries] = {}
+
+    def of_model(self, model: str) -> ModelSeries:
+        """The per-request series of a model in the repository, looked up once: a
+        `labels()` call takes a lock and hashes the labels on every request."""
+        series = self._series.get(model)
+        if series is None:
+            series = self._series[model] = ModelSeries(
+                self.requests.labels(model=model),
+                self.request_duration.labels(model=model),
+                self.batch_size.labels(model=model),
+                self.compute_duration.labels(model=model),
+                self.queue_duration.labels(model=model),
+            )
+        return series
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSeries:
+    requests: Any
+    request_duration: Any
+    batch_size: Any
+    compute_duration: Any
+    queue_duration: Any
 
 
 METRICS = AgentMetrics()

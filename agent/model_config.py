@@ -9,6 +9,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from edgeplex.agent.forms import Calibration, Form, VariantGuard
+
 MiB = 1024 * 1024
 
 _SUFFIXES = {
@@ -126,15 +128,40 @@ class ModelConfig(BaseModel):
         "`gpu_mem_limit`.",
     )
 
+    variants: list[Form] = Field(
+        default=[],
+        description="Smaller forms to build of this model (`int8`, `fp16`): built once in "
+        "the background, checked against the original by `variant_guard`, stored by "
+        "content in `variant_dir`. Served only with `quality: any`.",
+    )
+    quality: Literal["exact", "any"] = Field(
+        default="exact",
+        description="`exact`: always served as shipped. `any`: when device memory is short, "
+        "the model may be loaded as its smallest usable variant rather than evict others, "
+        "and goes back to the original when room returns.",
+    )
+    calibration: Calibration = Field(
+        default_factory=Calibration,
+        description="The inputs variants are built (static INT8) and checked with.",
+    )
+    variant_guard: VariantGuard = Field(
+        default_factory=VariantGuard,
+        description="What a variant must meet on every output, on the calibration inputs, "
+        "to be served.",
+    )
+
     @field_validator("memory_limit", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
         return None if value is None else parse_size(value)
 
 
-def load_model_config(path: Path | None, defaults: ModelConfig) -> ModelConfig:
-    """A model's config.yaml laid over the agent-wide defaults."""
-    merged = defaults.model_dump()
+def load_model_config(
+    path: Path | None, defaults: ModelConfig, base: dict[str, Any] | None = None
+) -> ModelConfig:
+    """A model's config.yaml laid over `base` (what its config.pbtxt says), laid over
+    the agent-wide defaults."""
+    merged = defaults.model_dump() | (base or {})
     if path is not None and path.exists():
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):

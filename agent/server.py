@@ -19,9 +19,11 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from edgeplex import systemd
+from edgeplex import logs, systemd
+from edgeplex.agent.access_log import ACCESS
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet.forward import Router
@@ -35,6 +37,7 @@ from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.policies import make_policy
 from edgeplex.agent.residency.state import ModelRecord
 from edgeplex.agent.runners.supervisor import RunnerPool
+from edgeplex.agent.tracing import Spans
 
 log = logging.getLogger("edgeplex.agent")
 
@@ -56,6 +59,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         settings.log_level,
         on_up=lambda rid: residency.runner_up(rid) if residency else None,
         on_down=lambda rid: residency.runner_down(rid) if residency else None,
+        log_format=settings.log_format,
     )
     await pool.start()
     staging = make_staging_root(settings)
@@ -201,15 +205,36 @@ def make_staging_root(settings: AgentSettings) -> Path:
     return Path(tempfile.mkdtemp(prefix="edgeplex-staged-", dir=parent))
 
 
-def run_agent(settings: AgentSettings) -> int:
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop for `auto` (when installed) and `uvloop`; None: asyncio's own."""
+    if choice == "asyncio":
+        return None
     try:
-        asyncio.run(serve(settings))
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise RuntimeError("event_loop is uvloop, but uvloop is not installed") from None
+        return None
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
+def run_agent(settings: AgentSettings) -> int:
+    logs.configure(settings.log_level, settings.log_format)
+    spans = None
+    try:
+        if settings.otlp_endpoint:
+            spans = Spans(settings.otlp_endpoint, "edgeplex-agent", settings.fleet.site_id)
+        ACCESS.configure(settings.access_log_rate, spans)
+        factory = loop_factory(settings.event_loop)
+        log.info("event loop: %s", "uvloop" if factory is not None else "asyncio")
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(serve(settings))
     except KeyboardInterrupt:
         pass
     except (OSError, RuntimeError, ValueError) as exc:  # a port in use, no repository
         log.error("edgeplex agent cannot start: %s", exc)
         return 1
+    finally:
+        if spans is not None:
+            spans.close()  # what is queued goes out
     return 0

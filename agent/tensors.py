@@ -51,6 +51,7 @@ ORT_TO_OIP: dict[str, str] = {
 
 # Which InferTensorContents field carries each datatype (FP16 has none).
 CONTENTS_FIELD: dict[str, str] = {
+    "BYTES": "bytes_contents",
     "BOOL": "bool_contents",
     "UINT8": "uint_contents",
     "UINT16": "uint_contents",
@@ -75,6 +76,57 @@ class TensorSpec:
 
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+BYTES = "BYTES"  # variable-length elements: numpy object arrays of `bytes`
+_LENGTH = np.dtype("<u4")
+
+
+def decode_bytes(name: str, shape: Sequence[int], raw: bytes | memoryview, cap: int) -> np.ndarray:
+    """BYTES in the OIP binary layout: each element a little-endian u32 length, then
+    that many bytes. The element count must match the shape; every element must be
+    UTF-8 (ONNX Runtime's string tensors hold text)."""
+    dims = check_shape(name, shape, 1, cap)
+    view = memoryview(raw).cast("B")
+    out, offset, count = [], 0, prod(dims)
+    while offset < len(view):
+        if offset + 4 > len(view):
+            raise InvalidInput(f"input '{name}': BYTES data ends inside an element's length")
+        size = int(np.frombuffer(view, _LENGTH, 1, offset)[0])
+        offset += 4
+        if offset + size > len(view):
+            raise InvalidInput(f"input '{name}': a BYTES element runs past the data")
+        out.append(_utf8(name, bytes(view[offset : offset + size])))
+        offset += size
+        if len(out) > count:
+            break
+    if len(out) != count:
+        raise InvalidInput(
+            f"input '{name}': shape {list(dims)} needs {count} BYTES elements, got {len(out)}"
+        )
+    array = np.empty(count, dtype=object)
+    array[:] = out
+    return array.reshape(dims)
+
+
+def encode_bytes(array: np.ndarray) -> bytes:
+    """An object array of bytes (or str, as UTF-8) in the OIP binary layout."""
+    parts = []
+    for item in array.reshape(-1):
+        if not isinstance(item, str | bytes):
+            raise TypeError(f"a BYTES element must be str or bytes, not {type(item).__name__}")
+        data = item.encode() if isinstance(item, str) else item
+        parts.append(len(data).to_bytes(4, "little"))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _utf8(name: str, data: bytes) -> bytes:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        raise InvalidInput(f"input '{name}': a BYTES element is not UTF-8 text") from None
+    return data
 
 
 def numpy_dtype(datatype: str, tensor: str) -> np.dtype:
@@ -120,7 +172,9 @@ def from_raw(
     name: str, datatype: str, shape: Sequence[int], raw: bytes | memoryview, cap: int
 ) -> np.ndarray:
     """Decode raw little-endian bytes (no copy: the array views `raw`); the length
-    must match shape x itemsize."""
+    must match shape x itemsize. BYTES: length-prefixed elements (decode_bytes)."""
+    if datatype == BYTES:
+        return decode_bytes(name, shape, raw, cap)
     dtype = numpy_dtype(datatype, name)
     dims = check_shape(name, shape, dtype.itemsize, cap)
     expected = prod(dims) * dtype.itemsize
@@ -135,12 +189,19 @@ def from_raw(
 def from_list(
     name: str, datatype: str, shape: Sequence[int], values: Sequence, cap: int
 ) -> np.ndarray:
-    """Decode typed values (gRPC typed contents or JSON data, flat or nested)."""
+    """Decode typed values (gRPC typed contents or JSON data, flat or nested). BYTES:
+    strings (JSON) or bytes (gRPC bytes_contents)."""
+    if datatype == BYTES:
+        return _bytes_from_list(name, shape, values, cap)
     dtype = numpy_dtype(datatype, name)
     dims = check_shape(name, shape, dtype.itemsize, cap)
-    if isinstance(values, (dict, str, bytes)) or values is None:
+    if not _listlike(values):
         raise InvalidInput(f"input '{name}': 'data' must be a list of {datatype} values")
     try:
+        if dtype.kind in "iu":  # JSON integers past 64 bits arrive as floats (orjson)
+            raw = np.asarray(values)
+            if raw.dtype.kind == "f" and bool((np.abs(raw) >= 2.0**63).any()):
+                raise OverflowError("a value is out of range")
         array = np.asarray(values, dtype=dtype)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise InvalidInput(f"input '{name}': data is not valid {datatype}: {exc}") from None
@@ -149,6 +210,47 @@ def from_list(
             f"input '{name}': shape {list(dims)} needs {prod(dims)} elements, got {array.size}"
         )
     return array.reshape(dims)
+
+
+def _listlike(values: object) -> bool:
+    """A JSON array or a protobuf repeated field: not a scalar, string or object
+    (`"data": false` is not one value of a tensor)."""
+    return not isinstance(values, (dict, str, bytes, bool, int, float)) and values is not None
+
+
+def _bytes_from_list(name: str, shape: Sequence[int], values: Sequence, cap: int) -> np.ndarray:
+    dims = check_shape(name, shape, 1, cap)
+    if not _listlike(values):
+        raise InvalidInput(f"input '{name}': 'data' must be a list of BYTES values (strings)")
+    flat: list[bytes] = []
+    stack = [iter(values)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list | tuple):
+                stack.append(iter(item))
+                break
+            if isinstance(item, str):
+                flat.append(item.encode())
+            elif isinstance(item, bytes):
+                flat.append(_utf8(name, item))
+            else:
+                raise InvalidInput(f"input '{name}': BYTES data must be strings")
+        else:
+            stack.pop()
+    if len(flat) != prod(dims):
+        raise InvalidInput(
+            f"input '{name}': shape {list(dims)} needs {prod(dims)} elements, got {len(flat)}"
+        )
+    array = np.empty(len(flat), dtype=object)
+    array[:] = flat
+    return array.reshape(dims)
+
+
+def text_values(array: np.ndarray) -> list[str]:
+    """A BYTES array's elements as JSON strings (UTF-8; what is not, replaced)."""
+    return [
+        i.decode("utf-8", "replace") if isinstance(i, bytes) else str(i) for i in array.reshape(-1)
+    ]
 
 
 def check_against_spec(spec: TensorSpec, datatype: str, shape: Sequence[int]) -> None:
@@ -175,7 +277,9 @@ def oip_datatype(array: np.ndarray) -> str:
 
 
 def to_raw(array: np.ndarray) -> bytes:
-    """Row-major little-endian bytes of an array."""
+    """Row-major little-endian bytes of an array (BYTES: length-prefixed elements)."""
+    if array.dtype == object:
+        return encode_bytes(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     return np.ascontiguousarray(array).tobytes()

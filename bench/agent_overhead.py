@@ -3,13 +3,15 @@
 For each model and concurrency, in one run on one machine:
   direct  ONNX Runtime in one process, `concurrency` threads calling session.run;
   grpc    the agent, driven by tritonclient.grpc.aio with `concurrency` in-flight calls;
-  http    the agent, driven by wrk (C) with `concurrency` connections, binary tensors.
+  http    the agent, driven by wrk (C) with `concurrency` connections, binary tensors;
+  grpc_h2load  the agent's gRPC door driven by h2load (nghttp2, C), when installed.
 It reports throughput ratios agent/direct and the p50/p99 latency the agent adds,
 plus the round trip of an empty gRPC call (ServerLive) from the same client: the
 floor of the Python gRPC transport on this machine.
 
 Every load generator runs in its own process. Usage:
     python bench/agent_overhead.py --repo .cache/demo-repo [--duration 8] [--json out.json]
+        [--event-loops asyncio,uvloop]   (one agent per event loop, side by side)
 """
 
 from __future__ import annotations
@@ -109,8 +111,20 @@ async def _grpc_load(url: str, model: str, width: int, concurrency: int, duratio
     }
 
 
-def run_wrk(http_url: str, model: str, width: int, concurrency: int, duration: float) -> dict:
+def run_wrk(
+    http_url: str,
+    model: str,
+    width: int,
+    concurrency: int,
+    duration: float,
+    json_body: bool = False,
+) -> dict:
+    """wrk against the agent: binary tensors, or (json_body) the same tensor as JSON."""
     x = np.random.default_rng(0).standard_normal((1, width), dtype=np.float32)
+    if json_body:
+        tensor = {"name": "input", "shape": [1, width], "datatype": "FP32",
+                  "data": x.ravel().tolist()}  # fmt: skip
+        return _wrk(http_url, model, concurrency, duration, json.dumps({"inputs": [tensor]}), "")
     header = json.dumps(
         {
             "inputs": [
@@ -124,10 +138,18 @@ def run_wrk(http_url: str, model: str, width: int, concurrency: int, duration: f
             "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
         }
     )
+    return _wrk(http_url, model, concurrency, duration, header, x.tobytes())
+
+
+def _wrk(
+    http_url: str, model: str, concurrency: int, duration: float, header: str, tail: bytes | str
+) -> dict:
+    """wrk with `header` + `tail` as the body; a binary tail sets the header length."""
     with tempfile.NamedTemporaryFile(suffix=".bin", delete=False) as f:
-        f.write(header.encode() + x.tobytes())
+        f.write(header.encode() + (tail if isinstance(tail, bytes) else tail.encode()))
         body = f.name
-    env = dict(os.environ, EDGEPLEX_WRK_BODY=body, EDGEPLEX_WRK_HEADER=str(len(header)))
+    length = str(len(header)) if isinstance(tail, bytes) else ""
+    env = dict(os.environ, EDGEPLEX_WRK_BODY=body, EDGEPLEX_WRK_HEADER=length)
     threads = min(concurrency, 2)
     out = subprocess.run(
         [
@@ -164,6 +186,41 @@ def run_wrk(http_url: str, model: str, width: int, concurrency: int, duration: f
     }
 
 
+def run_h2load(grpc_url: str, model: str, width: int, concurrency: int, duration: float) -> dict:
+    """h2load (nghttp2, C) against the gRPC door: one pre-framed ModelInferRequest
+    (binary tensor), `concurrency` streams in flight over up to 4 connections, so
+    the comparison with wrk is not decided by a Python client."""
+    import struct
+
+    from edgeplex.proto import inference_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="input", datatype="FP32", shape=[1, width])
+    x = np.random.default_rng(0).standard_normal((1, width), dtype=np.float32)
+    request.raw_input_contents.append(x.tobytes())
+    message = request.SerializeToString()
+    connections = min(concurrency, 4)
+    with tempfile.NamedTemporaryFile(suffix=".grpc", delete=False) as f:
+        f.write(b"\x00" + struct.pack(">I", len(message)) + message)  # gRPC length prefix
+        body = f.name
+    out = subprocess.run(
+        ["h2load", "-D", f"{duration:.0f}", "-c", str(connections),
+         "-m", str(max(1, concurrency // connections)), "-H", "content-type: application/grpc",
+         "-H", "te: trailers", "-d", body,
+         f"http://{grpc_url}/inference.GRPCInferenceService/ModelInfer"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    os.unlink(body)
+    rps = float(re.search(r"finished in [\d.]+s, ([\d.]+) req/s", out).group(1))  # type: ignore[union-attr]
+    failed = int(re.search(r"(\d+) failed", out).group(1))  # type: ignore[union-attr]
+    # "time for request: min max mean sd": the mean stands in for p50 (h2load has no
+    # percentiles without per-request logging).
+    mean = re.search(r"time for request:\s+\S+\s+\S+\s+([\d.]+)(us|ms|s)", out)
+    value, unit = mean.groups()  # type: ignore[union-attr]
+    mean_ms = float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+    return {"rps": rps, "p50_ms": mean_ms, "p99_ms": float("nan"), "errors": failed}
+
+
 # --- orchestration ------------------------------------------------------------------------
 
 
@@ -178,31 +235,43 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--models", default="mlp_small,mlp_medium")
+    parser.add_argument(
+        "--event-loops",
+        default="auto",
+        help="comma-separated event_loop settings (auto, uvloop, asyncio): one agent each, "
+        "driven in turn within each row",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     has_wrk = shutil.which("wrk") is not None
-    agent = Agent(args.repo, log_level="WARNING")
-    grpc_url, http_url = agent.grpc, agent.http
+    loops = args.event_loops.split(",")
+    agents = {loop: Agent(args.repo, log_level="WARNING", event_loop=loop) for loop in loops}
     results = []
     try:
         for model in args.models.split(","):
             width = MODELS[model][0]
             path = args.repo / model / "1" / "model.onnx"
             for c in levels:
-                row = {
-                    "model": model,
-                    "size": MODELS[model][1],
-                    "concurrency": c,
-                    "direct": sub("direct", path, width, c, args.duration),
-                    "grpc": sub("grpc", grpc_url, model, width, c, args.duration),
-                }
-                if has_wrk:
-                    row["http"] = run_wrk(http_url, model, width, c, args.duration)
-                results.append(row)
-                print_row(row)
+                direct = sub("direct", path, width, c, args.duration)
+                for loop, agent in agents.items():
+                    row = {
+                        "model": model,
+                        "size": MODELS[model][1],
+                        "concurrency": c,
+                        "event_loop": loop,
+                        "direct": direct,
+                        "grpc": sub("grpc", agent.grpc, model, width, c, args.duration),
+                    }
+                    if has_wrk:
+                        row["http"] = run_wrk(agent.http, model, width, c, args.duration)
+                    if shutil.which("h2load"):
+                        row["grpc_h2load"] = run_h2load(agent.grpc, model, width, c, args.duration)
+                    results.append(row)
+                    print_row(row)
     finally:
-        agent.stop()
+        for agent in agents.values():
+            agent.stop()
     meta = {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -218,10 +287,11 @@ def main() -> None:
 def print_row(row: dict) -> None:
     d = row["direct"]
     parts = [
-        f"{row['model']:<10} c={row['concurrency']:<3} direct {d['rps']:8.0f} rps "
+        f"{row['model']:<10} c={row['concurrency']:<3} {row['event_loop']:<7} "
+        f"direct {d['rps']:8.0f} rps "
         f"p50 {d['p50_ms']:.3f} ms"
     ]
-    for kind in ("grpc", "http"):
+    for kind in ("grpc", "grpc_h2load", "http"):
         if kind in row:
             r = row[kind]
             parts.append(

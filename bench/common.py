@@ -24,7 +24,7 @@ def free_port() -> int:
 class Agent:
     """`edgeplex agent` as a subprocess; settings go in through EDGEPLEX_AGENT_* env."""
 
-    def __init__(self, repo: Path, **settings: str) -> None:
+    def __init__(self, repo: Path, python: str = sys.executable, **settings: str) -> None:
         self.grpc_port, self.http_port = free_port(), free_port()
         self.http = f"127.0.0.1:{self.http_port}"
         self.grpc = f"127.0.0.1:{self.grpc_port}"
@@ -35,7 +35,7 @@ class Agent:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable,
+                    python,
                     "-m",
                     "edgeplex",
                     "agent",

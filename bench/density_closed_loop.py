@@ -28,7 +28,9 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -110,12 +112,20 @@ async def closed_loop(
 
 
 def run_scenario(
-    name: str, repo: Path, count: int, budget: int | None, args: argparse.Namespace
+    name: str,
+    repo: Path,
+    count: int,
+    budget: int | None,
+    args: argparse.Namespace,
+    extra: dict[str, str] | None = None,
+    settled: Callable[[dict[str, Any]], bool] = lambda model: model["tier"] == "staged",
 ) -> dict[str, object]:
+    """One scenario on a fresh agent; `extra` settings go in as EDGEPLEX_AGENT_*, and
+    the clock starts once every model is `settled` (over-commit) or loaded."""
     settings = {"prestage": "true", "load_models_at_start": "true" if budget is None else "false"}
     if budget is not None:
         settings["device_memory_budget"] = str(budget)
-    agent = Agent(repo, **settings)
+    agent = Agent(repo, **settings, **(extra or {}))
     try:
         models = [f"c{i:03d}" for i in range(count)]
         if budget is None:  # the ceiling: every model loaded before the clock starts
@@ -124,7 +134,7 @@ def run_scenario(
         else:  # staged, as a warm site would have them
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
-                if all(m["tier"] == "staged" for m in agent.status().values()):
+                if all(settled(m) for m in agent.status().values()):
                     break
                 time.sleep(0.5)
         before = agent.metrics()
@@ -132,11 +142,12 @@ def run_scenario(
             closed_loop(agent.http, models, args.clients, args.duration, args.seed)
         )
         after = agent.metrics()
+        status = agent.status()
     finally:
         agent.stop()
 
-    def delta(metric: str) -> float:
-        return metric_sum(after, metric) - metric_sum(before, metric)
+    def delta(metric: str, **labels: str) -> float:
+        return metric_sum(after, metric, **labels) - metric_sum(before, metric, **labels)
 
     lat = np.array(latencies)
     served = codes.get(200, 0)
@@ -161,6 +172,11 @@ def run_scenario(
         / max(1.0, delta("edgeplex_agent_compute_duration_seconds_count")),
         "requests_per_batch": delta("edgeplex_agent_batch_size_requests_sum")
         / max(1.0, delta("edgeplex_agent_batch_size_requests_count")),
+        "variant_requests": {
+            form: delta("edgeplex_agent_variant_requests_total", variant=form)
+            for form in ("int8", "fp16")
+        },
+        "status": status,
     }
 
 
@@ -207,6 +223,8 @@ def main() -> None:
             f"| {r['compute_ms_per_batch']:.2f} | {r['requests_per_batch']:.2f} |"
         )
     if args.json:
+        for r in results:
+            r.pop("status")
         args.json.write_text(json.dumps(results, indent=2))
 
 

@@ -1,11 +1,17 @@
--- wrk script: POST one OIP binary-tensor inference request, read from the file
--- named by EDGEPLEX_WRK_BODY; the JSON header length comes from EDGEPLEX_WRK_HEADER.
+-- wrk script: POST one OIP inference request, read from the file named by
+-- EDGEPLEX_WRK_BODY. With EDGEPLEX_WRK_HEADER (the JSON header's length) the body
+-- uses the binary tensor extension; without it, it is plain JSON.
 local f = assert(io.open(os.getenv("EDGEPLEX_WRK_BODY"), "rb"))
 wrk.method = "POST"
 wrk.body = f:read("*all")
 f:close()
-wrk.headers["Inference-Header-Content-Length"] = os.getenv("EDGEPLEX_WRK_HEADER")
-wrk.headers["Content-Type"] = "application/octet-stream"
+local header = os.getenv("EDGEPLEX_WRK_HEADER") or ""
+if header ~= "" then
+  wrk.headers["Inference-Header-Content-Length"] = header
+  wrk.headers["Content-Type"] = "application/octet-stream"
+else
+  wrk.headers["Content-Type"] = "application/json"
+end
 
 function response(status, headers, body)
   if status ~= 200 then

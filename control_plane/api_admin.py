@@ -24,6 +24,7 @@ from edgeplex.artifacts import (
     artifact_bytes,
     check_sha256,
     check_uri,
+    log_progress,
     model_file,
     probe_onnx,
 )
@@ -35,7 +36,7 @@ from edgeplex.control_plane.placement import PlacementResult
 from edgeplex.control_plane.planner import Planner
 from edgeplex.control_plane.site_identity import new_token, token_hash
 from edgeplex.control_plane.store import Store
-from edgeplex.names import valid_name
+from edgeplex.names import VARIANT_FORMS, valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 
@@ -103,6 +104,11 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
             problems.append(f"sha256: {exc}")
         if request.slo_ms < 0:
             problems.append("slo_ms: must be positive")
+        unknown = sorted(set(request.variants) - set(VARIANT_FORMS))
+        if unknown:
+            problems.append(f"variants: unknown {unknown} (known: {', '.join(VARIANT_FORMS)})")
+        if request.quality not in ("", "exact", "any"):
+            problems.append("quality: exact or any")
         if problems:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
         model = pb.CatalogModel()
@@ -151,7 +157,10 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
                 return
             try:
                 path = await asyncio.to_thread(
-                    self._artifacts.fetch, model.artifact_uri, model.sha256
+                    self._artifacts.fetch,
+                    model.artifact_uri,
+                    model.sha256,
+                    progress=log_progress(log, f"model {model.name}"),
                 )
                 onnx = model_file(path)
                 await asyncio.to_thread(probe_onnx, onnx)
@@ -208,6 +217,8 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
                             state=m.state,
                             reason=m.reason,
                             rate=sum(m.rate_by_region.values()),
+                            variant=m.variant,
+                            variant_guard=dict(m.variant_guard),
                         )
                     )
         return detail
@@ -283,15 +294,12 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
         self, request: pb.SiteAction, context: grpc.aio.ServicerContext, flag: str
     ) -> pb.Site:
         try:
-            site = await self._store.get_site(request.site_id)
+            site = await set_site_flag(self._store, request.site_id, flag, not request.undo)
             if site is None:
                 await context.abort(
                     grpc.StatusCode.NOT_FOUND, f"site '{request.site_id}' is not registered"
                 )
             assert site is not None
-            setattr(site, flag, not request.undo)
-            await self._store.put_site(site)
-            await self._store.notify("sites")
         except RedisError:
             await _redis_down(context)
             raise
@@ -327,3 +335,15 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
         )
         lines = explain(inp, result, request.name, self._planner.observed, self._planner.forecast)
         return pb.PlacementExplanation(model=request.name, lines=lines)
+
+
+async def set_site_flag(store: Store, site_id: str, flag: str, on: bool) -> pb.Site | None:
+    """Cordon or drain a site (flag "cordoned" or "draining"), or undo it; None when
+    the site is not registered. The caller pokes the planner."""
+    site = await store.get_site(site_id)
+    if site is None:
+        return None
+    setattr(site, flag, on)
+    await store.put_site(site)
+    await store.notify("sites")
+    return site

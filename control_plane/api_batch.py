@@ -1,4 +1,5 @@
-"""The batch verbs of AdminService: submit, status, results (batch.py runs them)."""
+"""The batch verbs of AdminService: submit, status, results, list, cancel (batch.py
+runs them)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,10 @@ class BatchAdmin:
         except RedisError:
             await redis_down(context)
             raise
+        if job.state == "CANCELLED":
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"batch '{job.job_id}' was cancelled"
+            )
         if len(outputs) < job.shards:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -93,3 +98,48 @@ class BatchAdmin:
         for index in range(job.shards):
             results.outputs.extend(json.loads(outputs[index]))
         return results
+
+    async def ListBatches(
+        self, request: pb.ListBatchesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListBatchesResponse:
+        try:
+            jobs = sorted(await self._store.batch_jobs(), key=lambda j: j.created_at)
+            for job in jobs:
+                if job.state == "RUNNING":
+                    job.shards_done = len(await self._store.batch_done_shards(job.job_id))
+        except RedisError:
+            await redis_down(context)
+            raise
+        return pb.ListBatchesResponse(jobs=jobs)
+
+    async def CancelBatch(
+        self, request: pb.BatchRef, context: grpc.aio.ServicerContext
+    ) -> pb.BatchJob:
+        try:
+            job = await cancel_batch(self._store, request.job_id)
+        except RedisError:
+            await redis_down(context)
+            raise
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            raise
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            raise
+        return job
+
+
+async def cancel_batch(store: Store, job_id: str) -> pb.BatchJob:
+    """Cancel a running job (a cancelled one stays so). Raises LookupError for an
+    unknown job, ValueError for one that is done."""
+    job = await store.get_batch(job_id)
+    if job is None:
+        raise LookupError(f"no batch job '{job_id}'")
+    if job.state == "DONE":
+        raise ValueError(f"batch '{job_id}' is already done")
+    if job.state == "RUNNING":
+        job.state = "CANCELLED"
+        job.finished_at = time.time()
+        await store.update_batch(job)
+        log.info("batch %s cancelled", job_id)
+    return job

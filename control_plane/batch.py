@@ -143,7 +143,12 @@ class BatchRunner:
             await self._http.close()
 
     async def _tick(self) -> None:
-        jobs = [j for j in await self._store.batch_jobs() if j.state == "RUNNING"]
+        every = await self._store.batch_jobs()
+        cancelled = {j.job_id for j in every if j.state == "CANCELLED"}
+        for (job_id, _), task in list(self._running.items()):
+            if job_id in cancelled:
+                task.cancel()  # its lease lapses; nothing schedules it again
+        jobs = [j for j in every if j.state == "RUNNING"]
         if not jobs:
             return
         sites = await self._site_loads()
@@ -269,6 +274,9 @@ class BatchRunner:
             self._running.pop((job.job_id, index), None)
 
     async def _finish(self, job: pb.BatchJob) -> None:
+        current = await self._store.get_batch(job.job_id)
+        if current is None or current.state != "RUNNING":
+            return  # cancelled meanwhile
         outputs = await self._store.batch_outputs(job.job_id)
         job.state = "DONE"
         job.shards_done = job.shards

@@ -23,11 +23,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     cp = sub.add_parser("control-plane", help="run the control plane (state in Redis)")
     cp.add_argument("--redis", dest="redis_url", help="redis://host:port/db")
     cp.add_argument("--mqtt", dest="mqtt_url", help="mqtt://[user:password@]host:port")
-    cp.add_argument("--grpc-port", type=int)
-    cp.add_argument("--grpc-host")
+    cp.add_argument("--grpc-port", type=int, help="admin and agent API port (7070)")
+    cp.add_argument("--grpc-host", help="address the gRPC port binds (127.0.0.1)")
     cp.add_argument("--http-port", type=int, help="serve /metrics and /healthz here")
     cp.add_argument("--config", type=Path, help="YAML file of control-plane settings")
-    cp.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    cp.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(INFO)")
+    cp.add_argument(
+        "--log-format", choices=["text", "json"], help="text lines, or one JSON object a line"
+    )
     cp.add_argument(
         "--rotate-signing-key",
         type=Path,
@@ -38,44 +41,56 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     cp.set_defaults(run=_run_control_plane)
 
     admin = sub.add_parser("admin", help="operate the fleet through the admin API")
-    admin.add_argument(
-        "--control-plane",
-        default=os.environ.get("EDGEPLEX_CONTROL_PLANE", "127.0.0.1:7070"),
-        help="host:port of the control plane (env EDGEPLEX_CONTROL_PLANE)",
-    )
-    admin.add_argument("--tls-ca", type=Path, help="PEM CA of the control plane's certificate")
-    admin.add_argument("--tls-cert", type=Path, help="PEM client certificate (mTLS)")
-    admin.add_argument("--tls-key", type=Path, help="PEM key of --tls-cert")
-    admin.add_argument(
-        "--insecure",
-        action="store_true",
-        help="send the admin token to a non-loopback address without TLS",
-    )
-    admin.add_argument("--json", action="store_true", help="print replies as JSON")
+    _admin_options(admin, suppress=False)
+    # The same options after the noun and verb too (`admin model list --json`):
+    # given there, they override; not given, the admin level's value stands.
+    common = argparse.ArgumentParser(add_help=False)
+    _admin_options(common, suppress=True)
+
+    def leaf(group: argparse._SubParsersAction, name: str, **kw: Any) -> argparse.ArgumentParser:
+        return group.add_parser(name, parents=[common], **kw)  # type: ignore[no-any-return]
+
     nouns = admin.add_subparsers(dest="noun", required=True)
 
     model = nouns.add_parser("model", help="the catalog").add_subparsers(dest="verb", required=True)
-    add = model.add_parser("add", help="add or update a model")
-    add.add_argument("name")
+    add = leaf(model, "add", help="add or update a model")
+    add.add_argument("name", help="the model's name in the catalog")
     add.add_argument("--artifact", required=True, help="file://, http:// or https:// URI")
-    add.add_argument("--sha256", required=True)
-    add.add_argument("--version", default="1")
-    add.add_argument("--slo-ms", type=float, default=100.0)
-    add.add_argument("--min-replicas", type=int, default=0)
+    add.add_argument(
+        "--sha256", required=True, help="the artifact's sha256; sites check it before use"
+    )
+    add.add_argument("--version", default="1", help="the model's version (default 1)")
+    add.add_argument(
+        "--slo-ms", type=float, default=100.0,
+        help="latency objective: placement serves a region from another only within it",
+    )  # fmt: skip
+    add.add_argument(
+        "--min-replicas", type=int, default=0, help="sites that hold it whatever the demand"
+    )
     add.add_argument("--regions", default="", help="comma-separated allowed regions")
-    add.add_argument("--priority", type=int, default=0)
+    add.add_argument(
+        "--priority", type=int, default=0, help="higher is placed first and evicted last"
+    )
     add.add_argument("--pin", action="store_true", help="keep loaded at every eligible site")
+    add.add_argument(
+        "--variants", default="",
+        help="comma-separated smaller forms sites build and check (int8, fp16)",
+    )  # fmt: skip
+    add.add_argument(
+        "--quality", choices=["exact", "any"], default="exact",
+        help="any: sites may serve a usable variant when memory is short",
+    )  # fmt: skip
     add.set_defaults(call=_model_add)
-    model.add_parser("list").set_defaults(call=_model_list)
+    leaf(model, "list").set_defaults(call=_model_list)
     for verb, fn in (("show", _model_show), ("remove", _model_remove)):
-        p = model.add_parser(verb)
-        p.add_argument("name")
+        p = leaf(model, verb)
+        p.add_argument("name", help="the model's name in the catalog")
         p.set_defaults(call=fn)
 
     site = nouns.add_parser("site", help="edge sites").add_subparsers(dest="verb", required=True)
-    site.add_parser("list").set_defaults(call=_site_list)
-    p = site.add_parser("add", help="let a site join: prints its join token, once")
-    p.add_argument("site_id")
+    leaf(site, "list").set_defaults(call=_site_list)
+    p = leaf(site, "add", help="let a site join: prints its join token, once")
+    p.add_argument("site_id", help="the site's id")
     p.add_argument("--region", required=True, help="the region the site serves")
     p.add_argument(
         "--env-file",
@@ -90,32 +105,73 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(call=_site_add)
     for verb in ("cordon", "drain"):
-        p = site.add_parser(verb)
-        p.add_argument("site_id")
+        p = leaf(site, verb)
+        p.add_argument("site_id", help="the site's id")
         p.add_argument("--undo", action="store_true", help=f"un{verb} the site")
         p.set_defaults(call=_site_action(verb))
 
     placement = nouns.add_parser("placement").add_subparsers(dest="verb", required=True)
-    placement.add_parser("show").set_defaults(call=_placement_show)
-    p = placement.add_parser("explain")
-    p.add_argument("model")
+    leaf(placement, "show").set_defaults(call=_placement_show)
+    p = leaf(placement, "explain")
+    p.add_argument("model", help="the model to explain")
     p.set_defaults(call=_placement_explain)
     batch = nouns.add_parser("batch", help="asynchronous batch jobs").add_subparsers(
         dest="verb", required=True
     )
-    submit = batch.add_parser("submit", help="submit a JSONL file of OIP request bodies")
-    submit.add_argument("--model", required=True)
+    submit = leaf(batch, "submit", help="submit a JSONL file of OIP request bodies")
+    submit.add_argument("--model", required=True, help="the catalog model that serves the items")
     submit.add_argument("--inputs", type=Path, required=True, help="one request body per line")
     submit.add_argument("--shard-size", type=int, default=0, help="items per shard (32)")
+    submit.add_argument(
+        "--wait", action="store_true", help="show progress until the job ends, then its state"
+    )
     submit.set_defaults(call=_batch_submit)
-    status = batch.add_parser("status", help="progress of a job")
-    status.add_argument("job_id")
+    leaf(batch, "list", help="every job, oldest first").set_defaults(call=_batch_list)
+    cancel = leaf(batch, "cancel", help="stop a running job (its results are not kept)")
+    cancel.add_argument("job_id", help="the job, as submit printed it")
+    cancel.set_defaults(call=_batch_cancel)
+    status = leaf(batch, "status", help="progress of a job")
+    status.add_argument("job_id", help="the job, as submit printed it")
     status.set_defaults(call=_batch_status)
-    results = batch.add_parser("results", help="outputs in input order, as JSONL")
-    results.add_argument("job_id")
+    results = leaf(batch, "results", help="outputs in input order, as JSONL")
+    results.add_argument("job_id", help="the job, as submit printed it")
     results.add_argument("--out", type=Path, help="write here instead of stdout")
     results.set_defaults(call=_batch_results)
+    from edgeplex.control_plane.cli_agent import add_agent_noun
+
+    add_agent_noun(nouns, common)
     admin.set_defaults(run=_run_admin)
+
+
+def _admin_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """The admin command's connection and output options (suppress: no defaults,
+    for the copies accepted after the noun and verb)."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--control-plane",
+        default=default(os.environ.get("EDGEPLEX_CONTROL_PLANE", "127.0.0.1:7070")),
+        help="host:port of the control plane (env EDGEPLEX_CONTROL_PLANE)",
+    )
+    parser.add_argument(
+        "--tls-ca", type=Path, default=default(None),
+        help="PEM CA of the server's certificate (the control plane's, or an agent's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tls-cert", type=Path, default=default(None), help="PEM client certificate (mTLS)"
+    )
+    parser.add_argument("--tls-key", type=Path, default=default(None), help="PEM key of --tls-cert")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=default(False),
+        help="send the admin token to a non-loopback address without TLS",
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print replies as JSON"
+    )
 
 
 def _run_control_plane(args: argparse.Namespace) -> int:
@@ -130,6 +186,7 @@ def _run_control_plane(args: argparse.Namespace) -> int:
         grpc_host=args.grpc_host,
         http_port=args.http_port,
         log_level=args.log_level,
+        log_format=args.log_format,
     )
     if args.rotate_signing_key is not None:
         from edgeplex.control_plane.keys import rotate
@@ -142,6 +199,10 @@ def _run_control_plane(args: argparse.Namespace) -> int:
 
 
 def _run_admin(args: argparse.Namespace) -> int:
+    if args.noun == "agent":  # an agent's own verbs, over its HTTP port
+        from edgeplex.control_plane import cli_agent
+
+        return cli_agent.run(args)
     import grpc
 
     from edgeplex.net import is_loopback
@@ -204,6 +265,8 @@ def _model_add(args: argparse.Namespace, call: Call) -> Any:
             regions=regions,
             priority=args.priority,
             pin=args.pin,
+            variants=[v.strip() for v in args.variants.split(",") if v.strip()],
+            quality=args.quality,
         ),
     )
 
@@ -296,10 +359,26 @@ def _batch_submit(args: argparse.Namespace, call: Call) -> Any:
     job = call(
         "SubmitBatch", pb.BatchSubmit(model=args.model, inputs=lines, shard_size=args.shard_size)
     )
+    if args.wait:
+        from edgeplex.control_plane.cli_render import wait_for_batch
+
+        return wait_for_batch(job, lambda: call("GetBatch", pb.BatchRef(job_id=job.job_id)))
     if args.json:
         return job
     print(job.job_id)
     return None
+
+
+def _batch_list(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    return call("ListBatches", pb.ListBatchesRequest())
+
+
+def _batch_cancel(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    return call("CancelBatch", pb.BatchRef(job_id=args.job_id))
 
 
 def _batch_status(args: argparse.Namespace, call: Call) -> Any:

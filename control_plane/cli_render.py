@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from google.protobuf.json_format import MessageToJson
@@ -54,6 +55,15 @@ def render(reply: Any) -> str:
                 f"{sp.site_id}: loaded [{' '.join(sp.loaded)}] staged [{' '.join(sp.staged)}]"
             )
         return "\n".join(lines)
+    if kind == "ListBatchesResponse":
+        rows = [("JOB", "MODEL", "STATE", "ITEMS", "SHARDS DONE", "FAILED", "CREATED")]
+        for j in reply.jobs:
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.created_at))
+            done = f"{j.shards_done}/{j.shards}" if j.state == "RUNNING" else str(j.shards)
+            rows.append(
+                (j.job_id, j.model, j.state, str(j.items), done, str(j.items_failed), created)
+            )
+        return table(rows)
     if kind == "BatchJob":
         lines = [
             f"{reply.job_id}: {reply.state}, model {reply.model}, {reply.items} items, "
@@ -76,11 +86,16 @@ def render(reply: Any) -> str:
             f"  slo {m.slo_ms:g} ms, min replicas {m.min_replicas}, priority {m.priority}, "
             f"pin {str(m.pin).lower()}, regions {','.join(m.regions) or '*'}",
         ]
+        if m.variants:
+            lines.append(f"  variants {','.join(m.variants)}, quality {m.quality or 'exact'}")
         for s in reply.sites:
             lines.append(
                 f"  {s.site_id}: {s.tier} {s.state} {s.rate:.3g} req/s"
+                + (f" as {s.variant}" if s.variant else "")
                 + (f" ({s.reason})" if s.reason else "")
             )
+            for form, guard in sorted(s.variant_guard.items()):
+                lines.append(f"    {form}: {guard}")
         return "\n".join(lines)
     return MessageToJson(reply, preserving_proto_field_name=True)
 
@@ -90,3 +105,19 @@ def table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )
+
+
+def wait_for_batch(job: Any, poll: Any, every_s: float = 0.5) -> Any:
+    """A progress bar over the job's shards (on stderr) until it ends; returns the
+    job as it ended."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, transient=True, console=Console(stderr=True)) as progress:
+        bar = progress.add_task(f"{job.job_id} shards", total=job.shards)
+        while job.state == "RUNNING":
+            time.sleep(every_s)
+            job = poll()
+            progress.update(bar, completed=job.shards_done)
+    return job

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from edgeplex.logs import LogFormat
 from edgeplex.settings import (
     ArtifactDeadline,
     ArtifactFileRoots,
@@ -82,10 +83,11 @@ class ControlPlaneSettings(FileSettings):
         "move before a region's peak. 0: place from observed demand only.",
     )
     churn_cost: float = Field(
-        default=0.1,
+        default=1.0,
         ge=0,
         description="Hysteresis of placement: requests/s of demand that loading one more GiB "
-        "somewhere must gain.",
+        "somewhere must gain over what it displaces; room nothing else wants is filled "
+        "without it.",
     )
     region_latency_ms: dict[str, float] = Field(
         default_factory=dict,
@@ -152,6 +154,11 @@ class ControlPlaneSettings(FileSettings):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level."
+    )
+    log_format: LogFormat = Field(
+        default="text",
+        description="`text` lines, or `json`: one object per line (time, level, logger, "
+        "message) for a log pipeline.",
     )
 
     @field_validator("replica_id", mode="before")

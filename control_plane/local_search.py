@@ -34,7 +34,6 @@ def improve(  # type: ignore[no-untyped-def]
     move, until a pass improves nothing. Pinned models stay, and no
     model drops below its minimum replicas."""
     n_m = len(p.models)
-    sizes = p.size.tolist()
     holders_by_region: list[dict[int, int]] = [{} for _ in range(n_m)]
     for i, placed in enumerate(loaded):
         for j in placed:
@@ -61,11 +60,12 @@ def improve(  # type: ignore[no-untyped-def]
         return contrib(j, regions) - contrib(j, [x for x in regions if x != r])
 
     def churn(i: int, j: int) -> float:
-        return 0.0 if j in current[i] else churn_per_byte * sizes[j]
+        return 0.0 if j in current[i] else churn_per_byte * p.sizes_at(i)[j]
 
     for _ in range(max_passes):
         improved = False
         for i, r in enumerate(site_region):
+            sizes = p.sizes_at(i)  # a model's bytes here: its variant's where it runs one
             adds = sorted(
                 (
                     (add_gain(j, r) - churn(i, j), j)

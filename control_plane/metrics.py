@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from edgeplex.proto import edgeplex_control_pb2 as pb
 
 
 class ControlPlaneMetrics:
@@ -29,12 +34,40 @@ class ControlPlaneMetrics:
         self.leader = Gauge(
             "edgeplex_cp_leader", "1 while this replica holds the leader lease.", registry=r
         )
+        self.site_up = Gauge(
+            "edgeplex_cp_site_up",
+            "1 while the site's lease holds (it reported within site_lease_s), else 0.",
+            ["site", "region"],
+            registry=r,
+        )
+        self.site_desired_behind = Gauge(
+            "edgeplex_cp_site_desired_behind",
+            "1 while the site's last report names an older desired state than the one "
+            "published to it, else 0.",
+            ["site"],
+            registry=r,
+        )
         self.refused_agents = Counter(
             "edgeplex_cp_refused_agent_calls_total",
             "Register or Report calls refused: no, a wrong, or another site's credential.",
             ["code"],
             registry=r,
         )
+
+    def export_sites(
+        self,
+        sites: list[pb.Site],
+        desired: dict[str, pb.DesiredState],
+        reports: dict[str, pb.LoadReport],
+    ) -> None:
+        """Per site, after a placement round: up or down, and behind its desired state."""
+        for site in sites:
+            self.site_up.labels(site=site.site_id, region=site.region).set(1 if site.up else 0)
+            published = desired.get(site.site_id)
+            report = reports.get(site.site_id)
+            applied = report.desired_version if report is not None else 0
+            behind = published is not None and applied < published.version
+            self.site_desired_behind.labels(site=site.site_id).set(1 if behind else 0)
 
 
 METRICS = ControlPlaneMetrics()

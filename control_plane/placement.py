@@ -26,7 +26,8 @@ model gets as many sites of a region as its load there needs (replicas.py).
 
 The algorithm: pins, minimum replicas and hot models' replicas first; then
 greedy on gain per byte over (model, region) choices, in vectorised rounds (a
-model's gain changes only when it is placed itself); then, on small
+model's gain changes only when it is placed itself), then the same again into
+the room left with the hysteresis off (free room displaces nothing); then, on small
 instances, a local search of adds and swaps that recovers what
 greedy-by-density strands (the knapsack case).
 Within a region sites are equivalent for the objective; a model goes to the
@@ -74,6 +75,9 @@ class ModelSpec:
     priority: int = 0
     pin: bool = False
     compute_ms: float = 0.0  # per request, in the units of SiteInfo.capacity; 0: unknown
+    # (site, bytes) where the model takes other bytes than `size_bytes`: the site
+    # runs it as a quantized variant.
+    site_bytes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,14 @@ class _Problem:
         self.model_ix = {m.name: i for i, m in enumerate(self.models)}
         n_r, n_m = len(self.regions), len(self.models)
         self.size = np.array([max(1, m.size_bytes) for m in self.models], dtype=np.float64)
+        self._sizes = self.size.tolist()
+        site_ix = {s.site_id: i for i, s in enumerate(inp.sites)}
+        self._site_sizes: dict[int, list[float]] = {}  # sites where a model runs smaller
+        for col, spec in enumerate(self.models):
+            for site_id, size in spec.site_bytes:
+                if site_id in site_ix:
+                    at = self._site_sizes.setdefault(site_ix[site_id], list(self._sizes))
+                    at[col] = float(max(1, size))
         value = np.array([2.0**m.priority for m in self.models])
         self.demand = np.zeros((n_r, n_m))
         for (region, model), rate in inp.demand.items():
@@ -148,6 +160,10 @@ class _Problem:
         # Model-major copies for the per-model updates of the greedy loop.
         self.w_m = np.ascontiguousarray(w.transpose(2, 0, 1))  # [m, r, R]
         self.value_m = np.ascontiguousarray(self.value.T)  # [m, r]
+
+    def sizes_at(self, i: int) -> list[float]:
+        """Each model's bytes at site `i` (its variant's where it runs one there)."""
+        return self._site_sizes.get(i, self._sizes)
 
 
 def place(inp: PlacementInput) -> PlacementResult:
@@ -197,7 +213,7 @@ def place(inp: PlacementInput) -> PlacementResult:
         return not s.cordoned or j in current[i]
 
     def put(i: int, j: int) -> None:
-        free[i] -= sizes[j]
+        free[i] -= p.sizes_at(i)[j]
         loaded[i].append(j)
         holds[i].add(j)
         r = site_region[i]
@@ -269,7 +285,7 @@ def place(inp: PlacementInput) -> PlacementResult:
         spare = [i for i in by_region[r] if j not in holds[i] and may_hold(i, j)]
         spare.sort(key=lambda i: (j not in current[i], site_load[i], -free[i]))
         have = sum(j in holds[i] for i in by_region[r])
-        for i in [i for i in spare if free[i] >= sizes[j]][: max(0, want - have)]:
+        for i in [i for i in spare if free[i] >= p.sizes_at(i)[j]][: max(0, want - have)]:
             put(i, j)
         sharing = [i for i in by_region[r] if j in holds[i]]
         for i in sharing:
@@ -302,32 +318,39 @@ def place(inp: PlacementInput) -> PlacementResult:
         gains[dirty] = regain(dirty)
     scores = np.where(blocked, -np.inf, (gains - penalty) / p.size[:, None])
     per_round = max(256, n_m // 20)
-    while n_r and n_m:  # (a fleet with no sites or no models has nothing to place)
-        best_region = scores.argmax(axis=1)
-        best_score = scores[np.arange(n_m), best_region]
-        candidates = np.nonzero(best_score > 0)[0]
-        if not len(candidates):
-            break
-        top = candidates[np.argsort(-best_score[candidates], kind="stable")][:per_round]
-        placed = []
-        for j, r in zip(top.tolist(), best_region[top].tolist(), strict=True):
-            room = room_heaps[r]
-            target = site_in_region(r, j) if room and -room[0][0] >= sizes[j] else None
-            if target is None:  # room only shrinks: this region is out for this model
-                scores[j, r] = -np.inf
-                continue
-            put(target, j)
-            site_load[target] += p.demand[r, j] * compute_s[j]
-            placed.append(j)
-        if placed:
-            blocked_rows = blocked[placed]
-            for row, j in enumerate(placed):
-                blocked_rows[row, list(placed_regions[j])] = True
-            blocked[placed] = blocked_rows
-            fresh = gains[placed] = regain(placed)
-            rows = (fresh - penalty[placed]) / p.size[placed][:, None]
-            keep = np.isfinite(scores[placed])  # regions not ruled out for lack of room
-            scores[placed] = np.where(blocked_rows | ~keep, -np.inf, rows)
+    # Two passes: the hysteresis keeps a newcomer out unless it gains its churn
+    # cost; then room nothing else wants takes what still gains (free room costs
+    # no incumbent its place).
+    for fill in (False, True) if inp.churn_cost > 0 else (False,):
+        if fill:
+            penalty[:] = 0.0
+            scores = np.where(blocked | ~np.isfinite(scores), -np.inf, gains / p.size[:, None])
+        while n_r and n_m:  # (a fleet with no sites or no models has nothing to place)
+            best_region = scores.argmax(axis=1)
+            best_score = scores[np.arange(n_m), best_region]
+            candidates = np.nonzero(best_score > 0)[0]
+            if not len(candidates):
+                break
+            top = candidates[np.argsort(-best_score[candidates], kind="stable")][:per_round]
+            placed = []
+            for j, r in zip(top.tolist(), best_region[top].tolist(), strict=True):
+                room = room_heaps[r]
+                target = site_in_region(r, j) if room and -room[0][0] >= sizes[j] else None
+                if target is None:  # room only shrinks: this region is out for this model
+                    scores[j, r] = -np.inf
+                    continue
+                put(target, j)
+                site_load[target] += p.demand[r, j] * compute_s[j]
+                placed.append(j)
+            if placed:
+                blocked_rows = blocked[placed]
+                for row, j in enumerate(placed):
+                    blocked_rows[row, list(placed_regions[j])] = True
+                blocked[placed] = blocked_rows
+                fresh = gains[placed] = regain(placed)
+                rows = (fresh - penalty[placed]) / p.size[placed][:, None]
+                keep = np.isfinite(scores[placed])  # regions not ruled out for lack of room
+                scores[placed] = np.where(blocked_rows | ~keep, -np.inf, rows)
 
     # 4. Local search on small instances: greedy by density can strand capacity
     # (the knapsack case); dropping up to two models and refilling recovers it.
@@ -344,7 +367,8 @@ def place(inp: PlacementInput) -> PlacementResult:
 
     objective = float((p.value_m * best).sum())
     for i in range(len(sites)):
-        objective -= churn_per_byte * sum(sizes[j] for j in loaded[i] if j not in current[i])
+        at = p.sizes_at(i)
+        objective -= churn_per_byte * sum(at[j] for j in loaded[i] if j not in current[i])
     total = p.demand.sum()
     served = float((p.demand.T * (best > 0)).sum() / total) if total > 0 else 1.0
     return PlacementResult(

@@ -192,10 +192,14 @@ class Planner:
         ttl = hint_ttl_s(settings.report_interval_s, settings.placement_interval_s)
         hints = await self._store.demand_hints(now - ttl)
         demand = with_hints(demand, hints)
-        measured: dict[str, int] = {}
+        measured: dict[str, int] = {}  # a model's bytes as shipped, the most any site saw
+        smaller: dict[str, list[tuple[str, int]]] = {}  # where a site runs it as a variant
         for report in live:
             for m in report.models:
-                measured[m.name] = max(measured.get(m.name, 0), m.memory_bytes)
+                shipped = m.bytes_by_variant.get("", 0) if m.variant else m.memory_bytes
+                measured[m.name] = max(measured.get(m.name, 0), shipped)
+                if m.variant and m.memory_bytes:
+                    smaller.setdefault(m.name, []).append((report.site_id, m.memory_bytes))
         compute_ms = compute_per_request(live)
         current_placement = await self._store.placement()
         current = {
@@ -227,6 +231,7 @@ class Planner:
                     priority=m.priority,
                     pin=m.pin,
                     compute_ms=compute_ms.get(m.name, 0.0),
+                    site_bytes=tuple(smaller.get(m.name, ())),
                 )
                 for m in catalog
             ),
@@ -275,8 +280,9 @@ class Planner:
             ],
         )
         await self._store.put_placement(placement)
-        headroom = site_headroom(await self._store.reports())
-        await self._publish(version, inp, result, sites, catalog, headroom)
+        reports = await self._store.reports()
+        await self._publish(version, inp, result, sites, catalog, site_headroom(reports))
+        METRICS.export_sites(sites, await self._store.desired(), reports)
         self.rounds += 1
         METRICS.placement_seconds.observe(time.perf_counter() - started)
         METRICS.placement_version.set(version)
@@ -375,6 +381,8 @@ def desired_model(m: pb.CatalogModel, tier: str) -> pb.DesiredModel:
         tier=tier,
         pin=m.pin,
         priority=m.priority,
+        variants=m.variants,
+        quality=m.quality,
     )
 
 

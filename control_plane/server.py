@@ -21,13 +21,14 @@ import grpc
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from edgeplex import systemd
+from edgeplex import logs, systemd
 from edgeplex.artifacts import ArtifactCache, FetchPolicy
 from edgeplex.control_plane.api_admin import AdminServicer, TokenAuth
 from edgeplex.control_plane.api_agent import AgentServicer, ReportSink
 from edgeplex.control_plane.batch import BatchRunner
 from edgeplex.control_plane.broker_files import BrokerFiles
 from edgeplex.control_plane.config import ControlPlaneSettings
+from edgeplex.control_plane.dashboard import Dashboard
 from edgeplex.control_plane.leader import LeaderLease
 from edgeplex.control_plane.metrics import METRICS
 from edgeplex.control_plane.planner import Planner
@@ -113,7 +114,8 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
 
     http_runner = None
     if settings.http_port is not None:
-        http_runner = await _start_http(settings, store, lease)
+        dashboard = Dashboard(store, planner, settings.admin_token or "", planner.poke)
+        http_runner = await _start_http(settings, store, lease, dashboard)
 
     async def follow_leadership() -> None:
         while True:
@@ -162,7 +164,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
 
 
 async def _start_http(
-    settings: ControlPlaneSettings, store: Store, lease: LeaderLease
+    settings: ControlPlaneSettings, store: Store, lease: LeaderLease, dashboard: Dashboard
 ) -> web.AppRunner:
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(
@@ -179,6 +181,13 @@ async def _start_http(
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_routes(dashboard.routes())
+    sampler = asyncio.create_task(dashboard.sample())
+
+    async def stop_sampler(_app: web.Application) -> None:
+        sampler.cancel()
+
+    app.on_cleanup.append(stop_sampler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.http_host, settings.http_port).start()
@@ -191,9 +200,7 @@ def _log_death(task: asyncio.Task[None]) -> None:
 
 
 def run_control_plane(settings: ControlPlaneSettings) -> int:
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    logs.configure(settings.log_level, settings.log_format)
     try:
         asyncio.run(serve(settings))
     except KeyboardInterrupt:

@@ -8,9 +8,12 @@ agents (to install what their desired state names). The guarantees:
 - A download has an overall deadline as well as a per-read timeout, so a
   server that drips bytes cannot hold a fetch forever.
 - Errors say what is wrong without echoing hashes, sizes or local paths.
-- Bytes go to a temporary file inside the cache, are hashed as they arrive,
-  and are renamed to `sha256/<hex>` only when the hash matches. A partial,
-  truncated or corrupt download is never visible under its hash.
+- Bytes go to a temporary file inside the cache and are renamed to
+  `sha256/<hex>` only when the whole file hashes to it. A partial, truncated
+  or corrupt download is never visible under its hash.
+- A download that breaks off (a reset, a timeout, a 5xx or 429) is retried
+  with backoff within its deadline, resuming where it stopped with a Range
+  request when the server honours one.
 - Downloads stop at `max_bytes`.
 - A cached file is hashed again before each use, so a bit flip on disk is a
   mismatch, not a bad model.
@@ -34,8 +37,10 @@ import sys
 import tarfile
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -47,6 +52,15 @@ CHUNK = 1 << 20
 
 class ArtifactError(Exception):
     """A bad artifact: the message says what is wrong and never names a local path."""
+
+
+class _Transient(ArtifactError):
+    """A failure worth another try: a reset, a timeout, a 5xx or 429."""
+
+
+Progress = Callable[[int, "int | None"], None]
+RETRIES = 4
+RETRY_BASE_S, RETRY_MAX_S = 0.5, 8.0
 
 
 def check_sha256(value: str) -> str:
@@ -115,9 +129,10 @@ class ArtifactCache:
         for sub in ("sha256", "unpacked", "tmp"):
             (root / sub).mkdir(parents=True, exist_ok=True)
 
-    def fetch(self, uri: str, sha256: str) -> Path:
+    def fetch(self, uri: str, sha256: str, progress: Progress | None = None) -> Path:
         """The verified artifact: a file (a single model) or a directory (an unpacked
-        archive). Raises ArtifactError naming what is wrong."""
+        archive). Raises ArtifactError naming what is wrong. `progress(bytes, total)`
+        is called as a download advances (total None when the server does not say)."""
         sha256 = check_sha256(sha256)
         check_uri(uri, self.policy)
         blob = self.root / "sha256" / sha256
@@ -125,7 +140,7 @@ class ArtifactCache:
             os.utime(blob)  # recently used: pruned last
         else:
             blob.unlink(missing_ok=True)
-            self._download(uri, sha256, blob)
+            self._download(uri, sha256, blob, progress)
         if not is_archive(uri):
             return blob
         unpacked = self.root / "unpacked" / sha256
@@ -138,16 +153,47 @@ class ArtifactCache:
                 shutil.rmtree(staging, ignore_errors=True)
         return unpacked
 
-    def _download(self, uri: str, sha256: str, dest: Path) -> None:
-        digest = hashlib.sha256()
-        size = 0
+    def _download(self, uri: str, sha256: str, dest: Path, progress: Progress | None) -> None:
+        """Into a partial file, resumed with a Range request after a transient failure
+        (a reset, a timeout, a 5xx or 429), up to `RETRIES` times with backoff within
+        the deadline; renamed to `dest` only when the whole file hashes to `sha256`."""
         deadline = time.monotonic() + self.policy.deadline_s
-        fd, tmp_name = tempfile.mkstemp(dir=self.root / "tmp")
-        tmp = Path(tmp_name)
+        fd, tmp_name = tempfile.mkstemp(dir=self.root / "tmp", suffix=".part")
+        os.close(fd)
+        part = Path(tmp_name)
         try:
-            with os.fdopen(fd, "wb") as out, self._open(uri) as src:
-                read = getattr(src, "read1", src.read)  # returns after one receive
-                while chunk := self._read(read, uri):
+            for attempt in range(1, RETRIES + 1):
+                try:
+                    self._attempt(uri, part, deadline, progress)
+                    break
+                except _Transient as exc:
+                    wait = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (attempt - 1))
+                    if attempt == RETRIES or time.monotonic() + wait > deadline:
+                        raise ArtifactError(str(exc)) from None
+                    time.sleep(wait)
+            if sha256_of(part) != sha256:
+                raise ArtifactError(
+                    "sha256 mismatch: the artifact is not the one the catalog names"
+                )
+            os.replace(part, dest)
+        finally:
+            part.unlink(missing_ok=True)
+
+    def _attempt(self, uri: str, part: Path, deadline: float, progress: Progress | None) -> None:
+        have = part.stat().st_size
+        with self._open(uri, have) as src:
+            status = getattr(src, "status", 200)
+            if have and status != 206:  # the server ignored the Range: start again
+                have = 0
+            headers = getattr(src, "headers", None)
+            declared = headers.get("Content-Length", "") if headers is not None else ""
+            total = have + int(declared) if declared.isdigit() else None
+            if total is not None and total > self.max_bytes:
+                raise ArtifactError(f"artifact is larger than the cap of {self.max_bytes} bytes")
+            read = getattr(src, "read1", src.read)  # returns after one receive
+            size = have
+            with part.open("ab" if have else "wb") as out:
+                while chunk := self._read(read):
                     if time.monotonic() > deadline:
                         raise ArtifactError(
                             f"the download took longer than {self.policy.deadline_s:g} s"
@@ -157,27 +203,19 @@ class ArtifactCache:
                         raise ArtifactError(
                             f"artifact is larger than the cap of {self.max_bytes} bytes"
                         )
-                    digest.update(chunk)
                     out.write(chunk)
-                headers = getattr(src, "headers", None)
-                declared = headers.get("Content-Length", "") if headers is not None else ""
-                if declared.isdigit() and int(declared) != size:
-                    raise ArtifactError("the download broke off before its end")
-            if digest.hexdigest() != sha256:
-                raise ArtifactError(
-                    "sha256 mismatch: the artifact is not the one the catalog names"
-                )
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+                    if progress is not None:
+                        progress(size, total)
+            if total is not None and size != total:
+                raise _Transient("the download broke off before its end")
 
     @staticmethod
-    def _read(read, uri: str) -> bytes:  # type: ignore[no-untyped-def]
+    def _read(read) -> bytes:  # type: ignore[no-untyped-def]
         try:
             return bytes(read(CHUNK))
         except (OSError, ValueError, http.client.HTTPException) as exc:  # reset, timeout, short
             kind = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
-            raise ArtifactError(f"the download broke off ({kind})") from None
+            raise _Transient(f"the download broke off ({kind})") from None
 
     def prune(self, budget: int | None, keep: set[str]) -> list[str]:
         """Drop cached artifacts, least recently used first, until the cache holds at
@@ -199,25 +237,47 @@ class ArtifactCache:
             dropped.append(blob.name)
         return dropped
 
-    def _open(self, uri: str):  # type: ignore[no-untyped-def]
+    def _open(self, uri: str, offset: int = 0):  # type: ignore[no-untyped-def]
         parsed = urllib.parse.urlparse(uri)
         if parsed.scheme == "file":
             path = Path(urllib.parse.unquote(parsed.path))
             try:
-                return path.open("rb")
+                src = path.open("rb")
             except OSError as exc:
                 raise ArtifactError(f"cannot read artifact: {exc.strerror}") from None
+            src.seek(offset)
+            src.status = 206 if offset else 200  # type: ignore[attr-defined]
+            return src
         timeout = min(self.timeout_s, self.policy.deadline_s)
+        request = urllib.request.Request(
+            uri, headers={"Range": f"bytes={offset}-"} if offset else {}
+        )
         try:
-            response = _OPENER.open(uri, timeout=timeout)
-        except OSError as exc:
-            reason = getattr(exc, "reason", None) or getattr(exc, "code", None) or exc
-            raise ArtifactError(f"cannot download artifact: {reason}") from None
-        length = response.headers.get("Content-Length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            response.close()
-            raise ArtifactError(f"artifact is larger than the cap of {self.max_bytes} bytes")
-        return response
+            return _OPENER.open(request, timeout=timeout)
+        except urllib.error.HTTPError as exc:
+            if exc.code in (429, 500, 502, 503, 504, 416):
+                raise _Transient(f"cannot download artifact: HTTP {exc.code}") from None
+            raise ArtifactError(f"cannot download artifact: {exc.code}") from None
+        except OSError as exc:  # refused, reset, DNS, timed out
+            reason = getattr(exc, "reason", None) or exc
+            raise _Transient(f"cannot download artifact: {reason}") from None
+
+
+def log_progress(logger: Any, what: str, step: float = 0.25, min_bytes: int = 64 << 20) -> Progress:
+    """A `progress` for a daemon: one log line each `step` of a download of at least
+    `min_bytes` (a quarter, by default), so a long fetch shows it is moving."""
+    shown = [0.0]
+
+    def report(done: int, total: int | None) -> None:
+        if total is None or total < min_bytes:
+            return
+        share = done / total
+        if share >= shown[0] + step or done == total:
+            shown[0] = share
+            logger.info("%s: downloaded %d of %d MiB (%.0f%%)", what, done >> 20, total >> 20,
+                        100 * share)  # fmt: skip
+
+    return report
 
 
 def safe_extract(archive: Path, dest: Path, max_bytes: int) -> None:

@@ -7,7 +7,10 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> None:
+    from edgeplex import __version__
+
     parser = argparse.ArgumentParser(prog="edgeplex", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"edgeplex {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from edgeplex.agent import cli as agent_cli

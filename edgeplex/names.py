@@ -14,3 +14,8 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 def valid_name(name: str) -> bool:
     return bool(NAME.match(name)) and ".." not in name
+
+
+# The smaller forms a model may declare (`variants`), as the agent builds them and the
+# control plane's catalog accepts them.
+VARIANT_FORMS: tuple[str, ...] = ("int8", "fp16")

@@ -103,7 +103,7 @@ class RegisterResponse(_message.Message):
     def __init__(self, lease_s: _Optional[float] = ..., report_interval_s: _Optional[float] = ..., desired_topic: _Optional[str] = ..., signing_key_id: _Optional[str] = ..., signing_public_key: _Optional[bytes] = ...) -> None: ...
 
 class ModelLoad(_message.Message):
-    __slots__ = ("name", "version", "rate_by_region", "p50_ms", "p99_ms", "queue_depth", "tier", "memory_bytes", "state", "reason")
+    __slots__ = ("name", "version", "rate_by_region", "p50_ms", "p99_ms", "queue_depth", "tier", "memory_bytes", "state", "reason", "variant", "bytes_by_variant", "variant_guard")
     class RateByRegionEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,20 @@ class ModelLoad(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class BytesByVariantEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class VariantGuardEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RATE_BY_REGION_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +135,9 @@ class ModelLoad(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_BY_VARIANT_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_GUARD_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     rate_by_region: _containers.ScalarMap[str, float]
@@ -131,7 +148,10 @@ class ModelLoad(_message.Message):
     memory_bytes: int
     state: str
     reason: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., rate_by_region: _Optional[_Mapping[str, float]] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., queue_depth: _Optional[int] = ..., tier: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    variant: str
+    bytes_by_variant: _containers.ScalarMap[str, int]
+    variant_guard: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., rate_by_region: _Optional[_Mapping[str, float]] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., queue_depth: _Optional[int] = ..., tier: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., variant: _Optional[str] = ..., bytes_by_variant: _Optional[_Mapping[str, int]] = ..., variant_guard: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class DeviceLoad(_message.Message):
     __slots__ = ("index", "used_bytes", "budget_bytes", "utilization")
@@ -170,7 +190,7 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class CatalogModel(_message.Message):
-    __slots__ = ("name", "version", "artifact_uri", "sha256", "size_bytes", "slo_ms", "min_replicas", "regions", "priority", "pin", "state", "reason", "added_at", "device_bytes")
+    __slots__ = ("name", "version", "artifact_uri", "sha256", "size_bytes", "slo_ms", "min_replicas", "regions", "priority", "pin", "state", "reason", "added_at", "device_bytes", "variants", "quality")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_URI_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +205,8 @@ class CatalogModel(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     ADDED_AT_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VARIANTS_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     artifact_uri: str
@@ -199,7 +221,9 @@ class CatalogModel(_message.Message):
     reason: str
     added_at: float
     device_bytes: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., slo_ms: _Optional[float] = ..., min_replicas: _Optional[int] = ..., regions: _Optional[_Iterable[str]] = ..., priority: _Optional[int] = ..., pin: _Optional[bool] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., added_at: _Optional[float] = ..., device_bytes: _Optional[int] = ...) -> None: ...
+    variants: _containers.RepeatedScalarFieldContainer[str]
+    quality: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., slo_ms: _Optional[float] = ..., min_replicas: _Optional[int] = ..., regions: _Optional[_Iterable[str]] = ..., priority: _Optional[int] = ..., pin: _Optional[bool] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., added_at: _Optional[float] = ..., device_bytes: _Optional[int] = ..., variants: _Optional[_Iterable[str]] = ..., quality: _Optional[str] = ...) -> None: ...
 
 class ModelName(_message.Message):
     __slots__ = ("name",)
@@ -218,18 +242,29 @@ class ListModelsResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[CatalogModel, _Mapping]]] = ...) -> None: ...
 
 class SiteModelState(_message.Message):
-    __slots__ = ("site_id", "tier", "state", "reason", "rate")
+    __slots__ = ("site_id", "tier", "state", "reason", "rate", "variant", "variant_guard")
+    class VariantGuardEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_GUARD_FIELD_NUMBER: _ClassVar[int]
     site_id: str
     tier: str
     state: str
     reason: str
     rate: float
-    def __init__(self, site_id: _Optional[str] = ..., tier: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., rate: _Optional[float] = ...) -> None: ...
+    variant: str
+    variant_guard: _containers.ScalarMap[str, str]
+    def __init__(self, site_id: _Optional[str] = ..., tier: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., rate: _Optional[float] = ..., variant: _Optional[str] = ..., variant_guard: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ModelDetail(_message.Message):
     __slots__ = ("model", "sites")
@@ -377,6 +412,16 @@ class BatchRef(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
+class ListBatchesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBatchesResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[BatchJob]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[BatchJob, _Mapping]]] = ...) -> None: ...
+
 class BatchResults(_message.Message):
     __slots__ = ("job_id", "outputs")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -432,7 +477,7 @@ class KeyRollover(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., public_key: _Optional[bytes] = ...) -> None: ...
 
 class DesiredModel(_message.Message):
-    __slots__ = ("name", "version", "artifact_uri", "sha256", "size_bytes", "tier", "pin", "priority")
+    __slots__ = ("name", "version", "artifact_uri", "sha256", "size_bytes", "tier", "pin", "priority", "variants", "quality")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_URI_FIELD_NUMBER: _ClassVar[int]
@@ -441,6 +486,8 @@ class DesiredModel(_message.Message):
     TIER_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    VARIANTS_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     artifact_uri: str
@@ -449,7 +496,9 @@ class DesiredModel(_message.Message):
     tier: str
     pin: bool
     priority: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., tier: _Optional[str] = ..., pin: _Optional[bool] = ..., priority: _Optional[int] = ...) -> None: ...
+    variants: _containers.RepeatedScalarFieldContainer[str]
+    quality: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., tier: _Optional[str] = ..., pin: _Optional[bool] = ..., priority: _Optional[int] = ..., variants: _Optional[_Iterable[str]] = ..., quality: _Optional[str] = ...) -> None: ...
 
 class Routes(_message.Message):
     __slots__ = ("version", "region", "issued_at", "routes")

@@ -276,6 +276,16 @@ class AdminServiceStub:
                 request_serializer=edgeplex__control__pb2.BatchRef.SerializeToString,
                 response_deserializer=edgeplex__control__pb2.BatchResults.FromString,
                 _registered_method=True)
+        self.ListBatches = channel.unary_unary(
+                '/edgeplex.v1.AdminService/ListBatches',
+                request_serializer=edgeplex__control__pb2.ListBatchesRequest.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.ListBatchesResponse.FromString,
+                _registered_method=True)
+        self.CancelBatch = channel.unary_unary(
+                '/edgeplex.v1.AdminService/CancelBatch',
+                request_serializer=edgeplex__control__pb2.BatchRef.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.BatchJob.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -366,6 +376,20 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListBatches(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelBatch(self, request, context):
+        """Stops scheduling a running job's shards (those running are stopped too);
+        its results are not kept. A job that is done cannot be cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -433,6 +457,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetBatchResults,
                     request_deserializer=edgeplex__control__pb2.BatchRef.FromString,
                     response_serializer=edgeplex__control__pb2.BatchResults.SerializeToString,
+            ),
+            'ListBatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBatches,
+                    request_deserializer=edgeplex__control__pb2.ListBatchesRequest.FromString,
+                    response_serializer=edgeplex__control__pb2.ListBatchesResponse.SerializeToString,
+            ),
+            'CancelBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelBatch,
+                    request_deserializer=edgeplex__control__pb2.BatchRef.FromString,
+                    response_serializer=edgeplex__control__pb2.BatchJob.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -789,6 +823,60 @@ class AdminService:
             '/edgeplex.v1.AdminService/GetBatchResults',
             edgeplex__control__pb2.BatchRef.SerializeToString,
             edgeplex__control__pb2.BatchResults.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/ListBatches',
+            edgeplex__control__pb2.ListBatchesRequest.SerializeToString,
+            edgeplex__control__pb2.ListBatchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/CancelBatch',
+            edgeplex__control__pb2.BatchRef.SerializeToString,
+            edgeplex__control__pb2.BatchJob.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,6 +30,9 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
 # The multi-site rig: iptables for its userspace delays where the kernel lacks netem.
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing+=(iptables)
+# The dashboard's browser test: headless Chromium driven by selenium.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
     apt_install "${missing[@]}"
 fi
@@ -46,4 +49,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
     .venv/bin/python -m pip install -q -e ".[dev]"
     echo "$want" > "$stamp"
+fi
+if [ "${EDGEPLEX_SETUP_BENCH:-0}" = 1 ] && [ ! -x .venv/bin/py-spy ]; then
+    .venv/bin/python -m pip install -q py-spy  # bench/profile_agent.py
 fi

@@ -1,12 +1,21 @@
 """Real Redis, mosquitto and control-plane processes for the integration tests.
 
-Redis and mosquitto are Debian's binaries (`make setup` installs them when
-missing), each started on a free port in a temp directory and restartable on
-the same port with the same data. Nothing here fakes a protocol.
+Redis and mosquitto are Debian's binaries, each started on a free port in a
+temp directory and restartable on the same port with the same data. Two
+backends run them:
+- containers (testcontainers), when a Docker engine answers and the compose
+  rig's image (`edgeplex:dev`, built by scripts/compose_rig.py) is there: the
+  same binaries in that image, on the host's network, with the temp directory
+  mounted at its own path;
+- local processes otherwise (`make setup` installs the binaries when missing).
+EDGEPLEX_TEST_SERVICES=local or =containers chooses one. Nothing here fakes a
+protocol.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
@@ -15,9 +24,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tests.conftest import free_port
+
+if TYPE_CHECKING:
+    from tests.conftest import AgentProcess
 
 
 def wait_port(port: int, timeout: float = 15.0) -> None:
@@ -30,30 +44,87 @@ def wait_port(port: int, timeout: float = 15.0) -> None:
     raise TimeoutError(f"nothing listens on port {port}")
 
 
+SERVICE_IMAGE = "edgeplex:dev"
+
+
+@functools.cache
+def in_containers() -> bool:
+    """Whether Redis and mosquitto run in containers (the module docstring)."""
+    choice = os.environ.get("EDGEPLEX_TEST_SERVICES", "")
+    if choice in ("local", "containers"):
+        return choice == "containers"
+    if shutil.which("docker") is None:
+        return False
+    try:
+        probe = subprocess.run(
+            ["docker", "image", "inspect", SERVICE_IMAGE], capture_output=True, timeout=10
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return probe.returncode == 0  # the engine answered, and the image is there
+
+
 class Service:
     """A child process on a fixed port, restartable with its data kept."""
 
     name = "service"
+    containable = False  # may run in SERVICE_IMAGE (in_containers)
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.container: Any = None  # a testcontainers DockerContainer, when running in one
         self.log_path = workdir / f"{self.name}.log"
 
     def command(self) -> list[str]:
         raise NotImplementedError
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            self.command(),
-            cwd=self.workdir,
-            stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-        )
+        if self.containable and in_containers():
+            self._start_container()
+        else:
+            self.process = subprocess.Popen(
+                self.command(),
+                cwd=self.workdir,
+                stdout=self.log_path.open("ab"),
+                stderr=subprocess.STDOUT,
+            )
         wait_port(self.port)
 
+    def _start_container(self) -> None:
+        # The reaper's image would come from a registry; containers are removed in stop().
+        os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+        from testcontainers.core.container import DockerContainer
+
+        binary, *args = self.command()
+        self.container = (
+            DockerContainer(SERVICE_IMAGE)
+            .with_command(args)
+            .with_volume_mapping(str(self.workdir), str(self.workdir), "rw")
+            .with_kwargs(
+                entrypoint=[Path(binary).name],  # on the image's PATH
+                network_mode="host",
+                healthcheck={"test": ["NONE"]},  # the image's checks an agent; wait_port suffices
+                user=f"{os.getuid()}:{os.getgid()}",
+                working_dir=str(self.workdir),
+            )
+            .start()
+        )
+
+    def _stop_container(self, sig: int) -> None:
+        wrapped = self.container.get_wrapped_container()
+        with contextlib.suppress(Exception):  # already exited
+            wrapped.kill(signal=int(sig))
+            wrapped.wait(timeout=10)
+        with self.log_path.open("ab") as out:
+            out.write(wrapped.logs())
+        wrapped.remove(force=True)
+        self.container = None
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.container is not None:
+            self._stop_container(sig)
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)
             try:
@@ -73,6 +144,7 @@ class Service:
 
 class RedisServer(Service):
     name = "redis"
+    containable = True
 
     def command(self) -> list[str]:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -93,6 +165,7 @@ class RedisServer(Service):
 
 class Mosquitto(Service):
     name = "mosquitto"
+    containable = True
 
     def __init__(self, workdir: Path, password_file: Path | None = None) -> None:
         super().__init__(workdir)
@@ -206,3 +279,31 @@ def fleet_env(cp: ControlPlane, mqtt_url: str, site_id: str, region: str) -> dic
         "EDGEPLEX_AGENT_FLEET__ARTIFACT_FILE_ROOTS": json.dumps([str(cp.workdir)]),
         "EDGEPLEX_AGENT_FLEET__ARTIFACT_SCHEMES": '["https", "http"]',
     }
+
+
+@contextlib.contextmanager
+def running_fleet(
+    workdir: Path, sites: tuple[tuple[str, str], ...], **cp_env: str
+) -> Iterator[tuple[ControlPlane, Mosquitto, list[AgentProcess]]]:
+    """Redis, mosquitto, a control plane (`cp_env` added to its environment) and one
+    agent per (site, region), each joined with its own token; all stopped after."""
+    from tests.conftest import start_agent
+
+    r, m = RedisServer(workdir), Mosquitto(workdir)
+    r.start()
+    m.start()
+    cp = ControlPlane(workdir, r, m.url(), **cp_env)
+    cp.start()
+    agents = []
+    try:
+        for sid, region in sites:
+            repo = workdir / f"repo-{sid}"
+            repo.mkdir()
+            agents.append(start_agent(repo, workdir, env=fleet_env(cp, m.url(), sid, region)))
+        yield cp, m, agents
+    finally:
+        for agent in agents:
+            agent.stop()
+        cp.stop()
+        m.stop()
+        r.stop()

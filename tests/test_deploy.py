@@ -64,8 +64,6 @@ def test_agent_speaks_sd_notify(model_repo: Path, tmp_path: Path) -> None:
 
 
 def test_compose_rig_matches_the_rig_topology() -> None:
-    import tomllib
-
     import yaml
 
     from edgeplex.rig.topology import build
@@ -96,14 +94,25 @@ def test_compose_rig_matches_the_rig_topology() -> None:
     for name, agent in agents.items():
         assert agent["environment"]["EDGEPLEX_ENV_FILE"] == f"/enroll/{name[6:]}.env"
         assert "EDGEPLEX_AGENT_FLEET__MQTT_URL" not in agent["environment"]
-    assert "edgeplex.rig.broker" in " ".join(services["mosquitto"]["entrypoint"])
+    assert "edgeplex.rig.broker" in " ".join(services["mosquitto"]["command"])
     assert services["control-plane"]["pid"] == "service:mosquitto"
     assert "OPEN_REGISTRATION" not in str(compose)
-    # The image installs every package the project declares.
+    # Nothing from a registry: every service runs the image built here.
+    assert {s["image"] for s in services.values()} == {"edgeplex:dev"}
+    # The image: Debian from debootstrap, edgeplex from wheels, no network in the
+    # build, an unprivileged user and a healthcheck; what it copies is in deploy/compose.
     dockerfile = (ROOT / "deploy" / "compose" / "Dockerfile").read_text()
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    for source in pyproject["tool"]["setuptools"]["package-dir"].values():
-        assert f"COPY {source} ./{source}" in dockerfile
+    assert "FROM edgeplex-base:bookworm" in dockerfile
+    assert "pip install --no-index" in dockerfile
+    assert "\nUSER edgeplex\n" in dockerfile and "HEALTHCHECK" in dockerfile
+    copied = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")]
+    assert copied[0] == "wheels"
+    for name in copied[1:]:
+        assert (ROOT / "deploy" / "compose" / name).is_file(), name
+    # Agents alone start as root, to shape traffic; the entrypoint drops it.
+    for name, service in services.items():
+        assert service.get("user") == ("0" if name.startswith("agent-") else None), name
+    assert "setpriv --reuid=edgeplex" in (ROOT / "deploy/compose/entrypoint.sh").read_text()
 
 
 def test_compose_broker_files_lock_mosquitto_down(tmp_path: Path) -> None:

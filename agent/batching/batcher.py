@@ -43,9 +43,9 @@ from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.stats import ModelStats
 
 BatchKey = tuple[tuple[str, str, tuple[int, ...]], ...]
-# execute(inputs, output_names) -> (outputs, compute_ns)
+# execute(inputs, output_names) -> (outputs, compute_ns, the form that ran them)
 Execute = Callable[
-    [dict[str, np.ndarray], list[str] | None], Awaitable[tuple[dict[str, np.ndarray], int]]
+    [dict[str, np.ndarray], list[str] | None], Awaitable[tuple[dict[str, np.ndarray], int, str]]
 ]
 
 
@@ -64,6 +64,7 @@ class Request:
     # Non-zero while the request is a suspect in a batch that lost its runner
     # twice: it batches only with the same group, so halves are tried apart.
     group: int = 0
+    form: str = ""  # the model's form that served it ("" as shipped)
 
 
 def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:
@@ -317,7 +318,7 @@ class Batcher:
         wanted = _union_outputs(batch)
         assembled = time.monotonic()
         try:
-            outputs, compute_ns = await self._execute(inputs, wanted)
+            outputs, compute_ns, form = await self._execute(inputs, wanted)
         except RunnerLost:
             self._redispatch_or_fail(batch)
             return
@@ -341,12 +342,13 @@ class Batcher:
             if request.outputs is not None:
                 mine = {n: mine[n] for n in request.outputs}
             if not request.future.done():
+                request.form = form
                 request.future.set_result(mine)
         self._stats.record_batch(batch, started, assembled, compute_ns, time.monotonic(), finished)
-        model = self.model
-        METRICS.batch_size.labels(model=model).observe(len(batch))
-        METRICS.compute_duration.labels(model=model).observe(compute_ns / 1e9)
-        queue_hist = METRICS.queue_duration.labels(model=model)
+        series = METRICS.of_model(self.model)
+        series.batch_size.observe(len(batch))
+        series.compute_duration.observe(compute_ns / 1e9)
+        queue_hist = series.queue_duration
         for request in batch:
             queue_hist.observe(started - request.enqueued)
 

@@ -32,7 +32,7 @@ def make_batcher(
 
     async def execute(
         inputs: dict[str, np.ndarray], outputs: list[str] | None
-    ) -> tuple[dict[str, np.ndarray], int]:
+    ) -> tuple[dict[str, np.ndarray], int, str]:
         descs, buffers = framing.pack_tensors(inputs)
         runner = pool.get(entry.runner_id)
         try:
@@ -53,7 +53,7 @@ def make_batcher(
             runner.abandon(f"a batch of {entry.name} hung")
             raise RunnerLost(entry.runner_id) from None
         if isinstance(reply, ipc.InferResult):
-            return framing.unpack_tensors(reply.tensors, payload), reply.compute_ns
+            return framing.unpack_tensors(reply.tensors, payload), reply.compute_ns, reply.form
         assert isinstance(reply, ipc.Failure)
         if reply.kind == "invalid":
             raise InvalidInput(f"model '{entry.name}': {reply.message}")

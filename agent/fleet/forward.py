@@ -11,7 +11,10 @@ Every inference response names the site that served it in `edgeplex-served-by`
 The forwarder sends `edgeplex-origin-region` so the peer accounts the demand
 to the region it came from, and the fleet's peer token; a site honours the hop
 headers only from a caller that presents that token (`hop`). A peer that fails
-to connect is skipped for PEER_BACKOFF_S and the next one is tried.
+to connect is skipped for PEER_BACKOFF_S and the next one is tried. A peer that
+answers `edgeplex-not-here` (the routes reached this site before the model did, or
+after it left) is dropped from the model's routes until the next table, and the
+request is routed again (`StaleRoute`): a stale table costs a hop, never a request.
 
 Owned by the agent's event loop: routes are replaced by the fleet link, read
 by the core; connections to peers are cached per address.
@@ -22,13 +25,14 @@ from __future__ import annotations
 import hmac
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import aiohttp
 import grpc
 
-from edgeplex.agent.errors import ServeError, Unavailable
+from edgeplex.agent.errors import ServeError, StaleRoute, Unavailable
 from edgeplex.agent.fleet.routing import PeerOption
 from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as cpb
@@ -38,26 +42,26 @@ from edgeplex.proto import inference_pb2_grpc as pb_grpc
 FORWARDED = "edgeplex-forwarded"
 SERVED_BY = "edgeplex-served-by"
 ORIGIN_REGION = "edgeplex-origin-region"
+NOT_HERE = "edgeplex-not-here"  # on a 503: this site does not hold the model
 # A forwarding peer proves it is one: the fleet's peer token, from the signed
 # desired state. Only then are the two hop headers above honoured.
 PEER_TOKEN = "edgeplex-peer-token"
+T = TypeVar("T")
 PEER_BACKOFF_S = 5.0
 PEER_CONNECT_TIMEOUT_S = 2.0
 FORWARD_TIMEOUT_S = 30.0  # when the caller set no deadline
 NO_ROUTE_RETRY_S = 2.0
+ROUTE_ATTEMPTS = 3
 # Headers an HTTP forward passes through, both ways (lower case: header names are
 # compared without regard to case, as HTTP requires).
 HTTP_REQUEST_HEADERS = frozenset(
     ("content-type", "content-encoding", "inference-header-content-length")
 )
+# What the serving site says about how it served, passed back by either forward
+# (HTTP headers, gRPC trailers) besides edgeplex-served-by.
+PASSED_BACK = ("edgeplex-cold-start", "edgeplex-variant")
 HTTP_RESPONSE_HEADERS = frozenset(
-    (
-        "content-type",
-        "inference-header-content-length",
-        SERVED_BY,
-        "edgeplex-cold-start",
-        "retry-after",
-    )
+    ("content-type", "inference-header-content-length", SERVED_BY, *PASSED_BACK, "retry-after")
 )
 
 
@@ -120,7 +124,8 @@ class Router:
         """The peers holding `model` that are not this site and not backed off."""
         now = time.monotonic()
         return [
-            PeerOption(p.site_id, p.latency_ms / 1000 if p.latency_ms else None, p.headroom)
+            # 0 ms is a peer in this region (the nearest there is), not an unknown distance.
+            PeerOption(p.site_id, p.latency_ms / 1000, p.headroom)
             for p in self._routes.get(model, ())
             if p.site_id != self.site_id and self._down_until.get(p.site_id, 0.0) <= now
         ]
@@ -128,6 +133,13 @@ class Router:
     def peers(self, model: str, site_ids: tuple[str, ...]) -> list[Peer]:
         by_id = {p.site_id: p for p in self._routes.get(model, ())}
         return [by_id[s] for s in site_ids if s in by_id]
+
+    def drop(self, model: str, peer: Peer) -> None:
+        """`peer` answered that it does not hold `model`: off its routes until the
+        next table arrives."""
+        held = self._routes.get(model)
+        if held is not None:
+            self._routes[model] = [p for p in held if p.site_id != peer.site_id]
 
     def peer_failed(self, peer: Peer) -> None:
         self._down_until[peer.site_id] = time.monotonic() + PEER_BACKOFF_S
@@ -140,14 +152,17 @@ class Router:
         peers: list[Peer],
         origin: str,
         timeout_s: float | None,
-    ) -> tuple[pb.ModelInferResponse, str]:
-        """(response, serving site). Raises grpc.aio.AioRpcError from the last peer."""
+        traceparent: str = "",
+    ) -> tuple[pb.ModelInferResponse, tuple[tuple[str, str], ...]]:
+        """(response, serving site). Raises StaleRoute when every peer tried said it
+        does not hold the model, else grpc.aio.AioRpcError from the last peer."""
         metadata = (
             (FORWARDED, self.site_id),
             (ORIGIN_REGION, origin or self.region),
             (PEER_TOKEN, self.peer_token),
-        )
+        ) + ((("traceparent", traceparent),) if traceparent else ())
         last: grpc.aio.AioRpcError | None = None
+        stale = False
         for peer in peers[:2]:
             channel = self._channels.get(peer.address)
             if channel is None:
@@ -165,20 +180,36 @@ class Router:
                 response = await call
             except grpc.aio.AioRpcError as exc:
                 last = exc
+                if any(key == NOT_HERE for key, _ in exc.trailing_metadata() or ()):
+                    self.drop(request.model_name, peer)
+                    stale = True
+                    continue
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self.peer_failed(peer)
                     continue
                 raise
             trailers = dict(await call.trailing_metadata() or ())
             self.forwarded += 1
-            return response, str(trailers.get(SERVED_BY, peer.site_id))
+            served_by = str(trailers.get(SERVED_BY, peer.site_id))
+            passed = tuple((k, str(trailers[k])) for k in PASSED_BACK if k in trailers)
+            return response, ((SERVED_BY, served_by), *passed)
+        if stale:
+            raise StaleRoute(request.model_name)
         assert last is not None
         raise last
 
     async def forward_http(
-        self, path: str, body: bytes, headers: dict[str, str], peers: list[Peer], origin: str
+        self,
+        model: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        peers: list[Peer],
+        origin: str,
+        traceparent: str = "",
     ) -> tuple[int, bytes, dict[str, str]]:
-        """(status, body, headers) of the first peer that answers."""
+        """(status, body, headers) of the first peer that answers and holds `model`.
+        Raises StaleRoute when every peer tried said it does not hold it."""
         if self._http is None:
             # A peer that does not accept the connection quickly is treated as down.
             self._http = aiohttp.ClientSession(
@@ -188,6 +219,9 @@ class Router:
         out[FORWARDED] = self.site_id
         out[ORIGIN_REGION] = origin or self.region
         out[PEER_TOKEN] = self.peer_token
+        if traceparent:
+            out["traceparent"] = traceparent  # this hop as the parent (access_log.py)
+        stale = False
         for peer in peers[:2]:
             try:
                 scheme = "https" if self._ssl else "http"
@@ -198,6 +232,10 @@ class Router:
                     ssl=self._ssl if self._ssl else True,
                 ) as reply:
                     payload = await reply.read()
+                    if reply.status == 503 and NOT_HERE in reply.headers:
+                        self.drop(model, peer)
+                        stale = True
+                        continue
                     kept = {
                         k: v for k, v in reply.headers.items() if k.lower() in HTTP_RESPONSE_HEADERS
                     }
@@ -206,6 +244,8 @@ class Router:
                     return reply.status, payload, kept
             except (aiohttp.ClientConnectionError, TimeoutError):
                 self.peer_failed(peer)
+        if stale:
+            raise StaleRoute(model)
         error = Unavailable(f"no peer answered for '{path}'; retry in {NO_ROUTE_RETRY_S:g} s")
         error.retry_after_s = NO_ROUTE_RETRY_S
         raise error
@@ -215,6 +255,23 @@ class Router:
             await channel.close()
         if self._http is not None:
             await self._http.close()
+
+
+async def via_peers(
+    route: Callable[[], list[Peer]], send: Callable[[list[Peer]], Awaitable[T]]
+) -> T | None:
+    """Send the request to the peers `route` names; None: `route` says serve it here.
+    When every peer tried answered that it does not hold the model, those peers are
+    off the routes now: route again (at most ROUTE_ATTEMPTS times)."""
+    for _ in range(ROUTE_ATTEMPTS):
+        peers = route()
+        if not peers:
+            return None
+        try:
+            return await send(peers)
+        except StaleRoute:
+            continue
+    raise Unavailable(f"routes are changing; retry in {NO_ROUTE_RETRY_S:g} s")
 
 
 def peer_error(exc: grpc.aio.AioRpcError) -> ServeError:

@@ -44,6 +44,7 @@ from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet.control_messages import ControlMessages
 from edgeplex.agent.fleet.on_demand import OnDemand
 from edgeplex.agent.fleet.reconcile import Reconciler
+from edgeplex.agent.forms import guard_summary
 from edgeplex.agent.residency.state import Phase
 from edgeplex.artifacts import ArtifactCache, FetchPolicy
 from edgeplex.fleet import Backoff, parse_mqtt_url, presence_topic
@@ -217,6 +218,9 @@ class FleetLink:
                     memory_bytes=entry.device_bytes,
                     state=entry.public_state(),
                     reason=entry.reason if entry.phase == Phase.FAILED else "",
+                    variant=entry.form,
+                    bytes_by_variant={f: min(m) for f, m in entry.measured.items() if m},
+                    variant_guard={f: guard_summary(v) for f, v in entry.variants.items()},
                 )
             )
         here = {m.name for m in report.models}

@@ -33,9 +33,11 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import yaml
+
 from edgeplex.agent.repository import MODEL_FILE
 from edgeplex.agent.residency.state import Phase, Tier
-from edgeplex.artifacts import ArtifactCache, ArtifactError, model_file
+from edgeplex.artifacts import ArtifactCache, ArtifactError, log_progress, model_file
 from edgeplex.fleet import Backoff
 from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
@@ -153,10 +155,24 @@ class Reconciler:
         if dropped:
             log.info("artifact cache over its budget: dropped %d artifacts", len(dropped))
 
+    def _write_config(self, dm: pb.DesiredModel) -> None:
+        """The catalog's serving options the agent reads from `config.yaml`: variants
+        and quality (nothing is written for a model that declares neither)."""
+        config = self._repo / dm.name / "config.yaml"
+        if not dm.variants and not dm.quality:
+            return
+        text = yaml.safe_dump({"variants": list(dm.variants), "quality": dm.quality or "exact"})
+        if config.is_file() and config.read_text() == text:
+            return
+        partial = config.with_suffix(".tmp")
+        partial.write_text(text)
+        os.replace(partial, config)
+
     def install(self, dm: pb.DesiredModel) -> None:
         """Make `<repo>/<name>/<version>/model.onnx` the verified artifact. Blocking."""
         with self._installing:
             self._install(dm)
+            self._write_config(dm)
 
     def _install(self, dm: pb.DesiredModel) -> None:
         version = dm.version or "1"
@@ -164,7 +180,9 @@ class Reconciler:
         marker = target / ".sha256"
         if marker.is_file() and marker.read_text().strip() == dm.sha256:
             return
-        artifact = self._artifacts.fetch(dm.artifact_uri, dm.sha256)
+        artifact = self._artifacts.fetch(
+            dm.artifact_uri, dm.sha256, progress=log_progress(log, f"model {dm.name}")
+        )
         onnx = model_file(artifact)
         (self._repo / dm.name).mkdir(parents=True, exist_ok=True)
         staging = self._repo / dm.name / f".{version}.tmp"

@@ -6,8 +6,9 @@ The core asks it once per request (`Agent.route`), for both front doors:
 2. A model loaded here is served here.
 3. A peer is worth it only when reaching it is predicted faster than promoting
    the model here: a peer's latency against this site's promotion estimate
-   (staged: the last measured promotion; cached or never loaded: unknown, so
-   any peer wins). Peers with no headroom (when the routes carry it) are
+   (staged: its last measured promotion, or its staged bytes at the rate of
+   this site's promotions; cached, or no promotion measured here yet: unknown,
+   so any peer wins). Peers with no headroom (when the routes carry it) are
    skipped unless every holder is busy and the model is not here; peers that
    failed recently are skipped; the rest go nearest first.
 4. Otherwise a model in this site's repository is promoted here.

@@ -14,21 +14,14 @@ from typing import Any
 
 import grpc
 
+from edgeplex.agent.access_log import ACCESS, REQUEST_ID, TRACEPARENT, AccessEntry
 from edgeplex.agent.core import Agent
-from edgeplex.agent.errors import InvalidInput, Overloaded, ServeError
-from edgeplex.agent.fleet.forward import SERVED_BY, peer_error
+from edgeplex.agent.errors import Overloaded, ServeError
+from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, peer_error, via_peers
 from edgeplex.agent.frontdoor.auth import Access, Credentials
+from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_timeout_s
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.requests import InferInput
-from edgeplex.agent.tensors import (
-    CONTENTS_FIELD,
-    OIP_TO_NUMPY,
-    check_payload_cap,
-    from_list,
-    from_raw,
-    oip_datatype,
-    to_raw,
-)
+from edgeplex.agent.tensors import oip_datatype, to_raw
 from edgeplex.proto import edgeplex_agent_pb2 as ctl
 from edgeplex.proto import edgeplex_agent_pb2_grpc as ctl_grpc
 from edgeplex.proto import inference_pb2 as pb
@@ -38,6 +31,7 @@ log = logging.getLogger("edgeplex.agent.grpc")
 
 # Trailing metadata set when the request waited for its model's promotion.
 COLD_START = "edgeplex-cold-start"
+VARIANT = "edgeplex-variant"  # a quantized variant served it (absent: as shipped)
 
 
 def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -46,8 +40,13 @@ def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return await method(self, request, context)
         except ServeError as exc:
-            if exc.retry_after_s is not None:
-                context.set_trailing_metadata((("retry-after", f"{exc.retry_after_s:g}"),))
+            retry = exc.retry_after_s
+            trailers: tuple[tuple[str, str], ...] = (
+                () if retry is None else (("retry-after", f"{retry:g}"),)
+            )
+            trailers += ((NOT_HERE, "1"),) if exc.not_here else ()
+            if trailers:
+                context.set_trailing_metadata(trailers)
             await context.abort(exc.grpc_code, exc.message)
 
     return wrapper
@@ -75,51 +74,6 @@ def _requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., An
         return wrapper
 
     return decorate
-
-
-def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list[InferInput]:
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs"
-        )
-    total = 0
-    decoded = []
-    for i, tensor in enumerate(request.inputs):
-        shape = list(tensor.shape)
-        if raw:
-            data = raw[i]
-            total += len(data)
-            check_payload_cap(tensor.name, total, max_payload_bytes)
-            array = from_raw(tensor.name, tensor.datatype, shape, data, max_payload_bytes)
-        else:
-            field = CONTENTS_FIELD.get(tensor.datatype)
-            if field is None:
-                raise InvalidInput(
-                    f"input '{tensor.name}': {tensor.datatype} data must be sent in "
-                    "raw_input_contents"
-                )
-            values = getattr(tensor.contents, field)
-            total += len(values) * OIP_TO_NUMPY[tensor.datatype].itemsize
-            check_payload_cap(tensor.name, total, max_payload_bytes)
-            array = from_list(tensor.name, tensor.datatype, shape, values, max_payload_bytes)
-        decoded.append(InferInput(tensor.name, tensor.datatype, shape, array))
-    return decoded
-
-
-def request_timeout_s(
-    request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
-) -> float | None:
-    limits = []
-    remaining = context.time_remaining()
-    if remaining is not None:
-        limits.append(remaining)
-    if "timeout" in request.parameters:
-        param = request.parameters["timeout"]
-        micros = param.int64_param or param.uint64_param
-        if micros > 0:
-            limits.append(micros / 1e6)
-    return min(limits) if limits else None
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -199,19 +153,49 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise
 
     async def _serve(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        router = self.agent.router
         metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        record = self.agent.residency.get(request.model_name)
+        access = ACCESS.start(
+            "grpc",
+            request.model_name,
+            request.model_version,
+            str(record.tier) if record is not None else "",
+            metadata.get(TRACEPARENT),
+            metadata.get(REQUEST_ID) or request.id,
+        )
+        try:
+            response = await self._serve_logged(request, context, metadata, access)
+        except ServeError as exc:
+            ACCESS.finish(access, exc.grpc_code.name, failed=True)
+            raise
+        ACCESS.finish(access, "OK", failed=False)
+        return response
+
+    async def _serve_logged(
+        self,
+        request: pb.ModelInferRequest,
+        context: Any,
+        metadata: dict[str, str],
+        access: AccessEntry,
+    ) -> pb.ModelInferResponse:
+        router = self.agent.router
         forwarded, origin = router.hop(metadata.get) if router else (False, "")
-        peers = self.agent.route(request.model_name, forwarded, origin)
-        if peers and router is not None:
-            try:
-                reply, served_by = await router.forward_grpc(
-                    request, peers, origin, request_timeout_s(request, context)
-                )
+        if router is not None:
+            try:  # the deadline left, at each attempt
+                forwarded_reply = await via_peers(
+                    lambda: self.agent.route(request.model_name, forwarded, origin),
+                    lambda peers: router.forward_grpc(
+                        request, peers, origin, request_timeout_s(request, context),
+                        access.traceparent,
+                    ),
+                )  # fmt: skip
             except grpc.aio.AioRpcError as exc:
                 raise peer_error(exc) from None
-            context.set_trailing_metadata(((SERVED_BY, served_by),))
-            return reply
+            if forwarded_reply is not None:
+                reply, passed = forwarded_reply  # served-by first
+                access.forwarded_to = passed[0][1]
+                context.set_trailing_metadata(passed)
+                return reply
         inputs = decode_inputs(request, self.agent.settings.max_payload_bytes)
         wanted = [o.name for o in request.outputs] or None
         result = await self.agent.infer(
@@ -225,6 +209,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         trailers = []
         if result.cold_start:
             trailers.append((COLD_START, result.cold_start))
+            access.cold_start = result.cold_start
+        if result.variant:
+            trailers.append((VARIANT, result.variant))
         if router is not None:
             trailers.append((SERVED_BY, router.site_id))
         if trailers:
@@ -283,7 +270,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         return pb.RepositoryIndexResponse(
             models=[
-                pb.RepositoryIndexResponse.ModelIndex(**m)
+                pb.RepositoryIndexResponse.ModelIndex(
+                    name=m["name"], version=m["version"], state=m["state"], reason=m["reason"]
+                )
                 for m in self.agent.repository_index(request.ready)
             ]
         )

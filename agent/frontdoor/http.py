@@ -19,12 +19,15 @@ from ssl import SSLContext
 from typing import Any
 
 import numpy as np
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from edgeplex.agent import triton_metrics
+from edgeplex.agent.access_log import ACCESS, REQUEST_ID, TRACEPARENT, AccessEntry
 from edgeplex.agent.core import Agent
 from edgeplex.agent.errors import InvalidInput, Overloaded, ServeError
-from edgeplex.agent.fleet.forward import SERVED_BY
+from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, via_peers
 from edgeplex.agent.frontdoor import openapi
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.gate import Pass
@@ -36,7 +39,8 @@ from edgeplex.agent.frontdoor.oip_body import (
     parse_infer_body,
 )
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.tensors import oip_datatype, to_raw
+from edgeplex.agent.model_config import parse_size
+from edgeplex.agent.tensors import oip_datatype, text_values, to_raw
 
 log = logging.getLogger("edgeplex.agent.http")
 
@@ -45,6 +49,7 @@ SMALL_JSON = 64 * 1024  # the cap of the JSON bodies of the admin routes
 # Set when the request had to wait for its model's promotion; the value names the
 # tier it came from ("staged" or "cached").
 COLD_START = "edgeplex-cold-start"
+VARIANT = "edgeplex-variant"  # a quantized variant served it (absent: as shipped)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -54,6 +59,8 @@ def error_response(exc: ServeError) -> web.Response:
         headers["WWW-Authenticate"] = "Bearer"
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    if exc.not_here:
+        headers[NOT_HERE] = "1"
     return web.json_response({"error": exc.message}, status=exc.http_status, headers=headers)
 
 
@@ -71,11 +78,25 @@ def _json(data: Any, status: int = 200) -> web.Response:
     )
 
 
+def json_values(array: np.ndarray) -> np.ndarray | None:
+    """A tensor's values for a JSON body, flat, for orjson to write itself; floats
+    as float64, so the text is Python's shortest repr, as json.dumps writes it.
+    None when a float is NaN or infinite: orjson would write null, so the body
+    goes through json.dumps, which writes NaN and Infinity as before."""
+    flat = array.reshape(-1)
+    if flat.dtype.kind == "f":
+        if not np.isfinite(flat).all():
+            return None
+        flat = flat.astype(np.float64)
+    return np.ascontiguousarray(flat)
+
+
 def encode_infer_response(
     body: InferBody, model: str, version: str, outputs: dict[str, np.ndarray]
 ) -> web.Response:
     items = []
     blobs = []
+    standard = False  # a value orjson would write differently: json.dumps writes the body
     for name, array in outputs.items():
         item: dict[str, Any] = {
             "name": name,
@@ -86,13 +107,20 @@ def encode_infer_response(
             blob = to_raw(array)
             item["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
+        elif array.dtype == object:
+            item["data"] = text_values(array)
         else:
-            item["data"] = array.reshape(-1).tolist()
+            values = json_values(array)
+            standard = standard or values is None
+            item["data"] = array.reshape(-1).tolist() if values is None else values
         items.append(item)
     response: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": items}
     if body.request_id is not None:
         response["id"] = body.request_id
-    header = json.dumps(response).encode()
+    if standard:
+        header = json.dumps(response, default=lambda a: a.tolist()).encode()
+    else:  # several times json.dumps's speed, numeric arrays written without lists
+        header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return web.Response(body=header, content_type="application/json")
     return web.Response(
@@ -134,6 +162,7 @@ class HttpApi:
             ],
             (web.get, "/edgeplex/v1/status", self.status, client),
             (web.get, "/edgeplex/v1/memory", self.memory, client),
+            (web.post, "/edgeplex/v1/memory", self.set_memory, admin),
             (web.post, "/edgeplex/v1/models/{model}/pin", self.pin, admin),
             (web.post, "/edgeplex/v1/models/{model}/unpin", self.unpin, admin),
             (web.post, "/edgeplex/v1/models/{model}/demote", self.demote, admin),
@@ -208,16 +237,42 @@ class HttpApi:
     async def _infer(
         self, request: web.Request, model: str, version: str, held: Pass
     ) -> web.Response:
+        record = self.agent.residency.get(model)
+        access = ACCESS.start(
+            "http",
+            model,
+            version,
+            str(record.tier) if record is not None else "",
+            request.headers.get(TRACEPARENT),
+            request.headers.get(REQUEST_ID),
+        )
+        try:
+            response = await self._infer_logged(request, model, version, held, access)
+        except ServeError as exc:
+            ACCESS.finish(access, exc.http_status, failed=True)
+            raise
+        ACCESS.finish(access, response.status, failed=response.status >= 400)
+        return response
+
+    async def _infer_logged(
+        self, request: web.Request, model: str, version: str, held: Pass, access: AccessEntry
+    ) -> web.Response:
         router = self.agent.router
         forwarded, origin = router.hop(request.headers.get) if router else (False, "")
         raw = await request.read()
         held.grow(len(raw))
-        peers = self.agent.route(model, forwarded, origin)
-        if peers and router is not None:  # forwarded as received, still encoded
-            status, payload, headers = await router.forward_http(
-                request.path_qs, raw, dict(request.headers), peers, origin
-            )
-            return web.Response(status=status, body=payload, headers=headers)
+        if router is not None:  # forwarded as received, still encoded
+            reply = await via_peers(
+                lambda: self.agent.route(model, forwarded, origin),
+                lambda peers: router.forward_http(
+                    model, request.path_qs, raw, dict(request.headers), peers, origin,
+                    access.traceparent,
+                ),
+            )  # fmt: skip
+            if reply is not None:
+                status, payload, headers = reply
+                access.forwarded_to = headers.get(SERVED_BY, "")
+                return web.Response(status=status, body=payload, headers=headers)
         settings = self.agent.settings
         encoding = request.headers.get("Content-Encoding", "")
         split = request.headers.get(HEADER_LENGTH)
@@ -238,6 +293,9 @@ class HttpApi:
         )
         if result.cold_start:
             response.headers[COLD_START] = result.cold_start
+            access.cold_start = result.cold_start
+        if result.variant:
+            response.headers[VARIANT] = result.variant
         if router is not None:
             response.headers[SERVED_BY] = router.site_id
         return response
@@ -246,14 +304,37 @@ class HttpApi:
         return _json(openapi.document())
 
     async def metrics(self, request: web.Request) -> web.Response:
+        agent = self.agent
+        triton = triton_metrics.render(
+            (e.name, e.version, agent.effects.stats(e)) for e in agent.residency.records()
+        ) + triton_metrics.render_gpus(triton_metrics.gpu_readings())
         return web.Response(
-            body=generate_latest(METRICS.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            body=generate_latest(METRICS.registry) + triton.encode(),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
     async def status(self, request: web.Request) -> web.Response:
         return _json(self.agent.status())
 
     async def memory(self, request: web.Request) -> web.Response:
+        return _json(self.agent.memory())
+
+    async def set_memory(self, request: web.Request) -> web.Response:
+        """Body {"device_budget": bytes | "64MiB" | null}: the loaded tier's new budget,
+        applied now; answers the memory view."""
+        doc = load_json(await request.read(), SMALL_JSON)
+        value = doc.get("device_budget", ...) if isinstance(doc, dict) else ...
+        if value is ... or isinstance(value, bool) or not isinstance(value, (int, str, type(None))):
+            raise InvalidInput(
+                'body must be {"device_budget": bytes, a size like "64MiB", or null}'
+            )
+        try:
+            budget = None if value is None else parse_size(value)
+        except ValueError as exc:
+            raise InvalidInput(f"device_budget: {exc}") from None
+        if budget is not None and budget <= 0:
+            raise InvalidInput("device_budget: must be positive, or null for no limit")
+        self.agent.set_device_budget(budget)
         return _json(self.agent.memory())
 
     async def pin(self, request: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from edgeplex.agent.errors import InvalidInput
 from edgeplex.agent.requests import InferInput
@@ -77,6 +78,10 @@ def load_json(text: bytes, cap: int, what: str = "request JSON") -> Any:
     depth = json_depth(text)
     if depth > MAX_JSON_DEPTH:
         raise InvalidInput(f"the {what} nests {depth} levels deep; the limit is {MAX_JSON_DEPTH}")
+    try:
+        return orjson.loads(text)  # several times the standard library's speed
+    except orjson.JSONDecodeError:
+        pass  # what orjson refuses and Python accepts (NaN), or the error, below
     try:
         return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -157,6 +162,8 @@ def parse_infer_body(
         name, shape, datatype = item.get("name"), item.get("shape"), item.get("datatype")
         if not isinstance(name, str):
             raise InvalidInput("an input has no 'name'")
+        if isinstance(shape, list):  # orjson reads integers past 64 bits as floats
+            shape = [int(d) if isinstance(d, float) and abs(d) >= 2**63 else d for d in shape]
         if not isinstance(shape, list) or not all(_int(d) for d in shape):
             raise InvalidInput(f"input '{name}': 'shape' must be a list of integers")
         if not isinstance(datatype, str):

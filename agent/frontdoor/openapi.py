@@ -142,7 +142,14 @@ def document() -> dict[str, Any]:
             **_model_paths(model, [_NAME]),
             **_model_paths(versioned, [_NAME, _VERSION]),
             "/edgeplex/v1/status": {"get": _op("every model's state", [], _JSON_OK)},
-            "/edgeplex/v1/memory": {"get": _op("bytes per tier", [], _JSON_OK)},
+            "/edgeplex/v1/memory": {
+                "get": _op("bytes per tier", [], _JSON_OK),
+                "post": _op(
+                    'a new device budget, now: {"device_budget": bytes | "64MiB" | null}',
+                    [],
+                    _JSON_OK,
+                ),
+            },
             "/edgeplex/v1/models/{model}/pin": verb,
             "/edgeplex/v1/models/{model}/unpin": verb,
             "/edgeplex/v1/models/{model}/demote": demote,

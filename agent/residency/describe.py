@@ -7,16 +7,23 @@ A model that cannot be served as configured is FAILED here with the reason.
 
 from __future__ import annotations
 
-from edgeplex.agent.graph import GraphError, read_interface
-from edgeplex.agent.residency.state import DEFAULT_MAX_BATCH_SIZE, ModelRecord, Phase
+import logging
 
-UNSUPPORTED = ("BYTES", "BF16")
+from edgeplex.agent.graph import GraphError, read_interface
+from edgeplex.agent.repository import ModelSource
+from edgeplex.agent.residency.state import DEFAULT_MAX_BATCH_SIZE, ModelRecord, Phase
+from edgeplex.agent.tensors import TensorSpec
+
+UNSUPPORTED = ("BF16",)
+log = logging.getLogger("edgeplex.agent")
 
 
 def describe(record: ModelRecord) -> None:
     """Fill in `record`'s interface, or move it to FAILED with the reason. Called by
     the owner when it first sees a source (no other writer)."""
     source = record.source
+    for warning in source.warnings:  # also in the model's status
+        log.warning("model %s: %s", record.key, warning)
     if source.config is None:
         _fail(record, source.config_error)
         return
@@ -35,6 +42,12 @@ def describe(record: ModelRecord) -> None:
     specs = interface.inputs + interface.outputs
     batchable = all(s.shape and s.shape[0] == -1 for s in specs)
     wanted = source.config.max_batch_size
+    mismatch = _declared_mismatch(source, interface.inputs, "input", wanted) or _declared_mismatch(
+        source, interface.outputs, "output", wanted
+    )
+    if mismatch:
+        _fail(record, mismatch)
+        return
     if wanted is None:
         max_batch = DEFAULT_MAX_BATCH_SIZE if batchable else 0
     elif wanted > 0 and not batchable:
@@ -48,6 +61,33 @@ def describe(record: ModelRecord) -> None:
         max_batch = wanted
     record.inputs, record.outputs = interface.inputs, interface.outputs
     record.max_batch_size = max_batch
+
+
+def _declared_mismatch(
+    source: ModelSource, graph: tuple[TensorSpec, ...], what: str, max_batch: int | None
+) -> str:
+    """How config.pbtxt's declared tensors disagree with the graph ("" if they agree).
+    With max_batch_size > 0, declared dims leave out the batch dimension."""
+    declared = source.declared_inputs if what == "input" else source.declared_outputs
+    by_name = {t.name: t for t in graph}
+    for t in declared:
+        spec = by_name.get(t.name)
+        if spec is None:
+            names = ", ".join(sorted(by_name)) or "none"
+            return f"config.pbtxt declares {what} '{t.name}'; the graph's {what}s are {names}"
+        if t.datatype != spec.datatype:
+            return f"config.pbtxt: {what} '{t.name}' is {t.datatype}; the graph has {spec.datatype}"
+        dims = ((-1,) if max_batch else ()) + t.dims
+        agree = len(dims) == len(spec.shape) and all(
+            a == b or a == -1 or b == -1 for a, b in zip(dims, spec.shape, strict=True)
+        )
+        if not agree:
+            shown = list(t.dims)
+            return (
+                f"config.pbtxt: {what} '{t.name}' dims {shown} (max_batch_size {max_batch or 0}) "
+                f"do not match the graph's shape {list(spec.shape)}"
+            )
+    return ""
 
 
 def _fail(record: ModelRecord, reason: str) -> None:

@@ -15,12 +15,14 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 from pathlib import Path
 
 from edgeplex.agent.batching.batcher import Batcher, scale_target
 from edgeplex.agent.batching.dispatch import make_batcher
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.errors import RunnerLost, ServeError, Unavailable
+from edgeplex.agent.forms import ORIGINAL, VariantReport
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.residency.contract import Loaded
 from edgeplex.agent.residency.owner import Residency
@@ -49,9 +51,11 @@ class RunnerEffects:
     def queue(self, key: ModelKey) -> Batcher | None:
         return self._queues.get(key)
 
-    def staged_dir(self, record: ModelRecord) -> Path:
+    def staged_dir(self, record: ModelRecord, form: str = ORIGINAL) -> Path:
         digest = record.source.digest[:16] or "0"  # a replaced artifact gets a new copy
-        return self._staging / record.name / record.version / digest
+        return (
+            self._staging / record.name / record.version / (f"{digest}-{form}" if form else digest)
+        )
 
     def runner_pid(self, record: ModelRecord) -> int | None:
         runner = self._pool.get(record.runner_id)
@@ -105,13 +109,14 @@ class RunnerEffects:
                 error = Unavailable(f"model '{record.name}' failed: {record.reason}")
                 self._spawn(queue.close(error, drain=False))
 
-    def stage(self, record: ModelRecord) -> None:
-        self._spawn(self._stage(record))
+    def stage(self, record: ModelRecord, form: str = ORIGINAL) -> None:
+        self._spawn(self._stage(record, form))
 
     def drop_staged(self, record: ModelRecord) -> None:
         # Safe even if a session still maps the file: unlinked pages live on until
         # the last mapping goes.
-        shutil.rmtree(self.staged_dir(record), ignore_errors=True)
+        for form in (ORIGINAL, *record.variants):
+            shutil.rmtree(self.staged_dir(record, form), ignore_errors=True)
         METRICS.demotions.labels(reason="staged_dropped").inc()
 
     def prepack(self, record: ModelRecord, generation: int) -> None:
@@ -136,13 +141,39 @@ class RunnerEffects:
         record.side_work = "scale"
         self._spawn(self._scale(record, queue, target))
 
+    def build_variants(self, record: ModelRecord, forms: list[str]) -> None:
+        self._spawn(self._build_variants(record, forms))
+
+    def reform(self, record: ModelRecord, generation: int, form: str) -> None:
+        self._spawn(self._reform(record, generation, form))
+
     def changed(self) -> None:
         if self.owner is None:
             return
         METRICS.tier_bytes.labels(tier="loaded").set(self.owner.device_bytes())
-        METRICS.tier_bytes.labels(tier="staged").set(self.owner.host_bytes())
+        METRICS.tier_bytes.labels(tier="staged").set(self.owner.ledger.host_bytes())
 
     # --- the tasks --------------------------------------------------------------------------
+
+    def _load_message(self, record: ModelRecord, form: str, fast: bool) -> ipc.LoadModel:
+        settings = self._settings.runner
+        config = record.config
+        return ipc.LoadModel(
+            req_id=self._pool.next_req_id(),
+            model=str(record.key),
+            path=str(record.form_path(form)),
+            staged_dir=str(self.staged_dir(record, form)),
+            intra_op_threads=config.intra_op_threads or settings.intra_op_threads,
+            inter_op_threads=settings.inter_op_threads,
+            allow_spinning=settings.allow_spinning,
+            prepack_weights=settings.prepack_weights and not fast,
+            provider=settings.execution_provider,
+            device_id=settings.device_id,
+            memory_limit=config.memory_limit or 0,
+            instances=config.instance_count,
+            warm_up=not fast,
+            form=form,
+        )
 
     async def _load(self, record: ModelRecord, generation: int, fast: bool) -> None:
         owner = self.owner
@@ -155,23 +186,7 @@ class RunnerEffects:
         try:
             await asyncio.wait_for(runner.ensure_ready(), settings.start_timeout_s * 3)
             reply, _ = await asyncio.wait_for(
-                runner.call(
-                    ipc.LoadModel(
-                        req_id=self._pool.next_req_id(),
-                        model=str(record.key),
-                        path=str(record.source.path),
-                        staged_dir=str(self.staged_dir(record)),
-                        intra_op_threads=config.intra_op_threads or settings.intra_op_threads,
-                        inter_op_threads=settings.inter_op_threads,
-                        allow_spinning=settings.allow_spinning,
-                        prepack_weights=settings.prepack_weights and not fast,
-                        provider=settings.execution_provider,
-                        device_id=settings.device_id,
-                        memory_limit=config.memory_limit or 0,
-                        instances=config.instance_count,
-                        warm_up=not fast,
-                    )
-                ),
+                runner.call(self._load_message(record, record.form, fast)),
                 settings.load_timeout_s,
             )
         except RunnerLost:
@@ -185,7 +200,9 @@ class RunnerEffects:
         promote_ms = reply.load_ms
         if reply.source != "staged":
             promote_ms = reply.stages.get("create", 0) + reply.stages.get("warmup", 0)
-        self._record_promotion(record, reply)
+        self._record_promotion(record, reply, record.form)
+        if fast:  # a request asked for it and waits (lifecycle: waiters, not explicit)
+            METRICS.cold_starts.labels(model=record.name).inc()
         log.info(
             "model %s loaded from %s in %.0f ms (%d bytes)",
             record.key,
@@ -224,7 +241,7 @@ class RunnerEffects:
             await self._pool.retire(record.runner_id)
         owner.unload_done(record.key, generation)
 
-    async def _stage(self, record: ModelRecord) -> None:
+    async def _stage(self, record: ModelRecord, form: str) -> None:
         owner = self.owner
         assert owner is not None
         staged = 0
@@ -235,8 +252,8 @@ class RunnerEffects:
                 ipc.StageModel(
                     self._pool.next_req_id(),
                     str(record.key),
-                    str(record.source.path),
-                    str(self.staged_dir(record)),
+                    str(record.form_path(form)),
+                    str(self.staged_dir(record, form)),
                 )
             )
             if isinstance(reply, ipc.ModelStaged):
@@ -245,7 +262,7 @@ class RunnerEffects:
                 log.warning("staging %s failed: %s", record.key, getattr(reply, "message", ""))
         except (RunnerLost, ServeError):
             pass
-        owner.staged(record.key, staged)
+        owner.side.staged(record.key, staged, form)
 
     async def _prepack(self, record: ModelRecord, generation: int) -> None:
         owner = self.owner
@@ -262,8 +279,77 @@ class RunnerEffects:
             METRICS.promotion_stage_duration.labels(stage="prepack").observe(reply.ms / 1000)
         elif reply is not None:
             log.warning("prepacking %s failed: %s", record.key, getattr(reply, "message", ""))
-        owner.prepacked(record.key, generation, delta)
+        owner.side.prepacked(record.key, generation, delta)
         METRICS.model_memory.labels(model=record.name).set(record.device_bytes)
+
+    async def _build_variants(self, record: ModelRecord, forms: list[str]) -> None:
+        owner = self.owner
+        assert owner is not None
+        config, digest = record.config, record.source.digest
+        message = ipc.BuildVariants(
+            self._pool.next_req_id(),
+            str(record.key),
+            str(record.source.path),
+            digest,  # the runner hashes the file when the scan did not
+            str(self._settings.variant_dir or self._settings.model_repo / ".variants"),
+            forms,
+            config.calibration.model_dump(),
+            config.variant_guard.model_dump(),
+        )
+        reports: list[VariantReport] = []
+        started = time.perf_counter()
+        try:
+            runner = self._pool.get(SHARED_RUNNER)
+            await runner.ensure_ready()
+            reply, _ = await runner.call(message)
+            if isinstance(reply, ipc.VariantsBuilt):
+                reports = [VariantReport.model_validate(r) for r in reply.reports]
+            else:
+                reason = getattr(reply, "message", "failed")
+                reports = [VariantReport(form=f, reason=reason) for f in forms]
+        except (RunnerLost, ServeError) as exc:
+            reports = [VariantReport(form=f, reason=f"build interrupted: {exc}") for f in forms]
+        METRICS.variant_build_duration.observe(time.perf_counter() - started)
+        for report in reports:
+            log.log(
+                logging.INFO if report.usable else logging.WARNING,
+                "model %s: variant %s %s%s",
+                record.key,
+                report.form,
+                "usable" if report.usable else "kept out: ",
+                report.reason,
+            )
+        owner.side.variants_built(record.key, digest, reports)
+
+    async def _reform(self, record: ModelRecord, generation: int, form: str) -> None:
+        owner = self.owner
+        assert owner is not None
+        loaded: Loaded | None = None
+        message = self._load_message(record, form, fast=False)
+        message.swap = True
+        try:
+            reply, _ = await asyncio.wait_for(
+                self._pool.get(record.runner_id).call(message),
+                self._settings.runner.load_timeout_s,
+            )
+        except (RunnerLost, TimeoutError, ServeError):
+            reply = None
+        if isinstance(reply, ipc.ModelLoaded):
+            self._record_promotion(record, reply, form)
+            loaded = Loaded(
+                reply.bytes, reply.load_ms / 1000, reply.staged_bytes, reply.prepacked, reply.source
+            )
+            log.info(
+                "model %s now serves as %s (%d bytes)", record.key, form or "original", reply.bytes
+            )
+        elif reply is not None:
+            log.warning(
+                "model %s: swap to %s failed: %s",
+                record.key,
+                form or "original",
+                getattr(reply, "message", ""),
+            )
+        owner.side.reformed(record.key, generation, form, loaded)
 
     async def _scale(self, record: ModelRecord, queue: Batcher, target: int) -> None:
         owner = self.owner
@@ -274,7 +360,7 @@ class RunnerEffects:
             )
         except RunnerLost:
             reply = None
-        owner.scaled(record.key)
+        owner.side.scaled(record.key)
         if isinstance(reply, ipc.InstancesSet) and reply.instances:
             log.info("model %s: %d -> %d instances", record.key, queue.instances, reply.instances)
             METRICS.instances.labels(model=record.name).set(reply.instances)
@@ -282,17 +368,24 @@ class RunnerEffects:
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def _record_promotion(self, record: ModelRecord, reply: ipc.ModelLoaded) -> None:
+    def _record_promotion(self, record: ModelRecord, reply: ipc.ModelLoaded, form: str) -> None:
         self.last_promotion[record.key] = {
             "source": reply.source,
             "stages_ms": {k: round(v, 3) for k, v in reply.stages.items()},
             "load_ms": round(reply.load_ms, 3),
+            "form": form or "original",
         }
         METRICS.promotions.labels(source=reply.source).inc()
         METRICS.promotion_duration.labels(source=reply.source).observe(reply.load_ms / 1000)
         for stage, ms in reply.stages.items():
             METRICS.promotion_stage_duration.labels(stage=stage).observe(ms / 1000)
         METRICS.model_memory.labels(model=record.name).set(reply.bytes)
+        if record.variants:
+            for each in (ORIGINAL, *record.variants):
+                held = reply.bytes if each == form else 0
+                METRICS.variant_bytes.labels(model=record.name, variant=each or "original").set(
+                    held
+                )
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro)

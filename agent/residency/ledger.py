@@ -7,15 +7,39 @@ The owner (owner.py) is its only writer; everything here reads.
 
 from __future__ import annotations
 
-from edgeplex.agent.residency.planner import Slot, candidate
+from typing import Any
+
+from edgeplex.agent.forms import ORIGINAL
+from edgeplex.agent.residency.planner import QueuedLoad, Slot, candidate
 from edgeplex.agent.residency.policies import Candidate
-from edgeplex.agent.residency.state import ModelKey, ModelRecord, Phase
+from edgeplex.agent.residency.state import ModelKey, ModelRecord, Phase, Tier
 
 
 class Ledger:
     def __init__(self) -> None:
         self.by_key: dict[ModelKey, ModelRecord] = {}
         self.serving: dict[str, ModelKey] = {}  # name -> the version requests reach
+        # Seconds per staged byte of this site's promotions (a moving average).
+        self.promote_s_per_byte: float | None = None
+
+    def observe_promotion(self, promote_s: float, staged_bytes: int) -> None:
+        """The owner reports each promotion's staged-equivalent time."""
+        if staged_bytes <= 0 or promote_s <= 0:
+            return
+        rate, prior = promote_s / staged_bytes, self.promote_s_per_byte
+        self.promote_s_per_byte = rate if prior is None else 0.8 * prior + 0.2 * rate
+
+    def promote_estimate(self, record: ModelRecord) -> float | None:
+        """Seconds to promote a staged model here: its own last promotion, else its
+        staged bytes at this site's measured rate; None when neither is known or it
+        has no staged copy (routing then prefers a peer)."""
+        if record.tier != Tier.STAGED:
+            return None
+        if record.usage.promote_s > 0:
+            return record.usage.promote_s
+        if self.promote_s_per_byte is None:
+            return None
+        return record.staged_bytes * self.promote_s_per_byte
 
     def get(self, name: str, version: str = "") -> ModelRecord | None:
         key = self.serving.get(name)
@@ -40,7 +64,7 @@ class Ledger:
         return sum(r.held_bytes for r in self.by_key.values())
 
     def host_bytes(self) -> int:
-        return sum(r.staged_bytes for r in self.by_key.values())
+        return sum(r.staged_bytes + r.staged_variant_bytes for r in self.by_key.values())
 
     def leaving_bytes(self) -> int:
         """Bytes of models on their way out (draining or unloading)."""
@@ -57,6 +81,28 @@ class Ledger:
         """Loads waiting for room, first come first."""
         waiting = (r for r in self.by_key.values() if r.phase == Phase.QUEUED)
         return sorted(waiting, key=lambda r: r.queued_at)
+
+    def load_bytes(self, record: ModelRecord, budget: int | None, form: str | None = None) -> int:
+        """Bytes to hold for loading `record` as `form`: its estimate, but no more than
+        the budget leaves beside the pins. An estimate above that is a measurement
+        nothing has confirmed yet (ModelRecord.certain_bytes); the load measures again."""
+        needed = record.estimate_bytes(form)
+        if budget is None:
+            return needed
+        return max(1, min(needed, budget - self.pinned_bytes(besides=record)))
+
+    def queued_load(self, record: ModelRecord, budget: int | None) -> QueuedLoad:
+        """The planner's view of `record`'s queued load, as shipped, and as its smaller
+        variant where it accepts one."""
+        smaller = record.smaller_form()
+        return QueuedLoad(
+            record.key,
+            self.load_bytes(record, budget, ORIGINAL),
+            record.certain_bytes(ORIGINAL),
+            None
+            if smaller is None
+            else (smaller, self.load_bytes(record, budget, smaller), record.certain_bytes(smaller)),
+        )
 
     def fits_without_eviction(self, name: str, budget: int | None) -> bool:
         record = self.get(name)
@@ -77,7 +123,19 @@ class Ledger:
             frequency=record.usage.frequency,
             credit=record.usage.credit,
             promote_s=record.usage.promote_s,
+            leaving=record.device_bytes if record.side_work == "reform" else 0,
+            **self._smaller(record),
         )
+
+    @staticmethod
+    def _smaller(record: ModelRecord) -> dict[str, Any]:
+        """A serving original's smaller usable variant, for the planner to swap to."""
+        if record.phase != Phase.READY or record.form or record.side_work:
+            return {}
+        form = record.smaller_form()
+        if form is None:
+            return {}
+        return {"smaller": record.estimate_bytes(form), "smaller_form": form}
 
     def slots(self, besides: ModelRecord | None = None) -> list[Slot]:
         return [self.slot(r) for r in self.by_key.values() if r is not besides]

@@ -12,13 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from edgeplex.agent.errors import ModelFailed, NoRoom, Unavailable
+from edgeplex.agent.forms import ORIGINAL
 from edgeplex.agent.repository import ModelSource
 from edgeplex.agent.residency.contract import Effects, Limits
 from edgeplex.agent.residency.ledger import Ledger
-from edgeplex.agent.residency.planner import QueuedLoad, plan_room, victims_for
+from edgeplex.agent.residency.planner import plan_room, victims_for
 from edgeplex.agent.residency.policies import EvictionPolicy
 from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase
 from edgeplex.agent.residency.upkeep import budget_cut, host_budget_drops
+
+# Seconds without an eviction or a load as a variant before room counts as
+# returned: loads start as originals again, and models serving a variant swap back.
+CALM_S = 5.0
 
 FREQUENCY_HALF_LIFE_S = 30.0
 
@@ -38,6 +43,9 @@ class Lifecycle:
         self._effects = effects
         self._clock = clock
         self._queue_seq = 0
+        # When room was last short enough that a load started as a variant, or a
+        # model had to leave for another: originals come back only after a calm.
+        self.pressed_at = float("-inf")
 
     def want(self, record: ModelRecord) -> None:
         """Queue a load of `record` unless one is queued, in flight or it serves."""
@@ -113,7 +121,7 @@ class Lifecycle:
             # Still on its way out: reloaded for the requests it owes, then it drains;
             # those that arrived meanwhile bring it back after that.
             record.intent = Intent.STAGED
-        if record.side_work.startswith("prepack"):
+        if record.side_work.startswith("prepack") or record.side_work == "reform":
             record.reserved_bytes = 0  # the transient copy died with the runner
         record.reserved_bytes = max(record.device_bytes, record.reserved_bytes)
         record.device_bytes = 0
@@ -123,15 +131,25 @@ class Lifecycle:
         record.reason = "runner restarting"
         self._effects.pause(record)
 
+    def swap(self, record: ModelRecord, form: str) -> None:
+        """Move a serving model to `form` in place: the runner builds the new session
+        beside the old one, so both are held until the swap (`SideWork.reformed`)."""
+        record.side_work = "reform"
+        record.reserved_bytes = record.device_bytes + record.estimate_bytes(form)
+        self._effects.reform(record, record.generation, form)
+
     def reload(self, record: ModelRecord) -> None:
-        """Its runner is back: load it again into the room it kept."""
+        """Its runner is back: load it again into the room it kept (as the form it
+        served, unless that variant went with a replaced artifact)."""
+        if record.form not in record.variants:
+            record.form = ORIGINAL
         record.generation += 1
         record.enter(Phase.LOADING)
         self._effects.load(record, record.generation, fast=True)
 
     def drop_staged(self, record: ModelRecord) -> None:
-        if record.staged_bytes:
-            record.staged_bytes = 0
+        if record.staged_bytes or record.staged_variant_bytes:
+            record.staged_bytes = record.staged_variant_bytes = 0
             self._effects.drop_staged(record)
 
     def pump(self) -> dict[ModelKey, str]:
@@ -143,14 +161,20 @@ class Lifecycle:
         if not queued:
             self._effects.changed()
             return {}
+        budget = self.limits.device_budget
         plan = plan_room(
             self._ledger.slots(),
-            [QueuedLoad(r.key, r.estimate_bytes()) for r in queued],
-            self.limits.device_budget,
+            [self._ledger.queued_load(r, budget) for r in queued],
+            budget,
             self._policy,
             self._clock(),
             self.limits.max_promotions,
+            pressed=self._clock() - self.pressed_at < CALM_S,
         )
+        if plan.unload or plan.drain or plan.demote:
+            self.pressed_at = self._clock()
+        for key, form in plan.demote.items():
+            self.swap(self._ledger.by_key[key], form)
         for key in plan.unload:
             record = self._ledger.by_key[key]
             record.intent = Intent.STAGED
@@ -173,7 +197,10 @@ class Lifecycle:
         for key in plan.start:
             record = self._ledger.by_key[key]
             record.generation += 1
-            record.reserved_bytes = record.estimate_bytes()
+            record.form = plan.forms.get(key, ORIGINAL)
+            if record.form:
+                self.pressed_at = self._clock()
+            record.reserved_bytes = self._ledger.load_bytes(record, budget)
             record.enter(Phase.LOADING)
             fast = bool(record.waiters) and not record.explicit
             self._effects.load(record, record.generation, fast=fast)

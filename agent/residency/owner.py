@@ -15,7 +15,7 @@ admitted.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 from edgeplex.agent.errors import (
@@ -31,6 +31,7 @@ from edgeplex.agent.residency.describe import describe
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.lifecycle import Lifecycle
 from edgeplex.agent.residency.policies import EvictionPolicy
+from edgeplex.agent.residency.side_work import SideWork
 from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
 from edgeplex.agent.residency.upkeep import (
@@ -56,6 +57,7 @@ class Residency:
         self._clock = clock
         self.ledger = Ledger()
         self._life = Lifecycle(self.ledger, limits, policy, effects, clock)
+        self.side = SideWork(self.ledger, self._life, effects, clock)  # background work's events
         self._last_prepack = -NEVER
 
     # --- reads (the ledger answers; nothing here writes) ------------------------------
@@ -69,14 +71,26 @@ class Residency:
     def device_bytes(self) -> int:
         return self.ledger.device_bytes()
 
-    def host_bytes(self) -> int:
-        return self.ledger.host_bytes()
-
     # --- repository -------------------------------------------------------------------------
 
-    def add(self, source: ModelSource) -> ModelRecord:
-        """Know `source` (a model found in the repository). A new version becomes the
-        one requests reach; the old one drains and is dropped."""
+    def add(self, source: ModelSource, keep: Collection[str] = ()) -> ModelRecord:
+        """Know `source`, the version requests naming none reach. Versions in `keep` (older
+        ones its version policy serves too: `add_version`) stay; others drain and go."""
+        record = self.add_version(source)
+        old = self.ledger.serving.get(source.name)
+        self.ledger.serving[source.name] = record.key
+        if old is not None and old != record.key:
+            previous = self.ledger.by_key[old]
+            record.pinned = record.pinned or previous.pinned
+            previous.pinned = False
+        for other in [r for r in self.ledger.all_records() if r.name == source.name]:
+            if other is not record and other.version not in keep and other.intent != Intent.RETIRE:
+                self._life.retire(other)
+        self._effects.changed()
+        return record
+
+    def add_version(self, source: ModelSource) -> ModelRecord:
+        """Know `source` without making it the version requests reach by default."""
         key = ModelKey(source.name, source.version)
         record = self.ledger.by_key.get(key)
         if record is None:
@@ -86,20 +100,14 @@ class Residency:
         elif record.source.digest != source.digest:
             self._life.replace_artifact(record, source)
             describe(record)
+            record.variants.clear()  # built from the old artifact
         elif record.source != source and record.phase in (Phase.ABSENT, Phase.FAILED):
             record.source = source  # config.yaml changed; the next load reads it
             record.reason = ""
             if record.phase == Phase.FAILED:
                 record.enter(Phase.ABSENT)
             describe(record)
-        old = self.ledger.serving.get(source.name)
-        self.ledger.serving[source.name] = key
-        if old is not None and old != key:
-            previous = self.ledger.by_key[old]
-            record.pinned = record.pinned or previous.pinned
-            previous.pinned = False
-            self._life.retire(previous)
-        self._effects.changed()
+        self.side.wants_variants(record)
         return record
 
     # --- requests ---------------------------------------------------------------------------
@@ -186,6 +194,7 @@ class Residency:
                 record.load_crashes = 0
                 record.enter(Phase.ABSENT)
                 record.reason = ""
+                describe(record)  # a fault of its config or interface fails it again
         ticket = Ticket(record.key, NEVER, granted=False, lease=False)
         if record.phase == Phase.READY:
             if record.intent in (Intent.STAGED, Intent.CACHED):
@@ -262,10 +271,14 @@ class Residency:
             return
         now = self._clock()
         record.reserved_bytes = 0
-        record.device_bytes = record.last_measured = max(1, loaded.bytes)
-        record.staged_bytes = loaded.staged_bytes
+        record.measure(loaded.bytes)
+        if record.form:
+            record.staged_variant_bytes = max(record.staged_variant_bytes, loaded.staged_bytes)
+        else:
+            record.staged_bytes = loaded.staged_bytes
         record.prepacked = loaded.prepacked
         record.usage.promote_s = loaded.promote_s
+        self.ledger.observe_promotion(loaded.promote_s, loaded.staged_bytes)
         record.usage.loaded_at = now
         record.usage.credit = self.policy.stamp()
         record.load_crashes = 0
@@ -314,35 +327,6 @@ class Residency:
         self._life.fit_host_budget()
         self._life.pump()
 
-    def staged(self, key: ModelKey, staged_bytes: int) -> None:
-        record = self.ledger.by_key.get(key)
-        if record is None:
-            return
-        record.side_work = ""
-        if staged_bytes and record.phase not in (Phase.READY, Phase.DRAINING):
-            record.staged_bytes = staged_bytes
-        self._life.fit_host_budget()
-        self._effects.changed()
-
-    def prepacked(self, key: ModelKey, generation: int, bytes_delta: int | None) -> None:
-        record = self.ledger.by_key.get(key)
-        if record is None:
-            return
-        record.side_work = ""
-        if record.generation != generation or record.phase != Phase.READY:
-            return
-        record.reserved_bytes = 0  # the transient copy is gone
-        record.prepacked = True  # also when it failed: do not retry a model that cannot be
-        if bytes_delta is not None:
-            record.device_bytes = record.last_measured = max(1, record.device_bytes + bytes_delta)
-            self._life.fit_measured(record)
-        self._effects.changed()
-
-    def scaled(self, key: ModelKey) -> None:
-        record = self.ledger.by_key.get(key)
-        if record is not None and record.side_work == "scale":
-            record.side_work = ""
-
     # --- runners ------------------------------------------------------------------------
 
     def runner_down(self, runner_id: str) -> None:
@@ -389,4 +373,6 @@ class Residency:
             self._life.upgrade(chosen, now)
             self._last_prepack = now
         self._life.start_upgrades()
+        self.side.want_variants()
+        self.side.restore_forms()
         self._life.pump()

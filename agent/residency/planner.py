@@ -9,7 +9,12 @@ whole queue at once:
 - which to drain (victims with leases: they admit nothing more and are
   unloaded when their admitted requests have been answered, which their
   deadlines bound);
-- which loads can never fit (they need more than the budget minus the pins).
+- which loads can never fit (they need more than the budget minus the pins);
+- which loads start as a smaller variant: a model that accepts one loads as
+  its smallest usable variant when its original would take room from others,
+  or while room has been short lately;
+- which serving models swap to their smaller variant in place (they stay
+  resident) before any model is evicted for room.
 
 Loads are served first come, first served: a load that cannot get room yet
 holds back the ones behind it, so a large model is never starved by a stream
@@ -45,12 +50,20 @@ class Slot:
     frequency: float = 0.0
     credit: float = 0.0
     promote_s: float = 0.0
+    # Bytes that leave when work in flight ends (a swap to another form: the old
+    # session's), and the bytes of a smaller usable variant it may swap to in place.
+    leaving: int = 0
+    smaller: int = 0
+    smaller_form: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class QueuedLoad:
     key: ModelKey
-    needed: int
+    needed: int  # the bytes it will likely hold
+    certain: int = 0  # the bytes it surely needs: above the budget's room, it is refused
+    # A smaller usable variant it may load as instead: (form, needed, certain).
+    smaller: tuple[str, int, int] | None = None
 
 
 @dataclass
@@ -59,6 +72,8 @@ class RoomPlan:
     unload: list[ModelKey] = field(default_factory=list)
     drain: list[ModelKey] = field(default_factory=list)
     refuse: dict[ModelKey, str] = field(default_factory=dict)
+    forms: dict[ModelKey, str] = field(default_factory=dict)  # loads that start as a variant
+    demote: dict[ModelKey, str] = field(default_factory=dict)  # serving models swapped smaller
 
 
 LEAVING = (Phase.DRAINING, Phase.UNLOADING)
@@ -73,6 +88,7 @@ def plan_room(
     policy: EvictionPolicy,
     now: float,
     max_promotions: int | None = None,
+    pressed: bool = False,
 ) -> RoomPlan:
     plan = RoomPlan()
     # Promotions in flight, and promised room: at most `max_promotions` at once. The
@@ -81,37 +97,63 @@ def plan_room(
     # victims are better chosen when its turn comes.
     promotions = sum(1 for s in slots if s.phase == Phase.LOADING)
     held = sum(s.held for s in slots)
-    leaving = sum(s.held for s in slots if s.phase in LEAVING)
+    leaving = sum(s.held if s.phase in LEAVING else s.leaving for s in slots)
     pinned = sum(s.held for s in slots if s.pinned and s.phase not in LEAVING)
     counted = sum(1 for s in slots if s.phase in COUNTED)
     movable = {
-        s.key: s for s in slots if s.phase == Phase.READY and not s.pinned
+        s.key: s for s in slots if s.phase == Phase.READY and not s.pinned and not s.leaving
     }  # victims come from these
     claimed = 0  # bytes promised to earlier loads of the queue that wait for room
     for load in queue:
-        if budget is not None and load.needed > budget - pinned:
-            plan.refuse[load.key] = (
-                f"needs {load.needed} bytes of device memory; the budget is {budget} and "
-                f"pinned models hold {pinned}"
-            )
-            continue
+        needed, certain = load.needed, max(1, load.certain or load.needed)
+        # A variant when the original would take room from others or never fits, and
+        # while room has been short lately (`pressed`): an original loaded into room
+        # that an eviction just made would only push out the next model.
+        squeezed = budget is not None and (
+            pressed or held + claimed + needed > budget or certain > budget - pinned
+        )
+        if load.smaller is not None and squeezed:
+            form, needed, certain = load.smaller
+            plan.forms[load.key] = form
+        if budget is not None:
+            if certain > budget - pinned:
+                plan.refuse[load.key] = (
+                    f"needs {certain} bytes of device memory; the budget is {budget} and "
+                    f"pinned models hold {pinned}"
+                )
+                continue
+            needed = min(needed, budget - pinned)
         if max_promotions is not None and promotions >= max_promotions:
             continue  # later: only loads that can never fit are answered now
         if not policy.evicts_on_demand:
-            if budget is None or held + claimed + load.needed <= budget:
+            if budget is None or held + claimed + needed <= budget:
                 plan.start.append(load.key)
-                held += load.needed
+                held += needed
                 counted += 1
                 promotions += 1
             else:
                 free = max(0, budget - held - claimed)
                 plan.refuse[load.key] = (
-                    f"needs {load.needed} bytes of device memory and {free} are free "
+                    f"needs {needed} bytes of device memory and {free} are free "
                     f"(budget {budget}, policy {policy.name} does not evict on demand)"
                 )
             continue
         staying = held - leaving + claimed
-        deficit = 0 if budget is None else staying + load.needed - budget
+        deficit = 0 if budget is None else staying + needed - budget
+        if deficit > 0 and budget is not None:
+            # Swapping a serving model to its smaller variant keeps it resident, where
+            # an eviction would not. The variant's session is built beside the original,
+            # so it must fit in the room free now.
+            for slot in sorted(movable.values(), key=lambda s: s.smaller - s.held):
+                if deficit <= 0:
+                    break
+                if not slot.smaller or budget - held - claimed < slot.smaller:
+                    continue
+                del movable[slot.key]
+                plan.demote[slot.key] = slot.smaller_form
+                held += slot.smaller
+                leaving += slot.held
+                deficit -= slot.held - slot.smaller
         victims = _choose(movable, max(0, deficit), counted, policy, now)
         if victims is None:
             break  # room comes later (loads settling, leases ending); first come, first served
@@ -120,11 +162,11 @@ def plan_room(
             (plan.drain if slot.leases else plan.unload).append(slot.key)
             leaving += slot.held
             counted -= 1
-        if budget is None or held + claimed + load.needed <= budget:
+        if budget is None or held + claimed + needed <= budget:
             plan.start.append(load.key)
-            held += load.needed
+            held += needed
         else:
-            claimed += load.needed  # waits for the victims' bytes
+            claimed += needed  # waits for the victims' bytes
         counted += 1
         promotions += 1
     return plan

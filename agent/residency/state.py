@@ -17,18 +17,22 @@ lifecycle:
 
 (READY and DRAINING models also go to RECOVERING when their runner dies.)
 
-A model is identified by (name, version, variant): several versions, and later
-several forms of one version (quantized variants), are separate records that
-share nothing but their name.
+A model is identified by (name, version): several versions are separate records
+that share nothing but their name. Its forms (the one it ships as, and quantized
+variants built of it) are not: a record's session holds one form at a time
+(`form`), chosen when it loads and swapped in place by the runner, so a model
+keeps one queue and one lease count whatever form serves it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgeplex.agent.config import ModelConfig
+from edgeplex.agent.forms import ORIGINAL, VariantReport
 from edgeplex.agent.repository import ModelSource
 from edgeplex.agent.tensors import TensorSpec
 
@@ -38,6 +42,10 @@ if TYPE_CHECKING:  # tickets.py imports this module
 DEFAULT_MAX_BATCH_SIZE = 8
 # Before a model's first load its memory is unknown: assume its file size times this.
 FIRST_LOAD_ESTIMATE = 1.05
+# A model is refused as too big for the budget only when this many measurements of
+# its session say so: a runner's memory also grows by what its other sessions
+# allocate meanwhile, so one sample may count a neighbour's bytes.
+MEASURES_KEPT = 2
 
 
 class Phase(StrEnum):
@@ -88,10 +96,9 @@ class Tier(StrEnum):
 class ModelKey:
     name: str
     version: str
-    variant: str = ""  # "" is the model as published; quantized forms get a name
 
     def __str__(self) -> str:
-        return f"{self.name}:{self.version}{'/' + self.variant if self.variant else ''}"
+        return f"{self.name}:{self.version}"
 
 
 @dataclass(slots=True)
@@ -120,7 +127,11 @@ class ModelRecord:
     device_bytes: int = 0  # measured bytes of the live session
     reserved_bytes: int = 0  # bytes held for a load in flight
     staged_bytes: int = 0  # host bytes of the staged copy
-    last_measured: int = 0
+    staged_variant_bytes: int = 0  # host bytes of its variants' staged copies
+    # Its sessions' last MEASURES_KEPT measurements, per form.
+    measured: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    form: str = ORIGINAL  # the form its session holds, or its load in flight brings
+    variants: dict[str, VariantReport] = field(default_factory=dict)  # built, usable or not
     leases: int = 0  # admitted requests on a serving model, until their response
     waiters: list[Ticket] = field(default_factory=list)  # tickets waiting for READY
     pinned: bool = False
@@ -128,7 +139,8 @@ class ModelRecord:
     explicit: bool = False  # the queued load was asked for (admin, placement), not a request
     load_crashes: int = 0
     prepacked: bool = False
-    side_work: str = ""  # "scale" | "prepack" | "stage" while one is in flight
+    # "scale" | "prepack" | "stage" | "variants" | "reform" while one is in flight
+    side_work: str = ""
     usage: Usage = field(default_factory=Usage)
     queued_at: int = 0  # order among queued loads (FIFO)
 
@@ -164,15 +176,54 @@ class ModelRecord:
             return 0
         return max(self.device_bytes, self.reserved_bytes)
 
-    def estimate_bytes(self) -> int:
-        if self.device_bytes:
+    def measure(self, size: int) -> None:
+        """A measurement of the live session's bytes (of its current form)."""
+        self.device_bytes = max(1, size)
+        kept = (*self.measured.get(self.form, ()), self.device_bytes)
+        self.measured[self.form] = kept[-MEASURES_KEPT:]
+
+    def estimate_bytes(self, form: str | None = None) -> int:
+        """Bytes a session of `form` (default: its current one) will likely hold: the
+        smallest recent measurement (noise only ever adds bytes), or its file size
+        before the first load."""
+        form = self.form if form is None else form
+        if self.device_bytes and form == self.form:
             return self.device_bytes
-        if self.last_measured:
-            return self.last_measured
-        try:
-            size = self.source.path.stat().st_size
-        except OSError:
-            size = 0
+        if self.measured.get(form):
+            return min(self.measured[form])
+        return self._file_estimate(form)
+
+    def certain_bytes(self, form: str | None = None) -> int:
+        """Bytes a load of it surely needs: what refusing it as one that can never fit
+        goes by. Until MEASURES_KEPT measurements agree, no more than its file."""
+        form = self.form if form is None else form
+        if len(self.measured.get(form, ())) >= MEASURES_KEPT:
+            return min(self.measured[form])
+        return min(self.estimate_bytes(form), self._file_estimate(form))
+
+    def smaller_form(self) -> str | None:
+        """The usable variant that holds the fewest bytes, when the model accepts
+        variants (`quality: any`) and one is smaller than the original."""
+        if self.source.config is None or self.config.quality != "any":
+            return None
+        usable = [f for f, v in self.variants.items() if v.usable]
+        best = min(usable, key=self.estimate_bytes, default=None)
+        if best is None or self.estimate_bytes(best) >= self.estimate_bytes(ORIGINAL):
+            return None
+        return best
+
+    def form_path(self, form: str | None = None) -> Path:
+        form = self.form if form is None else form
+        return Path(self.variants[form].path) if form else self.source.path
+
+    def _file_estimate(self, form: str) -> int:
+        if form:  # its report has the size: no stat on the planner's path
+            size = self.variants[form].file_bytes if form in self.variants else 0
+        else:
+            try:
+                size = self.source.path.stat().st_size
+            except OSError:
+                size = 0
         return max(1, int(size * FIRST_LOAD_ESTIMATE))
 
     def enter(self, phase: Phase) -> None:

@@ -25,7 +25,7 @@ def promotion_refusal(record: ModelRecord, ledger: Ledger, limits: Limits) -> Se
     budget = limits.device_budget
     if budget is not None:
         pinned = ledger.pinned_bytes(besides=record)
-        needed = record.estimate_bytes()
+        needed = record.certain_bytes()
         if needed > budget - pinned:
             return NoRoom(
                 f"model '{record.name}' needs {needed} bytes of device memory; the budget "

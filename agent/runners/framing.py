@@ -3,7 +3,8 @@
 A frame is `u32 header_len | u32 payload_len | header | payload`: the header
 is a msgpack map with a type tag `t` (a message of ipc.py), the payload the
 raw bytes of the tensors the header describes, back to back. Only the plain
-numeric dtypes of TENSOR_DTYPES decode, so a peer can send nothing but data.
+numeric dtypes of TENSOR_DTYPES decode, and BYTES (length-prefixed UTF-8
+elements), so a peer can send nothing but data.
 
 The blocking helpers (send_frame, recv_frame) serve the runner and the zygote;
 the asyncio ones (read_frame, write_frame) serve the agent.
@@ -18,6 +19,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from edgeplex.agent.errors import InvalidInput
 from edgeplex.agent.runners.ipc import (
     FRAME_HEAD,
     MAX_HEADER_BYTES,
@@ -27,6 +29,7 @@ from edgeplex.agent.runners.ipc import (
     ProtocolError,
     message_from_header,
 )
+from edgeplex.agent.tensors import BYTES, decode_bytes, encode_bytes
 
 # --- tensors ------------------------------------------------------------------------------
 
@@ -36,6 +39,14 @@ def pack_tensors(arrays: dict[str, np.ndarray]) -> tuple[list[list[Any]], list[m
     descs: list[list[Any]] = []
     buffers: list[memoryview] = []
     for name, array in arrays.items():
+        if array.dtype == object:  # BYTES: length-prefixed UTF-8 elements
+            try:
+                blob = encode_bytes(array)
+            except TypeError as exc:
+                raise ProtocolError(f"tensor '{name}': {exc}") from None
+            descs.append([name, BYTES, list(array.shape), len(blob)])
+            buffers.append(memoryview(blob))
+            continue
         array = np.ascontiguousarray(array)
         if array.dtype.str not in TENSOR_DTYPES:
             raise ProtocolError(f"tensor '{name}': dtype {array.dtype} cannot cross IPC")
@@ -49,6 +60,13 @@ def unpack_tensors(descs: list[list[Any]], payload: memoryview) -> dict[str, np.
     arrays: dict[str, np.ndarray] = {}
     offset = 0
     for name, dtype_str, shape, nbytes in descs:
+        if dtype_str == BYTES and offset + nbytes <= len(payload):
+            try:
+                arrays[name] = decode_bytes(name, shape, payload[offset : offset + nbytes], nbytes)
+            except InvalidInput as exc:
+                raise ProtocolError(str(exc)) from None
+            offset += nbytes
+            continue
         if dtype_str not in TENSOR_DTYPES:
             raise ProtocolError(f"tensor '{name}': dtype {dtype_str!r} not allowed")
         dtype = np.dtype(dtype_str)

@@ -95,6 +95,11 @@ class LoadModel(Message):
     # Run once on synthetic inputs before answering. Skipped for a promotion that
     # requests wait for: their first batch does the same work, and sooner.
     warm_up: bool = True
+    # The form `path` holds ("" as shipped, "int8", "fp16"), named in each result.
+    form: str = ""
+    # Swap the session of a model loaded now (its form changes while it serves);
+    # answered with Failure "not_loaded" when the model left meanwhile.
+    swap: bool = False
 
 
 @_message
@@ -136,6 +141,31 @@ class ModelStaged(Message):
     req_id: int
     staged_bytes: int
     stages: dict[str, float]
+
+
+@_message
+class BuildVariants(Message):
+    """agent -> runner: build (or find) `forms` of the model at `path` in the store at
+    `root`, and run each against the original. Answered by VariantsBuilt or Failure.
+    `calibration` and `guard` are the model config's, as JSON-ready dicts."""
+
+    TAG: ClassVar[str] = "build_variants"
+    req_id: int
+    model: str
+    path: str
+    sha256: str
+    root: str
+    forms: list[str]
+    calibration: dict[str, Any]
+    guard: dict[str, Any]
+
+
+@_message
+class VariantsBuilt(Message):
+    TAG: ClassVar[str] = "variants_built"
+    req_id: int
+    # One forms.VariantReport per form, as a dict.
+    reports: list[dict[str, Any]]
 
 
 @_message
@@ -205,6 +235,7 @@ class InferResult(Message):
     req_id: int
     compute_ns: int
     tensors: list[list[Any]] = field(default_factory=list)
+    form: str = ""  # the form of the session that ran it
 
 
 @_message
@@ -227,6 +258,7 @@ class SpawnRunner(Message):
     log_level: str
     # RLIMIT_AS the child sets on itself before it starts (0 = none).
     rlimit_as: int
+    log_format: str = "text"
 
 
 @_message

@@ -36,6 +36,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from edgeplex import logs
+from edgeplex.agent.forms import Calibration, VariantGuard, VariantReport
 from edgeplex.agent.runners import framing, ipc
 from edgeplex.agent.runners.sessions import (
     STAGED_MODEL,
@@ -50,6 +52,7 @@ from edgeplex.agent.runners.sessions import (
     trim_heap,
     warm_up,
 )
+from edgeplex.logs import LogFormat
 
 log = logging.getLogger("edgeplex.runner")
 
@@ -105,6 +108,10 @@ class Runner:
         self._models: dict[str, _Model] = {}
         self._loads: queue.SimpleQueue = queue.SimpleQueue()
         self._stages: queue.SimpleQueue = queue.SimpleQueue()
+        # Odd while the stager works, bumped at each start and end: a load whose
+        # memory reading overlapped background work cannot tell its bytes apart.
+        self._side_epoch = 0
+        self._table_lock = threading.Lock()  # self._models changes from two threads
         self._crew = _Crew(self._run)
 
     def _send(self, message: ipc.Message, buffers: list[memoryview] | None = None) -> None:
@@ -134,7 +141,7 @@ class Runner:
                     model.work.put((message, payload))
             elif isinstance(message, ipc.LoadModel):
                 self._loads.put(message)
-            elif isinstance(message, (ipc.StageModel, ipc.Prepack)):
+            elif isinstance(message, (ipc.StageModel, ipc.Prepack, ipc.BuildVariants)):
                 self._stages.put(message)  # background work never delays a promotion
             elif isinstance(message, ipc.UnloadModel):
                 self._unload(message)
@@ -158,26 +165,58 @@ class Runner:
     def _stager(self) -> None:
         while True:
             request = self._stages.get()
-            if isinstance(request, ipc.Prepack):
-                try:
-                    self._send(self._prepack(request))
-                except Exception as exc:  # the thread must outlive any request
-                    self._send(ipc.Failure(request.req_id, "internal", str(exc)[:500]))
-                continue
-            stages: dict[str, float] = {}
-            staged = Path(request.staged_dir)
+            self._side_epoch += 1
             try:
-                if not (staged / STAGED_MODEL).is_file():
-                    stage_model(Path(request.path), staged, stages)
-                reply: ipc.Message = ipc.ModelStaged(
-                    request.req_id, directory_bytes(staged), stages
-                )
-            except Exception as exc:
-                message = scrub(str(exc), request.path, request.staged_dir)
-                reply = ipc.Failure(request.req_id, "load", message)
-            self._send(reply)
+                self._side_work(request)
+            finally:
+                self._side_epoch += 1
 
-    def _load(self, request: ipc.LoadModel) -> ipc.ModelLoaded:
+    def _side_work(self, request: ipc.StageModel | ipc.Prepack | ipc.BuildVariants) -> None:
+        if isinstance(request, ipc.BuildVariants):
+            self._send(self._build_variants(request))
+            return
+        if isinstance(request, ipc.Prepack):
+            try:
+                self._send(self._prepack(request))
+            except Exception as exc:  # the thread must outlive any request
+                self._send(ipc.Failure(request.req_id, "internal", str(exc)[:500]))
+            return
+        stages: dict[str, float] = {}
+        staged = Path(request.staged_dir)
+        try:
+            if not (staged / STAGED_MODEL).is_file():
+                stage_model(Path(request.path), staged, stages)
+            reply: ipc.Message = ipc.ModelStaged(request.req_id, directory_bytes(staged), stages)
+        except Exception as exc:
+            message = scrub(str(exc), request.path, request.staged_dir)
+            reply = ipc.Failure(request.req_id, "load", message)
+        self._send(reply)
+
+    @staticmethod
+    def _build_variants(request: ipc.BuildVariants) -> ipc.Message:
+        try:
+            from edgeplex.agent import variants
+        except ImportError as exc:
+            message = f"variants need the onnx package (pip install edgeplex[variants]): {exc}"
+            return ipc.Failure(request.req_id, "internal", message)
+        calibration = Calibration.model_validate(request.calibration)
+        guard = VariantGuard.model_validate(request.guard)
+        reports = []
+        sha256 = request.sha256  # the fleet's digest is one; a scan's may be size and mtime
+        if len(sha256) != 64:
+            sha256 = variants.sha256_of(Path(request.path))
+        for form in request.forms:
+            try:
+                report = variants.build_variant(
+                    form, Path(request.path), sha256, Path(request.root), calibration, guard
+                )
+            except Exception as exc:  # a graph the tools cannot convert: kept out, with why
+                reason = scrub(f"{type(exc).__name__}: {exc}", request.path, request.root)
+                report = VariantReport(form=form, reason=f"build failed: {reason}")
+            reports.append(report.model_dump())
+        return ipc.VariantsBuilt(request.req_id, reports)
+
+    def _load(self, request: ipc.LoadModel) -> ipc.ModelLoaded | ipc.Failure:
         stages: dict[str, float] = {}
         staged = Path(request.staged_dir)
         source = "staged" if (staged / STAGED_MODEL).is_file() else "cached"
@@ -186,6 +225,7 @@ class Runner:
         options = self._options(request)
         trim_heap()
         measure = device_bytes if request.provider == "cuda" else resident_bytes
+        epoch = self._side_epoch
         before = measure()
         started = time.perf_counter()
         session = ort.InferenceSession(
@@ -201,16 +241,25 @@ class Runner:
         # neighbour released its own memory meanwhile, or when the pages were already
         # resident, yet it holds those weights as long as it lives.
         weights = directory_bytes(staged)
+        trim_heap()  # as before `before`: count pages in use, not freed ones kept
         grown = max(measure() - before, weights)
+        if request.provider != "cuda" and (epoch % 2 or self._side_epoch != epoch):
+            # The stager built a session meanwhile, in this same process: the growth is
+            # partly its. A CPU session holds about its weights; the next load of this
+            # model measures again.
+            grown = weights
         inputs = [[i.name, i.type, dims(i.shape)] for i in session.get_inputs()]
         outputs = [[o.name, o.type, dims(o.shape)] for o in session.get_outputs()]
-        old = self._models.pop(request.model, None)
-        if old is not None:
-            self._crew.release(old, old.workers)
         model = _Model(request.model, session, [o[0] for o in outputs], request)
-        for _ in range(request.instances):
-            self._crew.assign(model)
-        self._models[request.model] = model
+        with self._table_lock:  # an unload on the main thread must not slip in between
+            old = self._models.pop(request.model, None)
+            if old is None and request.swap:
+                return ipc.Failure(request.req_id, "not_loaded", f"{request.model} left")
+            if old is not None:
+                self._crew.release(old, old.workers)
+            for _ in range(request.instances):
+                self._crew.assign(model)
+            self._models[request.model] = model
         return ipc.ModelLoaded(
             request.req_id,
             request.model,
@@ -282,7 +331,8 @@ class Runner:
         self._send(ipc.InstancesSet(request.req_id, count))
 
     def _unload(self, request: ipc.UnloadModel) -> None:
-        model = self._models.pop(request.model, None)
+        with self._table_lock:
+            model = self._models.pop(request.model, None)
         if model is not None:
             self._crew.release(model, model.workers)
         self._send(ipc.Unloaded(request.req_id))
@@ -291,7 +341,9 @@ class Runner:
 
     def _run(self, model: _Model, message: ipc.Infer, payload: memoryview) -> None:
         try:
-            feeds = framing.unpack_tensors(message.tensors, payload)
+            feeds = {
+                n: as_text(a) for n, a in framing.unpack_tensors(message.tensors, payload).items()
+            }
             names = message.outputs or model.output_names
             started = time.perf_counter_ns()
             results = model.session.run(names, feeds)
@@ -306,14 +358,22 @@ class Runner:
             )
             self._send(ipc.Failure(message.req_id, kind, str(exc)))
             return
-        self._send(ipc.InferResult(message.req_id, compute_ns, descs), buffers)
+        self._send(ipc.InferResult(message.req_id, compute_ns, descs, model.request.form), buffers)
 
 
-def main(runner_id: str, socket_path: str, log_level: str) -> None:
+def as_text(array: np.ndarray) -> np.ndarray:
+    """BYTES arrive as bytes; ONNX Runtime's string tensors take str (bytes would be
+    fed as their repr)."""
+    if array.dtype != object:
+        return array
+    out = np.empty(array.size, dtype=object)
+    out[:] = [b.decode() for b in array.reshape(-1)]
+    return out.reshape(array.shape)
+
+
+def main(runner_id: str, socket_path: str, log_level: str, log_format: LogFormat) -> None:
     """Entry point in the forked child; returns when the agent disconnects."""
-    logging.basicConfig(
-        level=log_level, format=f"%(asctime)s runner[{runner_id}] %(levelname)s %(message)s"
-    )
+    logs.configure(log_level, log_format, runner=runner_id)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(socket_path)
     framing.send_frame(sock, ipc.Hello(runner_id, os.getpid()))

@@ -149,7 +149,9 @@ def warm_up(session: ort.InferenceSession) -> None:
         if dtype is None:
             return
         shape = [d if isinstance(d, int) and d > 0 else 1 for d in (arg.shape or [])]
-        feeds[arg.name] = np.zeros(shape, dtype=dtype)
+        feeds[arg.name] = (
+            np.full(shape, "", dtype=object) if dtype is object else np.zeros(shape, dtype=dtype)
+        )
     try:
         session.run(None, feeds)
     except Exception as exc:  # a model may reject synthetic inputs; that is not fatal
@@ -169,6 +171,7 @@ _ORT_TO_NUMPY = {
     "tensor(uint32)": np.uint32,
     "tensor(uint64)": np.uint64,
     "tensor(bool)": np.bool_,
+    "tensor(string)": object,
 }
 
 

@@ -93,7 +93,12 @@ class ZygoteClient:
         log.warning("zygote connection closed")
 
     async def spawn(
-        self, runner_id: str, socket_path: str, log_level: str, rlimit_as: int = 0
+        self,
+        runner_id: str,
+        socket_path: str,
+        log_level: str,
+        rlimit_as: int = 0,
+        log_format: str = "text",
     ) -> int:
         async with self._lock:
             if not self.alive:
@@ -102,7 +107,8 @@ class ZygoteClient:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._spawned[runner_id] = future
         framing.write_frame(
-            self._writer, ipc.SpawnRunner(runner_id, socket_path, log_level, rlimit_as)
+            self._writer,
+            ipc.SpawnRunner(runner_id, socket_path, log_level, rlimit_as, log_format),
         )
         return await asyncio.wait_for(future, timeout=10)
 
@@ -230,6 +236,7 @@ class RunnerProcess:
             self._pool.socket_path,
             self._pool.log_level,
             self._pool.limiter.rlimit_for(limit),
+            self._pool.log_format,
         )
         self._pool.limiter.apply(self.runner_id, self.pid, limit)
         try:
@@ -298,9 +305,11 @@ class RunnerPool:
         log_level: str,
         on_up: Callable[[str], None],
         on_down: Callable[[str], None],
+        log_format: str = "text",
     ) -> None:
         self.settings = settings
         self.log_level = log_level
+        self.log_format = log_format
         self.on_up = on_up
         self.on_down = on_down
         self.zygote = ZygoteClient(self._runner_exited)

@@ -103,7 +103,12 @@ class Zygote:
         die_with_parent()
         if request.rlimit_as:
             resource.setrlimit(resource.RLIMIT_AS, (request.rlimit_as, request.rlimit_as))
-        runner.main(request.runner_id, request.socket_path, request.log_level)
+        runner.main(
+            request.runner_id,
+            request.socket_path,
+            request.log_level,
+            "json" if request.log_format == "json" else "text",
+        )
 
     def _reap(self) -> None:
         while self._children:

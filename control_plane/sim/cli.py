@@ -33,13 +33,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--standard", action="store_true", help="generate the standard fleet")
     p.add_argument("--days", type=float, default=None, help="simulated days (standard: 7)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="the generator's seed (runs repeat for a seed)"
+    )
     p.add_argument("--out", type=Path, help="write report.json and report.html here")
     p.add_argument("--target", type=float, default=0.95, help="served-in-region share to size for")
     p.add_argument("--step-min", type=int, default=1, help="simulated minutes per step")
-    p.add_argument("--placement-period-min", type=int, default=5)
     p.add_argument(
-        "--churn-cost", type=float, default=0.1,
+        "--placement-period-min", type=int, default=5, help="simulated minutes between placements"
+    )
+    p.add_argument(
+        "--churn-cost", type=float, default=1.0,
         help="placement's hysteresis, req/s per GiB newly loaded (the control plane's churn_cost)",
     )  # fmt: skip
     p.add_argument("--search-days", type=float, default=2.0, help="days each sizing run covers")

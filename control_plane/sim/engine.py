@@ -10,17 +10,11 @@ Every step (`step_min` simulated minutes) reads the trace's requests per
    incumbents, as the planner does); each site then holds what it says
    (what it drops is demoted, what is new loaded). `reactive` feeds it the
    real EWMA (`control_plane.demand.ewma`); `forecast` the real `Forecaster`.
-2. Requests from region r for model m go to the sites of r that hold m,
-   split evenly. With none, the central strategies forward to the nearest
-   region holding it if the round trip plus the compute fits the SLO;
-   otherwise the model is loaded on demand at the site of r with the most
-   free memory, making room with the agent's real eviction policy object
-   (GDSF for edgeplex, LRU for `lru`) after the step's use of what is held
-   is counted. A site loads one model at a time: a cold start's requests
-   miss the SLO until the loads before it and its own are done.
-3. Each site's utilisation is the compute of what it serves over its
-   concurrency; a site over 1 serves only 1/utilisation of its requests in
-   time.
+2. Requests are served as `sim.serving` describes: by the region's holders,
+   forwarded as the agents route a miss, or loaded on demand at a site of
+   the region with the agent's real eviction policy object (GDSF for
+   edgeplex, LRU for `lru`) making room; a site's utilisation limits what it
+   serves in time.
 
 `lru` is per-site LRU caching with no central placement: the same agents
 without placement or forwarding.
@@ -28,7 +22,6 @@ without placement or forwarding.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +35,7 @@ from edgeplex.agent.residency.policies import (
 from edgeplex.control_plane.demand import ewma
 from edgeplex.control_plane.forecast import Forecaster
 from edgeplex.control_plane.placement import ModelSpec, PlacementInput, SiteInfo, place
+from edgeplex.control_plane.sim.serving import serve_step
 from edgeplex.control_plane.sim.spec import Catalog, FleetSpec
 from edgeplex.control_plane.sim.traces import DemandSource
 
@@ -55,7 +49,11 @@ class SimConfig:
     placement_period_min: int = 5
     demand_half_life_s: float = 60.0  # the control plane's default
     forecast_horizon_s: float = 3600.0
-    churn_cost: float = 0.1
+    churn_cost: float = 1.0  # the control plane's default
+    # A site sees what its region's other sites load on demand (as if routes
+    # listed them); off, as the agents run today, a model no site of the region
+    # holds is loaded at each site its requests reach (sim.serving).
+    siblings_see_loads: bool = True
     # Simulated, not counted: every strategy starts from an empty fleet.
     warmup_min: int = 60
 
@@ -70,6 +68,8 @@ class Timeline:
     forwarded_share: list[float] = field(default_factory=list)
     holders: list[np.ndarray] = field(default_factory=list)  # [step] -> sites per model
     cold_by_region: list[np.ndarray] = field(default_factory=list)  # [step][region]
+    # Requests that found no holder in their region (cold-started or forwarded).
+    missed_by_region: list[np.ndarray] = field(default_factory=list)  # [step][region]
     start_min: int = 0  # the trace minute of the first step recorded (after the warm-up)
 
 
@@ -132,11 +132,21 @@ class _Fleet:
         self.moved = np.zeros(n_m, dtype=bool)  # placement changed this hour
         self.cached = np.zeros(n_m, dtype=bool)  # loads on demand changed holders this hour
         self.bytes_loaded = 0
+        # Regions whose sites have promoted a model: an agent estimates a
+        # promotion from its own measured ones (none yet: any holder wins).
+        # time; an agent that does not forwards to any holder).
+        self.promoted = np.zeros(n_r, dtype=bool)
+        # Sites that have a model's artifact (placed, staged or loaded there once):
+        # an agent without it forwards to any holder rather than fetch it.
+        self.installed = np.zeros((n_s, n_m), dtype=bool)
+        self.util = np.zeros(n_s)  # each site's utilisation in the last step
         self.last_used = np.zeros((n_s, n_m))
         self.freq = np.zeros((n_s, n_m))
         self.credit = np.zeros((n_s, n_m))
         self.size = catalog.size_bytes.astype(np.float64)
         self.load_s = catalog.load_s
+        self.lru = policy == "lru"
+        self.rng = np.random.default_rng(0)  # deterministic: the simulator's runs repeat
         self.policies: list[EvictionPolicy] = [
             LeastRecentlyUsedByCount(1 << 30) if policy == "lru" else GreedyDualSizeFrequency()
             for _ in range(n_s)
@@ -179,6 +189,8 @@ class _Fleet:
             room -= self.size[m]
             loaded.append(m)
             self.holds[s, m] = True
+            self.installed[s, m] = True
+            self.promoted[self.region[s]] = True
             self.cached[m] = True
             self.freq[s, m] = 0.0
             self.last_used[s, m] = now
@@ -229,7 +241,6 @@ def simulate(
         if i < k and np.isfinite(state.rtt[i, k])
     }
     compute_s = catalog.compute_ms / 1000.0
-    fits_remote = (state.rtt[:, :, None] + catalog.compute_ms[None, None, :]) <= catalog.slo_ms
     demand_seen: dict[tuple[str, str], float] = {}
     demand_at = 0.0
     forecaster = Forecaster(recent_half_life_s=config.demand_half_life_s)
@@ -269,7 +280,10 @@ def simulate(
             period_start = t
         requests = trace.demand(t, step)
         period_requests += requests
-        _serve(state, out, requests, step, now, central, compute_s, fits_remote, catalog, record)
+        serve_step(
+            state, out, requests, step, now, central, compute_s, catalog, record,
+            config.siblings_see_loads,
+        )  # fmt: skip
     out.models_moved += int(state.moved.sum())
     out.models_cached += int(state.cached.sum())
     out.bytes_moved = state.bytes_loaded
@@ -304,96 +318,17 @@ def _apply_placement(state, out, sites, specs, demand, latency, config, catalog,
     before, placed_before = state.holds.copy(), state.placed.copy()
     state.placed[:] = False
     for i, sid in enumerate(state.site_ids):
+        for name in result.staged.get(sid, ()):
+            state.installed[i, index[name]] = True
         for name in result.loaded.get(sid, ()):
             state.placed[i, index[name]] = True
     state.holds[:] = state.placed  # agents demote what the desired state does not load
+    state.installed |= state.placed
     added = state.holds & ~before
     state.bytes_loaded += int((added * state.size[None, :]).sum())
     state.moved |= np.any(state.placed != placed_before, axis=0)
     for i, j in zip(*np.nonzero(added), strict=True):
+        state.promoted[state.region[i]] = True
         state.last_used[i, j] = now
         state.freq[i, j] = 0.0
         state.credit[i, j] = state.policies[i].stamp()
-
-
-def _serve(
-    state, out, requests, step, now, central, compute_s, fits_remote, catalog, record
-) -> None:  # type: ignore[no-untyped-def]
-    n_r = len(state.regions)
-    step_s = step * 60.0
-    holders = state.onehot @ state.holds  # [R, M] sites holding m in region r
-    wanted = requests > 0
-    served_at = np.where(holders > 0, requests, 0.0)  # [R(serving), M] requests
-    cold = np.zeros(n_r, dtype=np.int64)
-    forwarded_at = np.zeros_like(served_at)  # the part of served_at that was forwarded
-    rs, ms = np.nonzero(wanted & (holders == 0))
-    if central and rs.size:  # forward each to the nearest region holding it within the SLO
-        reach = (holders[:, ms].T > 0) & fits_remote[rs, :, ms]  # [miss, region]
-        nearest = np.where(reach, state.rtt[rs], np.inf).argmin(axis=1)
-        sent = reach.any(axis=1)
-        np.add.at(served_at, (nearest[sent], ms[sent]), requests[rs[sent], ms[sent]])
-        np.add.at(forwarded_at, (nearest[sent], ms[sent]), requests[rs[sent], ms[sent]])
-        rs, ms = rs[~sent], ms[~sent]
-    misses: dict[int, list[int]] = {}  # region -> models it must load
-    for r, m in zip(rs.tolist(), ms.tolist(), strict=True):
-        misses.setdefault(r, []).append(m)
-    # The models held at the step's start serve it, and are credited with that
-    # use before its loads on demand choose victims (an agent sees each request
-    # as it comes; a step that counted use after its evictions made the models
-    # placement had just loaded, with no use yet, the cheapest victims).
-    before = state.holds.copy()
-    first = before * np.where(holders > 0, served_at / np.maximum(holders, 1), 0.0)[state.region]
-    state.freq += first
-    state.last_used[first > 0] = now
-    # Cold starts: each region's misses go to its sites with the most free memory.
-    for r, models in misses.items():
-        members = np.nonzero(state.region == r)[0]
-        if members.size == 0:
-            continue  # no site in the region: every request misses
-        free = state.memory[members] - (state.holds[members] * state.size).sum(axis=1)
-        heap = [(-float(f), int(i)) for f, i in zip(free, members, strict=True)]
-        heapq.heapify(heap)
-        batches: dict[int, list[int]] = {}
-        for m in sorted(models, key=lambda j: -requests[r, j]):
-            room, i = heapq.heappop(heap)
-            batches.setdefault(i, []).append(m)
-            heapq.heappush(heap, (room + float(state.size[m]), i))
-        for i, batch in batches.items():
-            # A site loads one model at a time (the agent's runner creates
-            # sessions one after another): each waits for the loads before it.
-            ready_s = 0.0
-            for m in state.load_on_demand(i, batch, now):
-                ready_s += catalog.load_s[m]
-                holders[r, m] += 1
-                cold[r] += 1
-                served_at[r, m] += requests[r, m] * (1.0 - min(1.0, ready_s / step_s))
-    # Spread what each region serves over its holders, a victim of this step's
-    # loads included (it served until then); utilisation per site.
-    serving = before | state.holds
-    holders = state.onehot @ serving
-    spread = np.maximum(holders, 1)
-    per_site = serving * np.where(holders > 0, served_at / spread, 0.0)[state.region]
-    per_site_fwd = serving * (forwarded_at / spread)[state.region]
-    util = (per_site * compute_s[None, :]).sum(axis=1) / (state.concurrency * step_s)
-    in_time = np.minimum(1.0, 1.0 / np.maximum(util, 1e-12))  # [S]
-    fits = (catalog.compute_ms <= catalog.slo_ms).astype(np.float64)
-    total_in_time = float(((per_site * fits).sum(axis=1) * in_time).sum())
-    forwarded_in_time = float(((per_site_fwd * fits).sum(axis=1) * in_time).sum())
-    forwarded = float(forwarded_at.sum())
-    share = per_site  # what each site served of each model (for its usage stats)
-    out.requests += float(requests.sum())
-    out.in_region_within_slo += total_in_time - forwarded_in_time
-    out.forwarded += forwarded
-    out.forwarded_within_slo += forwarded_in_time
-    out.cold_starts += int(cold.sum())
-    used = state.holds.any(axis=1)
-    state.last_used[share > 0] = now
-    state.freq += per_site * ~before  # the held models' use is counted above
-    if record:
-        tl = out.timeline
-        tl.demand_rps.append((requests.sum(axis=1) / step_s).tolist())
-        tl.gpus_in_use.append(int((used & (util > 0)).sum()))
-        tl.cold_starts.append(int(cold.sum()))
-        tl.forwarded_share.append(forwarded / max(float(requests.sum()), 1.0))
-        tl.holders.append(state.holds.sum(axis=0).astype(np.int16))
-        tl.cold_by_region.append(cold)

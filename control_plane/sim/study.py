@@ -113,32 +113,46 @@ def peak_rates(study: Study, step_min: int = 5) -> np.ndarray:
 
 
 def peak_onset_cold_starts(outcome: Outcome, step_min: int, lead_min: int = 60) -> int:
-    """Cold starts of requests from each region while its demand ramps up to the
-    day's peak: from `lead_min` before its daily low until its demand first
-    crosses the midpoint between the day's low and high, going up. Summed over
-    regions and (UTC) days; a day the timeline covers only in part counts from
-    what it covers."""
+    """Cold starts (loads on demand) in each region while its demand ramps up to
+    the day's peak (`at_peak_onset`)."""
+    return int(at_peak_onset(outcome, outcome.timeline.cold_by_region, step_min, lead_min))
+
+
+def peak_onset_misses(outcome: Outcome, step_min: int, lead_min: int = 60) -> float:
+    """Requests from each region, while its demand ramps up to the day's peak, that
+    found no site of their region holding their model: cold-started or forwarded
+    (`at_peak_onset`). What placement ready before the peak saves."""
+    return at_peak_onset(outcome, outcome.timeline.missed_by_region, step_min, lead_min)
+
+
+def at_peak_onset(
+    outcome: Outcome, series: list[np.ndarray], step_min: int, lead_min: int = 60
+) -> float:
+    """`series` [step][region] summed over each region's peak onset: from
+    `lead_min` before its daily low until its demand first crosses the midpoint
+    between the day's low and high, going up. Summed over regions and (UTC)
+    days; a day the timeline covers only in part counts from what it covers."""
     tl = outcome.timeline
     if not tl.demand_rps:
         return 0
     demand = np.array(tl.demand_rps)  # [steps, regions]
-    cold = np.array(tl.cold_by_region)  # [steps, regions]
+    cold = np.array(series)  # [steps, regions]
     per_day = 1440 // step_min
     first = tl.start_min // step_min  # timeline row 0 is this step of the trace
     lead = lead_min // step_min
-    total = 0
+    total = 0.0
     for day_start in range(-(first % per_day), len(demand), per_day):
         lo, hi = max(0, day_start), min(len(demand), day_start + per_day)
         if hi - lo < per_day // 2:
             continue  # too little of this day to find its low and its rise
         for r in range(demand.shape[1]):
-            series = demand[lo:hi, r]
-            low_at = int(np.argmin(series))
-            mid = (series.min() + series.max()) / 2
-            after = series[low_at:]
+            day = demand[lo:hi, r]
+            low_at = int(np.argmin(day))
+            mid = (day.min() + day.max()) / 2
+            after = day[low_at:]
             crossing = np.nonzero(after >= mid)[0]
             end_at = low_at + (int(crossing[0]) if crossing.size else len(after))
-            total += int(cold[max(0, lo + low_at - lead) : lo + end_at + 1, r].sum())
+            total += float(cold[max(0, lo + low_at - lead) : lo + end_at + 1, r].sum())
     return total
 
 
@@ -153,6 +167,7 @@ def run_study(study: Study) -> dict[str, object]:
         "forwarded": 0.0,
         "cold_starts": 0,
         "cold_starts_peak_onset": 0,
+        "misses_peak_onset": 0.0,
         "churn_per_hour": 0.0,
         "bytes_moved": 0,
     }
@@ -163,7 +178,7 @@ def run_study(study: Study) -> dict[str, object]:
         s = sized[strategy]
         entry: dict[str, object] = dict(s.outcome.summary(n_models))
         entry["gpus"] = s.gpus
-        entry["cold_starts_peak_onset"] = peak_onset_cold_starts(s.outcome, study.config.step_min)
+        entry.update(_onset(s.outcome, study.config.step_min))
         report[strategy] = entry
     # Reactive on forecasting's fleet: cold starts at peak onset on equal hardware.
     equal = sized["forecast"].fleet
@@ -174,13 +189,20 @@ def run_study(study: Study) -> dict[str, object]:
         "gpus": equal.gpus,
         "reactive": {
             **reactive_equal.summary(n_models),
-            "cold_starts_peak_onset": peak_onset_cold_starts(reactive_equal, study.config.step_min),
+            **_onset(reactive_equal, study.config.step_min),
         },
         "forecast": report["forecast"],
     }
     report["runtime_s"] = time.perf_counter() - started
     report["_timelines"] = {k: v.outcome for k, v in sized.items()}
     return report
+
+
+def _onset(outcome: Outcome, step_min: int) -> dict[str, float]:
+    return {
+        "cold_starts_peak_onset": peak_onset_cold_starts(outcome, step_min),
+        "misses_peak_onset": peak_onset_misses(outcome, step_min),
+    }
 
 
 def dedicated_gpus(fleet: FleetSpec, catalog: Catalog, peak_rps: np.ndarray) -> int:

@@ -77,7 +77,14 @@ class Rig:
 
     # --- up -------------------------------------------------------------------------------
 
-    def up(self, topo: Topology, agent_env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
+    def up(
+        self,
+        topo: Topology,
+        agent_env: dict[str, str] | None = None,
+        cp_env: dict[str, str] | None = None,
+    ) -> dict:  # type: ignore[type-arg]
+        """Bring the rig up; `agent_env` and `cp_env` add to or override the agents'
+        and the control plane's environment (their settings)."""
         if self.load().get("sites"):
             raise RuntimeError(f"a rig is already up (state in {self.state_dir}); `rig down` first")
         netem = netem_available()
@@ -94,6 +101,7 @@ class Rig:
         self.save(state)  # before anything exists, so `down` can clean a half-built rig
         for cmd in network_commands(topo, netem):
             _run(cmd)
+        _forward_within(topo.bridge, "-I")
         if not netem:  # delays in userspace: one TCP delay proxy per site namespace
             for site in topo.sites:
                 state["pids"][f"delay-{site.site_id}"] = self._spawn(
@@ -139,6 +147,7 @@ class Rig:
             **Broker(self.state_dir).control_plane_env(),
             # file:// artifacts only from the rig's own folder (docs/security.md)
             "EDGEPLEX_CP_ARTIFACT_FILE_ROOTS": json.dumps([str(self.artifact_root)]),
+            **(cp_env or {}),
         }
         state["pids"]["control-plane"] = self._spawn(
             "control-plane",
@@ -229,6 +238,7 @@ class Rig:
             _run(["ip", "netns", "del", site["namespace"]], False)
             _run(["ip", "link", "del", site["host_veth"]], False)
         _run(["ip", "link", "del", f"{topo['prefix']}br"], False)
+        _forward_within(f"{topo['prefix']}br", "-D")
         left = leftovers(state)
         if not left:
             self.state_path.unlink(missing_ok=True)
@@ -262,6 +272,14 @@ class Rig:
                 f"{'yes' if running else 'no':<4} {loaded}"
             )
         return "\n".join(lines)
+
+
+def _forward_within(bridge: str, action: str) -> None:
+    """Insert (-I) or delete (-D) a FORWARD rule that accepts traffic between the
+    rig's sites: with bridge netfilter on, a DROP policy (a Docker engine sets one)
+    would otherwise cut them off from each other."""
+    if shutil.which("iptables") is not None:
+        _run(["iptables", action, "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"], False)
 
 
 def leftovers(state: dict) -> list[str]:  # type: ignore[type-arg]

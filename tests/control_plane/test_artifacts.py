@@ -236,3 +236,69 @@ def test_prune_keeps_the_budget_and_what_is_desired(tmp_path: Path, cache: Artif
     assert dropped == [hashes[1], hashes[2]]
     assert {p.name for p in (cache.root / "sha256").iterdir()} == {hashes[0], hashes[3]}
     assert cache.prune(None, keep=set()) == []
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """/flaky: the first answer breaks off halfway, then a Range request gets the
+    rest (206); /busy: 503 twice, then the file; /gone: 404."""
+
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    seen: list[str] = []
+
+    def do_GET(self) -> None:
+        self.seen.append(f"{self.path} {self.headers.get('Range', '')}".strip())
+        data = self.payload
+        if self.path == "/flaky":
+            offset = int((self.headers.get("Range") or "bytes=0-")[6:].rstrip("-") or 0)
+            if offset == 0:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data[: len(data) // 2])
+                return  # the connection closes: a short read
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {offset}-{len(data) - 1}/{len(data)}")
+            self.send_header("Content-Length", str(len(data) - offset))
+            self.end_headers()
+            self.wfile.write(data[offset:])
+        elif self.path == "/busy" and sum(s.startswith("/busy") for s in self.seen) <= 2:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/busy":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[::-1])
+        else:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_downloads_resume_and_retry_and_report_progress(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    cache = ArtifactCache(tmp_path / "c", 4 << 20, FetchPolicy(("http",), (), deadline_s=30))
+    data = _Flaky.payload
+    try:
+        seen: list[tuple[int, int | None]] = []
+        got = cache.fetch(f"{base}/flaky", sha(data), progress=lambda n, t: seen.append((n, t)))
+        assert got.read_bytes() == data
+        assert _Flaky.seen == ["/flaky", f"/flaky bytes={len(data) // 2}-"]  # resumed
+        assert seen[-1] == (len(data), len(data))
+        _Flaky.seen.clear()
+        assert cache.fetch(f"{base}/busy", sha(data[::-1])).read_bytes() == data[::-1]
+        assert _Flaky.seen == ["/busy"] * 3  # 503, 503, then served
+        _Flaky.seen.clear()
+        with pytest.raises(ArtifactError, match="404"):
+            cache.fetch(f"{base}/gone", "1" * 64)
+        assert _Flaky.seen == ["/gone"]  # not retried
+    finally:
+        server.shutdown()
+    assert list((cache.root / "tmp").iterdir()) == []

@@ -21,9 +21,9 @@ from edgeplex.artifacts import sha256_of
 from edgeplex.control_plane.batch import SiteLoad, is_night, make_job, pick_site
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
-from tests.conftest import AgentProcess, start_agent
+from tests.conftest import AgentProcess
 from tests.control_plane.test_fleet import wait_until
-from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, fleet_env
+from tests.services import TOKEN, ControlPlane, running_fleet
 
 AUTH = [("authorization", f"Bearer {TOKEN}")]
 
@@ -65,32 +65,16 @@ def batch_fleet(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[ControlPlane, Path, list[AgentProcess]]]:
     workdir = tmp_path_factory.mktemp("batch")
-    r, m = RedisServer(workdir), Mosquitto(workdir)
-    r.start()
-    m.start()
-    cp = ControlPlane(workdir, r, m.url())
-    cp.start()
-    demo.make_mlp(workdir / "src", width=64, layers=2, in_width=32, seed=5)
-    model = workdir / "src" / "1" / "model.onnx"
-    agents = []
-    for sid, region in (("a1", "a"), ("b1", "b")):
-        repo = workdir / f"repo-{sid}"
-        repo.mkdir()
-        agents.append(start_agent(repo, workdir, env=fleet_env(cp, m.url(), sid, region)))
-    with grpc.insecure_channel(cp.address) as channel:
-        pb_grpc.AdminServiceStub(channel).AddModel(
-            pb.CatalogModel(name="mlp", artifact_uri=model.as_uri(), sha256=sha256_of(model),
-                            min_replicas=2),
-            metadata=AUTH,
-        )  # fmt: skip
-    try:
+    with running_fleet(workdir, (("a1", "a"), ("b1", "b"))) as (cp, _, agents):
+        demo.make_mlp(workdir / "src", width=64, layers=2, in_width=32, seed=5)
+        model = workdir / "src" / "1" / "model.onnx"
+        with grpc.insecure_channel(cp.address) as channel:
+            pb_grpc.AdminServiceStub(channel).AddModel(
+                pb.CatalogModel(name="mlp", artifact_uri=model.as_uri(), sha256=sha256_of(model),
+                                min_replicas=2),
+                metadata=AUTH,
+            )  # fmt: skip
         yield cp, model, agents
-    finally:
-        for agent in agents:
-            agent.stop()
-        cp.stop()
-        m.stop()
-        r.stop()
 
 
 def admin(cp: ControlPlane, method: str, request: object) -> object:
@@ -155,3 +139,42 @@ def test_batch_cli(batch_fleet, tmp_path: Path) -> None:  # type: ignore[no-unty
     bad = subprocess.run([*cli, "submit", "--model", "nope", "--inputs", str(inputs)],
                          env=env, capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 1 and "NOT_FOUND" in bad.stderr
+
+
+@pytest.mark.slow
+def test_batch_list_cancel_and_wait(batch_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cp, _, _ = batch_fleet
+    env = {**os.environ, "EDGEPLEX_ADMIN_TOKEN": TOKEN, "EDGEPLEX_CONTROL_PLANE": cp.address}
+    cli = [sys.executable, "-m", "edgeplex", "admin", "batch"]
+    wait_until(lambda: admin(cp, "GetModel", pb.ModelName(name="mlp")).model.state == "READY")  # type: ignore[attr-defined]
+    small = tmp_path / "small.jsonl"
+    small.write_text("\n".join(body(i) for i in range(6)) + "\n")
+    waited = subprocess.run(
+        [*cli, "submit", "--model", "mlp", "--inputs", str(small), "--shard-size", "2",
+         "--wait", "--json"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert waited.returncode == 0, waited.stderr
+    done = json.loads(waited.stdout)
+    assert done["state"] == "DONE" and done["shards_done"] == 3
+    # A long job, cancelled while it runs: it stops, and keeps no results.
+    big = tmp_path / "big.jsonl"
+    big.write_text("\n".join(body(i) for i in range(2000)) + "\n")
+    job = admin(cp, "SubmitBatch", pb.BatchSubmit(
+        model="mlp", inputs=big.read_text().splitlines(), shard_size=2))  # fmt: skip
+    job_id = job.job_id  # type: ignore[attr-defined]
+    listed = subprocess.run([*cli, "list"], env=env, capture_output=True, text=True, check=True)
+    assert (
+        job_id in listed.stdout and done["job_id"] in listed.stdout and "RUNNING" in listed.stdout
+    )
+    cancel = subprocess.run([*cli, "cancel", job_id], env=env, capture_output=True, text=True)
+    assert cancel.returncode == 0 and "CANCELLED" in cancel.stdout, cancel.stderr
+    time.sleep(2)  # the scheduler's next ticks: nothing more of it runs
+    shards = admin(cp, "GetBatch", pb.BatchRef(job_id=job_id)).shards_done  # type: ignore[attr-defined]
+    time.sleep(2)
+    assert admin(cp, "GetBatch", pb.BatchRef(job_id=job_id)).shards_done <= shards + 2  # type: ignore[attr-defined]
+    results = subprocess.run([*cli, "results", job_id], env=env, capture_output=True, text=True)
+    assert results.returncode == 1 and "cancelled" in results.stderr
+    again = subprocess.run([*cli, "cancel", done["job_id"]], env=env, capture_output=True,
+                           text=True)  # fmt: skip
+    assert again.returncode == 1 and "already done" in again.stderr

@@ -89,6 +89,24 @@ class Fleet:
     def placement(self) -> pb.Placement:
         return self.call("GetPlacement", pb.PlacementRequest())  # type: ignore[return-value]
 
+    def settled_placement(self, timeout: float = 20.0) -> pb.Placement:
+        """The placement once two rounds in a row leave it unchanged.
+
+        A round can leave work for the next (a minimum replica kept where it was
+        while the region with demand gains its own copy, dropped a round later),
+        so a test comparing placements across an event starts from a settled one.
+        """
+        deadline = time.monotonic() + timeout
+        last = loaded_sets(self.placement())
+        while time.monotonic() < deadline:
+            time.sleep(2.2)  # two placement rounds
+            placement = self.placement()
+            now = loaded_sets(placement)
+            if now == last:
+                return placement
+            last = now
+        raise AssertionError(f"placement did not settle within {timeout} s: {last}")
+
     def loaded_at(self, site: str) -> set[str]:
         for sp in self.placement().sites:
             if sp.site_id == site:
@@ -120,6 +138,10 @@ class Fleet:
         )
         self.agents[site] = agent
         return agent
+
+
+def loaded_sets(placement: pb.Placement) -> dict[str, set[str]]:
+    return {s.site_id: set(s.loaded) for s in placement.sites}  # type: ignore[attr-defined]
 
 
 def infer(agent: AgentProcess, model: str) -> np.ndarray:
@@ -229,6 +251,14 @@ def test_admin_api_requires_the_token(fleet: Fleet) -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert ok.returncode == 0 and "base" in ok.stdout
+    # Global options after the noun and verb too; --json there gives JSON.
+    late = subprocess.run(
+        [sys.executable, "-m", "edgeplex", "admin", "model", "list", "--json",
+         "--control-plane", fleet.cp.address],
+        env={**env, "EDGEPLEX_ADMIN_TOKEN": TOKEN}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert late.returncode == 0, late.stderr
+    assert any(m["name"] == "base" for m in json.loads(late.stdout)["models"]), late.stdout
 
 
 def test_bad_artifacts_end_failed_with_the_reason(fleet: Fleet) -> None:
@@ -249,6 +279,20 @@ def test_bad_artifacts_end_failed_with_the_reason(fleet: Fleet) -> None:
             "AddModel", pb.CatalogModel(name="bad", artifact_uri="ftp://x/y", sha256="0" * 64)
         )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as info:
+        fleet.call(
+            "AddModel",
+            pb.CatalogModel(
+                name="bad",
+                artifact_uri=good.as_uri(),
+                sha256=sha256_of(good),
+                variants=["int4"],
+                quality="approx",
+            ),
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "variants: unknown ['int4']" in info.value.details()
+    assert "quality: exact or any" in info.value.details()
 
     def state(name: str) -> pb.CatalogModel:
         return fleet.model(name).model
@@ -411,7 +455,7 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
     assert standby is not None
     standby.start()
     try:
-        before = fleet.placement()
+        before = fleet.settled_placement()
         assert before.leader == fleet.cp.replica  # type: ignore[attr-defined]
         with Hammer(fleet.agents["a1"], "base") as hammer:
             fleet.cp.stop(signal.SIGKILL)
@@ -430,11 +474,7 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
             assert time.monotonic() - killed < 2 + 2 + 1 + 1.5
         assert hammer.failures == [] and hammer.ok > 20
         assert all(s.up for s in fleet.call("ListSites", pb.ListSitesRequest(), standby).sites)  # type: ignore[attr-defined]
-        moved = {s.site_id: set(s.loaded) for s in after.sites} != {  # type: ignore[attr-defined]
-            s.site_id: set(s.loaded)
-            for s in before.sites  # type: ignore[attr-defined]
-        }
-        if moved:  # say why, model by model, from the new leader
+        if loaded_sets(after) != loaded_sets(before):  # say why, model by model, from the new leader
             why = {
                 name: list(fleet.call("ExplainPlacement", pb.ModelName(name=name), standby).lines)  # type: ignore[attr-defined]
                 for sp in before.sites  # type: ignore[attr-defined]
@@ -470,6 +510,15 @@ def test_forwarding_to_the_site_that_holds_the_model(fleet: Fleet) -> None:
     status, headers, reply = http_post(a1, "/v2/models/b_only/infer", body)
     assert status == 200 and headers["edgeplex-served-by"] == "b1"
     assert len(json.loads(reply)["outputs"][0]["data"]) == 64
+    # The caller's trace crosses the forward: both sites' access lines name it.
+    trace = "0af7651916cd43dd8448eb211c80319c"
+    parent = {"traceparent": f"00-{trace}-b7ad6b7169203331-01"}
+    status, headers, _ = http_post(a1, "/v2/models/b_only/infer", body, parent)
+    assert status == 200 and headers["edgeplex-served-by"] == "b1"
+    wait_until(lambda: f"trace={trace}" in b1.log(), what="b1's access line with the trace")
+    assert any(
+        "forwarded_to=b1" in line and f"trace={trace}" in line for line in a1.log().splitlines()
+    ), a1.log()[-2000:]
     # Served locally: the header names the site itself.
     status, headers, _ = http_post(b1, "/v2/models/b_only/infer", body)
     assert status == 200 and headers["edgeplex-served-by"] == "b1"
@@ -479,6 +528,7 @@ def test_forwarding_to_the_site_that_holds_the_model(fleet: Fleet) -> None:
     hop = {"edgeplex-forwarded": "x9", "edgeplex-peer-token": token}
     status, headers, reply = http_post(a1, "/v2/models/b_only/infer", body, hop)
     assert status == 503 and b"not at this site" in reply
+    assert headers["edgeplex-not-here"] == "1"  # the forwarder routes it again
     spoofed = {"edgeplex-forwarded": "x9", "edgeplex-peer-token": "guess"}
     status, headers, reply = http_post(a1, "/v2/models/b_only/infer", body, spoofed)
     assert status == 200 and headers["edgeplex-served-by"] == "b1"

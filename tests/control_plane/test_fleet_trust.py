@@ -189,14 +189,17 @@ def fleet_demand_regions(fleet: Fleet) -> set[str]:
 
 
 class Flaky(http.server.BaseHTTPRequestHandler):
-    """Serves one artifact: whole to the first caller (the control plane verifying
-    it), then broken off midway, then dripping past the agent's deadline, then whole."""
+    """Serves one artifact, ignoring Range: whole to the first caller (the control
+    plane verifying it), then broken off midway, then dripping past the agent's
+    deadline, then whole."""
 
     body = b""
     calls = 0
+    ranges: list[str] = []
 
     def do_GET(self) -> None:
         Flaky.calls += 1
+        Flaky.ranges.append(self.headers.get("Range", ""))
         self.send_response(200)
         self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()
@@ -237,7 +240,10 @@ def test_failed_downloads_leave_a_reason_and_are_retried(fleet: Fleet) -> None:
     finally:
         server.shutdown()
     log = agent.log()
-    assert "model flaky: the download broke off" in log
+    # The broken-off download is tried again at once, asking to resume where it
+    # stopped; the dripping one runs into the deadline, fails the model with that
+    # reason, and the next reconcile fetches it whole.
+    assert Flaky.ranges[1:3] == ["", "bytes=100-"], Flaky.ranges
     assert "model flaky: the download took longer than 3 s" in log
     assert Flaky.calls >= 4
 

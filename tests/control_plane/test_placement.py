@@ -206,3 +206,20 @@ def test_an_empty_fleet_or_catalog_places_nothing():
         inp = PlacementInput(sites=sites, models=models, demand={("a", "m"): 1.0}, latency_ms={})
         result = place(inp)
         assert all(not loaded for loaded in result.loaded.values())
+
+
+def test_a_site_running_a_model_as_a_variant_counts_the_variants_bytes():
+    """A site that runs m0 as its INT8 copy (a quarter of the bytes) has room for
+    another model beside it; the site that runs it as shipped does not."""
+    inp = PlacementInput(
+        sites=sites(("a1", "a", 2), ("b1", "b", 2)),
+        models=(
+            ModelSpec("m0", int(1.5 * GiB), site_bytes=(("a1", int(0.4 * GiB)),)),
+            ModelSpec("m1", GiB),
+        ),
+        demand={("a", "m0"): 10.0, ("a", "m1"): 5.0, ("b", "m0"): 10.0, ("b", "m1"): 5.0},
+        latency_ms={},
+    )
+    result = place(inp)
+    assert sorted(result.loaded["a1"]) == ["m0", "m1"]
+    assert result.loaded["b1"] == ["m0"]

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgeplex.agent.fleet.routing import Local, PeerOption, Where, choose_route
 from edgeplex.control_plane.demand import ewma
 from edgeplex.control_plane.forecast import Forecaster
 from edgeplex.control_plane.sim.engine import SimConfig, simulate
+from edgeplex.control_plane.sim.serving import forward_choice
 from edgeplex.control_plane.sim.spec import (
     FleetSpec,
     GiB,
@@ -24,7 +26,7 @@ from edgeplex.control_plane.sim.spec import (
     standard_catalog,
     write_catalog,
 )
-from edgeplex.control_plane.sim.study import Study, peak_onset_cold_starts
+from edgeplex.control_plane.sim.study import Study, peak_onset_misses
 from edgeplex.control_plane.sim.traces import (
     SyntheticTrace,
     TraceFile,
@@ -138,11 +140,13 @@ def test_the_forecaster_sees_the_rise_before_the_ewma() -> None:
     assert again.predict(seen_at, 3600) == forecaster.predict(seen_at, 3600)
 
 
-def test_forecasting_cuts_cold_starts_at_peak_onset() -> None:
+def test_forecasting_cuts_misses_at_peak_onset() -> None:
     """A diurnal trace whose models go quiet at night, on a fleet with room for the
-    catalog: reactive placement drops what the night left idle and loads it again
-    on demand as each region wakes; forecasting, having seen the day before, keeps
-    it. Three days, the first to learn."""
+    catalog: reactive placement drops what the night left without demand, so as
+    each region wakes its requests find no holder in the region (the agents
+    forward them to a region still holding the model) until placement catches
+    up; forecasting, having seen the day before, has it there. Three days, the
+    first to learn."""
     fleet, catalog = small_fleet(gpu=24 * GiB), standard_catalog(KNOBS, seed=3)
     knobs = TraceKnobs(peak_rps=2000, night_floor=0.0, model_phase_h=0.0, bursts_per_day=0,
                        launch_share=0.0, retire_share=0.0)  # fmt: skip
@@ -150,9 +154,9 @@ def test_forecasting_cuts_cold_starts_at_peak_onset() -> None:
     onset = {}
     for strategy in ("reactive", "forecast"):
         outcome = simulate(fleet, catalog, trace, trace.minutes, strategy, SimConfig(step_min=5))
-        onset[strategy] = peak_onset_cold_starts(outcome, 5)
+        onset[strategy] = peak_onset_misses(outcome, 5)
         assert outcome.summary(len(catalog))["served_in_region_within_slo"] > 0.99
-    assert onset["reactive"] > 100
+    assert onset["reactive"] > 1_000
     assert onset["forecast"] <= 0.5 * onset["reactive"], onset
 
 
@@ -193,3 +197,30 @@ def test_study_sizes_within_the_search_bounds() -> None:
     sized = size_strategy(study, "lru")
     assert sized.gpus is not None and 3 <= sized.gpus <= 4 * fleet.gpus
     assert served(sized.outcome) >= 0.85  # the search is coarser than the final run
+
+
+def test_the_simulator_routes_a_miss_as_the_agent_does() -> None:
+    """`forward_choice` is `choose_route` vectorised: on random misses (holders with
+    and without headroom, unreachable regions, known and unknown promotion
+    times) both pick the same outcome and the same region."""
+    rng = np.random.default_rng(7)
+    n, regions = 2000, 4
+    holders = rng.random((n, regions)) < 0.4
+    headroom = rng.random((n, regions)) < 0.7
+    rtt = rng.choice([20.0, 60.0, 140.0, 200.0, np.inf], size=(n, regions))
+    promote_ms = rng.choice([10.0, 100.0, 250.0], size=n)
+    known = rng.random(n) < 0.5
+    sent, nearest = forward_choice(holders & headroom, rtt, promote_ms, known)
+    for i in range(n):
+        peers = [
+            PeerOption(
+                str(q), latency_s=rtt[i, q] / 2000.0, headroom=1.0 if headroom[i, q] else 0.0
+            )
+            for q in range(regions)
+            if holders[i, q] and np.isfinite(rtt[i, q])
+        ]
+        local = Local(False, promote_ms[i] / 1000.0 if known[i] else None)
+        route = choose_route(local, peers, forwarded=False)
+        assert (route.where == Where.FORWARD) == bool(sent[i]), i
+        if sent[i]:
+            assert float(rtt[i, int(route.peers[0])]) == float(rtt[i, nearest[i]]), i

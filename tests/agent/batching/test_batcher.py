@@ -49,7 +49,7 @@ async def test_requests_queued_while_busy_share_one_batch_and_get_their_rows():
     async def execute(inputs, outputs):
         calls.append(inputs["x"].shape[0])
         await gate.wait()
-        return {"y": inputs["x"] * 2}, 1000
+        return {"y": inputs["x"] * 2}, 1000, ""
 
     loop = asyncio.get_running_loop()
     b = batcher(execute)
@@ -100,7 +100,7 @@ async def test_runner_loss_redispatches_once_after_the_model_is_ready_again():
             ready.clear()  # what the model table does when the runner dies
             asyncio.get_running_loop().call_later(0.05, ready.set)
             raise RunnerLost("r")
-        return {"y": inputs["x"]}, 0
+        return {"y": inputs["x"]}, 0, ""
 
     loop = asyncio.get_running_loop()
     b = batcher(execute, ready=ready)
@@ -132,7 +132,7 @@ async def test_a_poison_request_is_split_out_and_the_rest_are_served():
         runs.append(len(x))
         if (x > 100).any():  # the poison: the runner would crash or hang on it
             raise RunnerLost("r")
-        return {"y": x * 2}, 0
+        return {"y": x * 2}, 0, ""
 
     loop = asyncio.get_running_loop()
     b = batcher(execute, max_batch=8, delay_us=20_000)
@@ -155,7 +155,7 @@ async def test_queue_bound_and_queued_deadlines():
 
     async def execute(inputs, outputs):
         await gate.wait()
-        return {"y": inputs["x"]}, 0
+        return {"y": inputs["x"]}, 0, ""
 
     loop = asyncio.get_running_loop()
     b = batcher(execute, queue=2, max_batch=0)

@@ -36,3 +36,21 @@ def test_peers_without_headroom_are_skipped():
     assert choose_route(Local(False, None), [full], False).where == Where.LOCAL
     # Not here at all: a busy peer still beats no site.
     assert choose_route(None, [full], False).where == Where.FORWARD
+
+
+def test_a_peer_in_this_region_goes_before_peers_in_others() -> None:
+    """Routes give a peer in the agent's own region 0 ms; the router must read that as
+    the nearest peer, not as an unknown distance sorted last (which sent requests
+    to another region while a sibling site held the model)."""
+    from edgeplex.agent.fleet.forward import Router
+    from edgeplex.proto import edgeplex_control_pb2 as cpb
+
+    router = Router("r0s0", "r0")
+    targets = [
+        cpb.RouteTarget(site_id="r1s0", address="a:1", region="r1", latency_ms=30.0),
+        cpb.RouteTarget(site_id="r0s1", address="b:1", region="r0", latency_ms=0.0),
+    ]
+    routes = cpb.Routes(version=1, region="r0", routes=[cpb.Route(model="m", targets=targets)])
+    assert router.update(routes)
+    route = choose_route(Local(False, 0.002), router.options("m"), False)
+    assert route.where == Where.FORWARD and route.peers == ("r0s1", "r1s0")

@@ -98,6 +98,15 @@ def still_serves(web: Http) -> None:
         (b'{"inputs": [], "outputs": [{"name": "OUTPUT0", "parameters": "x"}]}', b"must be"),
         (b'{"inputs": [], "parameters": {"timeout": "soon"}}', b"timeout"),
         (b'{"inputs": [], "id": 7}', b"'id' must be a string"),
+        (
+            b'{"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "BYTES", '
+            b'"data": false}]}',
+            b"must be a list of BYTES",
+        ),
+        (
+            b'{"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": 1.5}]}',
+            b"must be a list of FP32",
+        ),
     ],
 )
 def test_malformed_bodies_get_400_naming_the_fault(web, body, fault):

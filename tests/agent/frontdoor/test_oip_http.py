@@ -137,3 +137,20 @@ def test_metrics_are_exported(agent, client):
     ):
         assert name in text, name
     assert 'edgeplex_agent_requests_total{model="add_sub"}' in text
+    # Triton's names too, as Triton writes them: counters with no _total suffix.
+    lines = text.splitlines()
+    assert "# TYPE nv_inference_request_success counter" in lines
+    success = next(
+        line for line in lines
+        if line.startswith('nv_inference_request_success{model="add_sub",version="1"}')
+    )  # fmt: skip
+    assert int(success.split()[-1]) >= 1
+    for name in ("nv_inference_request_failure", "nv_inference_count", "nv_inference_exec_count",
+                 "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                 "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+                 "nv_inference_compute_output_duration_us"):  # fmt: skip
+        assert f"# TYPE {name} counter" in lines, name
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name for f in text_string_to_metric_families(text)}  # the whole page parses
+    assert "nv_inference_count" in families

@@ -163,7 +163,7 @@ def test_loaded_models_never_wait_behind_a_slow_load(agent):
     assert status(agent)["m4"]["tier"] == "loaded"
     client = tg.InferenceServerClient(agent.grpc_url)
     feeds = inputs_for({"input": np.ones((1, 64), np.float32)})
-    latencies: list[float] = []
+    calls: list[tuple[float, float]] = []  # (start, end) of each m4 call
     done = threading.Event()
 
     def hammer() -> None:
@@ -171,24 +171,30 @@ def test_loaded_models_never_wait_behind_a_slow_load(agent):
         while not done.is_set():
             start = time.perf_counter()
             local.infer("m4", feeds)
-            latencies.append(time.perf_counter() - start)
+            calls.append((start, time.perf_counter()))
 
     thread = threading.Thread(target=hammer)
     thread.start()
     time.sleep(0.2)
     started = time.perf_counter()
     client.infer("slowload", feeds)  # cached -> staged -> loaded, in the same shared runner
-    load_s = time.perf_counter() - started
+    ended = time.perf_counter()
+    load_s = ended - started
     done.set()
     thread.join()
     slow_load = status(agent)["slowload"]["last_promotion"]["stages_ms"]
     assert sum(slow_load.values()) > 150, slow_load  # it really was slow
-    during = latencies[-max(1, int(len(latencies) * load_s / (load_s + 0.2))) :]
-    # Waiting behind the load would take about the whole load; a CPU-starved 2-core
-    # machine can still delay one request by ~0.1 s (seen once in CI: 0.123 s).
-    limit = max(0.1, 0.6 * load_s)
-    assert max(during) < limit, (
-        f"a loaded model waited {max(during):.3f} s during a {load_s:.3f} s load"
+    # Waiting behind the load shows as m4 calls stopping for the whole load: one call
+    # spanning it, none finishing inside it. A CPU-starved 2-core machine can still
+    # stall any one call by 0.1-0.2 s, so the test asks that m4 kept being served
+    # through the load, not that no call was ever slow.
+    finished_inside = [c for c in calls if started < c[1] < ended]
+    overlapping = [end - start for start, end in calls if start < ended and end > started]
+    assert len(finished_inside) >= 3, (
+        f"only {len(finished_inside)} m4 calls finished during a {load_s:.3f} s load"
+    )
+    assert max(overlapping) < max(0.15, 0.8 * load_s), (
+        f"an m4 call took {max(overlapping):.3f} s during a {load_s:.3f} s load"
     )
     assert status(agent)["m4"]["tier"] == "loaded"
 

@@ -63,6 +63,66 @@ def test_a_load_bigger_than_the_budget_beside_the_pins_is_refused():
     assert key("big") in plan.refuse and "pinned" in plan.refuse[key("big")]
 
 
+def test_an_unconfirmed_measurement_above_the_budget_loads_in_the_whole_room():
+    """The likely bytes exceed the budget (one noisy measurement), the certain bytes
+    do not: every movable model makes room and the load runs, to be measured again."""
+    slots = [ready("a"), ready("b")]
+    load = QueuedLoad(key("noisy"), needed=50 * MB, certain=10 * MB)
+    plan = plan_room(slots, [load], 20 * MB, GreedyDualSizeFrequency(), 0)
+    assert not plan.refuse and set(plan.unload) == {key("a"), key("b")}
+    confirmed = QueuedLoad(key("noisy"), needed=50 * MB, certain=50 * MB)
+    plan = plan_room(slots, [confirmed], 20 * MB, GreedyDualSizeFrequency(), 0)
+    assert key("noisy") in plan.refuse and not plan.unload
+
+
+def test_a_serving_model_with_a_smaller_variant_is_swapped_before_anything_is_evicted():
+    """Room for a load comes first from swapping serving originals to their smaller
+    usable variants in place (they stay resident); the variant's session is built
+    beside the original, so a swap needs that much room free now."""
+    big = Slot(key("big"), Phase.READY, 16 * MB, 0, False, smaller=4 * MB, smaller_form="int8")
+    slots = [big, ready("other", held=10 * MB)]
+    plan = plan_room(slots, [QueuedLoad(key("new"), 8 * MB)], 30 * MB, GreedyDualSizeFrequency(), 0)
+    assert plan.demote == {key("big"): "int8"} and not plan.unload and not plan.drain
+    assert plan.start == []  # it waits for the swap to free the original's bytes
+    # Planned again while the swap runs: its original counts as leaving; nothing moves.
+    swapping = Slot(key("big"), Phase.READY, 20 * MB, 0, False, leaving=16 * MB)
+    again = plan_room(
+        [swapping, ready("other", held=10 * MB)],
+        [QueuedLoad(key("new"), 8 * MB)],
+        30 * MB,
+        GreedyDualSizeFrequency(),
+        0,
+    )
+    assert not again.demote and not again.unload and again.start == []
+    # No room for the variant's session beside the original: evict instead.
+    full = [big, ready("other", held=14 * MB)]
+    plan = plan_room(full, [QueuedLoad(key("new"), 8 * MB)], 30 * MB, GreedyDualSizeFrequency(), 0)
+    assert not plan.demote and plan.unload
+
+
 def test_a_policy_that_does_not_evict_refuses_what_does_not_fit():
     plan = plan_room([ready("a")], [QueuedLoad(key("b"), 15 * MB)], 20 * MB, NoOverCommit(), 0)
     assert key("b") in plan.refuse and not plan.unload
+
+
+def test_a_staged_models_promotion_is_estimated_from_the_sites_rate() -> None:
+    """Routing weighs a peer's round trip against promoting here: a staged model
+    never promoted here is estimated from its bytes at the rate this site's
+    promotions have shown, instead of counting as unknown (which forwarded it to
+    any peer, however far)."""
+    from pathlib import Path
+
+    from edgeplex.agent.repository import ModelSource
+    from edgeplex.agent.residency.ledger import Ledger
+    from edgeplex.agent.residency.state import ModelRecord
+
+    ledger = Ledger()
+    record = ModelRecord(key("m"), ModelSource("m", "1", Path("m.onnx"), None))
+    record.staged_bytes = 20 * MB
+    assert ledger.promote_estimate(record) is None  # nothing measured here yet
+    ledger.observe_promotion(0.010, 10 * MB)  # 1 ms per MiB
+    assert abs(ledger.promote_estimate(record) - 0.020) < 1e-9  # type: ignore[operator]
+    record.usage.promote_s = 0.005  # its own measurement wins
+    assert ledger.promote_estimate(record) == 0.005
+    record.staged_bytes = 0  # cached: no estimate
+    assert ledger.promote_estimate(record) is None

@@ -33,10 +33,15 @@ def test_unknown_message_types_are_refused():
 
 
 def test_object_dtypes_cannot_cross():
+    """Only text crosses as objects (BYTES, length-prefixed): no other Python object."""
     with pytest.raises(ipc.ProtocolError):
-        framing.pack_tensors({"x": np.array(["a"], dtype=object)})
+        framing.pack_tensors({"x": np.array([{"a": 1}], dtype=object)})
+    with pytest.raises(ipc.ProtocolError):
+        framing.pack_tensors({"x": np.array([3], dtype=object)})
     with pytest.raises(ipc.ProtocolError):
         framing.unpack_tensors([["x", "|O", [1], 8]], memoryview(b"\0" * 8))
+    descs, _ = framing.pack_tensors({"x": np.array(["a", b"b"], dtype=object)})
+    assert descs == [["x", "BYTES", [2], 10]]
 
 
 def test_descriptor_sizes_are_checked():

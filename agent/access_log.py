@@ -1,0 +1,158 @@
+"""The access log: one line per inference request, from both front doors, on the
+`edgeplex.access` logger.
+
+A line says who asked for what and how it went: the request id, the W3C trace
+id, the door, model and version, the model's tier when the request arrived,
+the tier it was promoted from if it waited (cold start), the site it was
+forwarded to, the status and the latency. With `--log-format json` each is a
+field of the record. Up to `access_log_rate` lines a second are written; above
+that, successes are sampled (failures are always written) and a summary line
+says how many were left out. Trace context (`traceparent`) is accepted from the
+caller, and a forwarded request carries it on with this site's span as the
+parent. With `otlp_endpoint` set, each sampled request is also an OpenTelemetry
+span with the same ids (tracing.py), whatever the line rate.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgeplex.agent.tracing import Spans
+
+log = logging.getLogger("edgeplex.access")
+
+TRACEPARENT = "traceparent"
+REQUEST_ID = "x-request-id"
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+SUMMARY_EVERY_S = 10.0
+
+
+def trace_of(traceparent: str | None) -> tuple[str, str, str]:
+    """(trace id, parent span id, flags) of a valid W3C traceparent; a new trace
+    with no parent when it is absent or invalid (all-zero ids and version ff are
+    invalid)."""
+    m = _TRACEPARENT.match((traceparent or "").strip().lower())
+    if m and m.group(1) != "ff" and set(m.group(2)) != {"0"} and set(m.group(3)) != {"0"}:
+        return m.group(2), m.group(3), m.group(4)
+    return secrets.token_hex(16), "", "01"
+
+
+@dataclass(slots=True)
+class AccessEntry:
+    door: str
+    model: str
+    version: str
+    request_id: str
+    trace_id: str
+    flags: str
+    tier: str  # at arrival: loaded, staged, cached; "" when not in the repository
+    parent_span_id: str = ""  # the caller's span; "" when the trace started here
+    _span_id: str = ""  # this hop's, drawn when first needed (span_id)
+    started: float = field(default_factory=time.perf_counter)
+    cold_start: str = ""
+    forwarded_to: str = ""
+
+    @property
+    def span_id(self) -> str:
+        """This hop's span id: drawn only for a forward or an exported span, not on
+        every request (it costs a getrandom call)."""
+        if not self._span_id:
+            self._span_id = secrets.token_hex(8)
+        return self._span_id
+
+    @property
+    def traceparent(self) -> str:
+        """The traceparent a forward carries: same trace, this hop as the parent."""
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
+
+
+class AccessLog:
+    def __init__(self, rate_per_s: float = 100.0) -> None:
+        self.configure(rate_per_s)
+
+    def configure(self, rate_per_s: float, spans: Spans | None = None) -> None:
+        self.spans = spans
+        self.rate = rate_per_s
+        self._tokens = rate_per_s
+        self._refilled = time.monotonic()
+        self._dropped = 0
+        self._summarised = self._refilled
+
+    def start(
+        self,
+        door: str,
+        model: str,
+        version: str,
+        tier: str,
+        traceparent: str | None,
+        request_id: str | None,
+    ) -> AccessEntry:
+        trace_id, parent, flags = trace_of(traceparent)
+        rid = (request_id or "")[:128] or trace_id
+        return AccessEntry(door, model, version, rid, trace_id, flags, tier, parent)
+
+    def finish(self, access: AccessEntry, status: int | str, failed: bool) -> None:
+        if self.spans is not None:
+            ms = (time.perf_counter() - access.started) * 1000
+            self.spans.finished(access, status, failed, time.time_ns(), ms)
+        if self.rate <= 0:
+            return
+        now = time.monotonic()
+        self._tokens = min(self.rate, self._tokens + (now - self._refilled) * self.rate)
+        self._refilled = now
+        if self._tokens < 1 and not failed:
+            if not self._dropped:
+                self._summarised = now
+            self._dropped += 1
+            self._summary(now)
+            return
+        self._tokens = max(0.0, self._tokens - 1)
+        ms = (time.perf_counter() - access.started) * 1000
+        fields = {
+            "request_id": access.request_id,
+            "trace_id": access.trace_id,
+            "door": access.door,
+            "model": access.model,
+            "version": access.version,
+            "tier": access.tier,
+            "cold_start": access.cold_start,
+            "forwarded_to": access.forwarded_to,
+            "status": status,
+            "latency_ms": round(ms, 3),
+        }
+        log.info(
+            "%s %s %s:%s status=%s %.1f ms tier=%s%s%s trace=%s",
+            access.door,
+            access.request_id,
+            access.model,
+            access.version or "-",
+            status,
+            ms,
+            access.tier or "-",
+            f" cold_start={access.cold_start}" if access.cold_start else "",
+            f" forwarded_to={access.forwarded_to}" if access.forwarded_to else "",
+            access.trace_id,
+            extra=fields,
+        )
+        self._summary(now)
+
+    def _summary(self, now: float) -> None:
+        if self._dropped and now - self._summarised >= SUMMARY_EVERY_S:
+            log.info(
+                "access log over %g lines/s: %d successful requests not logged in %.0f s",
+                self.rate,
+                self._dropped,
+                now - self._summarised,
+                extra={"not_logged": self._dropped},
+            )
+            self._dropped = 0
+            self._summarised = now
+
+
+ACCESS = AccessLog()

@@ -1,0 +1,65 @@
+"""What a gRPC ModelInferRequest carries, decoded: its input tensors (raw or typed
+contents, against the payload cap) and its deadline (the call's, or the
+`timeout` parameter in microseconds, whichever is sooner). The gRPC twin of
+oip_body.py."""
+
+from __future__ import annotations
+
+import grpc
+
+from edgeplex.agent.errors import InvalidInput
+from edgeplex.agent.requests import InferInput
+from edgeplex.agent.tensors import (
+    CONTENTS_FIELD,
+    OIP_TO_NUMPY,
+    check_payload_cap,
+    from_list,
+    from_raw,
+)
+from edgeplex.proto import inference_pb2 as pb
+
+
+def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list[InferInput]:
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs"
+        )
+    total = 0
+    decoded = []
+    for i, tensor in enumerate(request.inputs):
+        shape = list(tensor.shape)
+        if raw:
+            data = raw[i]
+            total += len(data)
+            check_payload_cap(tensor.name, total, max_payload_bytes)
+            array = from_raw(tensor.name, tensor.datatype, shape, data, max_payload_bytes)
+        else:
+            field = CONTENTS_FIELD.get(tensor.datatype)
+            if field is None:
+                raise InvalidInput(
+                    f"input '{tensor.name}': {tensor.datatype} data must be sent in "
+                    "raw_input_contents"
+                )
+            values = getattr(tensor.contents, field)
+            dtype = OIP_TO_NUMPY.get(tensor.datatype)
+            total += len(values) * dtype.itemsize if dtype else sum(len(v) for v in values)
+            check_payload_cap(tensor.name, total, max_payload_bytes)
+            array = from_list(tensor.name, tensor.datatype, shape, values, max_payload_bytes)
+        decoded.append(InferInput(tensor.name, tensor.datatype, shape, array))
+    return decoded
+
+
+def request_timeout_s(
+    request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+) -> float | None:
+    limits = []
+    remaining = context.time_remaining()
+    if remaining is not None:
+        limits.append(remaining)
+    if "timeout" in request.parameters:
+        param = request.parameters["timeout"]
+        micros = param.int64_param or param.uint64_param
+        if micros > 0:
+            limits.append(micros / 1e6)
+    return min(limits) if limits else None

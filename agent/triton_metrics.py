@@ -1,0 +1,106 @@
+"""Triton's metric names, next to edgeplex's own, so that dashboards and alerts
+written for Triton work on an agent unchanged.
+
+Rendered straight from the per-model statistics (stats.py) in Triton's shape:
+counters without a `_total` suffix, labelled `model` and `version`, durations
+as cumulative microseconds. Appended to `/metrics` after the `edgeplex_*`
+families. Where NVML answers (nvidia-ml-py installed, a GPU present), the GPU
+gauges too: `nv_gpu_utilization` (0-1), `nv_gpu_memory_used_bytes` and
+`nv_gpu_memory_total_bytes`, labelled `gpu_uuid`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from edgeplex.agent.stats import ModelStats
+
+# (name, help, value of a model's statistics)
+_COUNTERS = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+     lambda s: s.success.count),
+    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+     lambda s: s.fail.count),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+     lambda s: s.inference_count),
+    ("nv_inference_exec_count",
+     "Number of model executions performed (does not include cached requests)",
+     lambda s: s.execution_count),
+    ("nv_inference_request_duration_us",
+     "Cumulative inference request duration in microseconds (includes cached requests)",
+     lambda s: s.success.ns // 1000),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
+     lambda s: s.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us",
+     "Cumulative compute input duration in microseconds",
+     lambda s: s.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us",
+     "Cumulative compute inference duration in microseconds",
+     lambda s: s.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us",
+     "Cumulative inference compute output duration in microseconds",
+     lambda s: s.compute_output.ns // 1000),
+)  # fmt: skip
+
+
+def render(models: Iterable[tuple[str, str, ModelStats]]) -> str:
+    """Prometheus text for every (model, version, statistics)."""
+    rows = list(models)
+    out: list[str] = []
+    for name, text, value in _COUNTERS:
+        out.append(f"# HELP {name} {text}\n# TYPE {name} counter\n")
+        for model, version, stats in rows:
+            out.append(f'{name}{{model="{_escape(model)}",version="{_escape(version)}"}} '
+                       f"{value(stats)}\n")  # fmt: skip
+    return "".join(out)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
+
+
+GpuReading = tuple[str, float, int, int]  # uuid, utilization 0-1, used bytes, total bytes
+_GAUGES = (
+    ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", 1),
+    ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", 3),
+    ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", 2),
+)
+_nvml: Any = None  # the module once NVML initialised; False once it failed
+
+
+def gpu_readings() -> list[GpuReading]:
+    """Every GPU NVML sees; [] without NVML or a GPU (checked once per process)."""
+    global _nvml
+    if _nvml is None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            _nvml = pynvml
+        except Exception:  # not installed, no driver, no GPU
+            _nvml = False
+    if not _nvml:
+        return []
+    out = []
+    try:
+        for index in range(_nvml.nvmlDeviceGetCount()):
+            handle = _nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _nvml.nvmlDeviceGetUUID(handle)
+            util = _nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
+            memory = _nvml.nvmlDeviceGetMemoryInfo(handle)
+            out.append((str(uuid), util, int(memory.used), int(memory.total)))
+    except Exception:  # a GPU lost mid-scrape: report what was read
+        pass
+    return out
+
+
+def render_gpus(readings: list[GpuReading]) -> str:
+    if not readings:
+        return ""
+    out: list[str] = []
+    for name, text, field in _GAUGES:
+        out.append(f"# HELP {name} {text}\n# TYPE {name} gauge\n")
+        for reading in readings:
+            out.append(f'{name}{{gpu_uuid="{_escape(reading[0])}"}} {reading[field]}\n')
+    return "".join(out)

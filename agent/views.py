@@ -1,0 +1,83 @@
+"""What the agent's status pages show: each model's state, memory by tier, and a
+model's forms (the variant serving, each variant's guard figures)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeplex.agent.config import AgentSettings
+from edgeplex.agent.forms import report_dict
+from edgeplex.agent.residency.effects import RunnerEffects
+from edgeplex.agent.residency.owner import Residency
+from edgeplex.agent.residency.state import ModelRecord, Phase
+
+
+def status(residency: Residency, effects: RunnerEffects) -> list[dict[str, Any]]:
+    out = []
+    for e in residency.records():
+        queue = effects.queue(e.key)
+        out.append(
+            {
+                "name": e.name,
+                "version": e.version,
+                "state": e.public_state(),
+                "phase": str(e.phase),
+                "intent": str(e.intent),
+                "reason": e.reason,
+                "runner": e.runner_id,
+                "runner_pid": effects.runner_pid(e),
+                "memory_bytes": e.device_bytes,
+                "tier": str(e.tier),
+                "staged_bytes": e.staged_bytes,
+                "leases": e.leases,
+                "waiting": len(e.waiters),
+                "last_promotion": effects.last_promotion.get(e.key, {}),
+                "max_batch_size": e.max_batch_size,
+                "instances": queue.instances if queue else 0,
+                "prepacked": e.prepacked if e.phase == Phase.READY else None,
+                "queue_depth": queue.depth if queue else 0,
+                "isolation": e.config.isolation if e.source.config else None,
+                "priority": e.config.priority if e.source.config else None,
+                "pinned": e.pinned,
+                "warnings": list(e.source.warnings),
+            }
+            | forms(e)
+        )
+    return out
+
+
+def memory(settings: AgentSettings, residency: Residency, effects: RunnerEffects) -> dict[str, Any]:
+    s = settings
+    return {
+        "policy": s.eviction_policy,
+        "runner_memory_limits": effects.limit_mechanism(),
+        "pending_loads": residency.ledger.pending_loads(),
+        "tiers": {
+            "loaded": {
+                "bytes": residency.device_bytes(),
+                "budget": s.device_memory_budget,
+            },
+            "staged": {
+                "bytes": residency.ledger.host_bytes(),
+                "budget": s.host_memory_budget,
+            },
+            "cached": {
+                "bytes": effects.disk_bytes(residency.records()),
+                "budget": s.disk_cache_budget,
+            },
+        },
+    }
+
+
+def forms(record: ModelRecord) -> dict[str, Any]:
+    """The form serving now, and each built variant's guard figures (or why it is kept
+    out); empty for a model without variants."""
+    if not record.variants:
+        return {}
+    return {
+        "form": record.form or "original",
+        "quality": record.config.quality,
+        "staged_variant_bytes": record.staged_variant_bytes,
+        "measured_bytes": {f or "original": min(m) for f, m in record.measured.items() if m},
+        "variants": {form: report_dict(v) for form, v in record.variants.items()},
+    }

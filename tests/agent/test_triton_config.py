@@ -1,0 +1,197 @@
+"""Triton repositories unchanged: config.pbtxt parsed, mapped, checked against the
+graph, and what edgeplex does not act on named, never dropped silently."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as th
+from tritonclient.utils import InferenceServerException
+
+from edgeplex.agent import demo
+from edgeplex.agent.config import ModelConfig
+from edgeplex.agent.repository import scan_model
+from edgeplex.agent.triton_config import PbtxtError, parse_pbtxt, read_triton_config
+from tests.conftest import start_agent
+
+TRITON_ADD_SUB = """
+# A config as Triton's docs write them.
+name: "add_sub"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  { name: "INPUT0", data_type: TYPE_FP32, dims: [ 16 ] },
+  {
+    name: "INPUT1"
+    data_type: TYPE_FP32
+    dims: [ 16 ]
+  }
+]
+output { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }
+output < name: 'OUTPUT1' data_type: TYPE_FP32 dims: [ -1 ] >
+dynamic_batching {
+  max_queue_delay_microseconds: 100
+  preferred_batch_size: [ 4, 8 ]
+  default_queue_policy { max_queue_size: 64 default_timeout_microseconds: 2000000 }
+}
+instance_group [ { count: 2, kind: KIND_CPU } ]
+version_policy: { specific: { versions: [ 1 ] } }
+parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
+parameters { key: "cudnn_conv_algo_search" value: { string_value: "1" } }
+model_warmup [ { name: "zeros" batch_size: 1 } ]
+"""
+
+
+def test_text_format_parses_lists_nesting_strings_and_enums() -> None:
+    data = parse_pbtxt(TRITON_ADD_SUB)
+    assert data["name"] == ["add_sub"] and data["max_batch_size"] == [8]
+    assert [t["name"][0] for t in data["input"]] == ["INPUT0", "INPUT1"]
+    assert [t["name"][0] for t in data["output"]] == ["OUTPUT0", "OUTPUT1"]  # repeated field
+    assert data["input"][1]["data_type"] == ["TYPE_FP32"]
+    assert data["dynamic_batching"][0]["preferred_batch_size"] == [4, 8]
+    assert data["version_policy"][0]["specific"][0]["versions"] == [1]
+    assert parse_pbtxt('s: "a\\tb" "c"  f: 1.5e3 neg: -2 flag: true')["s"] == ["a\tbc"]
+    assert parse_pbtxt("f: 1.5e3 neg: -2 flag: true hex: 0x10") == {
+        "f": [1500.0], "neg": [-2], "flag": [True], "hex": [16],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [('name: "x"\ninput [ { name: "a" \n', "end of file"), ("a: 1\nb: }\n", "line 2")],
+)
+def test_a_syntax_error_names_where(text: str, line: str) -> None:
+    with pytest.raises(PbtxtError, match=line):
+        parse_pbtxt(text)
+
+
+def test_triton_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "config.pbtxt"
+    path.write_text(TRITON_ADD_SUB)
+    config = read_triton_config(path, "add_sub")
+    assert config.settings == {
+        "max_batch_size": 8,
+        "max_queue_delay_us": 100,
+        "max_queue_size": 64,
+        "timeout_ms": 2000,
+        "instance_count": 2,
+        "intra_op_threads": 1,
+    }
+    assert [t.name for t in config.inputs] == ["INPUT0", "INPUT1"]
+    assert config.outputs[1].dims == (-1,)
+    assert config.version_policy.select([3, 2, 1]) == [1]
+    text = "\n".join(config.warnings)
+    for unsupported in ("model_warmup", "preferred_batch_size", "cudnn_conv_algo_search"):
+        assert unsupported in text, text
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ('name: "other"', "does not match the model's directory 'm'"),
+        ('platform: "tensorflow_savedmodel"', "edgeplex serves ONNX models"),
+        ('input [ { name: "x" data_type: TYPE_NOPE } ]', "not a Triton type"),
+        ('parameters { key: "intra_op_thread_count" value: { string_value: "two" } }', "integer"),
+    ],
+)
+def test_what_cannot_be_served_as_written_is_an_error(
+    tmp_path: Path, body: str, error: str
+) -> None:
+    path = tmp_path / "config.pbtxt"
+    path.write_text(body)
+    with pytest.raises(ValueError, match=error):
+        read_triton_config(path, "m")
+
+
+def test_config_yaml_wins_over_config_pbtxt_and_the_policy_picks_the_version(
+    tmp_path: Path,
+) -> None:
+    demo.make_add_sub(tmp_path / "add_sub")
+    shutil.copytree(tmp_path / "add_sub" / "1", tmp_path / "add_sub" / "2")
+    (tmp_path / "add_sub" / "config.pbtxt").write_text(TRITON_ADD_SUB)
+    (tmp_path / "add_sub" / "config.yaml").write_text("max_queue_delay_us: 500\n")
+    source = scan_model(tmp_path, "add_sub", ModelConfig())
+    assert source is not None and source.config is not None, source
+    assert source.version == "1"  # version_policy specific [1], though 2 exists
+    assert source.config.max_queue_delay_us == 500  # config.yaml
+    assert source.config.max_queue_size == 64  # config.pbtxt
+    assert any("model_warmup" in w for w in source.warnings)
+    (tmp_path / "add_sub" / "config.pbtxt").write_text(
+        "version_policy: { specific: { versions: [ 7 ] } }"
+    )
+    source = scan_model(tmp_path, "add_sub", ModelConfig())
+    assert source is not None and source.config is None
+    assert "selects none of the versions present" in source.config_error
+
+
+@pytest.fixture(scope="module")
+def triton_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("triton-repo")
+    demo.make_add_sub(repo / "add_sub")
+    shutil.copytree(repo / "add_sub" / "1", repo / "add_sub" / "2")
+    (repo / "add_sub" / "config.pbtxt").write_text(TRITON_ADD_SUB)
+    demo.make_add_sub(repo / "misdeclared")
+    (repo / "misdeclared" / "config.pbtxt").write_text(
+        TRITON_ADD_SUB.replace('"add_sub"', '"misdeclared"').replace(
+            "dims: [ 16 ]", "dims: [ 3 ]", 1
+        )
+    )
+    demo.make_add_sub(repo / "plain")  # no config at all: read from the graph
+    demo.make_add_sub(repo / "two")  # versions 1 and 2, both served
+    shutil.copytree(repo / "two" / "1", repo / "two" / "2")
+    shutil.copytree(repo / "two" / "1", repo / "two" / "3")
+    (repo / "two" / "config.pbtxt").write_text(
+        'name: "two"\nmax_batch_size: 8\nversion_policy: { latest: { num_versions: 2 } }\n'
+    )
+    return repo
+
+
+def test_a_triton_repository_serves_through_tritonclient(triton_repo: Path, tmp_path: Path) -> None:
+    agent = start_agent(triton_repo, tmp_path)
+    try:
+        client = th.InferenceServerClient(agent.http_url)
+        config = client.get_model_config("add_sub")
+        assert config["max_batch_size"] == 8
+        assert config["instance_group"] == [{"count": 2, "kind": "KIND_AUTO"}]
+        assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 64
+        assert [t["name"] for t in config["input"]] == ["INPUT0", "INPUT1"]
+        a = np.arange(32, dtype=np.float32).reshape(2, 16)
+        b = np.ones((2, 16), dtype=np.float32)
+        inputs = [
+            th.InferInput("INPUT0", [2, 16], "FP32"),
+            th.InferInput("INPUT1", [2, 16], "FP32"),
+        ]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        result = client.infer("add_sub", inputs, model_version="1")
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+        with pytest.raises(InferenceServerException, match="no version '2'"):
+            client.infer("add_sub", inputs, model_version="2")  # the policy serves 1 only
+        result = client.infer("plain", inputs)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        # latest 2 of versions 1-3: 3 and 2 serve, 3 without a version, 1 not at all.
+        for asked, answered in (("", "3"), ("3", "3"), ("2", "2")):
+            result = client.infer("two", inputs, model_version=asked)
+            assert result.get_response()["model_version"] == answered
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        with pytest.raises(InferenceServerException, match="no version '1'"):
+            client.infer("two", inputs, model_version="1")
+        assert client.is_model_ready("two", "2")
+        # A declaration the graph contradicts: FAILED with the reason; the rest serve.
+        with pytest.raises(InferenceServerException):
+            client.infer("misdeclared", inputs)
+        status, body = agent.http_get("/edgeplex/v1/status")
+        assert status == 200
+        by_name = {e["name"]: e for e in json.loads(body)}
+        assert "input 'INPUT0' dims [3]" in by_name["misdeclared"]["reason"], by_name["misdeclared"]
+        warnings = "\n".join(by_name["add_sub"]["warnings"])
+        assert "preferred_batch_size" in warnings and "model_warmup" in warnings
+        assert by_name["add_sub"]["instances"] == 2  # instance_group count
+        assert "model_warmup" in agent.log()  # logged too
+    finally:
+        assert agent.stop() == 0, agent.log()
