@@ -474,7 +474,7 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
             assert time.monotonic() - killed < 2 + 2 + 1 + 1.5
         assert hammer.failures == [] and hammer.ok > 20
         assert all(s.up for s in fleet.call("ListSites", pb.ListSitesRequest(), standby).sites)  # type: ignore[attr-defined]
-        if loaded_sets(after) != loaded_sets(before):  # say why, model by model, from the new leader
+        if loaded_sets(after) != loaded_sets(before):  # say why, model by model, from the leader
             why = {
                 name: list(fleet.call("ExplainPlacement", pb.ModelName(name=name), standby).lines)  # type: ignore[attr-defined]
                 for sp in before.sites  # type: ignore[attr-defined]
