@@ -44,6 +44,11 @@ class RunnerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    @field_validator("shared_memory_bytes", "shared_memory_threshold_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value)
+
     intra_op_threads: int = Field(
         default=0,
         ge=0,
@@ -78,6 +83,20 @@ class RunnerSettings(BaseModel):
         "session over the mapped staged weights (fast), and is rebuilt prepacked in the "
         "background once it has stayed loaded this long, if the device budget has room "
         "for the transient second copy. Loads at start and explicit loads prepack at once.",
+    )
+    shared_memory_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=0,
+        description="Size of each of a runner's two shared tensor rings (requests, results). "
+        "A batch whose tensors reach `shared_memory_threshold_bytes` travels through them "
+        "instead of the runner's socket; 0 sends every tensor over the socket. Dedicated "
+        "runners' memory limits grow by both rings.",
+    )
+    shared_memory_threshold_bytes: int = Field(
+        default=32 * 1024,
+        ge=0,
+        description="Smallest batch payload that goes through the shared rings; smaller "
+        "ones are as cheap inline in the socket frame.",
     )
     restart_backoff_initial_s: float = Field(
         default=0.1, gt=0, description="Delay before the first restart of a dead runner."

@@ -206,6 +206,19 @@ class AgentMetrics:
             ["runner"],
             registry=r,
         )
+        tensor_bytes = Counter(
+            "edgeplex_runner_tensor_bytes_total",
+            "Tensor bytes between the agent and its runners, by direction (request, result) "
+            "and path: `shared` through the shared rings, `socket` inline in the frames.",
+            ["direction", "path"],
+            registry=r,
+        )
+        # (direction, through shared memory?) -> child, looked up once
+        self.tensor_bytes = {
+            (d, shared): tensor_bytes.labels(direction=d, path="shared" if shared else "socket")
+            for d in ("request", "result")
+            for shared in (True, False)
+        }
 
         self._series: dict[str, ModelSeries] = {}
 

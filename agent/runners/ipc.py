@@ -227,6 +227,11 @@ class Infer(Message):
     model: str
     outputs: list[str] | None
     tensors: list[list[Any]] = field(default_factory=list)
+    # Where the tensors lie in the shared request ring (at < 0: in the payload),
+    # and how far the agent has read the result ring (shm.py).
+    at: int = -1
+    size: int = 0
+    consumed: int = 0
 
 
 @_message
@@ -236,6 +241,27 @@ class InferResult(Message):
     compute_ns: int
     tensors: list[list[Any]] = field(default_factory=list)
     form: str = ""  # the form of the session that ran it
+    at: int = -1  # where the tensors lie in the shared result ring (< 0: in the payload)
+    size: int = 0
+
+
+@_message
+class AttachShm(Message):
+    """agent -> runner: map the shared tensor rings at `path` (shm.py). Answered by
+    ShmAttached or Failure; the agent unlinks the file once answered."""
+
+    TAG: ClassVar[str] = "attach_shm"
+    req_id: int
+    path: str
+    request_bytes: int
+    result_bytes: int
+    threshold: int
+
+
+@_message
+class ShmAttached(Message):
+    TAG: ClassVar[str] = "shm_attached"
+    req_id: int
 
 
 @_message

@@ -38,9 +38,10 @@ import onnxruntime as ort
 
 from edgeplex import logs
 from edgeplex.agent.forms import Calibration, VariantGuard, VariantReport
-from edgeplex.agent.runners import framing, ipc
+from edgeplex.agent.runners import framing, ipc, shm
 from edgeplex.agent.runners.sessions import (
     STAGED_MODEL,
+    as_text,
     device_bytes,
     dims,
     directory_bytes,
@@ -113,10 +114,22 @@ class Runner:
         self._side_epoch = 0
         self._table_lock = threading.Lock()  # self._models changes from two threads
         self._crew = _Crew(self._run)
+        self._channel: shm.RunnerChannel | None = None  # shared tensor rings, if mapped
 
     def _send(self, message: ipc.Message, buffers: list[memoryview] | None = None) -> None:
-        with self._send_lock:
+        with self._send_lock:  # results enter the ring in the order their frames leave
+            if buffers and self._channel is not None and isinstance(message, ipc.InferResult):
+                buffers = self._channel.send(message, buffers)
             framing.send_frame(self._sock, message, buffers)
+
+    def _attach(self, request: ipc.AttachShm) -> None:
+        try:
+            mapping = shm.Mapping.attach(request.path, request.request_bytes, request.result_bytes)
+        except (OSError, ValueError, ipc.ProtocolError) as exc:
+            self._send(ipc.Failure(request.req_id, "internal", f"shared memory: {exc}"))
+            return
+        self._channel = shm.RunnerChannel(mapping, request.threshold)
+        self._send(ipc.ShmAttached(request.req_id))
 
     def serve(self) -> None:
         threading.Thread(target=self._loader, name="loader", daemon=True).start()
@@ -129,6 +142,11 @@ class Runner:
                 return
             if isinstance(message, ipc.Infer):
                 model = self._models.get(message.model)
+                try:
+                    payload = self._tensor_bytes(message, payload)
+                except ipc.ProtocolError as exc:
+                    self._send(ipc.Failure(message.req_id, "internal", str(exc)))
+                    continue
                 if model is None:
                     self._send(
                         ipc.Failure(
@@ -141,6 +159,8 @@ class Runner:
                     model.work.put((message, payload))
             elif isinstance(message, ipc.LoadModel):
                 self._loads.put(message)
+            elif isinstance(message, ipc.AttachShm):
+                self._attach(message)
             elif isinstance(message, (ipc.StageModel, ipc.Prepack, ipc.BuildVariants)):
                 self._stages.put(message)  # background work never delays a promotion
             elif isinstance(message, ipc.UnloadModel):
@@ -339,6 +359,13 @@ class Runner:
 
     # --- inference ------------------------------------------------------------------------
 
+    def _tensor_bytes(self, message: ipc.Infer, payload: memoryview) -> memoryview:
+        if self._channel is not None:
+            return self._channel.received(message, payload)
+        if message.at >= 0:
+            raise ipc.ProtocolError("tensors in shared memory that was never mapped")
+        return payload
+
     def _run(self, model: _Model, message: ipc.Infer, payload: memoryview) -> None:
         try:
             feeds = {
@@ -359,16 +386,6 @@ class Runner:
             self._send(ipc.Failure(message.req_id, kind, str(exc)))
             return
         self._send(ipc.InferResult(message.req_id, compute_ns, descs, model.request.form), buffers)
-
-
-def as_text(array: np.ndarray) -> np.ndarray:
-    """BYTES arrive as bytes; ONNX Runtime's string tensors take str (bytes would be
-    fed as their repr)."""
-    if array.dtype != object:
-        return array
-    out = np.empty(array.size, dtype=object)
-    out[:] = [b.decode() for b in array.reshape(-1)]
-    return out.reshape(array.shape)
 
 
 def main(runner_id: str, socket_path: str, log_level: str, log_format: LogFormat) -> None:

@@ -185,3 +185,13 @@ def scrub(message: str, model_file: str, staged_dir: str) -> str:
         if root != root.parent:  # never strip a bare "/"
             message = message.replace(f"{root}{os.sep}", "").replace(str(root), "<root>")
     return message
+
+
+def as_text(array: np.ndarray) -> np.ndarray:
+    """BYTES arrive as bytes; ONNX Runtime's string tensors take str (bytes would be
+    fed as their repr)."""
+    if array.dtype != object:
+        return array
+    out = np.empty(array.size, dtype=object)
+    out[:] = [b.decode() for b in array.reshape(-1)]
+    return out.reshape(array.shape)

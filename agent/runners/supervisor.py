@@ -1,4 +1,4 @@
-"""Agent side of the runner processes: the zygote client and the supervisor.
+"""Agent side of the runner processes: the supervisor (the zygote client is zygote_client.py).
 
 Everything here runs on the agent's event loop. RunnerPool owns the zygote
 and every RunnerProcess; the model table (models.py) is told about runners
@@ -25,8 +25,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,98 +33,11 @@ from pathlib import Path
 from edgeplex.agent.config import RunnerSettings
 from edgeplex.agent.errors import RunnerLost, Unavailable
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.runners import framing, ipc
+from edgeplex.agent.runners import framing, ipc, shm
 from edgeplex.agent.runners.limits import MemoryLimiter
+from edgeplex.agent.runners.zygote_client import ZygoteClient
 
 log = logging.getLogger("edgeplex.agent.runners")
-
-
-class ZygoteClient:
-    """Starts the zygote with exec and asks it to fork runners."""
-
-    def __init__(self, on_exit: Callable[[str, int, int], None]) -> None:
-        self._on_exit = on_exit
-        self._process: asyncio.subprocess.Process | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._spawned: dict[str, asyncio.Future[int]] = {}
-        self._reader_task: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()
-
-    @property
-    def alive(self) -> bool:
-        return self._process is not None and self._process.returncode is None
-
-    async def start(self) -> None:
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        self._process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "edgeplex.agent.runners.zygote",
-            "--fd",
-            str(child.fileno()),
-            pass_fds=[child.fileno()],
-            stdin=asyncio.subprocess.DEVNULL,
-            env=env,
-        )
-        child.close()
-        reader, self._writer = await asyncio.open_unix_connection(sock=parent)
-        self._reader_task = asyncio.create_task(self._read(reader), name="zygote-reader")
-        log.info("zygote started (pid %d)", self._process.pid)
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                message, _ = await framing.read_frame(reader)
-                if isinstance(message, ipc.RunnerSpawned):
-                    future = self._spawned.pop(message.runner_id, None)
-                    if future is not None and not future.done():
-                        future.set_result(message.pid)
-                elif isinstance(message, ipc.RunnerExited):
-                    self._on_exit(message.runner_id, message.pid, message.status)
-        except (asyncio.IncompleteReadError, ConnectionError, ipc.ProtocolError):
-            pass
-        for future in self._spawned.values():
-            if not future.done():
-                future.set_exception(Unavailable("the runner zygote exited"))
-        self._spawned.clear()
-        log.warning("zygote connection closed")
-
-    async def spawn(
-        self,
-        runner_id: str,
-        socket_path: str,
-        log_level: str,
-        rlimit_as: int = 0,
-        log_format: str = "text",
-    ) -> int:
-        async with self._lock:
-            if not self.alive:
-                await self.start()
-        assert self._writer is not None
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._spawned[runner_id] = future
-        framing.write_frame(
-            self._writer,
-            ipc.SpawnRunner(runner_id, socket_path, log_level, rlimit_as, log_format),
-        )
-        return await asyncio.wait_for(future, timeout=10)
-
-    def kill(self, runner_id: str, sig: int) -> None:
-        if self._writer is not None and self.alive:
-            framing.write_frame(self._writer, ipc.KillRunner(runner_id, int(sig)))
-
-    async def stop(self, timeout: float = 5.0) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._process is not None and self._process.returncode is None:
-            try:
-                await asyncio.wait_for(self._process.wait(), timeout)
-            except TimeoutError:
-                self._process.kill()
-                await self._process.wait()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
 
 
 class RunnerProcess:
@@ -139,6 +50,7 @@ class RunnerProcess:
         self.restarts = 0
         self._pool = pool
         self._writer: asyncio.StreamWriter | None = None
+        self._channel: shm.AgentChannel | None = None  # shared tensor rings, if mapped
         self._pending: dict[int, asyncio.Future[tuple[ipc.Message, memoryview]]] = {}
         self._ready = asyncio.Event()
         self._hello: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] | None
@@ -171,6 +83,11 @@ class RunnerProcess:
         )
         self._pending[req_id] = future
         try:
+            if isinstance(message, ipc.Infer):
+                if self._channel is not None:
+                    buffers = self._channel.send(message, buffers)
+                size = message.size if message.at >= 0 else sum(b.nbytes for b in buffers or ())
+                METRICS.tensor_bytes["request", message.at >= 0].inc(size)
             framing.write_frame(self._writer, message, buffers)
             return await future
         finally:
@@ -195,7 +112,13 @@ class RunnerProcess:
             self._task.cancel()
         if self._writer is not None:
             self._writer.close()
+        self._close_channel()
         self._fail_pending()
+
+    def _close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
     # --- called by the pool ----------------------------------------------------------------
 
@@ -231,6 +154,8 @@ class RunnerProcess:
         self._hello = loop.create_future()
         self.pid = None
         limit = self._pool.memory_limits.get(self.runner_id, 0)
+        if limit:  # the shared rings are mapped (and, once touched, charged) there too
+            limit += 2 * self._pool.settings.shared_memory_bytes
         self.pid = await self._pool.zygote.spawn(
             self.runner_id,
             self._pool.socket_path,
@@ -243,21 +168,60 @@ class RunnerProcess:
             reader, writer = await asyncio.wait_for(
                 asyncio.shield(self._hello), self._pool.settings.start_timeout_s
             )
-        except TimeoutError:
+            channel = await self._attach(reader, writer)
+        except (TimeoutError, ipc.ProtocolError, asyncio.IncompleteReadError) as exc:
             self.kill()
-            raise
-        self._writer = writer
+            raise RunnerLost(f"runner did not start: {exc or type(exc).__name__}") from None
+        self._writer, self._channel = writer, channel
         self.state = "ready"
         self._started_at = time.monotonic()
         self._ready.set()
         log.info("runner %s ready (pid %d)", self.runner_id, self.pid)
-        self._reader = asyncio.create_task(self._read(reader), name=f"runner-{self.runner_id}")
+        self._reader = asyncio.create_task(
+            self._read(reader, channel), name=f"runner-{self.runner_id}"
+        )
         self._pool.on_up(self.runner_id)
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
+    async def _attach(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> shm.AgentChannel | None:
+        """Map the shared tensor rings into the new runner, or None to use its socket."""
+        settings = self._pool.settings
+        size = settings.shared_memory_bytes
+        if not size:
+            return None
+        try:
+            mapping, path = shm.Mapping.create(size, size)
+        except OSError as exc:
+            log.warning("no shared memory for runner %s (%s): tensors use its socket", self, exc)
+            return None
+        threshold = settings.shared_memory_threshold_bytes
+        try:
+            request = ipc.AttachShm(self._pool.next_req_id(), str(path), size, size, threshold)
+            framing.write_frame(writer, request)
+            reply, _ = await asyncio.wait_for(framing.read_frame(reader), settings.start_timeout_s)
+        except BaseException:
+            mapping.close()
+            raise
+        finally:
+            path.unlink(missing_ok=True)  # both ends hold the mapping; the name can go
+        if isinstance(reply, ipc.ShmAttached):
+            return shm.AgentChannel(mapping, threshold)
+        mapping.close()
+        log.warning("runner %s cannot map shared memory (%s): tensors use its socket", self, reply)
+        return None
+
+    def __str__(self) -> str:
+        return self.runner_id
+
+    async def _read(self, reader: asyncio.StreamReader, channel: shm.AgentChannel | None) -> None:
         try:
             while True:
                 message, payload = await framing.read_frame(reader)
+                if channel is not None:
+                    payload = channel.received(message, payload)
+                if isinstance(message, ipc.InferResult):
+                    METRICS.tensor_bytes["result", message.at >= 0].inc(payload.nbytes)
                 future = self._pending.get(getattr(message, "req_id", -1))
                 if future is not None and not future.done():
                     future.set_result((message, payload))
@@ -273,6 +237,7 @@ class RunnerProcess:
         self.state = "restarting"
         self._ready.clear()
         self._writer = None
+        self._close_channel()
         # Models move to LOADING before their in-flight batches fail, so the
         # batcher's re-dispatch waits for the reload instead of racing it.
         self._pool.on_down(self.runner_id)

@@ -1,0 +1,104 @@
+"""The agent's client of the zygote: starts it with exec, asks it to fork runners,
+and hears from it when a runner exits. Runs on the agent's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+
+from edgeplex.agent.errors import Unavailable
+from edgeplex.agent.runners import framing, ipc
+
+log = logging.getLogger("edgeplex.agent.runners")
+
+
+class ZygoteClient:
+    """Starts the zygote with exec and asks it to fork runners."""
+
+    def __init__(self, on_exit: Callable[[str, int, int], None]) -> None:
+        self._on_exit = on_exit
+        self._process: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._spawned: dict[str, asyncio.Future[int]] = {}
+        self._reader_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    async def start(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "edgeplex.agent.runners.zygote",
+            "--fd",
+            str(child.fileno()),
+            pass_fds=[child.fileno()],
+            stdin=asyncio.subprocess.DEVNULL,
+            env=env,
+        )
+        child.close()
+        reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        self._reader_task = asyncio.create_task(self._read(reader), name="zygote-reader")
+        log.info("zygote started (pid %d)", self._process.pid)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                message, _ = await framing.read_frame(reader)
+                if isinstance(message, ipc.RunnerSpawned):
+                    future = self._spawned.pop(message.runner_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(message.pid)
+                elif isinstance(message, ipc.RunnerExited):
+                    self._on_exit(message.runner_id, message.pid, message.status)
+        except (asyncio.IncompleteReadError, ConnectionError, ipc.ProtocolError):
+            pass
+        for future in self._spawned.values():
+            if not future.done():
+                future.set_exception(Unavailable("the runner zygote exited"))
+        self._spawned.clear()
+        log.warning("zygote connection closed")
+
+    async def spawn(
+        self,
+        runner_id: str,
+        socket_path: str,
+        log_level: str,
+        rlimit_as: int = 0,
+        log_format: str = "text",
+    ) -> int:
+        async with self._lock:
+            if not self.alive:
+                await self.start()
+        assert self._writer is not None
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._spawned[runner_id] = future
+        framing.write_frame(
+            self._writer,
+            ipc.SpawnRunner(runner_id, socket_path, log_level, rlimit_as, log_format),
+        )
+        return await asyncio.wait_for(future, timeout=10)
+
+    def kill(self, runner_id: str, sig: int) -> None:
+        if self._writer is not None and self.alive:
+            framing.write_frame(self._writer, ipc.KillRunner(runner_id, int(sig)))
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._process is not None and self._process.returncode is None:
+            try:
+                await asyncio.wait_for(self._process.wait(), timeout)
+            except TimeoutError:
+                self._process.kill()
+                await self._process.wait()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
