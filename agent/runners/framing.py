@@ -134,6 +134,11 @@ class FrameReader:
         self._start = 0
         self._end = 0
 
+    @property
+    def pending(self) -> bool:
+        """Whether bytes of a next frame are already buffered."""
+        return self._end > self._start
+
     def _fill(self, n: int) -> None:
         """Make at least n bytes available from self._start (n <= buffer size)."""
         if self._end - self._start >= n:

@@ -29,8 +29,6 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +37,7 @@ import onnxruntime as ort
 from edgeplex import logs
 from edgeplex.agent.forms import Calibration, VariantGuard, VariantReport
 from edgeplex.agent.runners import framing, ipc, shm
+from edgeplex.agent.runners.crew import Crew, Model
 from edgeplex.agent.runners.sessions import (
     STAGED_MODEL,
     as_text,
@@ -58,62 +57,18 @@ from edgeplex.logs import LogFormat
 log = logging.getLogger("edgeplex.runner")
 
 
-@dataclass
-class _Model:
-    name: str
-    session: ort.InferenceSession
-    output_names: list[str]
-    request: ipc.LoadModel
-    work: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    workers: int = 0
-
-
-class _Crew:
-    """Worker threads, parked between models: a load takes a parked worker rather
-    than start a thread (a start waits twice for the GIL the busy runner holds)."""
-
-    def __init__(self, run: Callable[[_Model, ipc.Infer, memoryview], None]) -> None:
-        self._run = run
-        self._parked: queue.SimpleQueue[queue.SimpleQueue[_Model]] = queue.SimpleQueue()
-
-    def assign(self, model: _Model) -> None:
-        try:
-            inbox = self._parked.get_nowait()
-        except queue.Empty:
-            inbox = queue.SimpleQueue()
-            threading.Thread(target=self._serve, args=(inbox,), daemon=True).start()
-        model.workers += 1
-        inbox.put(model)
-
-    @staticmethod
-    def release(model: _Model, count: int) -> None:
-        """`count` of the model's workers leave it once the work queued before is done
-        (the session is freed when the last one drops it)."""
-        for _ in range(min(count, model.workers)):
-            model.work.put(None)
-            model.workers -= 1
-
-    def _serve(self, inbox: queue.SimpleQueue[_Model]) -> None:
-        while True:
-            model = inbox.get()
-            while (item := model.work.get()) is not None:
-                self._run(model, *item)
-            del model, item
-            self._parked.put(inbox)
-
-
 class Runner:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._send_lock = threading.Lock()
-        self._models: dict[str, _Model] = {}
+        self._models: dict[str, Model] = {}
         self._loads: queue.SimpleQueue = queue.SimpleQueue()
         self._stages: queue.SimpleQueue = queue.SimpleQueue()
         # Odd while the stager works, bumped at each start and end: a load whose
         # memory reading overlapped background work cannot tell its bytes apart.
         self._side_epoch = 0
         self._table_lock = threading.Lock()  # self._models changes from two threads
-        self._crew = _Crew(self._run)
+        self._crew = Crew(self._run)
         self._channel: shm.RunnerChannel | None = None  # shared tensor rings, if mapped
 
     def _send(self, message: ipc.Message, buffers: list[memoryview] | None = None) -> None:
@@ -155,6 +110,8 @@ class Runner:
                             f"model '{message.model}' is not loaded here",
                         )
                     )
+                elif model.admit() and not reader.pending:
+                    model.execute(self._run, (message, payload))
                 else:
                     model.work.put((message, payload))
             elif isinstance(message, ipc.LoadModel):
@@ -270,7 +227,7 @@ class Runner:
             grown = weights
         inputs = [[i.name, i.type, dims(i.shape)] for i in session.get_inputs()]
         outputs = [[o.name, o.type, dims(o.shape)] for o in session.get_outputs()]
-        model = _Model(request.model, session, [o[0] for o in outputs], request)
+        model = Model(request.model, session, [o[0] for o in outputs], request)
         with self._table_lock:  # an unload on the main thread must not slip in between
             old = self._models.pop(request.model, None)
             if old is None and request.swap:
@@ -366,7 +323,7 @@ class Runner:
             raise ipc.ProtocolError("tensors in shared memory that was never mapped")
         return payload
 
-    def _run(self, model: _Model, message: ipc.Infer, payload: memoryview) -> None:
+    def _run(self, model: Model, message: ipc.Infer, payload: memoryview) -> None:
         try:
             feeds = {
                 n: as_text(a) for n, a in framing.unpack_tensors(message.tensors, payload).items()
@@ -374,7 +331,7 @@ class Runner:
             names = message.outputs or model.output_names
             started = time.perf_counter_ns()
             results = model.session.run(names, feeds)
-            compute_ns = time.perf_counter_ns() - started
+            compute_ns = model.last_ns = time.perf_counter_ns() - started
             arrays = {n: np.asarray(r) for n, r in zip(names, results, strict=True)}
             descs, buffers = framing.pack_tensors(arrays)
         except Exception as exc:

@@ -94,7 +94,7 @@ def test_both_ends_of_a_channel_over_a_real_mapping(tmp_path):
 
 
 def test_bytes_outside_the_ring_are_refused(tmp_path):
-    agent, runner = channel_pair(tmp_path)
+    _agent, runner = channel_pair(tmp_path)
     bogus = ipc.Infer(1, "m", None, [["x", "<f4", [4], 16]], at=(1 << 16) - 8, size=16)
     with pytest.raises(ipc.ProtocolError):
         runner.received(bogus, memoryview(b""))
