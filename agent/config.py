@@ -85,12 +85,12 @@ class RunnerSettings(BaseModel):
         "for the transient second copy. Loads at start and explicit loads prepack at once.",
     )
     shared_memory_bytes: int = Field(
-        default=16 * 1024 * 1024,
+        default=8 * 1024 * 1024,
         ge=0,
-        description="Size of each of a runner's two shared tensor rings (requests, results). "
-        "A batch whose tensors reach `shared_memory_threshold_bytes` travels through them "
-        "instead of the runner's socket; 0 sends every tensor over the socket. Dedicated "
-        "runners' memory limits grow by both rings.",
+        description="Size of each of a runner's two shared tensor rings (requests, results), "
+        "allocated in /dev/shm when the runner starts. A batch whose tensors reach "
+        "`shared_memory_threshold_bytes` travels through them instead of the runner's "
+        "socket; 0 sends every tensor over the socket.",
     )
     shared_memory_threshold_bytes: int = Field(
         default=32 * 1024,

@@ -104,7 +104,9 @@ class Mapping:
         path = shm_dir() / f"edgeplex-{os.getpid()}-{secrets.token_hex(8)}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            os.ftruncate(fd, request_bytes + result_bytes)
+            # Allocated now, not page by page as the rings fill: a full /dev/shm then
+            # fails here (tensors use the socket), never as a SIGBUS mid-write.
+            os.posix_fallocate(fd, 0, request_bytes + result_bytes)
             return cls(fd, request_bytes, result_bytes), path
         except BaseException:
             path.unlink(missing_ok=True)

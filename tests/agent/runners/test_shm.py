@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -173,3 +174,23 @@ def test_large_tensors_bit_for_bit_through_full_rings_and_a_killed_runner(wide_a
     }
     for direction in ("request", "result"):
         assert sent[direction, "shared"] > 0 and sent[direction, "socket"] > 0, sent
+
+
+def test_a_full_shm_directory_fails_at_creation_not_mid_write(tmp_path, monkeypatch):
+    """A container's /dev/shm is often 64 MiB: rings that do not fit are refused when
+    the runner starts (its tensors then use the socket), never by a SIGBUS later."""
+    small = tmp_path / "shm"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)])
+    if mounted.returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        monkeypatch.setattr(shm, "shm_dir", lambda: small)
+        with pytest.raises(OSError):
+            shm.Mapping.create(1 << 20, 1 << 20)
+        assert list(small.iterdir()) == []  # nothing left behind
+        mapping, path = shm.Mapping.create(256 << 10, 256 << 10)
+        path.unlink()
+        mapping.close()
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
