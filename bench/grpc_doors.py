@@ -48,7 +48,7 @@ if kind == "h2":  # HTTP/2 framing in Python (h2), gRPC's envelope by hand
     import struct
     import uvloop
     from h2.config import H2Configuration
-    from h2.connection import H2Connection
+    from h2.connection import ConnectionState, H2Connection
     from h2.events import DataReceived, StreamEnded
 
     live = pb.ServerLiveResponse(live=True).SerializeToString()
@@ -63,11 +63,15 @@ if kind == "h2":  # HTTP/2 framing in Python (h2), gRPC's envelope by hand
             transport.write(self.h2.data_to_send())
 
         def data_received(self, data):
+            if self.h2.state_machine.state == ConnectionState.CLOSED:
+                return  # the client said GOAWAY; what still arrives is moot
             for event in self.h2.receive_data(data):
                 if isinstance(event, DataReceived):
                     self.h2.acknowledge_received_data(event.flow_controlled_length,
                                                       event.stream_id)
-                elif isinstance(event, StreamEnded):
+                elif isinstance(event, StreamEnded) and self.h2.state_machine.state != (
+                    ConnectionState.CLOSED
+                ):
                     self.h2.send_headers(event.stream_id, head)
                     self.h2.send_data(event.stream_id, framed)
                     self.h2.send_headers(event.stream_id, [("grpc-status", "0")],
