@@ -351,6 +351,12 @@ class AgentSettings(FileSettings):
         "inference request); above it successes are sampled and failures still written. "
         "0 turns the access log off.",
     )
+    grpc_server: Literal["auto", "native", "grpcio"] = Field(
+        default="auto",
+        description="What serves the OIP gRPC door: `native`, HTTP/2 by libnghttp2 on the "
+        "agent's own event loop (built by `make setup`; plaintext only), or `grpcio`'s "
+        "asyncio server. auto: native where it is built and gRPC is not served over TLS.",
+    )
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
         default="auto",
         description="The front doors' event loop: uvloop (fewer wake-ups and cheaper socket "

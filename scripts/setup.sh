@@ -33,6 +33,9 @@ command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing+=(ip
 # The dashboard's browser test: headless Chromium driven by selenium.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# The native gRPC door: libnghttp2's headers and a C compiler.
+[ -f /usr/include/nghttp2/nghttp2.h ] || missing+=(libnghttp2-dev)
+command -v cc >/dev/null 2>&1 || missing+=(gcc)
 if [ ${#missing[@]} -gt 0 ]; then
     apt_install "${missing[@]}"
 fi
@@ -49,6 +52,14 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
     .venv/bin/python -m pip install -q -e ".[dev]"
     echo "$want" > "$stamp"
+fi
+# The native gRPC door's HTTP/2 session, rebuilt when its source changes.
+native_stamp=".venv/.edgeplex-native"
+native_want="$(sha256sum agent/frontdoor/_nghttp2.pyx scripts/build_native.py | sha256sum | cut -d' ' -f1)"
+if ! ls agent/frontdoor/_nghttp2.*.so >/dev/null 2>&1 || [ ! -f "$native_stamp" ] \
+    || [ "$(cat "$native_stamp")" != "$native_want" ]; then
+    .venv/bin/python scripts/build_native.py
+    echo "$native_want" > "$native_stamp"
 fi
 if [ "${EDGEPLEX_SETUP_BENCH:-0}" = 1 ] && [ ! -x .venv/bin/py-spy ]; then
     .venv/bin/python -m pip install -q py-spy  # bench/profile_agent.py

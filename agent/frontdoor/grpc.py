@@ -8,6 +8,7 @@ raw_output_contents, as Triton sends them.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -330,12 +331,40 @@ class ControlServicer(ctl_grpc.AgentControlServicer):
         return response
 
 
+def native_door(choice: str, tls: bool) -> bool:
+    """Whether gRPC is served by the native door (see AgentSettings.grpc_server)."""
+    if choice == "grpcio" or (choice == "auto" and tls):
+        return False
+    built = importlib.util.find_spec("edgeplex.agent.frontdoor._nghttp2") is not None
+    if choice == "native" and not built:
+        raise RuntimeError(
+            "grpc_server: native needs its HTTP/2 session built (python scripts/build_native.py)"
+        )
+    if choice == "native" and tls:
+        raise RuntimeError("grpc_server: native serves plaintext only; use grpcio with TLS")
+    return built
+
+
 async def start_grpc_server(
     agent: Agent, credentials: Credentials, tls: grpc.ServerCredentials | None = None
-) -> tuple[grpc.aio.Server, int]:
-    """Start serving; returns the server and the bound port."""
+) -> tuple[Any, int]:
+    """Start serving; returns the server (with `stop(grace)`) and the bound port."""
     settings = agent.settings
     limit = 2 * settings.max_payload_bytes + 1024 * 1024
+
+    def register(server: Any) -> None:
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(agent, credentials), server
+        )
+        ctl_grpc.add_AgentControlServicer_to_server(ControlServicer(agent, credentials), server)
+
+    if native_door(settings.grpc_server, tls is not None):
+        from edgeplex.agent.frontdoor.grpc_native import NativeGrpcDoor
+
+        door = NativeGrpcDoor(register, max_message=limit)
+        port = await door.start(settings.grpc_host, settings.grpc_port)
+        log.info("gRPC door: native (nghttp2) on the event loop")
+        return door, port
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
@@ -343,10 +372,7 @@ async def start_grpc_server(
             ("grpc.so_reuseport", 0),
         ]
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(agent, credentials), server
-    )
-    ctl_grpc.add_AgentControlServicer_to_server(ControlServicer(agent, credentials), server)
+    register(server)
     address = f"{settings.grpc_host}:{settings.grpc_port}"
     port = server.add_secure_port(address, tls) if tls else server.add_insecure_port(address)
     if port == 0:

@@ -1,7 +1,9 @@
-"""The agent over gRPC, driven by the stock tritonclient, against direct ORT."""
+"""The agent over gRPC, driven by the stock tritonclient, against direct ORT:
+every test runs against both gRPC doors (native nghttp2, and grpcio's server)."""
 
 from __future__ import annotations
 
+import queue
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
-from tests.conftest import AUTH
+from tests.conftest import AUTH, start_agent
 
 DTYPES = {
     "FP32": np.float32,
@@ -40,6 +42,20 @@ def inputs_for(feeds: dict[str, np.ndarray]) -> list[tg.InferInput]:
         tensor.set_data_from_numpy(array)
         out.append(tensor)
     return out
+
+
+@pytest.fixture(scope="module", params=["native", "grpcio"])
+def agent(request, model_repo, tmp_path_factory):
+    process = start_agent(
+        model_repo,
+        tmp_path_factory.mktemp("agent"),
+        env={
+            "EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "16MiB",
+            "EDGEPLEX_AGENT_GRPC_SERVER": request.param,
+        },
+    )
+    yield process
+    assert process.stop() == 0, process.log()
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +206,57 @@ def test_unload_then_load(client):
     client.load_model("mlp_small", headers=AUTH)
     assert client.is_model_ready("mlp_small")
     assert client.infer("mlp_small", inputs_for(feeds)).as_numpy("output").shape == (1, 64)
+
+
+def test_a_stream_answers_each_request_in_order_and_errors_in_band(agent):
+    results: queue.Queue = queue.Queue()
+    client = tg.InferenceServerClient(agent.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        for i in range(6):
+            x = np.full((1, 16), i, np.float32)
+            model = "no_such_model" if i == 3 else "add_sub"
+            client.async_stream_infer(model, inputs_for({"INPUT0": x, "INPUT1": x}),
+                                      request_id=str(i))  # fmt: skip
+        got = [results.get(timeout=20) for _ in range(6)]
+    finally:
+        client.stop_stream()
+    for i, (result, error) in enumerate(got):
+        if i == 3:
+            assert result is None and "no_such_model" in str(error)
+            continue
+        assert error is None, error
+        assert result.get_response().id == str(i)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 16), 2 * i))
+
+
+def test_what_the_door_does_not_speak_is_named(agent):
+    with grpc.insecure_channel(agent.grpc_url) as channel:
+        nope = channel.unary_unary("/inference.GRPCInferenceService/Nope")
+        with pytest.raises(grpc.RpcError) as err:
+            nope(b"", timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with grpc.insecure_channel(agent.grpc_url, compression=grpc.Compression.Gzip) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        try:  # grpcio's own door decompresses; the native one refuses by name
+            assert stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNIMPLEMENTED and "grpc-encoding" in str(
+                exc.details()
+            )
+
+
+def test_a_cancelled_call_leaves_the_door_serving(agent):
+    with grpc.insecure_channel(agent.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="slow")
+        request.inputs.add(name="input", datatype="FP32", shape=[1, 512, 512])
+        request.raw_input_contents.append(np.full((1, 512, 512), 1e-3, np.float32).tobytes())
+        auth = tuple(AUTH.items())
+        calls = [stub.ModelInfer.future(request, metadata=auth, timeout=30) for _ in range(4)]
+        for call in calls:
+            call.cancel()
+        assert all(call.cancelled() for call in calls)
+        assert stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live
+        reply = stub.ModelInfer(request, metadata=auth, timeout=30)
+        assert reply.model_name == "slow"
