@@ -8,7 +8,7 @@ raw_output_contents, as Triton sends them.
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -335,7 +335,11 @@ def native_door(choice: str, tls: bool) -> bool:
     """Whether gRPC is served by the native door (see AgentSettings.grpc_server)."""
     if choice == "grpcio" or (choice == "auto" and tls):
         return False
-    built = importlib.util.find_spec("edgeplex.agent.frontdoor._nghttp2") is not None
+    try:  # built here, and its libnghttp2 loads
+        importlib.import_module("edgeplex.agent.frontdoor._nghttp2")
+        built = True
+    except ImportError:
+        built = False
     if choice == "native" and not built:
         raise RuntimeError(
             "grpc_server: native needs its HTTP/2 session built (python scripts/build_native.py)"
