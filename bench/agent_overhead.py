@@ -11,7 +11,8 @@ floor of the Python gRPC transport on this machine.
 
 Every load generator runs in its own process. Usage:
     python bench/agent_overhead.py --repo .cache/demo-repo [--duration 8] [--json out.json]
-        [--event-loops asyncio,uvloop]   (one agent per event loop, side by side)
+        [--event-loops asyncio,uvloop] [--grpc-servers native,grpcio]
+        (one agent per event loop and gRPC door, side by side)
 """
 
 from __future__ import annotations
@@ -241,12 +242,20 @@ def main() -> None:
         help="comma-separated event_loop settings (auto, uvloop, asyncio): one agent each, "
         "driven in turn within each row",
     )
+    parser.add_argument(
+        "--grpc-servers",
+        default="auto",
+        help="comma-separated grpc_server settings (auto, native, grpcio): one agent each",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     has_wrk = shutil.which("wrk") is not None
-    loops = args.event_loops.split(",")
-    agents = {loop: Agent(args.repo, log_level="WARNING", event_loop=loop) for loop in loops}
+    agents = {
+        f"{loop}/{door}": Agent(args.repo, log_level="WARNING", event_loop=loop, grpc_server=door)
+        for loop in args.event_loops.split(",")
+        for door in args.grpc_servers.split(",")
+    }
     results = []
     try:
         for model in args.models.split(","):
@@ -259,7 +268,7 @@ def main() -> None:
                         "model": model,
                         "size": MODELS[model][1],
                         "concurrency": c,
-                        "event_loop": loop,
+                        "agent": loop,  # event_loop/grpc_server
                         "direct": direct,
                         "grpc": sub("grpc", agent.grpc, model, width, c, args.duration),
                     }
@@ -287,7 +296,7 @@ def main() -> None:
 def print_row(row: dict) -> None:
     d = row["direct"]
     parts = [
-        f"{row['model']:<10} c={row['concurrency']:<3} {row['event_loop']:<7} "
+        f"{row['model']:<10} c={row['concurrency']:<3} {row['agent']:<12} "
         f"direct {d['rps']:8.0f} rps "
         f"p50 {d['p50_ms']:.3f} ms"
     ]
