@@ -1,12 +1,15 @@
-"""Build the native gRPC door's HTTP/2 session (agent/frontdoor/_nghttp2.pyx) in
-place: Cython, the system C compiler and libnghttp2's headers (Debian:
-libnghttp2-dev). The agent falls back to grpcio's server when it is absent.
+"""Build the native gRPC door's HTTP/2 session (agent/frontdoor/_nghttp2.pyx)
+into the edgeplex that this Python imports: the checkout itself for an editable
+install, site-packages otherwise. Needs Cython, the system C compiler and
+libnghttp2's headers (Debian: libnghttp2-dev). Without it the agent serves
+gRPC through grpcio's server.
 
     python scripts/build_native.py
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import sysconfig
 from pathlib import Path
@@ -33,9 +36,12 @@ def main() -> int:
     command.ensure_finalized()
     command.run()
     built = Path(command.get_ext_fullpath(extension.name))
-    target = ROOT / "agent" / "frontdoor" / built.name
+    spec = importlib.util.find_spec("edgeplex.agent.frontdoor")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("edgeplex is not installed in this Python")
+    target = Path(next(iter(spec.submodule_search_locations))) / built.name
     target.write_bytes(built.read_bytes())
-    print(f"built {target.relative_to(ROOT)} ({sysconfig.get_platform()})")
+    print(f"built {target} ({sysconfig.get_platform()})")
     return 0
 
 
