@@ -158,7 +158,7 @@ class GrpcProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
         host, port = (transport.get_extra_info("peername") or ("", 0))[:2]
-        self._peer = f"ipv4:{host}:{port}"
+        self._peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
         self._door.connections.add(self)
         self._flush()
 
@@ -172,9 +172,13 @@ class GrpcProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self._session.receive(data)
-        except HTTP2Error as exc:
+        except HTTP2Error as exc:  # the peer broke the protocol: nghttp2 said GOAWAY
             log.debug("HTTP/2 error from %s: %s", self._peer, exc)
             self._flush()
+            self.close()
+            return
+        except Exception:  # a bug of ours: this connection ends, the door serves on
+            log.exception("gRPC connection from %s failed", self._peer)
             self.close()
             return
         self._flush()

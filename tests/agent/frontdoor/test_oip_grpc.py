@@ -3,7 +3,9 @@ every test runs against both gRPC doors (native nghttp2, and grpcio's server).""
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -260,3 +262,16 @@ def test_a_cancelled_call_leaves_the_door_serving(agent):
         assert stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live
         reply = stub.ModelInfer(request, metadata=auth, timeout=30)
         assert reply.model_name == "slow"
+
+
+def test_garbage_on_the_grpc_port_ends_only_that_connection(agent, client):
+    host, port = agent.grpc_url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)) * 16)
+        with contextlib.suppress(OSError):  # reset, or closed after a GOAWAY
+            while conn.recv(4096):
+                pass
+    assert client.is_server_live()
+    x = np.ones((1, 16), np.float32)
+    result = client.infer("add_sub", inputs_for({"INPUT0": x, "INPUT1": x}))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * x)
