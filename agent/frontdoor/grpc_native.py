@@ -23,111 +23,33 @@ methods with the same (de)serializers.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
-import struct
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
 from edgeplex.agent.frontdoor._nghttp2 import HTTP2Error, Session  # type: ignore[import-not-found]
+from edgeplex.agent.frontdoor.grpc_wire import (
+    NOT_METADATA,
+    PREFIX,
+    RESPONSE_HEADERS,
+    Abort,
+    Context,
+    MethodTable,
+    metadata_value,
+    parse_timeout,
+    status_trailers,
+)
 
 log = logging.getLogger("edgeplex.agent.grpc")
 
-PREFIX = struct.Struct(">BI")  # compressed flag, message length
-TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-# Request headers that are HTTP/2 or gRPC plumbing, not the caller's metadata.
-NOT_METADATA = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding",
-                          "grpc-accept-encoding", "content-length"})  # fmt: skip
 WINDOW = 4 * 1024 * 1024  # per stream and connection: few WINDOW_UPDATEs for large tensors
 MAX_FRAME = 1024 * 1024
 MAX_STREAMS = 1024
-RESPONSE_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
-# grpc-message is percent-encoded: everything but printable ASCII and '%'.
-MESSAGE_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 CANCEL = 0x8  # HTTP/2 error code of RST_STREAM
-
-
-def status_trailers(code: grpc.StatusCode, details: str) -> list[tuple[bytes, bytes]]:
-    trailers = [(b"grpc-status", str(code.value[0]).encode())]
-    if details:
-        trailers.append((b"grpc-message", urllib.parse.quote(details, safe=MESSAGE_SAFE).encode()))
-    return trailers
-
-
-def parse_timeout(value: str) -> float | None:
-    """grpc-timeout: up to 8 digits and a unit."""
-    try:
-        return int(value[:-1]) * TIMEOUT_UNITS[value[-1]]
-    except (KeyError, ValueError, IndexError):
-        return None
-
-
-class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code, self.details = code, details
-
-
-class MethodTable:
-    """What the generated `add_*Servicer_to_server` functions register, by path."""
-
-    def __init__(self) -> None:
-        self.methods: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: object) -> None:
-        pass  # the registered handlers below carry the same methods
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
-    ) -> None:
-        for name, handler in handlers.items():
-            self.methods[f"/{service}/{name}"] = handler
-
-
-class Context:
-    """The part of grpc.aio.ServicerContext the servicers use."""
-
-    def __init__(self, metadata: tuple[tuple[str, str | bytes], ...], deadline: float | None,
-                 peer: str) -> None:  # fmt: skip
-        self._metadata = metadata
-        self._deadline = deadline
-        self._peer = peer
-        self.trailers: tuple[tuple[str, str | bytes], ...] = ()
-
-    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return self._metadata
-
-    def set_trailing_metadata(self, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
-        self.trailers = tuple(metadata)
-
-    def time_remaining(self) -> float | None:
-        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
-
-    def peer(self) -> str:
-        return self._peer
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        raise _Abort(code, details)
-
-    def trailer_headers(self) -> list[tuple[bytes, bytes]]:
-        out = []
-        for key, value in self.trailers:
-            if isinstance(value, bytes):  # a -bin key
-                value = base64.b64encode(value).decode().rstrip("=")
-            out.append((key.encode(), value.encode()))
-        return out
-
-
-def _metadata_value(key: str, value: str) -> str | bytes:
-    if key.endswith("-bin"):
-        with contextlib.suppress(ValueError):
-            return base64.b64decode(value + "=" * (-len(value) % 4))
-    return value
 
 
 class _Stream:
@@ -200,7 +122,7 @@ class GrpcProtocol(asyncio.Protocol):
                              f"grpc-encoding {value} is not supported")  # fmt: skip
                 return
             elif not key.startswith(":") and key not in NOT_METADATA:
-                metadata.append((key, _metadata_value(key, value)))
+                metadata.append((key, metadata_value(key, value)))
         if not content_type.startswith("application/grpc"):
             self._session.respond(stream_id, [(b":status", b"415")])
             return
@@ -300,7 +222,7 @@ class GrpcProtocol(asyncio.Protocol):
             call = handler.unary_stream if requests is None else handler.stream_stream
             async for item in call(requests if requests is not None else request, context):
                 self._send(stream_id, stream, serialize(item))
-        except _Abort as exc:
+        except Abort as exc:
             self._finish(stream_id, stream, exc.code, exc.details)
             return
         except Exception as exc:

@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from edgeplex.agent.frontdoor.grpc import native_door
-from edgeplex.agent.frontdoor.grpc_native import parse_timeout, status_trailers
+from edgeplex.agent.frontdoor.grpc_wire import parse_timeout, status_trailers
 
 
 def test_the_native_door_is_built_by_setup_and_chosen_by_default():

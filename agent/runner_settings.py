@@ -1,0 +1,88 @@
+"""How the agent runs and supervises its runner processes (`runner.*` settings;
+part of AgentSettings in config.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from edgeplex.agent.model_config import parse_size
+
+
+class RunnerSettings(BaseModel):
+    """How the agent runs and supervises its runner processes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("shared_memory_bytes", "shared_memory_threshold_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value)
+
+    intra_op_threads: int = Field(
+        default=0,
+        ge=0,
+        description="ONNX Runtime intra-op threads per session; 0 = ONNX Runtime's default "
+        "(one per physical core).",
+    )
+    inter_op_threads: int = Field(default=1, ge=1, description="ONNX Runtime inter-op threads.")
+    allow_spinning: bool = Field(
+        default=False,
+        description="Let ORT's worker threads spin while idle. Faster on an idle box, but "
+        "several spinning runners starve each other and the agent.",
+    )
+    execution_provider: Literal["cpu", "cuda"] = Field(
+        default="cpu",
+        description="Where sessions run. `cuda` needs onnxruntime-gpu (docs/architecture.md, "
+        "GPU builds); device memory is then measured with NVML when nvidia-ml-py is "
+        "installed, else from the ORT arena's growth as seen by the process.",
+    )
+    device_id: int = Field(default=0, ge=0, description="CUDA device of this agent's runners.")
+    prepack_weights: bool = Field(
+        default=True,
+        description="Let ORT repack weights for its GEMM kernels when a session is created: "
+        "results identical to a default ORT session and up to ~2x faster batched GEMM, but "
+        "a promotion then copies every weight. false: sessions map the staged weights "
+        "directly, so a staged -> loaded promotion costs about a memcpy (docs/benchmarks.md); "
+        "results differ from default ORT in the last bits.",
+    )
+    prepack_after_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="With prepack_weights, a model promoted on demand first serves from a "
+        "session over the mapped staged weights (fast), and is rebuilt prepacked in the "
+        "background once it has stayed loaded this long, if the device budget has room "
+        "for the transient second copy. Loads at start and explicit loads prepack at once.",
+    )
+    shared_memory_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=0,
+        description="Size of each of a runner's two shared tensor rings (requests, results), "
+        "allocated in /dev/shm when the runner starts. A batch whose tensors reach "
+        "`shared_memory_threshold_bytes` travels through them instead of the runner's "
+        "socket; 0 sends every tensor over the socket.",
+    )
+    shared_memory_threshold_bytes: int = Field(
+        default=32 * 1024,
+        ge=0,
+        description="Smallest batch payload that goes through the shared rings; smaller "
+        "ones are as cheap inline in the socket frame.",
+    )
+    restart_backoff_initial_s: float = Field(
+        default=0.1, gt=0, description="Delay before the first restart of a dead runner."
+    )
+    restart_backoff_max_s: float = Field(
+        default=10.0, gt=0, description="Cap of the exponential restart backoff."
+    )
+    restart_backoff_reset_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A runner that stays up this long resets its backoff to the initial delay.",
+    )
+    start_timeout_s: float = Field(
+        default=20.0, gt=0, description="Time a new runner has to connect back to the agent."
+    )
+    load_timeout_s: float = Field(
+        default=300.0, gt=0, description="Time one model load may take before it is FAILED."
+    )
