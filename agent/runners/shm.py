@@ -124,9 +124,9 @@ class Mapping:
         finally:
             os.close(fd)
 
-    def put(self, ring: Ring, view: memoryview, buffers: list[memoryview]) -> int | None:
-        """Copy `buffers` back to back into `ring`; their position, or None if full."""
-        size = sum(b.nbytes for b in buffers)
+    def put(self, ring: Ring, view: memoryview, buffers: list[memoryview], size: int) -> int | None:
+        """Copy `buffers` (`size` bytes) back to back into `ring`; their position, or None
+        if full."""
         pos = ring.reserve(size)
         if pos is None:
             return None
@@ -161,20 +161,18 @@ class AgentChannel:
         self._held: dict[int, int] = {}  # req_id -> request ring position
         self._consumed = 0  # results read up to this position
 
-    def send(self, message: Infer, buffers: list[memoryview] | None) -> list[memoryview] | None:
-        """Route an Infer's payload; returns the buffers still to go inline."""
+    def send(self, message: Infer, buffers: list[memoryview], size: int) -> bool:
+        """Route an Infer's payload of `size` bytes: True when it went into the ring
+        (the frame then carries no payload), False when it stays inline."""
         message.consumed = self._consumed
-        if not buffers:
-            return buffers
-        size = sum(b.nbytes for b in buffers)
-        if size < self._threshold:
-            return buffers
-        pos = self._map.put(self._map.request_ring, self._map.requests, buffers)
+        if size < self._threshold or not buffers:
+            return False
+        pos = self._map.put(self._map.request_ring, self._map.requests, buffers, size)
         if pos is None:
-            return buffers
+            return False
         message.at, message.size = pos, size
         self._held[message.req_id] = pos
-        return None
+        return True
 
     def received(self, message: Message, payload: memoryview) -> memoryview:
         """A reply's payload, copied out of the result ring when it lies there."""
@@ -218,7 +216,7 @@ class RunnerChannel:
         if size < self._threshold:
             return buffers
         with self._lock:
-            pos = self._map.put(self._map.result_ring, self._map.results, buffers)
+            pos = self._map.put(self._map.result_ring, self._map.results, buffers, size)
         if pos is None:
             return buffers
         message.at, message.size = pos, size

@@ -84,10 +84,12 @@ class RunnerProcess:
         self._pending[req_id] = future
         try:
             if isinstance(message, ipc.Infer):
-                if self._channel is not None:
-                    buffers = self._channel.send(message, buffers)
-                size = message.size if message.at >= 0 else sum(b.nbytes for b in buffers or ())
-                METRICS.tensor_bytes["request", message.at >= 0].inc(size)
+                buffers = buffers or []
+                size = sum(b.nbytes for b in buffers)
+                shared = self._channel is not None and self._channel.send(message, buffers, size)
+                if shared:
+                    buffers = None
+                METRICS.tensor_bytes["request", shared].inc(size)
             framing.write_frame(self._writer, message, buffers)
             return await future
         finally:
@@ -193,7 +195,9 @@ class RunnerProcess:
         try:
             mapping, path = shm.Mapping.create(size, size)
         except OSError as exc:
-            log.warning("no shared memory for runner %s (%s): tensors use its socket", self, exc)
+            log.warning(
+                "no shared memory for runner %s (%s): tensors use its socket", self.runner_id, exc
+            )
             return None
         threshold = settings.shared_memory_threshold_bytes
         try:
@@ -208,11 +212,10 @@ class RunnerProcess:
         if isinstance(reply, ipc.ShmAttached):
             return shm.AgentChannel(mapping, threshold)
         mapping.close()
-        log.warning("runner %s cannot map shared memory (%s): tensors use its socket", self, reply)
+        log.warning(
+            "runner %s cannot map shared memory (%s): tensors use its socket", self.runner_id, reply
+        )
         return None
-
-    def __str__(self) -> str:
-        return self.runner_id
 
     async def _read(self, reader: asyncio.StreamReader, channel: shm.AgentChannel | None) -> None:
         try:

@@ -73,7 +73,8 @@ def test_both_ends_of_a_channel_over_a_real_mapping(tmp_path):
     x = np.random.default_rng(0).standard_normal((4, 512)).astype(np.float32)
     descs, buffers = framing.pack_tensors({"x": x, "small": np.ones(3, np.float32)})
     message = ipc.Infer(1, "m", None, descs)
-    framing.send_frame(a, message, agent.send(message, buffers))
+    shared = agent.send(message, buffers, sum(b.nbytes for b in buffers))
+    framing.send_frame(a, message, None if shared else buffers)
     got, payload = framing.recv_frame(b)
     assert isinstance(got, ipc.Infer) and got.at >= 0 and payload.nbytes == 0  # the doorbell
     arrays = framing.unpack_tensors(got.tensors, runner.received(got, payload))
@@ -90,7 +91,7 @@ def test_both_ends_of_a_channel_over_a_real_mapping(tmp_path):
     # A small payload stays inline.
     descs, buffers = framing.pack_tensors({"s": np.ones(4, np.float32)})
     small = ipc.Infer(2, "m", None, descs)
-    assert agent.send(small, buffers) == buffers and small.at == -1
+    assert not agent.send(small, buffers, 16) and small.at == -1
     assert small.consumed == back.at + back.size  # the runner learns what it may reuse
 
 
