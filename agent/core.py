@@ -16,7 +16,7 @@ import numpy as np
 
 from edgeplex import __version__
 from edgeplex.agent import views
-from edgeplex.agent.batching.batcher import Request, batch_key
+from edgeplex.agent.batching.policy import Request, batch_key
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.errors import (
     DeadlineExceeded,

@@ -69,6 +69,14 @@ class RunnerSettings(BaseModel):
         description="Smallest batch payload that goes through the shared rings; smaller "
         "ones are as cheap inline in the socket frame.",
     )
+    reply_spin_us: int = Field(
+        default=300,
+        ge=0,
+        description="While the only batch in flight belongs to a model whose last round trip "
+        "to its runner took less than this, the agent's event loop polls for the reply "
+        "instead of sleeping, for at most this long: saves a wake-up per request when "
+        "few requests arrive. 0 never polls.",
+    )
     restart_backoff_initial_s: float = Field(
         default=0.1, gt=0, description="Delay before the first restart of a dead runner."
     )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from edgeplex.agent.batching.batcher import Request
+    from edgeplex.agent.batching.policy import Request
 
 
 @dataclass

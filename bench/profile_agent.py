@@ -7,6 +7,7 @@ Workloads (one MLP, 512 wide, 3 layers, single-row requests, all resident):
   http-binary  wrk, 8 connections, binary tensors (the binary data extension)
   http-json    wrk, 8 connections, the same tensor as JSON
   grpc         tritonclient.grpc.aio, 8 calls in flight
+(`--in-flight N` changes the 8).
 For each process it writes DIR/<process>.txt: the share of samples in which each
 function is on the stack (total) and at the top (self), busiest first, and how
 busy each thread was (its active samples against a thread never idle); and
@@ -117,6 +118,7 @@ def main() -> None:
                         default="http-binary")  # fmt: skip
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples a second")
+    parser.add_argument("--in-flight", type=int, default=CONCURRENCY, help="calls in flight")
     parser.add_argument("--out", type=Path, default=Path(".cache/profile"))
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -157,9 +159,9 @@ def main() -> None:
             }
             time.sleep(0.5)  # py-spy attached
             if args.workload == "grpc":
-                load = grpc_load(agent.grpc, args.duration)
+                load = grpc_load(agent.grpc, args.duration, args.in_flight)
             else:
-                load = run_wrk(agent.http, "mlp", WIDTH, CONCURRENCY, args.duration,
+                load = run_wrk(agent.http, "mlp", WIDTH, args.in_flight, args.duration,
                                json_body=args.workload == "http-json")  # fmt: skip
             for name, proc in spies.items():
                 _, err = proc.communicate(timeout=60)
@@ -168,7 +170,7 @@ def main() -> None:
         finally:
             agent.stop()
     how = (
-        f"{args.workload}, {CONCURRENCY} in flight, {args.duration:g} s, py-spy {args.rate}/s "
+        f"{args.workload}, {args.in_flight} in flight, {args.duration:g} s, py-spy {args.rate}/s "
         f"--nonblocking; {platform.node()} {os.cpu_count()} CPUs"
     )
     report: dict[str, object] = {"how": how, "load": load}

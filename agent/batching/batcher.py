@@ -1,9 +1,10 @@
 """Per-model request queue and dynamic batcher.
 
-`take_batch` is the policy: a pure function over the queue, unit-tested
-without processes. `Batcher` is the mechanism: one asyncio task per model
-that waits for requests, a free instance and (optionally) more requests,
-then hands a batch to the model's `execute` callable and splits the result.
+The policy is policy.py (which requests run together). `Batcher` is the
+mechanism: one asyncio task per model that waits for requests, a free
+instance and (optionally) more requests, then hands a batch to the model's
+`execute` callable and splits the result. An idle model skips the task: the
+request that finds it idle is handed to `execute` at once.
 
 Guarantees:
 - requests whose non-batch dimensions or datatypes differ never share a batch
@@ -27,11 +28,11 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from edgeplex.agent.batching.policy import Request, batched_size, take_batch
 from edgeplex.agent.errors import (
     DeadlineExceeded,
     InferenceFailed,
@@ -42,89 +43,10 @@ from edgeplex.agent.errors import (
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.stats import ModelStats
 
-BatchKey = tuple[tuple[str, str, tuple[int, ...]], ...]
-# execute(inputs, output_names) -> (outputs, compute_ns, the form that ran them)
-Execute = Callable[
-    [dict[str, np.ndarray], list[str] | None], Awaitable[tuple[dict[str, np.ndarray], int, str]]
-]
-
-
-@dataclass(eq=False)
-class Request:
-    """One client request waiting for, or riding in, a batch."""
-
-    inputs: dict[str, np.ndarray]
-    outputs: list[str] | None
-    batch_size: int
-    key: BatchKey
-    deadline: float  # loop.time()
-    future: asyncio.Future[dict[str, np.ndarray]]
-    enqueued: float = field(default_factory=time.monotonic)
-    attempts: int = 0
-    # Non-zero while the request is a suspect in a batch that lost its runner
-    # twice: it batches only with the same group, so halves are tried apart.
-    group: int = 0
-    form: str = ""  # the model's form that served it ("" as shipped)
-
-
-def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:
-    """Requests may share a batch only when every input agrees on all but dim 0."""
-    return tuple(
-        sorted((n, a.dtype.str, a.shape[1:] if batching else a.shape) for n, a in inputs.items())
-    )
-
-
-def take_batch(queue: deque[Request], max_batch_size: int) -> list[Request]:
-    """Pop the next batch: the head plus later requests of the same key, in order,
-    while their summed batch sizes fit max_batch_size (0: the head alone).
-    Requests whose future is already done (cancelled by their caller) are dropped."""
-    while queue and queue[0].future.done():
-        queue.popleft()
-    if not queue:
-        return []
-    head = queue.popleft()
-    batch = [head]
-    if max_batch_size <= 0:
-        return batch
-    size = head.batch_size
-    kept: deque[Request] = deque()
-    while queue and size < max_batch_size:
-        request = queue.popleft()
-        if request.future.done():
-            continue
-        same = request.key == head.key and request.group == head.group
-        if same and size + request.batch_size <= max_batch_size:
-            batch.append(request)
-            size += request.batch_size
-        else:
-            kept.append(request)
-    queue.extendleft(reversed(kept))
-    return batch
-
-
-def scale_target(
-    *,
-    depth: int,
-    instances: int,
-    minimum: int,
-    maximum: int,
-    max_batch_size: int,
-    idle_s: float,
-    scale_down_idle_s: float,
-) -> int:
-    """Elastic instances, as a pure decision: one more instance while the queue holds
-    more than the running instances can take in one round (a full batch each), back
-    to `minimum` once the queue has been empty for `scale_down_idle_s`."""
-    per_round = instances * max(1, max_batch_size)
-    if depth > per_round and instances < maximum:
-        return instances + 1
-    if depth == 0 and idle_s >= scale_down_idle_s and instances > minimum:
-        return minimum
-    return instances
-
-
-def batched_size(queue: deque[Request], key: BatchKey) -> int:
-    return sum(r.batch_size for r in queue if r.key == key and not r.future.done())
+# The result of a batch: (outputs, compute_ns, the form that ran them).
+Outcome = Awaitable[tuple[dict[str, np.ndarray], int, str]]
+# execute(inputs, output_names): called when the batch starts; awaited for its result.
+Execute = Callable[[dict[str, np.ndarray], list[str] | None], Outcome]
 
 
 class Batcher:
@@ -247,9 +169,22 @@ class Batcher:
                 self._start(batch)
 
     def _start(self, batch: list[Request]) -> None:
+        """Hand the batch to `execute` now (an idle runner starts on it within this
+        loop iteration); a task waits for its result."""
         self._free_slots -= 1
         self._running += len(batch)
-        task = asyncio.create_task(self._dispatch(batch))
+        started = time.monotonic()
+        if len(batch) == 1:
+            inputs = batch[0].inputs
+        else:
+            inputs = {n: np.concatenate([r.inputs[n] for r in batch]) for n in batch[0].inputs}
+        wanted = _union_outputs(batch)
+        assembled = time.monotonic()
+        try:
+            outcome = self._execute(inputs, wanted)
+        except Exception as exc:  # raised before the batch left: handled as if after
+            outcome = _raise(exc)
+        task = asyncio.create_task(self._dispatch(batch, outcome, started, assembled))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
@@ -300,25 +235,22 @@ class Batcher:
         self._queue = keep
         self._depth.set(len(keep))
 
-    async def _dispatch(self, batch: list[Request]) -> None:
+    async def _dispatch(
+        self, batch: list[Request], outcome: Outcome, started: float, assembled: float
+    ) -> None:
         try:
-            await self._execute_batch(batch)
+            await self._execute_batch(batch, outcome, started, assembled)
         finally:
             self._free_slots += 1
             self._running -= len(batch)
             self._slot_freed.set()
 
-    async def _execute_batch(self, batch: list[Request]) -> None:
-        started = time.monotonic()
+    async def _execute_batch(
+        self, batch: list[Request], outcome: Outcome, started: float, assembled: float
+    ) -> None:
         batching = self.max_batch_size > 0
-        if len(batch) == 1:
-            inputs = batch[0].inputs
-        else:
-            inputs = {n: np.concatenate([r.inputs[n] for r in batch]) for n in batch[0].inputs}
-        wanted = _union_outputs(batch)
-        assembled = time.monotonic()
         try:
-            outputs, compute_ns, form = await self._execute(inputs, wanted)
+            outputs, compute_ns, form = await outcome
         except RunnerLost:
             self._redispatch_or_fail(batch)
             return
@@ -394,3 +326,7 @@ def _union_outputs(batch: list[Request]) -> list[str] | None:
 def _fail(request: Request, error: Any) -> None:
     if not request.future.done():
         request.future.set_exception(error)
+
+
+async def _raise(exc: Exception) -> tuple[dict[str, np.ndarray], int, str]:
+    raise exc

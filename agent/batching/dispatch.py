@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable
 
 import numpy as np
 
@@ -16,7 +18,7 @@ from edgeplex.agent.errors import InferenceFailed, InvalidInput, RunnerLost
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.residency.state import ModelRecord
 from edgeplex.agent.runners import framing, ipc
-from edgeplex.agent.runners.supervisor import RunnerPool
+from edgeplex.agent.runners.supervisor import RunnerPool, RunnerProcess
 from edgeplex.agent.stats import ModelStats
 
 log = logging.getLogger("edgeplex.agent.batching")
@@ -29,17 +31,28 @@ def make_batcher(
     config = entry.config
     model_id = str(entry.key)
     timeout_s = config.execution_timeout_ms / 1000
+    recent_round_trip_s = 0.0  # the last batch's, sent to answered
 
-    async def execute(
+    def execute(
         inputs: dict[str, np.ndarray], outputs: list[str] | None
-    ) -> tuple[dict[str, np.ndarray], int, str]:
+    ) -> Awaitable[tuple[dict[str, np.ndarray], int, str]]:
+        """Write the batch to the runner now; the awaitable is its result."""
         descs, buffers = framing.pack_tensors(inputs)
         runner = pool.get(entry.runner_id)
+        reply = runner.send(ipc.Infer(pool.next_req_id(), model_id, outputs, descs), buffers)
+        pool.awake.sent(reply, recent_round_trip_s)
+        return result(runner, reply, time.perf_counter())
+
+    async def result(
+        runner: RunnerProcess, reply: asyncio.Future[tuple[ipc.Message, memoryview]], sent: float
+    ) -> tuple[dict[str, np.ndarray], int, str]:
+        nonlocal recent_round_trip_s
+        # A timer on the reply itself, not wait_for: no task between the runner's
+        # answer and the batch.
+        timer = asyncio.get_running_loop().call_later(timeout_s, _hung, reply)
         try:
-            reply, payload = await asyncio.wait_for(
-                runner.call(ipc.Infer(pool.next_req_id(), model_id, outputs, descs), buffers),
-                timeout_s,
-            )
+            message, payload = await reply
+            recent_round_trip_s = time.perf_counter() - sent
         except TimeoutError:
             # Hung: a stuck kernel or a poison input. Killing the runner is the only
             # way to get the worker back; the batcher runs the batch again.
@@ -52,14 +65,18 @@ def make_batcher(
             METRICS.hung_batches.labels(model=entry.name).inc()
             runner.abandon(f"a batch of {entry.name} hung")
             raise RunnerLost(entry.runner_id) from None
-        if isinstance(reply, ipc.InferResult):
-            return framing.unpack_tensors(reply.tensors, payload), reply.compute_ns, reply.form
-        assert isinstance(reply, ipc.Failure)
-        if reply.kind == "invalid":
-            raise InvalidInput(f"model '{entry.name}': {reply.message}")
-        if reply.kind == "not_loaded":
+        finally:
+            timer.cancel()
+            pool.awake.answered()
+        if isinstance(message, ipc.InferResult):
+            outputs = framing.unpack_tensors(message.tensors, payload)
+            return outputs, message.compute_ns, message.form
+        assert isinstance(message, ipc.Failure)
+        if message.kind == "invalid":
+            raise InvalidInput(f"model '{entry.name}': {message.message}")
+        if message.kind == "not_loaded":
             raise RunnerLost(entry.runner_id)
-        raise InferenceFailed(f"model '{entry.name}': {reply.message}")
+        raise InferenceFailed(f"model '{entry.name}': {message.message}")
 
     return Batcher(
         entry.name,
@@ -71,3 +88,8 @@ def make_batcher(
         ready=ready,
         stats=stats,
     )
+
+
+def _hung(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> None:
+    if not reply.done():
+        reply.set_exception(TimeoutError())

@@ -11,6 +11,7 @@ anything is allocated for it.
 from __future__ import annotations
 
 import json
+import math
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -96,6 +97,12 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def _huge(value: float) -> bool:
+    """A finite float past 64 bits: an integer as orjson reads it (Infinity and NaN,
+    which only the fallback parser reads, stay floats and are refused as such)."""
+    return math.isfinite(value) and abs(value) >= 2**63
+
+
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -163,7 +170,7 @@ def parse_infer_body(
         if not isinstance(name, str):
             raise InvalidInput("an input has no 'name'")
         if isinstance(shape, list):  # orjson reads integers past 64 bits as floats
-            shape = [int(d) if isinstance(d, float) and abs(d) >= 2**63 else d for d in shape]
+            shape = [int(d) if isinstance(d, float) and _huge(d) else d for d in shape]
         if not isinstance(shape, list) or not all(_int(d) for d in shape):
             raise InvalidInput(f"input '{name}': 'shape' must be a list of integers")
         if not isinstance(datatype, str):

@@ -18,8 +18,9 @@ import shutil
 import time
 from pathlib import Path
 
-from edgeplex.agent.batching.batcher import Batcher, scale_target
+from edgeplex.agent.batching.batcher import Batcher
 from edgeplex.agent.batching.dispatch import make_batcher
+from edgeplex.agent.batching.policy import scale_target
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.errors import RunnerLost, ServeError, Unavailable
 from edgeplex.agent.forms import ORIGINAL, VariantReport

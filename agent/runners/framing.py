@@ -91,14 +91,14 @@ def encode_frame(message: Message, buffers: list[memoryview] | None = None) -> l
     return [FRAME_HEAD.pack(len(header), payload_len), header, *(buffers or ())]
 
 
-def _decode_head(head: bytes) -> tuple[int, int]:
+def decode_head(head: bytes | memoryview) -> tuple[int, int]:
     header_len, payload_len = FRAME_HEAD.unpack(head)
     if header_len > MAX_HEADER_BYTES or payload_len > MAX_PAYLOAD_BYTES:
         raise ProtocolError("frame too large")
     return header_len, payload_len
 
 
-def _decode_header(raw: bytes | bytearray | memoryview) -> Message:
+def decode_header(raw: bytes | bytearray | memoryview) -> Message:
     try:
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -174,11 +174,11 @@ class FrameReader:
 
     def read(self) -> tuple[Message, memoryview]:
         self._fill(FRAME_HEAD.size)
-        header_len, payload_len = _decode_head(
+        header_len, payload_len = decode_head(
             bytes(self._view[self._start : self._start + FRAME_HEAD.size])
         )
         self._start += FRAME_HEAD.size
-        message = _decode_header(self._take(header_len))
+        message = decode_header(self._take(header_len))
         payload = self._take(payload_len) if payload_len else memoryview(b"")
         return message, memoryview(payload)
 
@@ -189,8 +189,8 @@ def recv_frame(sock: socket.socket) -> tuple[Message, memoryview]:
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[Message, memoryview]:
-    header_len, payload_len = _decode_head(await reader.readexactly(FRAME_HEAD.size))
-    message = _decode_header(await reader.readexactly(header_len))
+    header_len, payload_len = decode_head(await reader.readexactly(FRAME_HEAD.size))
+    message = decode_header(await reader.readexactly(header_len))
     payload = await reader.readexactly(payload_len) if payload_len else b""
     return message, memoryview(payload)
 

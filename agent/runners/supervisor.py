@@ -11,9 +11,11 @@ A RunnerProcess is a small state machine:
        ^                          |                                   |
        +------ closed <-- stop ---+----------- backoff ---------------+
 
-Callers never check-then-act: they `await ensure_ready()` and `await call()`.
-A call whose runner dies before answering raises RunnerLost; the batcher
-decides whether to re-dispatch.
+Callers never check-then-act: they `await ensure_ready()` and `await call()`
+(or `send()`, which writes the frame before it returns and hands back the
+reply's future). A call whose runner dies before answering raises
+RunnerLost; the batcher decides whether to re-dispatch. Replies resolve
+their futures from the connection's read callback (connection.py).
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ from pathlib import Path
 from edgeplex.agent.config import RunnerSettings
 from edgeplex.agent.errors import RunnerLost, Unavailable
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.runners import framing, ipc, shm
+from edgeplex.agent.runners import ipc, shm
+from edgeplex.agent.runners.awake import AwakeWaits
+from edgeplex.agent.runners.connection import RunnerConnection, drop
 from edgeplex.agent.runners.limits import MemoryLimiter
 from edgeplex.agent.runners.zygote_client import ZygoteClient
 
 log = logging.getLogger("edgeplex.agent.runners")
+HELLO_TIMEOUT_S = 10.0  # a connection on the runners' socket must say who it is by then
 
 
 class RunnerProcess:
@@ -49,14 +54,12 @@ class RunnerProcess:
         self.pid: int | None = None
         self.restarts = 0
         self._pool = pool
-        self._writer: asyncio.StreamWriter | None = None
+        self._conn: RunnerConnection | None = None
         self._channel: shm.AgentChannel | None = None  # shared tensor rings, if mapped
         self._pending: dict[int, asyncio.Future[tuple[ipc.Message, memoryview]]] = {}
         self._ready = asyncio.Event()
-        self._hello: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] | None
-        self._hello = None
+        self._hello: asyncio.Future[RunnerConnection] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._reader: asyncio.Task[None] | None = None
         self._backoff = pool.settings.restart_backoff_initial_s
         self._started_at = 0.0
 
@@ -75,25 +78,39 @@ class RunnerProcess:
         self, message: ipc.Message, buffers: list[memoryview] | None = None
     ) -> tuple[ipc.Message, memoryview]:
         """Send a request carrying `req_id` and wait for its reply; RunnerLost if it dies."""
-        if self.state != "ready" or self._writer is None:
+        future = self.send(message, buffers)
+        try:
+            return await future
+        finally:
+            self._pending.pop(message.req_id, None)  # type: ignore[attr-defined]
+
+    def send(
+        self, message: ipc.Message, buffers: list[memoryview] | None = None
+    ) -> asyncio.Future[tuple[ipc.Message, memoryview]]:
+        """Write a request carrying `req_id` now; the future resolves with its reply, or
+        RunnerLost if the runner dies first. Raises RunnerLost if it is not serving."""
+        if self.state != "ready":
             raise RunnerLost(self.runner_id)
-        req_id: int = message.req_id  # type: ignore[attr-defined]
+        return self._send(message, buffers)
+
+    def _send(
+        self, message: ipc.Message, buffers: list[memoryview] | None
+    ) -> asyncio.Future[tuple[ipc.Message, memoryview]]:
+        if self._conn is None:
+            raise RunnerLost(self.runner_id)
         future: asyncio.Future[tuple[ipc.Message, memoryview]] = (
             asyncio.get_running_loop().create_future()
         )
-        self._pending[req_id] = future
-        try:
-            if isinstance(message, ipc.Infer):
-                buffers = buffers or []
-                size = sum(b.nbytes for b in buffers)
-                shared = self._channel is not None and self._channel.send(message, buffers, size)
-                if shared:
-                    buffers = None
-                METRICS.tensor_bytes["request", shared].inc(size)
-            framing.write_frame(self._writer, message, buffers)
-            return await future
-        finally:
-            self._pending.pop(req_id, None)
+        if isinstance(message, ipc.Infer):
+            buffers = buffers or []
+            size = sum(b.nbytes for b in buffers)
+            shared = self._channel is not None and self._channel.send(message, buffers, size)
+            if shared:
+                buffers = None
+            METRICS.tensor_bytes["request", shared].inc(size)
+        self._pending[message.req_id] = future  # type: ignore[attr-defined]
+        self._conn.write(message, buffers)
+        return future
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         self._pool.zygote.kill(self.runner_id, sig)
@@ -104,18 +121,22 @@ class RunnerProcess:
         if self.state != "ready":
             return
         self.kill()
-        if self._reader is not None:
-            self._reader.cancel()
         self._lost(reason)
 
     async def stop(self) -> None:
         self.state = "closed"
         if self._task is not None:
             self._task.cancel()
-        if self._writer is not None:
-            self._writer.close()
+        self._detach()
         self._close_channel()
         self._fail_pending()
+
+    def _detach(self) -> None:
+        """Forget the connection: what it still delivers, or its closing, is ignored."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.on_frame, conn.on_lost = drop, None
+            conn.close()
 
     def _close_channel(self) -> None:
         if self._channel is not None:
@@ -124,10 +145,11 @@ class RunnerProcess:
 
     # --- called by the pool ----------------------------------------------------------------
 
-    def accept(self, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    def accept(self, pid: int, conn: RunnerConnection) -> bool:
         if self._hello is None or self._hello.done() or (self.pid is not None and pid != self.pid):
             return False
-        self._hello.set_result((reader, writer))
+        conn.on_frame, conn.on_lost = self._on_frame, self._on_lost
+        self._hello.set_result(conn)
         return True
 
     def exited(self, pid: int, status: int) -> None:
@@ -167,26 +189,22 @@ class RunnerProcess:
         )
         self._pool.limiter.apply(self.runner_id, self.pid, limit)
         try:
-            reader, writer = await asyncio.wait_for(
+            self._conn = await asyncio.wait_for(
                 asyncio.shield(self._hello), self._pool.settings.start_timeout_s
             )
-            channel = await self._attach(reader, writer)
-        except (TimeoutError, ipc.ProtocolError, asyncio.IncompleteReadError) as exc:
+            channel = await self._attach()
+        except (TimeoutError, RunnerLost) as exc:
             self.kill()
+            self._detach()
             raise RunnerLost(f"runner did not start: {exc or type(exc).__name__}") from None
-        self._writer, self._channel = writer, channel
+        self._channel = channel
         self.state = "ready"
         self._started_at = time.monotonic()
         self._ready.set()
         log.info("runner %s ready (pid %d)", self.runner_id, self.pid)
-        self._reader = asyncio.create_task(
-            self._read(reader, channel), name=f"runner-{self.runner_id}"
-        )
         self._pool.on_up(self.runner_id)
 
-    async def _attach(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> shm.AgentChannel | None:
+    async def _attach(self) -> shm.AgentChannel | None:
         """Map the shared tensor rings into the new runner, or None to use its socket."""
         settings = self._pool.settings
         size = settings.shared_memory_bytes
@@ -202,8 +220,7 @@ class RunnerProcess:
         threshold = settings.shared_memory_threshold_bytes
         try:
             request = ipc.AttachShm(self._pool.next_req_id(), str(path), size, size, threshold)
-            framing.write_frame(writer, request)
-            reply, _ = await asyncio.wait_for(framing.read_frame(reader), settings.start_timeout_s)
+            reply, _ = await asyncio.wait_for(self._send(request, None), settings.start_timeout_s)
         except BaseException:
             mapping.close()
             raise
@@ -217,29 +234,28 @@ class RunnerProcess:
         )
         return None
 
-    async def _read(self, reader: asyncio.StreamReader, channel: shm.AgentChannel | None) -> None:
-        try:
-            while True:
-                message, payload = await framing.read_frame(reader)
-                if channel is not None:
-                    payload = channel.received(message, payload)
-                if isinstance(message, ipc.InferResult):
-                    METRICS.tensor_bytes["result", message.at >= 0].inc(payload.nbytes)
-                future = self._pending.get(getattr(message, "req_id", -1))
-                if future is not None and not future.done():
-                    future.set_result((message, payload))
-        except (asyncio.IncompleteReadError, ConnectionError, ipc.ProtocolError) as exc:
-            reason = "connection closed" if isinstance(exc, asyncio.IncompleteReadError) else exc
-        if self.state == "closed":
-            return
-        self._lost(str(reason))
+    def _on_frame(self, message: ipc.Message, payload: memoryview) -> None:
+        """A frame from the runner, called from the connection's read callback."""
+        if self._channel is not None:
+            payload = self._channel.received(message, payload)
+        if isinstance(message, ipc.InferResult):
+            METRICS.tensor_bytes["result", message.at >= 0].inc(payload.nbytes)
+        future = self._pending.pop(getattr(message, "req_id", -1), None)
+        if future is not None and not future.done():
+            future.set_result((message, payload))
+
+    def _on_lost(self, reason: str) -> None:
+        if self.state == "ready":
+            self._lost(reason)
+        else:  # while starting: the start fails (its calls raise RunnerLost)
+            self._fail_pending()
 
     def _lost(self, reason: str) -> None:
         settings = self._pool.settings
         log.error("runner %s (pid %s) lost: %s", self.runner_id, self.pid, reason)
         self.state = "restarting"
         self._ready.clear()
-        self._writer = None
+        self._detach()
         self._close_channel()
         # Models move to LOADING before their in-flight batches fail, so the
         # batcher's re-dispatch waits for the reload instead of racing it.
@@ -287,6 +303,7 @@ class RunnerPool:
         self._server: asyncio.AbstractServer | None = None
         self._req_ids = itertools.count(1)
         self.limiter = MemoryLimiter()
+        self.awake = AwakeWaits(settings.reply_spin_us)
         # Host memory limits of dedicated runners, set by the model table before
         # it first asks for the runner.
         self.memory_limits: dict[str, int] = {}
@@ -297,7 +314,10 @@ class RunnerPool:
 
     async def start(self) -> None:
         os.chmod(self._dir, 0o700)
-        self._server = await asyncio.start_unix_server(self._connected, path=self.socket_path)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(
+            lambda: RunnerConnection(self._hello, HELLO_TIMEOUT_S), path=self.socket_path
+        )
         await self.zygote.start()
 
     def get(self, runner_id: str) -> RunnerProcess:
@@ -309,20 +329,15 @@ class RunnerPool:
     def runners(self) -> list[RunnerProcess]:
         return list(self._runners.values())
 
-    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            message, _ = await asyncio.wait_for(framing.read_frame(reader), timeout=10)
-        except (TimeoutError, asyncio.IncompleteReadError, ipc.ProtocolError):
-            writer.close()
-            return
+    def _hello(self, conn: RunnerConnection, message: ipc.Message) -> None:
+        """The first frame of a connection: a spawned runner accepts it, or it closes."""
         runner = self._runners.get(getattr(message, "runner_id", ""))
         if (
             not isinstance(message, ipc.Hello)
             or runner is None
-            or not runner.accept(message.pid, reader, writer)
+            or not runner.accept(message.pid, conn)
         ):
             log.warning("rejected a runner connection that did not match a spawned runner")
-            writer.close()
 
     def _runner_exited(self, runner_id: str, pid: int, status: int) -> None:
         log.info("runner %s (pid %d) exited with status %d", runner_id, pid, status)

@@ -7,7 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from edgeplex.agent.batching.batcher import Batcher, Request, batch_key
+from edgeplex.agent.batching.batcher import Batcher
+from edgeplex.agent.batching.policy import Request, batch_key
 from edgeplex.agent.errors import InferenceFailed, QueueFull, RunnerLost, Unavailable
 from edgeplex.agent.stats import ModelStats
 

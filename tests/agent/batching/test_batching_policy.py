@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgeplex.agent.batching.batcher import Request, batch_key, take_batch
+from edgeplex.agent.batching.policy import Request, batch_key, take_batch
 
 
 class _Future:
@@ -93,7 +93,7 @@ def test_request_future_type_is_asyncio():
 
 
 def test_scale_target_grows_under_a_deep_queue_and_shrinks_when_idle():
-    from edgeplex.agent.batching.batcher import scale_target
+    from edgeplex.agent.batching.policy import scale_target
 
     common = {"minimum": 1, "maximum": 4, "max_batch_size": 2, "scale_down_idle_s": 5.0}
     assert scale_target(depth=5, instances=2, idle_s=0, **common) == 3

@@ -199,6 +199,15 @@ def test_http_wrong_inputs_are_400_naming_the_input(agent, inputs, needle):
     assert needle in json.loads(body)["error"]
 
 
+@pytest.mark.parametrize("dim", ["Infinity", "-Infinity", "NaN", "1e30", "1.5"])
+def test_http_a_shape_that_is_no_integer_is_400(agent, dim):
+    tensor = '{"name": "INPUT0", "shape": [DIM], "datatype": "FP32", "data": [1.0]}'
+    body = '{"inputs": [' + tensor.replace("DIM", dim) + "]}"
+    status, _, reply = http_post(agent, "/v2/models/add_sub/infer", body.encode())
+    assert status == 400, reply
+    assert "shape" in json.loads(reply)["error"]
+
+
 def test_http_binary_size_mismatch_is_400(agent):
     header = json.dumps(
         {

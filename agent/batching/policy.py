@@ -1,0 +1,95 @@
+"""What a batch is, as pure functions over the queue: unit-tested without processes.
+
+`take_batch` decides which queued requests run together, `scale_target` how
+many instances a model runs; the batcher (batcher.py) is the mechanism that
+applies them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+BatchKey = tuple[tuple[str, str, tuple[int, ...]], ...]
+
+
+@dataclass(eq=False)
+class Request:
+    """One client request waiting for, or riding in, a batch."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: list[str] | None
+    batch_size: int
+    key: BatchKey
+    deadline: float  # loop.time()
+    future: asyncio.Future[dict[str, np.ndarray]]
+    enqueued: float = field(default_factory=time.monotonic)
+    attempts: int = 0
+    # Non-zero while the request is a suspect in a batch that lost its runner
+    # twice: it batches only with the same group, so halves are tried apart.
+    group: int = 0
+    form: str = ""  # the model's form that served it ("" as shipped)
+
+
+def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:
+    """Requests may share a batch only when every input agrees on all but dim 0."""
+    return tuple(
+        sorted((n, a.dtype.str, a.shape[1:] if batching else a.shape) for n, a in inputs.items())
+    )
+
+
+def take_batch(queue: deque[Request], max_batch_size: int) -> list[Request]:
+    """Pop the next batch: the head plus later requests of the same key, in order,
+    while their summed batch sizes fit max_batch_size (0: the head alone).
+    Requests whose future is already done (cancelled by their caller) are dropped."""
+    while queue and queue[0].future.done():
+        queue.popleft()
+    if not queue:
+        return []
+    head = queue.popleft()
+    batch = [head]
+    if max_batch_size <= 0:
+        return batch
+    size = head.batch_size
+    kept: deque[Request] = deque()
+    while queue and size < max_batch_size:
+        request = queue.popleft()
+        if request.future.done():
+            continue
+        same = request.key == head.key and request.group == head.group
+        if same and size + request.batch_size <= max_batch_size:
+            batch.append(request)
+            size += request.batch_size
+        else:
+            kept.append(request)
+    queue.extendleft(reversed(kept))
+    return batch
+
+
+def scale_target(
+    *,
+    depth: int,
+    instances: int,
+    minimum: int,
+    maximum: int,
+    max_batch_size: int,
+    idle_s: float,
+    scale_down_idle_s: float,
+) -> int:
+    """Elastic instances, as a pure decision: one more instance while the queue holds
+    more than the running instances can take in one round (a full batch each), back
+    to `minimum` once the queue has been empty for `scale_down_idle_s`."""
+    per_round = instances * max(1, max_batch_size)
+    if depth > per_round and instances < maximum:
+        return instances + 1
+    if depth == 0 and idle_s >= scale_down_idle_s and instances > minimum:
+        return minimum
+    return instances
+
+
+def batched_size(queue: deque[Request], key: BatchKey) -> int:
+    return sum(r.batch_size for r in queue if r.key == key and not r.future.done())
