@@ -40,9 +40,10 @@ def base_python(revision: str) -> tuple[str, str]:
     ).stdout.strip()
     home = ROOT / ".cache" / "ab" / sha[:12]
     python = home / "venv" / "bin" / "python"
-    if python.exists():
-        return sha, str(python)
     tree = home / "tree"
+    if python.exists():
+        build_native(python, tree)
+        return sha, str(python)
     if not tree.exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
                        check=True, capture_output=True)  # fmt: skip
@@ -52,7 +53,19 @@ def base_python(revision: str) -> tuple[str, str]:
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "-e", str(tree)], check=True, env=env
     )
+    build_native(python, tree)
     return sha, str(python)
+
+
+def build_native(python: Path, tree: Path) -> None:
+    """Build the revision's native gRPC door as `make setup` does, where it has one, so
+    both sides serve gRPC the way a user's install would."""
+    script = tree / "scripts" / "build_native.py"
+    if not script.exists() or any((tree / "agent" / "frontdoor").glob("_nghttp2*.so")):
+        return
+    env = dict(os.environ, PIP_CACHE_DIR=str(ROOT / ".cache" / "pip"))
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "cython"], check=True, env=env)
+    subprocess.run([str(python), str(script)], check=True, cwd=tree, capture_output=True)
 
 
 def main() -> None:

@@ -64,14 +64,6 @@ def error_response(exc: ServeError) -> web.Response:
     return web.json_response({"error": exc.message}, status=exc.http_status, headers=headers)
 
 
-@web.middleware
-async def serve_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ServeError as exc:
-        return error_response(exc)
-
-
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(
         body=json.dumps(data).encode(), status=status, content_type="application/json"
@@ -167,18 +159,24 @@ class HttpApi:
             (web.post, "/edgeplex/v1/models/{model}/unpin", self.unpin, admin),
             (web.post, "/edgeplex/v1/models/{model}/demote", self.demote, admin),
         ]
-        return [verb(path, self._guard(handler, access)) for verb, path, handler, access in table]
+        return [verb(path, self._serve(handler, access)) for verb, path, handler, access in table]
 
-    def _guard(self, handler: Handler, access: Access) -> Handler:
-        if access == Access.OPEN:
-            return handler
+    def _serve(self, handler: Handler, access: Access) -> Handler:
+        """The route's handler behind its access check, with refusals and ServeErrors
+        answered as error responses (one wrapper, not a middleware: one coroutine
+        fewer on every request)."""
         what = handler.__name__.replace("_", " ")
+        check = self.credentials.check
 
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            self.credentials.check(access, request.headers.get("Authorization"), what)
-            return await handler(request)
+        async def served(request: web.Request) -> web.StreamResponse:
+            try:
+                if access != Access.OPEN:
+                    check(access, request.headers.get("Authorization"), what)
+                return await handler(request)
+            except ServeError as exc:
+                return error_response(exc)
 
-        return guarded
+        return served
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return _json(self.agent.server_metadata())
@@ -227,32 +225,28 @@ class HttpApi:
 
     async def infer(self, request: web.Request) -> web.Response:
         mi = request.match_info
+        model, version = mi["model"], mi.get("version", "")
         try:
             with self.agent.gate.hold(request.content_length or 0) as held:
-                return await self._infer(request, mi["model"], mi.get("version", ""), held)
+                record = self.agent.residency.get(model)
+                access = ACCESS.start(
+                    "http",
+                    model,
+                    version,
+                    str(record.tier) if record is not None else "",
+                    request.headers.get(TRACEPARENT),
+                    request.headers.get(REQUEST_ID),
+                )
+                try:
+                    response = await self._infer_logged(request, model, version, held, access)
+                except ServeError as exc:
+                    ACCESS.finish(access, exc.http_status, failed=True)
+                    raise
+                ACCESS.finish(access, response.status, failed=response.status >= 400)
+                return response
         except Overloaded:
-            METRICS.refused.labels(model=self.agent.metric_label(mi["model"])).inc()
+            METRICS.refused.labels(model=self.agent.metric_label(model)).inc()
             raise
-
-    async def _infer(
-        self, request: web.Request, model: str, version: str, held: Pass
-    ) -> web.Response:
-        record = self.agent.residency.get(model)
-        access = ACCESS.start(
-            "http",
-            model,
-            version,
-            str(record.tier) if record is not None else "",
-            request.headers.get(TRACEPARENT),
-            request.headers.get(REQUEST_ID),
-        )
-        try:
-            response = await self._infer_logged(request, model, version, held, access)
-        except ServeError as exc:
-            ACCESS.finish(access, exc.http_status, failed=True)
-            raise
-        ACCESS.finish(access, response.status, failed=response.status >= 400)
-        return response
 
     async def _infer_logged(
         self, request: web.Request, model: str, version: str, held: Pass, access: AccessEntry
@@ -362,9 +356,7 @@ async def start_http_server(
     agent: Agent, credentials: Credentials, ssl: SSLContext | None = None
 ) -> tuple[web.AppRunner, int]:
     settings = agent.settings
-    app = web.Application(
-        middlewares=[serve_errors], client_max_size=2 * settings.max_payload_bytes + 1024 * 1024
-    )
+    app = web.Application(client_max_size=2 * settings.max_payload_bytes + 1024 * 1024)
     app.add_routes(HttpApi(agent, credentials).routes())
     # The body is read as sent: parse_infer_body decodes Content-Encoding itself, once,
     # under its own cap, and a forwarded request keeps the encoding it came with.
