@@ -173,3 +173,42 @@ async def test_queue_bound_and_queued_deadlines():
     gate.set()
     await running.future
     await b.close(Unavailable("done"), drain=True)
+
+
+async def test_an_idle_model_hands_the_request_on_before_submit_returns():
+    """The batch leaves within the loop iteration that admitted it: `execute` runs
+    during `submit`, and only its result is awaited later. An error raised there
+    reaches the request like one raised while awaiting."""
+    loop = asyncio.get_running_loop()
+    sent = []
+
+    def execute(inputs, outputs):  # the synchronous half, as the runner dispatch does
+        sent.append(inputs["x"].shape[0])
+
+        async def result():
+            return {"y": inputs["x"] + 1}, 1000, ""
+
+        return result()
+
+    b = batcher(execute, max_batch=0)
+    request = make_request(loop)
+    b.submit(request)
+    assert sent == [1]  # written before submit returned
+    out = await asyncio.wait_for(request.future, 5)
+    assert out["y"].tolist() == [[2.0, 2.0]]
+
+    def refuses(inputs, outputs):
+        raise RunnerLost("r")  # the runner went away between admission and the write
+
+    calls = 0
+
+    def flaky(inputs, outputs):
+        nonlocal calls
+        calls += 1
+        return refuses(inputs, outputs) if calls == 1 else execute(inputs, outputs)
+
+    b = batcher(flaky, max_batch=0)
+    request = make_request(loop)
+    b.submit(request)
+    out = await asyncio.wait_for(request.future, 5)  # re-dispatched once, answered
+    assert calls == 2 and out["y"].tolist() == [[2.0, 2.0]]
