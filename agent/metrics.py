@@ -94,6 +94,13 @@ class AgentMetrics:
             ["model"],
             registry=r,
         )
+        self.cpu_fallback = Gauge(
+            "edgeplex_model_cpu_fallback",
+            "1 while the model runs on the CPU although the runners ask for CUDA "
+            "(runner.cpu_fallback).",
+            ["model"],
+            registry=r,
+        )
         self.variant_bytes = Gauge(
             "edgeplex_agent_model_variant_bytes",
             "Memory of the model's session by the form it holds (original, int8, fp16); 0 "

@@ -127,6 +127,19 @@ class ModelConfig(BaseModel):
         "RLIMIT_AS; the agent logs which at start); on CUDA it is also ORT's "
         "`gpu_mem_limit`.",
     )
+    device_id: int | None = Field(
+        default=None,
+        ge=0,
+        description="On CUDA, the device this model's sessions run on; unset: "
+        "`runner.device_id`. The device budget counts the agent's models on every device "
+        "together: run one agent per GPU to budget each.",
+    )
+    gpu_arena: Literal["same_as_requested", "next_power_of_two"] = Field(
+        default="same_as_requested",
+        description="On CUDA, how the session's memory arena grows: by what each "
+        "allocation asks (the least held) or in powers of two (fewer allocations). The "
+        "arena is the session's: a demotion returns it to the device.",
+    )
 
     variants: list[Form] = Field(
         default=[],

@@ -39,6 +39,13 @@ class RunnerSettings(BaseModel):
         "installed, else from the ORT arena's growth as seen by the process.",
     )
     device_id: int = Field(default=0, ge=0, description="CUDA device of this agent's runners.")
+    cpu_fallback: bool = Field(
+        default=False,
+        description="With `execution_provider: cuda`, serve a model on the CPU when CUDA "
+        "cannot run its session (no onnxruntime-gpu, no usable device). Off: such a model "
+        "fails with the reason. On: its status (`last_promotion.provider`) and the metric "
+        "`edgeplex_model_cpu_fallback` show it.",
+    )
     prepack_weights: bool = Field(
         default=True,
         description="Let ORT repack weights for its GEMM kernels when a session is created: "

@@ -27,6 +27,7 @@ from edgeplex.agent.forms import ORIGINAL, VariantReport
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.residency.contract import Loaded
 from edgeplex.agent.residency.owner import Residency
+from edgeplex.agent.residency.runner_messages import load_message, stage_message, staged_dir
 from edgeplex.agent.residency.state import SHARED_RUNNER, ModelKey, ModelRecord, Phase
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.supervisor import RunnerPool
@@ -53,10 +54,8 @@ class RunnerEffects:
         return self._queues.get(key)
 
     def staged_dir(self, record: ModelRecord, form: str = ORIGINAL) -> Path:
-        digest = record.source.digest[:16] or "0"  # a replaced artifact gets a new copy
-        return (
-            self._staging / record.name / record.version / (f"{digest}-{form}" if form else digest)
-        )
+        provider = self._settings.runner.execution_provider
+        return staged_dir(self._staging, record, form, provider)
 
     def runner_pid(self, record: ModelRecord) -> int | None:
         runner = self._pool.get(record.runner_id)
@@ -157,24 +156,9 @@ class RunnerEffects:
     # --- the tasks --------------------------------------------------------------------------
 
     def _load_message(self, record: ModelRecord, form: str, fast: bool) -> ipc.LoadModel:
-        settings = self._settings.runner
-        config = record.config
-        return ipc.LoadModel(
-            req_id=self._pool.next_req_id(),
-            model=str(record.key),
-            path=str(record.form_path(form)),
-            staged_dir=str(self.staged_dir(record, form)),
-            intra_op_threads=config.intra_op_threads or settings.intra_op_threads,
-            inter_op_threads=settings.inter_op_threads,
-            allow_spinning=settings.allow_spinning,
-            prepack_weights=settings.prepack_weights and not fast,
-            provider=settings.execution_provider,
-            device_id=settings.device_id,
-            memory_limit=config.memory_limit or 0,
-            instances=config.instance_count,
-            warm_up=not fast,
-            form=form,
-        )
+        req_id = self._pool.next_req_id()
+        staged = self.staged_dir(record, form)
+        return load_message(req_id, record, form, fast, staged, self._settings.runner)
 
     async def _load(self, record: ModelRecord, generation: int, fast: bool) -> None:
         owner = self.owner
@@ -250,11 +234,12 @@ class RunnerEffects:
             runner = self._pool.get(SHARED_RUNNER)
             await runner.ensure_ready()
             reply, _ = await runner.call(
-                ipc.StageModel(
+                stage_message(
                     self._pool.next_req_id(),
-                    str(record.key),
-                    str(record.form_path(form)),
-                    str(self.staged_dir(record, form)),
+                    record,
+                    form,
+                    self.staged_dir(record, form),
+                    self._settings.runner,
                 )
             )
             if isinstance(reply, ipc.ModelStaged):
@@ -375,7 +360,12 @@ class RunnerEffects:
             "stages_ms": {k: round(v, 3) for k, v in reply.stages.items()},
             "load_ms": round(reply.load_ms, 3),
             "form": form or "original",
+            "provider": reply.provider,
         }
+        fallback = reply.provider != self._settings.runner.execution_provider
+        if fallback:
+            log.warning("model %s runs on the CPU: CUDA cannot run it here", record.key)
+        METRICS.cpu_fallback.labels(model=record.name).set(int(fallback))
         METRICS.promotions.labels(source=reply.source).inc()
         METRICS.promotion_duration.labels(source=reply.source).observe(reply.load_ms / 1000)
         for stage, ms in reply.stages.items():

@@ -100,6 +100,10 @@ class LoadModel(Message):
     # Swap the session of a model loaded now (its form changes while it serves);
     # answered with Failure "not_loaded" when the model left meanwhile.
     swap: bool = False
+    # With provider cuda: serve on the CPU when CUDA cannot run the session (else
+    # the load fails), and how the CUDA arena grows (ORT's arena_extend_strategy).
+    cpu_fallback: bool = False
+    arena: str = "kSameAsRequested"
 
 
 @_message
@@ -121,6 +125,8 @@ class ModelLoaded(Message):
     staged_bytes: int
     # Whether the session was created with prepacked weights.
     prepacked: bool
+    # The execution provider the session runs on ("cpu" or "cuda").
+    provider: str = "cpu"
 
 
 @_message
@@ -133,6 +139,9 @@ class StageModel(Message):
     model: str
     path: str
     staged_dir: str
+    # The graph is optimized for the provider that will run it ("cpu" or "cuda").
+    provider: str = "cpu"
+    device_id: int = 0
 
 
 @_message

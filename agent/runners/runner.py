@@ -45,9 +45,11 @@ from edgeplex.agent.runners.sessions import (
     dims,
     directory_bytes,
     ms_since,
+    no_cuda,
     providers,
     resident_bytes,
     scrub,
+    served_by,
     stage_model,
     trim_heap,
     warm_up,
@@ -162,7 +164,7 @@ class Runner:
         staged = Path(request.staged_dir)
         try:
             if not (staged / STAGED_MODEL).is_file():
-                stage_model(Path(request.path), staged, stages)
+                stage_model(Path(request.path), staged, stages, providers(request))
             reply: ipc.Message = ipc.ModelStaged(request.req_id, directory_bytes(staged), stages)
         except Exception as exc:
             message = scrub(str(exc), request.path, request.staged_dir)
@@ -198,7 +200,7 @@ class Runner:
         staged = Path(request.staged_dir)
         source = "staged" if (staged / STAGED_MODEL).is_file() else "cached"
         if source == "cached":
-            stage_model(Path(request.path), staged, stages)
+            stage_model(Path(request.path), staged, stages, providers(request))
         options = self._options(request)
         trim_heap()
         measure = device_bytes if request.provider == "cuda" else resident_bytes
@@ -209,6 +211,9 @@ class Runner:
             str(staged / STAGED_MODEL), sess_options=options, providers=providers(request)
         )
         stages["create"] = ms_since(started)
+        provider = served_by(session)
+        if provider != request.provider and not request.cpu_fallback:
+            return ipc.Failure(request.req_id, "load", no_cuda(request.model))
         if request.warm_up:
             started = time.perf_counter()
             warm_up(session)
@@ -248,6 +253,7 @@ class Runner:
             stages,
             weights,
             request.prepack_weights,
+            provider,
         )
 
     @staticmethod

@@ -41,16 +41,34 @@ def resident_bytes() -> int:
     return int(os.pread(fd, 128, 0).split()[1]) * _PAGE
 
 
-def providers(request: ipc.LoadModel) -> list[Any]:
+def providers(request: ipc.LoadModel | ipc.StageModel) -> list[Any]:
+    """ONNX Runtime's provider list for a request: CUDA first when asked for (nodes
+    it has no kernel for run on the CPU provider, as ORT always places them)."""
     if request.provider != "cuda":
         return ["CPUExecutionProvider"]
-    cuda: dict[str, Any] = {
-        "device_id": request.device_id,
-        "arena_extend_strategy": "kSameAsRequested",
-    }
-    if request.memory_limit:
-        cuda["gpu_mem_limit"] = request.memory_limit
+    cuda: dict[str, Any] = {"device_id": request.device_id}
+    if isinstance(request, ipc.LoadModel):
+        cuda["arena_extend_strategy"] = request.arena
+        if request.memory_limit:
+            cuda["gpu_mem_limit"] = request.memory_limit
     return [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+
+
+def served_by(session: ort.InferenceSession) -> str:
+    """The provider a session really runs on: ORT drops a provider it cannot use
+    (no onnxruntime-gpu, no usable device) and says so only in a warning."""
+    return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+
+
+def no_cuda(model: str) -> str:
+    """Why a model asked for CUDA and did not get it, and what to do."""
+    available = ", ".join(ort.get_available_providers())
+    return (
+        f"model '{model}' asked for the CUDA execution provider, but this runner's ONNX "
+        f"Runtime {ort.__version__} cannot run it there (available: {available}): install "
+        "onnxruntime-gpu with a usable device, or set runner.cpu_fallback to serve it on "
+        "the CPU"
+    )
 
 
 def device_bytes() -> int:
@@ -100,9 +118,13 @@ def directory_bytes(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
 
 
-def stage_model(source: Path, staged: Path, stages: dict[str, float]) -> None:
-    """cached -> staged: optimize `source` once and write the result to `staged` (a
-    directory in host RAM) as a small graph plus one external weights file.
+def stage_model(
+    source: Path, staged: Path, stages: dict[str, float], provider_list: list[Any]
+) -> None:
+    """cached -> staged: optimize `source` once for the providers that will run it and
+    write the result to `staged` (a directory in host RAM) as a small graph plus one
+    external weights file. A graph optimized for one provider is kept for that one
+    only: the agent keeps a staged copy per provider.
 
     Written to a temporary sibling and renamed, so a reader never sees a partial
     copy, and never modified afterwards: sessions map the weights file, and
@@ -129,7 +151,7 @@ def stage_model(source: Path, staged: Path, stages: dict[str, float]) -> None:
     options.log_severity_level = 3
     try:
         # By path, so that models with external data find it next to them.
-        ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(source), sess_options=options, providers=provider_list)
         try:
             tmp.rename(staged)
         except OSError:  # staged meanwhile by the other thread: keep theirs

@@ -1,0 +1,67 @@
+"""What the residency effects ask a runner for a model: where its staged copy lies
+and the messages that load or stage one of its forms, with the settings of the
+provider that will run it. Pure functions of a record and the settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgeplex.agent.residency.state import ModelRecord
+from edgeplex.agent.runner_settings import RunnerSettings
+from edgeplex.agent.runners import ipc
+
+ARENAS = {"same_as_requested": "kSameAsRequested", "next_power_of_two": "kNextPowerOfTwo"}
+
+
+def staged_dir(root: Path, record: ModelRecord, form: str, provider: str) -> Path:
+    """A form's staged copy, optimized for the provider that runs it: each provider
+    has its own, and a replaced artifact (a new digest) a new one."""
+    name = record.source.digest[:16] or "0"
+    if form:
+        name += f"-{form}"
+    if provider != "cpu":
+        name += f"-{provider}"
+    return root / record.name / record.version / name
+
+
+def device(record: ModelRecord, settings: RunnerSettings) -> int:
+    """The CUDA device of a model's sessions: its own, else the runners'."""
+    own = record.config.device_id if record.source.config else None
+    return settings.device_id if own is None else own
+
+
+def load_message(
+    req_id: int, record: ModelRecord, form: str, fast: bool, staged: Path, settings: RunnerSettings
+) -> ipc.LoadModel:
+    config = record.config
+    return ipc.LoadModel(
+        req_id=req_id,
+        model=str(record.key),
+        path=str(record.form_path(form)),
+        staged_dir=str(staged),
+        intra_op_threads=config.intra_op_threads or settings.intra_op_threads,
+        inter_op_threads=settings.inter_op_threads,
+        allow_spinning=settings.allow_spinning,
+        prepack_weights=settings.prepack_weights and not fast,
+        provider=settings.execution_provider,
+        device_id=device(record, settings),
+        memory_limit=config.memory_limit or 0,
+        instances=config.instance_count,
+        warm_up=not fast,
+        form=form,
+        cpu_fallback=settings.cpu_fallback,
+        arena=ARENAS[config.gpu_arena],
+    )
+
+
+def stage_message(
+    req_id: int, record: ModelRecord, form: str, staged: Path, settings: RunnerSettings
+) -> ipc.StageModel:
+    return ipc.StageModel(
+        req_id,
+        str(record.key),
+        str(record.form_path(form)),
+        str(staged),
+        settings.execution_provider,
+        device(record, settings),
+    )
