@@ -18,6 +18,10 @@ its ratio to the ceiling, p50/p99 latency, the share under `--slo-ms`,
 promotions per second, and the time requests spent waiting for promotions.
 
     python bench/density_closed_loop.py [--duration 20 --clients 8 --factors 4,10]
+
+`--width` and `--layers` size the models (bench/gpu_check.sh runs 16 models of
+512 MiB on a GPU, a 2 GiB budget at 4x); the runners' execution provider comes
+from the environment (EDGEPLEX_AGENT_RUNNER__EXECUTION_PROVIDER).
 """
 
 from __future__ import annotations
@@ -44,14 +48,15 @@ WIDTH, LAYERS, IN_WIDTH = 1024, 4, 64
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "bench-closed-loop"
 
 
-def build_catalog(count: int) -> Path:
+def build_catalog(count: int, width: int = WIDTH, layers: int = LAYERS) -> Path:
     """`count` models under .cache (built once, reused by later runs)."""
-    source = CACHE / "models"
+    shape = "" if (width, layers) == (WIDTH, LAYERS) else f"-{width}x{layers}"
+    source = CACHE / f"models{shape}"
     for i in range(count):
         name = f"c{i:03d}"
         if not (source / name / "1" / "model.onnx").is_file():
-            demo.make_mlp(source / name, width=WIDTH, layers=LAYERS, seed=i, in_width=IN_WIDTH)
-    repo = CACHE / f"repo-{count}"
+            demo.make_mlp(source / name, width=width, layers=layers, seed=i, in_width=IN_WIDTH)
+    repo = CACHE / f"repo{shape}-{count}"
     repo.mkdir(parents=True, exist_ok=True)
     for i in range(count):
         link = repo / f"c{i:03d}"
@@ -188,13 +193,15 @@ def main() -> None:
     parser.add_argument("--factors", default="4,10", help="over-commit factors to run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--width", type=int, default=WIDTH, help="of each model's layers")
+    parser.add_argument("--layers", type=int, default=LAYERS, help="of each model")
     args = parser.parse_args()
     factors = [int(f) for f in args.factors.split(",")]
     per_model = None
     results = []
     for factor in factors:
         count = 16 * (1 if factor == 4 else 10)
-        repo = build_catalog(count)
+        repo = build_catalog(count, args.width, args.layers)
         per_model = (repo / "c000" / "1" / "model.onnx").stat().st_size
         slots = count // factor
         budget = int(per_model * 1.15 * slots)  # session overhead beside the weights

@@ -1,102 +1,108 @@
 #!/usr/bin/env bash
-# One script for a machine with one NVIDIA GPU.
+# One script for a machine with one NVIDIA GPU and no network.
 #
-#   bench/gpu_check.sh [--dry-run] [--out DIR]
+#   bench/gpu_check.sh [--dry-run] [--wheels DIR] [--out DIR]
 #
-# It installs onnxruntime-gpu (in place of the CPU wheel) and nvidia-ml-py into
-# .cache/gpu-venv, measures host->device bandwidth, then runs the swap-in and
-# density benchmarks with runners on the CUDA provider, and writes every figure
-# as JSON into DIR (default: $OUT when set, else .cache/gpu-check). The whole
-# run is capped at 8 minutes. It never asks for managed (unified) memory: every
-# allocation is an explicit device buffer, far below the card's free memory.
+# On the GPU machine it uses the image's python3 and the wheels carried there in
+# folders (scripts/gpu_carry.py pack writes them, under 60 MiB each; default
+# .cache/gpu-carry): it joins them into a wheelhouse, installs them into
+# .cache/gpu-venv (the image's own packages stay visible: its CUDA runtime
+# libraries come from them), and writes JSON into DIR (default: $OUT when set,
+# else .cache/gpu-check):
+#   bandwidth.json  host -> device, pinned and pageable (bench/h2d_bandwidth.py)
+#   swap_in.json    staged -> loaded promotion of ~100 MB, 500 MB and 2 GB models
+#   serving.json    the agent against ONNX Runtime CUDA directly, 1 and 16 in flight
+#   density.json    closed loop at 4x over-commit of a 2 GiB budget, against all
+#                   resident, in one run
+#   summary.json    all of it, each promotion against the pinned bandwidth
+# The run is capped at 5 minutes, each step at its own share. Nothing asks for
+# managed (unified) memory: device buffers are explicit and far below the
+# card's free memory. The GPU's settings are never touched.
 #
-# --dry-run: the same steps on the CPU provider with the existing .venv and
-# small sizes, so CI can keep the script from rotting on machines without a GPU.
+# --dry-run: the same steps on the CPU with the existing .venv and small sizes,
+# so CI keeps the script working on machines without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DRY_RUN=0
+WHEELS=.cache/gpu-carry
 OUT_DIR="${OUT:-.cache/gpu-check}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY_RUN=1 ;;
+        --wheels) WHEELS="$2"; shift ;;
         --out) OUT_DIR="$2"; shift ;;
-        *) echo "usage: $0 [--dry-run] [--out DIR]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--dry-run] [--wheels DIR] [--out DIR]" >&2; exit 2 ;;
     esac
     shift
 done
 mkdir -p "$OUT_DIR"
-export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$PWD/.cache/pip}"
+STARTED=$SECONDS
 
 if [ "$DRY_RUN" = 1 ]; then
-    ./scripts/setup.sh >/dev/null
+    [ -x .venv/bin/python ] || ./scripts/setup.sh >/dev/null
     PY=.venv/bin/python
     PROVIDER=cpu
-    DURATION=4; FACTOR=4; BUDGET=24MiB; SWAP_REPEAT=1; SWAP_SIZES=10MB
+    BANDWIDTH_ARGS="--dry-run --mib 64"
+    SWAP_ARGS="--sizes 10MB --repeat 1"
+    SERVING_ARGS="--width 256 --layers 2 --concurrency 1,4 --processes 2 --duration 2"
+    DENSITY_ARGS="--width 256 --layers 4 --factors 4 --duration 3"
 else
-    if [ ! -x .cache/gpu-venv/bin/python ]; then
-        python3 -m venv .cache/gpu-venv
-    fi
     PY=.cache/gpu-venv/bin/python
-    $PY -m pip install -q --upgrade pip
-    $PY -m pip install -q -e ".[dev]"
-    $PY -m pip uninstall -q -y onnxruntime
-    $PY -m pip install -q --force-reinstall --no-deps "onnxruntime-gpu>=1.31"
-    $PY -m pip install -q nvidia-ml-py
+    if [ ! -x "$PY" ]; then
+        python3 -m venv --system-site-packages .cache/gpu-venv
+        python3 scripts/gpu_carry.py join "$WHEELS" .cache/gpu-wheelhouse
+        "$PY" -m pip install -q --no-index --find-links .cache/gpu-wheelhouse \
+            -r .cache/gpu-wheelhouse/requirements-gpu.txt
+        "$PY" -m pip install -q --no-index --find-links .cache/gpu-wheelhouse \
+            --no-deps --no-build-isolation -e .
+    fi
+    # The CUDA libraries of the image's nvidia-* packages, for every process here.
+    LIBS=$("$PY" -c 'import glob, site; print(":".join(sorted({p for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/*/lib")})))')
+    export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
     PROVIDER=cuda
-    DURATION=20; FACTOR=4; BUDGET=512MiB; SWAP_REPEAT=3; SWAP_SIZES=10MB,100MB,300MB
+    BANDWIDTH_ARGS="--mib 256"
+    SWAP_ARGS="--sizes 100MB,500MB,2GB --repeat 3 --no-naive"
+    SERVING_ARGS="--width 4096 --layers 8 --concurrency 1,16 --processes 4 --duration 10"
+    DENSITY_ARGS="--width 4096 --layers 8 --factors 4 --duration 15"
 fi
+export EDGEPLEX_AGENT_RUNNER__EXECUTION_PROVIDER="$PROVIDER"
+"$PY" -c 'import onnxruntime as ort; print("onnxruntime", ort.__version__, ort.get_available_providers())'
 
-run() { timeout 480 "$@"; }
+step() {  # step SECONDS NAME COMMAND...: one measurement, within its share of 5 minutes
+    local cap=$1 name=$2; shift 2
+    local left=$((300 - (SECONDS - STARTED)))
+    [ "$cap" -lt "$left" ] || cap=$left
+    echo "== $name (at most ${cap} s)"
+    timeout "$cap" "$@"
+}
 
-# 1. Host -> device bandwidth, pinned and pageable, with explicit device buffers.
-run $PY - "$PROVIDER" > "$OUT_DIR/bandwidth.json" <<'PYEOF'
-import json, sys, time
-import numpy as np
-import onnxruntime as ort
-
-provider = sys.argv[1]
-size = 256 * 2**20 if provider == "cuda" else 64 * 2**20
-host = np.ones(size, np.uint8)
-times = []
-for _ in range(5):
-    start = time.perf_counter()
-    if provider == "cuda":
-        ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)  # pageable host -> device
-    else:
-        np.copy(host)
-    times.append(time.perf_counter() - start)
-best = min(times)
-print(json.dumps({"provider": provider, "bytes": size, "seconds": best,
-                  "gb_per_s": size / best / 1e9, "ort": ort.__version__,
-                  "providers": ort.get_available_providers()}))
-PYEOF
+# shellcheck disable=SC2086  # the argument lists above are split on purpose
+step 30 bandwidth sh -c "$PY bench/h2d_bandwidth.py $BANDWIDTH_ARGS > '$OUT_DIR/bandwidth.json'"
 cat "$OUT_DIR/bandwidth.json"
+# shellcheck disable=SC2086
+step 100 swap-in "$PY" bench/swap_in.py $SWAP_ARGS --json "$OUT_DIR/swap_in.json"
+# shellcheck disable=SC2086
+step 70 serving "$PY" bench/gpu_serving.py --provider "$PROVIDER" $SERVING_ARGS \
+    --json "$OUT_DIR/serving.json"
+# shellcheck disable=SC2086
+step 150 density "$PY" bench/density_closed_loop.py $DENSITY_ARGS --json "$OUT_DIR/density.json"
 
-# 2. Swap-in: staged -> loaded promotion against the same bytes' transfer.
-run env EDGEPLEX_AGENT_RUNNER__EXECUTION_PROVIDER="$PROVIDER" \
-    $PY bench/swap_in.py --repeat "$SWAP_REPEAT" --sizes "$SWAP_SIZES" \
-    --json "$OUT_DIR/swap_in.json"
-
-# 3. Density, short: the default policy against the no-over-commit baseline.
-run env EDGEPLEX_AGENT_RUNNER__EXECUTION_PROVIDER="$PROVIDER" \
-    $PY bench/density.py --factor "$FACTOR" --budget "$BUDGET" --duration "$DURATION" \
-    --policies none,gdsf --json "$OUT_DIR/density.json"
-
-# 4. Promotion time against the host->device transfer of the same bytes.
-$PY - "$OUT_DIR" > "$OUT_DIR/summary.json" <<'PYEOF'
+"$PY" - "$OUT_DIR" > "$OUT_DIR/summary.json" <<'PYEOF'
 import json, sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
 bandwidth = json.loads((out / "bandwidth.json").read_text())
+pinned = bandwidth["pinned"]["best_gb_per_s"] * 1e9
 rows = json.loads((out / "swap_in.json").read_text())
 for row in rows:
-    row["transfer_s"] = row["staged_bytes"] / (bandwidth["gb_per_s"] * 1e9)
+    row["transfer_s"] = row["staged_bytes"] / pinned
     row["promote_over_transfer"] = row["promote_s"] / row["transfer_s"]
+serving = json.loads((out / "serving.json").read_text())
 density = json.loads((out / "density.json").read_text())
-print(json.dumps({"bandwidth": bandwidth, "swap_in": rows, "density": density["report"]},
-                 indent=2))
+print(json.dumps({"bandwidth": bandwidth, "swap_in": rows, "serving": serving,
+                  "density": density}, indent=2))
 PYEOF
-echo "gpu_check: results in $OUT_DIR"
+echo "gpu_check: results in $OUT_DIR after $((SECONDS - STARTED)) s"

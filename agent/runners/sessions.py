@@ -46,12 +46,29 @@ def providers(request: ipc.LoadModel | ipc.StageModel) -> list[Any]:
     it has no kernel for run on the CPU provider, as ORT always places them)."""
     if request.provider != "cuda":
         return ["CPUExecutionProvider"]
+    _preload_cuda()
     cuda: dict[str, Any] = {"device_id": request.device_id}
     if isinstance(request, ipc.LoadModel):
         cuda["arena_extend_strategy"] = request.arena
         if request.memory_limit:
             cuda["gpu_mem_limit"] = request.memory_limit
     return [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+
+
+_preloaded = False
+
+
+def _preload_cuda() -> None:
+    """Load the CUDA and cuDNN libraries of the nvidia-* wheels, when that is how
+    they were installed (onnxruntime-gpu finds them only so, or on LD_LIBRARY_PATH)."""
+    global _preloaded
+    if _preloaded or not hasattr(ort, "preload_dlls"):
+        return
+    _preloaded = True
+    try:
+        ort.preload_dlls()
+    except Exception as exc:  # the session's own error says more if CUDA is missing
+        log.info("CUDA libraries not preloaded: %s", exc)
 
 
 def served_by(session: ort.InferenceSession) -> str:

@@ -1,0 +1,168 @@
+"""The agent against ONNX Runtime called directly, on one execution provider.
+
+    python bench/gpu_serving.py [--provider cuda] [--width 4096 --layers 8]
+                                [--concurrency 1,16] [--duration 10] [--json FILE]
+
+One generated MLP (`--layers` Gemm layers of `--width`, FP32, single-row
+requests, `max_batch_size: 16`), side by side in one run:
+- **direct**: one ONNX Runtime session on the provider, `c` threads calling
+  `run` in this process;
+- **agent**: the same model in an agent whose runners use the provider, driven
+  over HTTP (binary tensors) by `c` closed-loop callers spread over
+  `--processes` client processes, so that no single Python client is the
+  limit.
+Prints per concurrency the throughput of each, their ratio and the p50
+latencies. Needs no tool beyond Python (the GPU machine has no wrk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import platform
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Agent
+
+from edgeplex.agent import demo
+
+IN_WIDTH = 64
+
+
+def direct(path: Path, provider: str, concurrency: int, duration: float) -> dict[str, float]:
+    import onnxruntime as ort
+
+    providers = ["CUDAExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
+    session = ort.InferenceSession(str(path), providers=providers)
+    if session.get_providers()[0] != providers[0]:
+        raise SystemExit(f"direct session runs on {session.get_providers()}, not {providers}")
+    x = np.random.default_rng(0).standard_normal((1, IN_WIDTH), dtype=np.float32)
+    for _ in range(20):
+        session.run(None, {"input": x})
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    stop = time.perf_counter() + duration
+
+    def worker(out: list[float]) -> None:
+        while (start := time.perf_counter()) < stop:
+            session.run(None, {"input": x})
+            out.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=worker, args=(lat,)) for lat in latencies]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flat = np.array([v for lat in latencies for v in lat])
+    return {"rps": len(flat) / (time.perf_counter() - began), "p50_ms": _p50(flat)}
+
+
+def _client(args: tuple[str, int, float]) -> tuple[list[float], float]:
+    """One client process: `callers` closed-loop callers for `duration` seconds; their
+    latencies and the seconds they ran."""
+    import aiohttp
+
+    url, callers, duration = args
+    x = np.random.default_rng(0).standard_normal((1, IN_WIDTH), dtype=np.float32)
+    header = json.dumps({
+        "inputs": [{"name": "input", "shape": [1, IN_WIDTH], "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
+    }).encode()  # fmt: skip
+    headers = {"Inference-Header-Content-Length": str(len(header))}
+    body = header + x.tobytes()
+
+    async def main() -> tuple[list[float], float]:
+        out: list[float] = []
+        began = time.perf_counter()
+        stop = began + duration
+        connector = aiohttp.TCPConnector(limit=callers)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def caller() -> None:
+                while (start := time.perf_counter()) < stop:
+                    async with session.post(url, data=body, headers=headers) as reply:
+                        await reply.read()
+                        if reply.status != 200:
+                            raise SystemExit(f"agent answered {reply.status}")
+                    out.append(time.perf_counter() - start)
+
+            await asyncio.gather(*(caller() for _ in range(callers)))
+        return out, time.perf_counter() - began
+
+    return asyncio.run(main())
+
+
+def through_agent(agent: Agent, concurrency: int, processes: int, duration: float) -> dict:
+    url = f"http://{agent.http}/v2/models/mlp/infer"
+    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    jobs = [(url, n, duration) for n in shares if n]
+    with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
+        results = pool.map(_client, jobs)
+    flat = np.array([v for latencies, _ in results for v in latencies])
+    rps = sum(len(latencies) / elapsed for latencies, elapsed in results)
+    return {"rps": rps, "p50_ms": _p50(flat)}
+
+
+def _p50(seconds: np.ndarray) -> float:
+    return float(np.percentile(seconds, 50) * 1000) if len(seconds) else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--provider", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--processes", type=int, default=4, help="client processes")
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    repo = Path(tempfile.mkdtemp(prefix="edgeplex-gpu-serving-"))
+    demo.make_mlp(repo / "mlp", width=args.width, layers=args.layers, in_width=IN_WIDTH,
+                  config="max_batch_size: 16\n")  # fmt: skip
+    path = repo / "mlp" / "1" / "model.onnx"
+    agent = Agent(repo, runner__execution_provider=args.provider, load_models_at_start="true")
+    rows = []
+    try:
+        promotion = agent.status()["mlp"]["last_promotion"]
+        if promotion.get("provider", "cpu") != args.provider:
+            raise SystemExit(f"the agent's model runs on {promotion}, not {args.provider}")
+        for c in [int(v) for v in args.concurrency.split(",")]:
+            row = {
+                "concurrency": c,
+                "direct": direct(path, args.provider, c, args.duration),
+                "agent": through_agent(agent, c, min(c, args.processes), args.duration),
+            }
+            row["ratio"] = row["agent"]["rps"] / row["direct"]["rps"]
+            rows.append(row)
+            print(
+                f"c={c:<3} direct {row['direct']['rps']:8.0f} req/s p50 "
+                f"{row['direct']['p50_ms']:.3f} ms | agent {row['agent']['rps']:8.0f} req/s "
+                f"p50 {row['agent']['p50_ms']:.3f} ms | agent/direct {row['ratio']:.2f}",
+                flush=True,
+            )
+    finally:
+        agent.stop()
+    meta = {
+        "provider": args.provider,
+        "model_bytes": path.stat().st_size,
+        "machine": platform.machine(),
+        "command": "python bench/gpu_serving.py " + " ".join(sys.argv[1:]),
+    }
+    print(json.dumps(meta))
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
