@@ -280,6 +280,12 @@ class AgentSettings(FileSettings):
         "agent's own event loop (built by `make setup`; plaintext only), or `grpcio`'s "
         "asyncio server. auto: native where it is built and gRPC is not served over TLS.",
     )
+    http_server: Literal["auto", "native", "aiohttp"] = Field(
+        default="auto",
+        description="What serves the OIP HTTP door: `native`, HTTP/1.1 parsed by llhttp "
+        "(httptools) on the agent's own event loop, or aiohttp's server. Both serve the "
+        "same routes and handlers. auto: native where httptools is installed.",
+    )
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
         default="auto",
         description="The front doors' event loop: uvloop (fewer wake-ups and cheaper socket "

@@ -16,7 +16,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from ssl import SSLContext
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -352,12 +352,29 @@ class HttpApi:
         return web.Response(status=200)
 
 
+class Stoppable(Protocol):
+    async def cleanup(self) -> None: ...
+
+
 async def start_http_server(
     agent: Agent, credentials: Credentials, ssl: SSLContext | None = None
-) -> tuple[web.AppRunner, int]:
+) -> tuple[Stoppable, int]:
+    """The HTTP door the settings choose (`http_server`); (what stops it, its port)."""
     settings = agent.settings
-    app = web.Application(client_max_size=2 * settings.max_payload_bytes + 1024 * 1024)
-    app.add_routes(HttpApi(agent, credentials).routes())
+    max_body = 2 * settings.max_payload_bytes + 1024 * 1024
+    routes = HttpApi(agent, credentials).routes()
+    if settings.http_server != "aiohttp":
+        try:
+            from edgeplex.agent.frontdoor.http_native import start_native_http
+        except ImportError as exc:
+            if settings.http_server == "native":
+                raise RuntimeError(f"http_server: native needs httptools ({exc})") from None
+        else:
+            return await start_native_http(
+                routes, settings.http_host, settings.http_port, max_body, ssl
+            )
+    app = web.Application(client_max_size=max_body)
+    app.add_routes(routes)
     # The body is read as sent: parse_infer_body decodes Content-Encoding itself, once,
     # under its own cap, and a forwarded request keeps the encoding it came with.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)

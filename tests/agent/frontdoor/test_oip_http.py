@@ -1,4 +1,5 @@
-"""The agent over HTTP/REST, driven by the stock tritonclient.http and by raw requests."""
+"""The agent over HTTP/REST, driven by the stock tritonclient.http and by raw requests,
+through both HTTP doors (native and aiohttp)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import tritonclient.http as th
 
 from tests.agent.frontdoor.test_oip_grpc import DTYPES, direct, silero_feeds
-from tests.conftest import AUTH
+from tests.conftest import AUTH, start_agent
 
 
 def inputs_for(feeds, binary=True):
@@ -19,6 +20,20 @@ def inputs_for(feeds, binary=True):
         tensor.set_data_from_numpy(array, binary_data=binary)
         out.append(tensor)
     return out
+
+
+@pytest.fixture(scope="module", params=["native", "aiohttp"])
+def agent(request, model_repo, tmp_path_factory):
+    process = start_agent(
+        model_repo,
+        tmp_path_factory.mktemp("agent"),
+        env={
+            "EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "16MiB",
+            "EDGEPLEX_AGENT_HTTP_SERVER": request.param,
+        },
+    )
+    yield process
+    assert process.stop() == 0, process.log()
 
 
 @pytest.fixture(scope="module")
