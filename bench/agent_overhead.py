@@ -12,6 +12,7 @@ floor of the Python gRPC transport on this machine.
 Every load generator runs in its own process. Usage:
     python bench/agent_overhead.py --repo .cache/demo-repo [--duration 8] [--json out.json]
         [--event-loops asyncio,uvloop] [--grpc-servers native,grpcio]
+        [--http-servers native,aiohttp]
         (one agent per event loop and gRPC door, side by side)
 """
 
@@ -247,14 +248,22 @@ def main() -> None:
         default="auto",
         help="comma-separated grpc_server settings (auto, native, grpcio): one agent each",
     )
+    parser.add_argument(
+        "--http-servers",
+        default="auto",
+        help="comma-separated http_server settings (auto, native, aiohttp): one agent each",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     has_wrk = shutil.which("wrk") is not None
     agents = {
-        f"{loop}/{door}": Agent(args.repo, log_level="WARNING", event_loop=loop, grpc_server=door)
+        f"{loop}/{door}/{http}": Agent(
+            args.repo, log_level="WARNING", event_loop=loop, grpc_server=door, http_server=http
+        )
         for loop in args.event_loops.split(",")
         for door in args.grpc_servers.split(",")
+        for http in args.http_servers.split(",")
     }
     results = []
     try:
@@ -268,7 +277,7 @@ def main() -> None:
                         "model": model,
                         "size": MODELS[model][1],
                         "concurrency": c,
-                        "agent": loop,  # event_loop/grpc_server
+                        "agent": loop,  # event_loop/grpc_server/http_server
                         "direct": direct,
                         "grpc": sub("grpc", agent.grpc, model, width, c, args.duration),
                     }
@@ -296,7 +305,7 @@ def main() -> None:
 def print_row(row: dict) -> None:
     d = row["direct"]
     parts = [
-        f"{row['model']:<10} c={row['concurrency']:<3} {row['agent']:<12} "
+        f"{row['model']:<10} c={row['concurrency']:<3} {row['agent']:<17} "
         f"direct {d['rps']:8.0f} rps "
         f"p50 {d['p50_ms']:.3f} ms"
     ]
