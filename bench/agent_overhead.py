@@ -49,10 +49,17 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
 # --- load generators (each runs as `python agent_overhead.py _<kind> ...`) ----------------
 
 
-def run_direct(path: str, width: int, concurrency: int, duration: float) -> dict:
+def run_direct(
+    path: str, width: int, concurrency: int, duration: float, provider: str = "cpu"
+) -> dict:
+    """ONNX Runtime in this process: `concurrency` threads calling `run` on one session
+    on `provider` ("cpu" or "cuda"), single-row inputs of `width`."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    wanted = "CUDAExecutionProvider" if provider == "cuda" else "CPUExecutionProvider"
+    session = ort.InferenceSession(path, providers=[wanted])
+    if session.get_providers()[0] != wanted:
+        raise SystemExit(f"the direct session runs on {session.get_providers()}, not {wanted}")
     x = np.random.default_rng(0).standard_normal((1, width), dtype=np.float32)
     for _ in range(20):
         session.run(None, {"input": x})

@@ -24,46 +24,18 @@ import multiprocessing
 import platform
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agent_overhead import run_direct
 from common import Agent
 
 from edgeplex.agent import demo
 
 IN_WIDTH = 64
-
-
-def direct(path: Path, provider: str, concurrency: int, duration: float) -> dict[str, float]:
-    import onnxruntime as ort
-
-    providers = ["CUDAExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-    session = ort.InferenceSession(str(path), providers=providers)
-    if session.get_providers()[0] != providers[0]:
-        raise SystemExit(f"direct session runs on {session.get_providers()}, not {providers}")
-    x = np.random.default_rng(0).standard_normal((1, IN_WIDTH), dtype=np.float32)
-    for _ in range(20):
-        session.run(None, {"input": x})
-    latencies: list[list[float]] = [[] for _ in range(concurrency)]
-    stop = time.perf_counter() + duration
-
-    def worker(out: list[float]) -> None:
-        while (start := time.perf_counter()) < stop:
-            session.run(None, {"input": x})
-            out.append(time.perf_counter() - start)
-
-    threads = [threading.Thread(target=worker, args=(lat,)) for lat in latencies]
-    began = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    flat = np.array([v for lat in latencies for v in lat])
-    return {"rps": len(flat) / (time.perf_counter() - began), "p50_ms": _p50(flat)}
 
 
 def _client(args: tuple[str, int, float]) -> tuple[list[float], float]:
@@ -140,7 +112,7 @@ def main() -> None:
         for c in [int(v) for v in args.concurrency.split(",")]:
             row = {
                 "concurrency": c,
-                "direct": direct(path, args.provider, c, args.duration),
+                "direct": run_direct(str(path), IN_WIDTH, c, args.duration, args.provider),
                 "agent": through_agent(agent, c, min(c, args.processes), args.duration),
             }
             row["ratio"] = row["agent"]["rps"] / row["direct"]["rps"]

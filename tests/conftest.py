@@ -6,6 +6,7 @@ tritonclient, exactly as users would; nothing in it is mocked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -151,12 +152,22 @@ def start_agent(
     raise RuntimeError(f"agent not ready in time:\n{agent.log()}")
 
 
-@pytest.fixture(scope="module")
-def agent(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+@contextlib.contextmanager
+def running_agent(
+    repo: Path, tmp_path_factory: pytest.TempPathFactory, **env: str
+) -> Iterator[AgentProcess]:
+    """An agent on `repo` for a module's tests (16 MiB payloads; `env` on top); it
+    must stop cleanly."""
     process = start_agent(
-        model_repo,
+        repo,
         tmp_path_factory.mktemp("agent"),
-        env={"EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "16MiB"},
+        env={"EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "16MiB", **env},
     )
     yield process
     assert process.stop() == 0, process.log()
+
+
+@pytest.fixture(scope="module")
+def agent(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    with running_agent(model_repo, tmp_path_factory) as process:
+        yield process

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
-from tests.conftest import AUTH, start_agent
+from tests.conftest import AUTH, running_agent
 
 DTYPES = {
     "FP32": np.float32,
@@ -48,16 +48,8 @@ def inputs_for(feeds: dict[str, np.ndarray]) -> list[tg.InferInput]:
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])
 def agent(request, model_repo, tmp_path_factory):
-    process = start_agent(
-        model_repo,
-        tmp_path_factory.mktemp("agent"),
-        env={
-            "EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "16MiB",
-            "EDGEPLEX_AGENT_GRPC_SERVER": request.param,
-        },
-    )
-    yield process
-    assert process.stop() == 0, process.log()
+    with running_agent(model_repo, tmp_path_factory, EDGEPLEX_AGENT_GRPC_SERVER=request.param) as a:
+        yield a
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import tritonclient.http as th
 
 from tests.agent.frontdoor.test_oip_grpc import DTYPES, direct, silero_feeds
-from tests.conftest import AUTH, start_agent
+from tests.conftest import AUTH, running_agent
 
 
 def inputs_for(feeds, binary=True):
@@ -24,16 +24,8 @@ def inputs_for(feeds, binary=True):
 
 @pytest.fixture(scope="module", params=["native", "aiohttp"])
 def agent(request, model_repo, tmp_path_factory):
-    process = start_agent(
-        model_repo,
-        tmp_path_factory.mktemp("agent"),
-        env={
-            "EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "16MiB",
-            "EDGEPLEX_AGENT_HTTP_SERVER": request.param,
-        },
-    )
-    yield process
-    assert process.stop() == 0, process.log()
+    with running_agent(model_repo, tmp_path_factory, EDGEPLEX_AGENT_HTTP_SERVER=request.param) as a:
+        yield a
 
 
 @pytest.fixture(scope="module")
