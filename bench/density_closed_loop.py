@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import platform
 import sys
@@ -52,10 +53,15 @@ def build_catalog(count: int, width: int = WIDTH, layers: int = LAYERS) -> Path:
     """`count` models under .cache (built once, reused by later runs)."""
     shape = "" if (width, layers) == (WIDTH, LAYERS) else f"-{width}x{layers}"
     source = CACHE / f"models{shape}"
-    for i in range(count):
-        name = f"c{i:03d}"
-        if not (source / name / "1" / "model.onnx").is_file():
-            demo.make_mlp(source / name, width=width, layers=layers, seed=i, in_width=IN_WIDTH)
+    missing = [i for i in range(count) if not (source / f"c{i:03d}" / "1" / "model.onnx").is_file()]
+    # One process per core: a 512 MiB model takes seconds to generate.
+    with concurrent.futures.ProcessPoolExecutor() as pool:
+        jobs = [
+            pool.submit(demo.make_mlp, source / f"c{i:03d}", width, layers, i, None, IN_WIDTH)
+            for i in missing
+        ]
+        for job in jobs:
+            job.result()  # a failed build stops the run here
     repo = CACHE / f"repo{shape}-{count}"
     repo.mkdir(parents=True, exist_ok=True)
     for i in range(count):

@@ -65,7 +65,7 @@ else
     BANDWIDTH_ARGS="--mib 256"
     SWAP_ARGS="--sizes 100MB,500MB,2GB --repeat 3 --no-naive"
     SERVING_ARGS="--width 4096 --layers 8 --concurrency 1,16 --processes 4 --duration 10"
-    DENSITY_ARGS="--width 4096 --layers 8 --factors 4 --duration 15"
+    DENSITY_ARGS="--width 4096 --layers 8 --factors 4 --duration 10"
 fi
 export EDGEPLEX_AGENT_RUNNER__EXECUTION_PROVIDER="$PROVIDER"
 "$PY" -c 'import onnxruntime as ort; print("onnxruntime", ort.__version__, ort.get_available_providers())'

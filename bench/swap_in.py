@@ -14,6 +14,7 @@ Both runner modes are measured: prepack_weights=true (the default) and false.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import statistics
 import sys
@@ -72,8 +73,13 @@ def main() -> None:
     args = parser.parse_args()
     sizes = {name: SIZES[name] for name in args.sizes.split(",")}
     repo = Path(tempfile.mkdtemp(prefix="edgeplex-swapin-"))
-    for name, (width, layers) in sizes.items():
-        demo.make_mlp(repo / f"m{name}", width=width, layers=layers, in_width=64)
+    with concurrent.futures.ProcessPoolExecutor() as pool:  # the 2 GB one takes a while
+        jobs = [
+            pool.submit(demo.make_mlp, repo / f"m{name}", width, layers, 0, None, 64)
+            for name, (width, layers) in sizes.items()
+        ]
+        for job in jobs:
+            job.result()
     x = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
     rows = []
     for prepack in ("true", "false"):
