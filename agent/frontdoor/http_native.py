@@ -17,7 +17,8 @@ HTTP as this door speaks it:
 - HEAD on every GET route; 404 for an unknown path, 405 with `Allow` for a
   known path and another method;
 - a request that does not parse gets 400 and the connection closes;
-- an idle connection closes after 75 s, as aiohttp's does.
+- a connection idle for 75 s closes, as aiohttp's does, and so does one that
+  stalls that long in the middle of a request.
 A client that disconnects does not cancel its request: the answer is dropped.
 """
 
@@ -104,7 +105,7 @@ def encode(response: web.StreamResponse, keep_alive: bool, head: bool) -> bytes:
     lines.append("Server: edgeplex")
     if not keep_alive:
         lines.append("Connection: close")
-    head_bytes = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    head_bytes = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
     return head_bytes if head else head_bytes + body
 
 
@@ -177,6 +178,8 @@ class Connection(asyncio.Protocol):
                 self._close_with(refused.status, refused.text)
             else:
                 self._close_with(400, "400: Bad Request")
+        if not self.busy and not self.waiting:  # mid-request: a client that stalls is idle
+            self._arm_idle()
         if len(self.waiting) >= MAX_PIPELINED and not self.paused and self.transport:
             self.transport.pause_reading()
             self.paused = True
@@ -250,7 +253,13 @@ class Connection(asyncio.Protocol):
                 response = await self.door.handle(request, path)
                 if self.transport is None or self.transport.is_closing():
                     return  # the client left: its answer has no one to go to
-                self.transport.write(encode(response, keep_alive, request.method == "HEAD"))
+                try:
+                    data = encode(response, keep_alive, request.method == "HEAD")
+                except Exception:  # a bug must not leave the client waiting
+                    log.exception("%s %s: the response could not be written", request.method, path)
+                    self._close_with(500, "500 Internal Server Error")
+                    return
+                self.transport.write(data)
                 if not keep_alive:
                     self.transport.close()
                     return
@@ -259,6 +268,9 @@ class Connection(asyncio.Protocol):
         self._arm_idle()
 
     def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         if self.transport is not None and not self.waiting:
             loop = asyncio.get_running_loop()
             self._idle = loop.call_later(KEEPALIVE_S, self.transport.close)
