@@ -148,7 +148,18 @@ class RunnerProcess:
     def accept(self, pid: int, conn: RunnerConnection) -> bool:
         if self._hello is None or self._hello.done() or (self.pid is not None and pid != self.pid):
             return False
-        conn.on_frame, conn.on_lost = self._on_frame, self._on_lost
+
+        # Only the connection this runner uses speaks for it: a stale one (from a start
+        # that gave up) neither delivers frames nor reports the runner lost.
+        def on_frame(message: ipc.Message, payload: memoryview) -> None:
+            if self._conn is conn:
+                self._on_frame(message, payload)
+
+        def on_lost(reason: str) -> None:
+            if self._conn is conn:
+                self._on_lost(reason)
+
+        conn.on_frame, conn.on_lost = on_frame, on_lost
         self._hello.set_result(conn)
         return True
 
@@ -194,6 +205,7 @@ class RunnerProcess:
             )
             channel = await self._attach()
         except (TimeoutError, RunnerLost) as exc:
+            self._hello.cancel()  # a Hello arriving after this is refused
             self.kill()
             self._detach()
             raise RunnerLost(f"runner did not start: {exc or type(exc).__name__}") from None
