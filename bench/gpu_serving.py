@@ -32,10 +32,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_overhead import run_direct
 from common import Agent
+from density_closed_loop import IN_WIDTH, request_body
 
 from edgeplex.agent import demo
-
-IN_WIDTH = 64
 
 
 def _client(args: tuple[str, int, float]) -> tuple[list[float], float]:
@@ -44,14 +43,7 @@ def _client(args: tuple[str, int, float]) -> tuple[list[float], float]:
     import aiohttp
 
     url, callers, duration = args
-    x = np.random.default_rng(0).standard_normal((1, IN_WIDTH), dtype=np.float32)
-    header = json.dumps({
-        "inputs": [{"name": "input", "shape": [1, IN_WIDTH], "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes}}],
-        "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
-    }).encode()  # fmt: skip
-    headers = {"Inference-Header-Content-Length": str(len(header))}
-    body = header + x.tobytes()
+    body, headers = request_body()  # one row, binary tensors, as the density benchmark sends
 
     async def main() -> tuple[list[float], float]:
         out: list[float] = []

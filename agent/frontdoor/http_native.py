@@ -196,6 +196,7 @@ class Connection(asyncio.Protocol):
         self.url = b""
         self.head_bytes = 0
         self.header_list: list[tuple[str, str]] = []
+        self.headers: CIMultiDictProxy[str] = _NO_HEADERS  # set once they are all in
         self.body: list[bytes] = []
         self.body_bytes = 0
 
@@ -211,7 +212,7 @@ class Connection(asyncio.Protocol):
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        headers = CIMultiDict(self.header_list)
+        headers = self.headers = CIMultiDictProxy(CIMultiDict(self.header_list))
         length = headers.get("Content-Length", "")
         if length.isdigit() and int(length) > self.door.max_body:
             raise _Refused(413, f"413: the body exceeds {self.door.max_body} bytes")
@@ -228,9 +229,8 @@ class Connection(asyncio.Protocol):
         method = self.parser.get_method().decode("ascii", "replace")
         url = self.url.decode("latin-1")
         path = unquote(httptools.parse_url(self.url).path.decode("latin-1"))
-        headers = CIMultiDictProxy(CIMultiDict(self.header_list))
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
-        request = Request(method, url, headers, body)
+        request = Request(method, url, self.headers, body)
         self.waiting.append((request, path, self.parser.should_keep_alive()))
         if not self.busy:
             self.busy = True
@@ -281,6 +281,9 @@ class Connection(asyncio.Protocol):
         self.waiting.clear()
         self.transport.write(encode(plain(status, text), keep_alive=False, head=False))
         self.transport.close()
+
+
+_NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 
 
 class _Refused(Exception):
