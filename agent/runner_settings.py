@@ -84,6 +84,15 @@ class RunnerSettings(BaseModel):
         "instead of sleeping, for at most this long: saves a wake-up per request when "
         "few requests arrive. 0 never polls.",
     )
+    idle_spin_us: int = Field(
+        default=300,
+        ge=0,
+        description="After a batch that the agent sent with no other batch in flight, a "
+        "runner with nothing else to do polls its socket for the next batch for at most "
+        "this long before it sleeps: saves the runner's wake-up per request when few "
+        "requests arrive. Polls that keep finding nothing make the next waits sleep at "
+        "once (backing off up to 256 waits). 0 never polls.",
+    )
     restart_backoff_initial_s: float = Field(
         default=0.1, gt=0, description="Delay before the first restart of a dead runner."
     )

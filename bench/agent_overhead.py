@@ -12,8 +12,8 @@ floor of the Python gRPC transport on this machine.
 Every load generator runs in its own process. Usage:
     python bench/agent_overhead.py --repo .cache/demo-repo [--duration 8] [--json out.json]
         [--event-loops asyncio,uvloop] [--grpc-servers native,grpcio]
-        [--http-servers native,aiohttp]
-        (one agent per event loop and gRPC door, side by side)
+        [--http-servers native,aiohttp] [--idle-spins 300,0]
+        (one agent per event loop, door and runner idle spin, side by side)
 """
 
 from __future__ import annotations
@@ -260,17 +260,29 @@ def main() -> None:
         default="auto",
         help="comma-separated http_server settings (auto, native, aiohttp): one agent each",
     )
+    parser.add_argument(
+        "--idle-spins",
+        default="",
+        help="comma-separated runner.idle_spin_us settings: one agent each (default: the "
+        "agent's own default)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     has_wrk = shutil.which("wrk") is not None
     agents = {
-        f"{loop}/{door}/{http}": Agent(
-            args.repo, log_level="WARNING", event_loop=loop, grpc_server=door, http_server=http
+        f"{loop}/{door}/{http}" + (f"/spin{spin}" if spin else ""): Agent(
+            args.repo,
+            log_level="WARNING",
+            event_loop=loop,
+            grpc_server=door,
+            http_server=http,
+            **({"runner__idle_spin_us": spin} if spin else {}),
         )
         for loop in args.event_loops.split(",")
         for door in args.grpc_servers.split(",")
         for http in args.http_servers.split(",")
+        for spin in args.idle_spins.split(",")
     }
     results = []
     try:
@@ -312,7 +324,7 @@ def main() -> None:
 def print_row(row: dict) -> None:
     d = row["direct"]
     parts = [
-        f"{row['model']:<10} c={row['concurrency']:<3} {row['agent']:<17} "
+        f"{row['model']:<10} c={row['concurrency']:<3} {row['agent']:<23} "
         f"direct {d['rps']:8.0f} rps "
         f"p50 {d['p50_ms']:.3f} ms"
     ]

@@ -39,7 +39,9 @@ def make_batcher(
         """Write the batch to the runner now; the awaitable is its result."""
         descs, buffers = framing.pack_tensors(inputs)
         runner = pool.get(entry.runner_id)
-        reply = runner.send(ipc.Infer(pool.next_req_id(), model_id, outputs, descs), buffers)
+        infer = ipc.Infer(pool.next_req_id(), model_id, outputs, descs)
+        infer.lone = not pool.awake.in_flight
+        reply = runner.send(infer, buffers)
         pool.awake.sent(reply, recent_round_trip_s)
         return result(runner, reply, time.perf_counter())
 

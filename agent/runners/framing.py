@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
@@ -30,6 +30,9 @@ from edgeplex.agent.runners.ipc import (
     message_from_header,
 )
 from edgeplex.agent.tensors import BYTES, decode_bytes, encode_bytes
+
+if TYPE_CHECKING:
+    from edgeplex.agent.runners.idle_spin import IdleSpin
 
 # --- tensors ------------------------------------------------------------------------------
 
@@ -125,10 +128,17 @@ def send_frame(
 
 class FrameReader:
     """Blocking frame reader over a socket, buffered so that a small frame costs one
-    recv() instead of three. One reader per socket; not thread-safe."""
+    recv() instead of three. One reader per socket; not thread-safe. With `spin`,
+    a wait for the next frame may poll before it blocks (idle_spin.py)."""
 
-    def __init__(self, sock: socket.socket, buffer_size: int = 256 * 1024) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        buffer_size: int = 256 * 1024,
+        spin: IdleSpin | None = None,
+    ) -> None:
         self._sock = sock
+        self._spin = spin
         self._buf = bytearray(buffer_size)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -147,6 +157,12 @@ class FrameReader:
             pending = self._end - self._start
             self._buf[:pending] = self._buf[self._start : self._end]
             self._start, self._end = 0, pending
+        if self._spin is not None and self._end == self._start:
+            self._start = self._end = 0
+            k = self._spin.recv_into(self._sock, self._view[self._end :])
+            if k == 0:
+                raise EOFError("peer closed the connection")
+            self._end += k or 0
         while self._end - self._start < n:
             k = self._sock.recv_into(self._view[self._end :])
             if k == 0:

@@ -241,6 +241,9 @@ class Infer(Message):
     at: int = -1
     size: int = 0
     consumed: int = 0
+    # No other batch was in flight when the agent sent this one: with little load
+    # the next batch follows soon, and the runner may poll for it (idle_spin.py).
+    lone: bool = False
 
 
 @_message
@@ -294,6 +297,8 @@ class SpawnRunner(Message):
     # RLIMIT_AS the child sets on itself before it starts (0 = none).
     rlimit_as: int
     log_format: str = "text"
+    # How long the runner polls for its next frame before it blocks (idle_spin.py).
+    idle_spin_us: int = 0
 
 
 @_message

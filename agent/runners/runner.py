@@ -16,6 +16,9 @@ socket closes, when it exits. Threads:
   starts no thread;
 - replies from any thread go through `_send`, serialised by one lock.
 
+While the runner has nothing to do, its main thread may poll the socket for
+the next frame for a short while before it blocks (idle_spin.py).
+
 A load never blocks inference of models already loaded: it runs on the loader
 thread, and a model becomes visible to Infer only once its session exists.
 """
@@ -38,6 +41,7 @@ from edgeplex import logs
 from edgeplex.agent.forms import Calibration, VariantGuard, VariantReport
 from edgeplex.agent.runners import framing, ipc, shm
 from edgeplex.agent.runners.crew import Crew, Model
+from edgeplex.agent.runners.idle_spin import IdleSpin
 from edgeplex.agent.runners.sessions import (
     STAGED_MODEL,
     as_text,
@@ -60,8 +64,10 @@ log = logging.getLogger("edgeplex.runner")
 
 
 class Runner:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, idle_spin_us: int = 0) -> None:
         self._sock = sock
+        self._idle_spin_us = idle_spin_us
+        self._loading = False  # the loader thread is creating a session
         self._send_lock = threading.Lock()
         self._models: dict[str, Model] = {}
         self._loads: queue.SimpleQueue = queue.SimpleQueue()
@@ -91,13 +97,16 @@ class Runner:
     def serve(self) -> None:
         threading.Thread(target=self._loader, name="loader", daemon=True).start()
         threading.Thread(target=self._stager, name="stager", daemon=True).start()
-        reader = framing.FrameReader(self._sock)
+        spin = IdleSpin(self._idle_spin_us, self._quiet) if self._idle_spin_us else None
+        reader = framing.FrameReader(self._sock, spin=spin)
         while True:
             try:
                 message, payload = reader.read()
             except (EOFError, ConnectionError):
                 return
             if isinstance(message, ipc.Infer):
+                if spin is not None:
+                    spin.invited = message.lone
                 model = self._models.get(message.model)
                 try:
                     payload = self._tensor_bytes(message, payload)
@@ -129,16 +138,31 @@ class Runner:
             else:
                 raise ipc.ProtocolError(f"runner cannot handle {message.TAG}")
 
+    def _quiet(self) -> bool:
+        """Nothing but the next frame to wait for: no batch queued or running, no
+        load, no background work (read without locks: a stale answer costs at most
+        one poll's budget)."""
+        return (
+            not self._loading
+            and self._loads.empty()
+            and not self._side_epoch % 2
+            and self._stages.empty()
+            and not any(model.queued for model in self._models.values())
+        )
+
     # --- loading --------------------------------------------------------------------------
 
     def _loader(self) -> None:
         while True:
             request = self._loads.get()
+            self._loading = True
             try:
                 reply: ipc.Message = self._load(request)
             except Exception as exc:
                 message = scrub(str(exc), request.path, request.staged_dir)
                 reply = ipc.Failure(request.req_id, "load", message)
+            finally:
+                self._loading = False
             self._send(reply)
 
     def _stager(self) -> None:
@@ -351,10 +375,12 @@ class Runner:
         self._send(ipc.InferResult(message.req_id, compute_ns, descs, model.request.form), buffers)
 
 
-def main(runner_id: str, socket_path: str, log_level: str, log_format: LogFormat) -> None:
+def main(
+    runner_id: str, socket_path: str, log_level: str, log_format: LogFormat, idle_spin_us: int = 0
+) -> None:
     """Entry point in the forked child; returns when the agent disconnects."""
     logs.configure(log_level, log_format, runner=runner_id)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(socket_path)
     framing.send_frame(sock, ipc.Hello(runner_id, os.getpid()))
-    Runner(sock).serve()
+    Runner(sock, idle_spin_us).serve()

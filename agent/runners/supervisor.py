@@ -197,6 +197,7 @@ class RunnerProcess:
             self._pool.log_level,
             self._pool.limiter.rlimit_for(limit),
             self._pool.log_format,
+            self._pool.settings.idle_spin_us,
         )
         self._pool.limiter.apply(self.runner_id, self.pid, limit)
         try:

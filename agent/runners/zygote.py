@@ -108,6 +108,7 @@ class Zygote:
             request.socket_path,
             request.log_level,
             "json" if request.log_format == "json" else "text",
+            request.idle_spin_us,
         )
 
     def _reap(self) -> None:

@@ -74,6 +74,7 @@ class ZygoteClient:
         log_level: str,
         rlimit_as: int = 0,
         log_format: str = "text",
+        idle_spin_us: int = 0,
     ) -> int:
         async with self._lock:
             if not self.alive:
@@ -83,7 +84,7 @@ class ZygoteClient:
         self._spawned[runner_id] = future
         framing.write_frame(
             self._writer,
-            ipc.SpawnRunner(runner_id, socket_path, log_level, rlimit_as, log_format),
+            ipc.SpawnRunner(runner_id, socket_path, log_level, rlimit_as, log_format, idle_spin_us),
         )
         return await asyncio.wait_for(future, timeout=10)
 
