@@ -276,6 +276,12 @@ def oip_datatype(array: np.ndarray) -> str:
     return NUMPY_TO_OIP.get(array.dtype, "BYTES")
 
 
+def byte_view(array: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous numeric array, without a copy (also when it holds
+    no elements, which memoryview.cast refuses)."""
+    return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
 def to_raw(array: np.ndarray) -> bytes:
     """Row-major little-endian bytes of an array (BYTES: length-prefixed elements)."""
     if array.dtype == object:

@@ -4,10 +4,12 @@
 
 The base revision is checked out as a git worktree under .cache/ab/<sha> with a
 virtual environment of its own (made once, reused). One agent of each serves
-the same repository (one MLP, 512 wide, 3 layers, all resident); wrk (JSON and
-binary bodies) and tritonclient gRPC, `--in-flight` calls each (8), drive
-them in turn, `--rounds` times, so both see the same machine. It prints the
-median throughput of each and the ratio this/base per workload.
+the same repository (one MLP, 512 wide, 3 layers, and one identity model over
+image-sized rows, 3x224x224 FP32, all resident); wrk (JSON and binary bodies
+to the MLP, binary tensors to the identity model: 588 KiB in and out) and
+tritonclient gRPC, `--in-flight` calls each (8), drive them in turn,
+`--rounds` times, so both see the same machine. It prints the median
+throughput of each and the ratio this/base per workload.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
-from agent_overhead import run_wrk  # noqa: E402
+from agent_overhead import _wrk, run_wrk  # noqa: E402
 from common import Agent  # noqa: E402
 from profile_agent import WIDTH, grpc_load  # noqa: E402
+from shm_transport import body as tensor_body  # noqa: E402
 
 from edgeplex.agent import demo  # noqa: E402
+
+IMAGE = 3 * 224 * 224  # FP32 values per row of the identity model
 
 
 def base_python(revision: str) -> tuple[str, str]:
@@ -78,19 +83,23 @@ def main() -> None:
     args = parser.parse_args()
     sha, python = base_python(args.base)
     n = args.in_flight
+    header, tail = tensor_body(IMAGE)
     workloads = {
         "http-json": lambda a: run_wrk(a.http, "mlp", WIDTH, n, args.duration, json_body=True),
         "http-binary": lambda a: run_wrk(a.http, "mlp", WIDTH, n, args.duration),
+        "http-tensor": lambda a: _wrk(a.http, "image", n, args.duration, header, tail),
         "grpc": lambda a: grpc_load(a.grpc, args.duration, n),
     }
     rps: dict[str, dict[str, list[float]]] = {w: {"this": [], "base": []} for w in workloads}
     with tempfile.TemporaryDirectory() as work:
         repo = Path(work) / "repo"
         demo.make_mlp(repo / "mlp", width=WIDTH, layers=3, in_width=WIDTH)
+        demo.make_identity(repo / "image", "FP32", width=IMAGE)
         agents = {"this": Agent(repo), "base": Agent(repo, python=python)}
         try:
             for agent in agents.values():
                 agent.post("/v2/repository/models/mlp/load")
+                agent.post("/v2/repository/models/image/load")
             for r in range(args.rounds):
                 for workload, drive in workloads.items():
                     for name in ("this", "base") if r % 2 == 0 else ("base", "this"):
@@ -99,7 +108,8 @@ def main() -> None:
             for agent in agents.values():
                 agent.stop()
     how = (
-        f"this checkout against {sha[:12]}, one 512-wide MLP, {n} in flight, "
+        f"this checkout against {sha[:12]}, one 512-wide MLP and one identity model over "
+        f"{IMAGE * 4 // 1024} KiB rows, {n} in flight, "
         f"{args.rounds} rounds of {args.duration:g} s, alternating; "
         f"{platform.node()} {os.cpu_count()} CPUs"
     )

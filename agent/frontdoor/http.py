@@ -18,8 +18,6 @@ from collections.abc import Awaitable, Callable
 from ssl import SSLContext
 from typing import Any, Protocol
 
-import numpy as np
-import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -38,9 +36,9 @@ from edgeplex.agent.frontdoor.oip_body import (
     load_json,
     parse_infer_body,
 )
+from edgeplex.agent.frontdoor.oip_response import encode_infer_response
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.model_config import parse_size
-from edgeplex.agent.tensors import oip_datatype, text_values, to_raw
 
 log = logging.getLogger("edgeplex.agent.http")
 
@@ -70,62 +68,13 @@ def _json(data: Any, status: int = 200) -> web.Response:
     )
 
 
-def json_values(array: np.ndarray) -> np.ndarray | None:
-    """A tensor's values for a JSON body, flat, for orjson to write itself; floats
-    as float64, so the text is Python's shortest repr, as json.dumps writes it.
-    None when a float is NaN or infinite: orjson would write null, so the body
-    goes through json.dumps, which writes NaN and Infinity as before."""
-    flat = array.reshape(-1)
-    if flat.dtype.kind == "f":
-        if not np.isfinite(flat).all():
-            return None
-        flat = flat.astype(np.float64)
-    return np.ascontiguousarray(flat)
-
-
-def encode_infer_response(
-    body: InferBody, model: str, version: str, outputs: dict[str, np.ndarray]
-) -> web.Response:
-    items = []
-    blobs = []
-    standard = False  # a value orjson would write differently: json.dumps writes the body
-    for name, array in outputs.items():
-        item: dict[str, Any] = {
-            "name": name,
-            "datatype": oip_datatype(array),
-            "shape": list(array.shape),
-        }
-        if body.binary_outputs.get(name, body.binary_default):
-            blob = to_raw(array)
-            item["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        elif array.dtype == object:
-            item["data"] = text_values(array)
-        else:
-            values = json_values(array)
-            standard = standard or values is None
-            item["data"] = array.reshape(-1).tolist() if values is None else values
-        items.append(item)
-    response: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": items}
-    if body.request_id is not None:
-        response["id"] = body.request_id
-    if standard:
-        header = json.dumps(response, default=lambda a: a.tolist()).encode()
-    else:  # several times json.dumps's speed, numeric arrays written without lists
-        header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not blobs:
-        return web.Response(body=header, content_type="application/json")
-    return web.Response(
-        body=b"".join([header, *blobs]),
-        headers={HEADER_LENGTH: str(len(header))},
-        content_type="application/octet-stream",
-    )
-
-
 class HttpApi:
-    def __init__(self, agent: Agent, credentials: Credentials) -> None:
+    def __init__(self, agent: Agent, credentials: Credentials, buffers: bool = False) -> None:
+        """`buffers`: binary outputs may be answered as separate buffers (a
+        TensorResponse), for a door that writes them itself."""
         self.agent = agent
         self.credentials = credentials
+        self.buffers = buffers
 
     def routes(self) -> list[web.RouteDef]:
         m = "/v2/models/{model}"
@@ -283,7 +232,7 @@ class HttpApi:
             model, version, parsed.inputs, parsed.outputs, parsed.timeout_s, origin
         )
         response = encode_infer_response(
-            parsed, result.entry.name, result.entry.version, result.outputs
+            parsed, result.entry.name, result.entry.version, result.outputs, self.buffers
         )
         if result.cold_start:
             response.headers[COLD_START] = result.cold_start
@@ -362,7 +311,6 @@ async def start_http_server(
     """The HTTP door the settings choose (`http_server`); (what stops it, its port)."""
     settings = agent.settings
     max_body = 2 * settings.max_payload_bytes + 1024 * 1024
-    routes = HttpApi(agent, credentials).routes()
     if settings.http_server != "aiohttp":
         try:
             from edgeplex.agent.frontdoor.http_native import start_native_http
@@ -370,11 +318,12 @@ async def start_http_server(
             if settings.http_server == "native":
                 raise RuntimeError(f"http_server: native needs httptools ({exc})") from None
         else:
+            routes = HttpApi(agent, credentials, buffers=True).routes()
             return await start_native_http(
                 routes, settings.http_host, settings.http_port, max_body, ssl
             )
     app = web.Application(client_max_size=max_body)
-    app.add_routes(routes)
+    app.add_routes(HttpApi(agent, credentials).routes())
     # The body is read as sent: parse_infer_body decodes Content-Encoding itself, once,
     # under its own cap, and a forwarded request keeps the encoding it came with.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)

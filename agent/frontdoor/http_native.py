@@ -3,7 +3,8 @@
 It serves the same routes and handlers as the aiohttp door (http.py's
 `HttpApi`): a handler gets a small request object with what the handlers use
 (match_info, headers, content_length, path_qs, read) and returns the same
-`web.Response`, whose status, headers and body are written here in one write.
+`web.Response`, whose status, headers and body are written here in one write
+(binary outputs as views of the output arrays: oip_response.py).
 What aiohttp adds per request on top (its request and response objects, its
 router, the task per request it keeps for streaming) is left out: one request
 costs about 30 µs less (docs/benchmarks.md, "The hot path").
@@ -38,6 +39,8 @@ from urllib.parse import unquote
 import httptools
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from edgeplex.agent.frontdoor.oip_response import Buffer, TensorResponse
 
 log = logging.getLogger("edgeplex.agent.http")
 
@@ -94,19 +97,28 @@ class Routes:
         return None, {}, allowed
 
 
-def encode(response: web.StreamResponse, keep_alive: bool, head: bool) -> bytes:
-    """A whole response: status line, headers, body."""
+def encode(response: web.StreamResponse, keep_alive: bool, head: bool) -> list[Buffer]:
+    """A whole response as the buffers to write: status line and headers, then the
+    body (one buffer, or a TensorResponse's parts as they are)."""
     assert isinstance(response, web.Response)
-    body = response.body if isinstance(response.body, bytes) else b""
+    if isinstance(response, TensorResponse):
+        parts, length = response.parts, response.body_bytes
+    else:
+        body = response.body if isinstance(response.body, bytes) else b""
+        parts, length = [body], len(body)
     lines = [f"HTTP/1.1 {response.status} {response.reason}"]
     lines += [f"{k}: {v}" for k, v in response.headers.items() if k.lower() != "content-length"]
-    lines.append(f"Content-Length: {len(body)}")
+    lines.append(f"Content-Length: {length}")
     lines.append(f"Date: {_date()}")
     lines.append("Server: edgeplex")
     if not keep_alive:
         lines.append("Connection: close")
     head_bytes = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
-    return head_bytes if head else head_bytes + body
+    if head:
+        return [head_bytes]
+    if len(parts) == 1 and isinstance(parts[0], bytes):
+        return [head_bytes + parts[0]]  # one small copy beats a writev of two
+    return [head_bytes, *parts]
 
 
 _dated = (0, "")
@@ -259,7 +271,10 @@ class Connection(asyncio.Protocol):
                     log.exception("%s %s: the response could not be written", request.method, path)
                     self._close_with(500, "500 Internal Server Error")
                     return
-                self.transport.write(data)
+                if len(data) == 1:
+                    self.transport.write(data[0])
+                else:
+                    self.transport.writelines(data)
                 if not keep_alive:
                     self.transport.close()
                     return
@@ -279,7 +294,7 @@ class Connection(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         self.waiting.clear()
-        self.transport.write(encode(plain(status, text), keep_alive=False, head=False))
+        self.transport.writelines(encode(plain(status, text), keep_alive=False, head=False))
         self.transport.close()
 
 

@@ -29,7 +29,7 @@ from edgeplex.agent.runners.ipc import (
     ProtocolError,
     message_from_header,
 )
-from edgeplex.agent.tensors import BYTES, decode_bytes, encode_bytes
+from edgeplex.agent.tensors import BYTES, byte_view, decode_bytes, encode_bytes
 
 if TYPE_CHECKING:
     from edgeplex.agent.runners.idle_spin import IdleSpin
@@ -54,7 +54,7 @@ def pack_tensors(arrays: dict[str, np.ndarray]) -> tuple[list[list[Any]], list[m
         if array.dtype.str not in TENSOR_DTYPES:
             raise ProtocolError(f"tensor '{name}': dtype {array.dtype} cannot cross IPC")
         descs.append([name, array.dtype.str, list(array.shape), array.nbytes])
-        buffers.append(memoryview(array).cast("B"))  # type: ignore[arg-type]
+        buffers.append(byte_view(array))
     return descs, buffers
 
 

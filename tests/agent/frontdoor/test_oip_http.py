@@ -85,6 +85,21 @@ def test_every_datatype_round_trips(client, datatype, binary):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT"), array)
 
 
+def test_large_binary_outputs_arrive_whole(client, model_repo):
+    # 625 KiB per tensor: through the runner's shared rings, and written by the native
+    # door as the header plus a view of each output array.
+    rng = np.random.default_rng(4)
+    feeds = {
+        name: rng.standard_normal((10_000, 16), dtype=np.float32) for name in ("INPUT0", "INPUT1")
+    }
+    expected = direct(model_repo, "add_sub_nobatch", feeds)
+    outputs = [th.InferRequestedOutput(name, binary_data=True) for name in ("OUTPUT0", "OUTPUT1")]
+    for _ in range(3):
+        result = client.infer("add_sub_nobatch", inputs_for(feeds), outputs=outputs)
+        for name, value in expected.items():
+            np.testing.assert_array_equal(result.as_numpy(name), value)
+
+
 def test_batched_requests_match_within_tolerance(client, model_repo):
     rng = np.random.default_rng(3)
     requests = [
