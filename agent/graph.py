@@ -7,15 +7,21 @@ protobuf wire format over an mmap of the file: the nodes and the weights are
 skipped by length, never copied or parsed, so a 2 GB model costs a few page
 faults. No `onnx` package is needed at run time.
 
-Pure functions; `read_interface` raises GraphError for anything that is not a
-readable ONNX model (the load would fail anyway, with ORT's own message).
+`read_external_weights` reads, the same way, where a staged copy's weights lie
+in its weights file, so a runner can hand them to ONNX Runtime from a mapping
+it keeps (runners/staged_weights.py).
+
+Pure functions; both raise GraphError for anything that is not a readable
+ONNX model (the load would fail anyway, with ORT's own message).
 """
 
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from edgeplex.agent.tensors import TensorSpec
 
@@ -40,13 +46,18 @@ ONNX_TO_OIP = {
 # Field numbers (onnx.proto3).
 _MODEL_GRAPH = 7
 _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT, _GRAPH_SPARSE = 5, 11, 12, 15
-_TENSOR_NAME = 8
+_TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME = 1, 2, 8
+_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION, _LOCATION_EXTERNAL = 13, 14, 1
+_ENTRY_KEY, _ENTRY_VALUE = 1, 2
 _SPARSE_VALUES = 1
 _VALUE_NAME, _VALUE_TYPE = 1, 2
 _TYPE_TENSOR = 1
 _TENSOR_ELEM, _TENSOR_SHAPE = 1, 2
 _SHAPE_DIM = 1
 _DIM_VALUE = 1
+
+
+T = TypeVar("T")
 
 
 class GraphError(Exception):
@@ -59,23 +70,79 @@ class Interface:
     outputs: tuple[TensorSpec, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ExternalWeight:
+    """An initializer whose bytes lie in another file: `length` bytes at `offset`."""
+
+    name: str
+    data_type: int  # TensorProto.DataType
+    dims: tuple[int, ...]
+    location: str
+    offset: int
+    length: int
+
+
 def read_interface(path: Path) -> Interface:
+    return _read(path, _graph)
+
+
+def read_external_weights(path: Path) -> list[ExternalWeight]:
+    """Every initializer of the graph that keeps its bytes in an external file."""
+    return _read(path, _external_weights)
+
+
+def _read(path: Path, read_graph: Callable[[memoryview], T]) -> T:
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             view = memoryview(m)
             try:
-                return _model(view)
+                return read_graph(_graph_of(view))
             finally:
                 view.release()
     except (OSError, ValueError) as exc:
         raise GraphError(f"cannot read the model file: {exc.__class__.__name__}") from None
 
 
-def _model(buf: memoryview) -> Interface:
+def _graph_of(buf: memoryview) -> memoryview:
     for field, _, value in _fields(buf):
         if field == _MODEL_GRAPH and isinstance(value, memoryview):
-            return _graph(value)
+            return value
     raise GraphError("the file holds no ONNX graph")
+
+
+def _external_weights(buf: memoryview) -> list[ExternalWeight]:
+    weights = []
+    for field, _, value in _fields(buf):
+        if field != _GRAPH_INITIALIZER or not isinstance(value, memoryview):
+            continue
+        name, data_type, dims, where, external = "", 0, [], {}, False
+        for f, wire, v in _fields(value):
+            if f == _TENSOR_NAME and isinstance(v, memoryview):
+                name = bytes(v).decode("utf-8", "replace")
+            elif f == _TENSOR_TYPE and isinstance(v, int):
+                data_type = v
+            elif f == _TENSOR_DIMS and isinstance(v, memoryview):  # packed
+                pos = 0
+                while pos < len(v):
+                    dim, pos = _varint(v, pos)
+                    dims.append(dim)
+            elif f == _TENSOR_DIMS and wire == 0 and isinstance(v, int):
+                dims.append(v)
+            elif f == _TENSOR_EXTERNAL_DATA and isinstance(v, memoryview):
+                where[_string(v, _ENTRY_KEY)] = _string(v, _ENTRY_VALUE)
+            elif f == _TENSOR_DATA_LOCATION and isinstance(v, int):
+                external = v == _LOCATION_EXTERNAL
+        if external:
+            try:
+                offset, length = int(where.get("offset", 0)), int(where["length"])
+            except (KeyError, ValueError):
+                raise GraphError(f"initializer '{name}': no usable external length") from None
+            weights.append(
+                ExternalWeight(
+                    name, data_type, tuple(dims), where.get("location", ""), offset, length
+                )
+            )
+    return weights
 
 
 def _graph(buf: memoryview) -> Interface:

@@ -51,6 +51,7 @@ def load_message(
         form=form,
         cpu_fallback=settings.cpu_fallback,
         arena=ARENAS[config.gpu_arena],
+        mapped_weights=settings.keep_staged_mapped,
     )
 
 

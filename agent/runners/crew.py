@@ -34,6 +34,7 @@ class Model:
     queued: int = 0  # executions queued or running, under `lock`
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_ns: int = INLINE_NS  # the last execution's compute time
+    weights: object = None  # what the session's memory lies in, kept while it lives
 
     def admit(self) -> bool:
         """Count one execution in (called by the reader thread, the only producer).

@@ -104,6 +104,9 @@ class LoadModel(Message):
     # the load fails), and how the CUDA arena grows (ORT's arena_extend_strategy).
     cpu_fallback: bool = False
     arena: str = "kSameAsRequested"
+    # A CPU session without prepacking takes its weights from the runner's kept
+    # mapping of the staged copy (staged_weights.py) instead of mapping it anew.
+    mapped_weights: bool = True
 
 
 @_message

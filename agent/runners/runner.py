@@ -6,7 +6,8 @@ socket closes, when it exits. Threads:
 
 - the main thread reads frames and routes them;
 - one loader thread creates sessions for promotions, one at a time, so the
-  memory growth it measures around each creation belongs to that model;
+  memory growth it measures around each creation belongs to that model; it
+  keeps the staged weights it has mapped (staged_weights.py);
 - one stager thread does background work that must never delay a promotion:
   cached -> staged (StageModel) and prepacked rebuilds (Prepack); memory it
   measures may overlap a concurrent load, so its readings are approximate;
@@ -38,12 +39,12 @@ import numpy as np
 import onnxruntime as ort
 
 from edgeplex import logs
-from edgeplex.agent.forms import Calibration, VariantGuard, VariantReport
 from edgeplex.agent.runners import framing, ipc, shm
 from edgeplex.agent.runners.crew import Crew, Model
 from edgeplex.agent.runners.idle_spin import IdleSpin
 from edgeplex.agent.runners.sessions import (
     STAGED_MODEL,
+    STAGED_WEIGHTS,
     as_text,
     device_bytes,
     dims,
@@ -58,9 +59,13 @@ from edgeplex.agent.runners.sessions import (
     trim_heap,
     warm_up,
 )
+from edgeplex.agent.runners.staged_weights import WeightMaps
+from edgeplex.agent.runners.variant_builds import build_variants
 from edgeplex.logs import LogFormat
 
 log = logging.getLogger("edgeplex.runner")
+
+WEIGHT_SWEEP_S = 1.0  # how often mappings of deleted staged copies are dropped
 
 
 class Runner:
@@ -68,6 +73,7 @@ class Runner:
         self._sock = sock
         self._idle_spin_us = idle_spin_us
         self._loading = False  # the loader thread is creating a session
+        self._weight_maps = WeightMaps()  # staged weights kept mapped (loader thread only)
         self._send_lock = threading.Lock()
         self._models: dict[str, Model] = {}
         self._loads: queue.SimpleQueue = queue.SimpleQueue()
@@ -153,8 +159,17 @@ class Runner:
     # --- loading --------------------------------------------------------------------------
 
     def _loader(self) -> None:
+        swept = time.monotonic()
         while True:
-            request = self._loads.get()
+            try:
+                request = self._loads.get(timeout=WEIGHT_SWEEP_S)
+            except queue.Empty:
+                request = None
+            if time.monotonic() - swept >= WEIGHT_SWEEP_S:
+                self._weight_maps.sweep()  # the agent may have deleted staged copies
+                swept = time.monotonic()
+            if request is None:
+                continue
             self._loading = True
             try:
                 reply: ipc.Message = self._load(request)
@@ -176,7 +191,7 @@ class Runner:
 
     def _side_work(self, request: ipc.StageModel | ipc.Prepack | ipc.BuildVariants) -> None:
         if isinstance(request, ipc.BuildVariants):
-            self._send(self._build_variants(request))
+            self._send(build_variants(request))
             return
         if isinstance(request, ipc.Prepack):
             try:
@@ -195,30 +210,6 @@ class Runner:
             reply = ipc.Failure(request.req_id, "load", message)
         self._send(reply)
 
-    @staticmethod
-    def _build_variants(request: ipc.BuildVariants) -> ipc.Message:
-        try:
-            from edgeplex.agent import variants
-        except ImportError as exc:
-            message = f"variants need the onnx package (pip install edgeplex[variants]): {exc}"
-            return ipc.Failure(request.req_id, "internal", message)
-        calibration = Calibration.model_validate(request.calibration)
-        guard = VariantGuard.model_validate(request.guard)
-        reports = []
-        sha256 = request.sha256  # the fleet's digest is one; a scan's may be size and mtime
-        if len(sha256) != 64:
-            sha256 = variants.sha256_of(Path(request.path))
-        for form in request.forms:
-            try:
-                report = variants.build_variant(
-                    form, Path(request.path), sha256, Path(request.root), calibration, guard
-                )
-            except Exception as exc:  # a graph the tools cannot convert: kept out, with why
-                reason = scrub(f"{type(exc).__name__}: {exc}", request.path, request.root)
-                report = VariantReport(form=form, reason=f"build failed: {reason}")
-            reports.append(report.model_dump())
-        return ipc.VariantsBuilt(request.req_id, reports)
-
     def _load(self, request: ipc.LoadModel) -> ipc.ModelLoaded | ipc.Failure:
         stages: dict[str, float] = {}
         staged = Path(request.staged_dir)
@@ -231,6 +222,11 @@ class Runner:
         epoch = self._side_epoch
         before = measure()
         started = time.perf_counter()
+        mapped = None
+        if request.mapped_weights and request.provider == "cpu" and not request.prepack_weights:
+            mapped = self._weight_maps.get(staged, staged / STAGED_MODEL, staged / STAGED_WEIGHTS)
+            if mapped is not None:  # ORT takes them from the runner's mapping
+                mapped.hand_to(options)
         session = ort.InferenceSession(
             str(staged / STAGED_MODEL), sess_options=options, providers=providers(request)
         )
@@ -256,7 +252,7 @@ class Runner:
             grown = weights
         inputs = [[i.name, i.type, dims(i.shape)] for i in session.get_inputs()]
         outputs = [[o.name, o.type, dims(o.shape)] for o in session.get_outputs()]
-        model = Model(request.model, session, [o[0] for o in outputs], request)
+        model = Model(request.model, session, [o[0] for o in outputs], request, weights=mapped)
         with self._table_lock:  # an unload on the main thread must not slip in between
             old = self._models.pop(request.model, None)
             if old is None and request.swap:
