@@ -147,13 +147,14 @@ class Runner:
     def _quiet(self) -> bool:
         """Nothing but the next frame to wait for: no batch queued or running, no
         load, no background work (read without locks: a stale answer costs at most
-        one poll's budget)."""
+        one poll's budget; the models are copied in one step, since the loader may
+        change the table meanwhile)."""
         return (
             not self._loading
             and self._loads.empty()
             and not self._side_epoch % 2
             and self._stages.empty()
-            and not any(model.queued for model in self._models.values())
+            and not any(model.queued for model in tuple(self._models.values()))
         )
 
     # --- loading --------------------------------------------------------------------------
