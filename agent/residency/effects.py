@@ -218,10 +218,16 @@ class RunnerEffects:
             await queue.close(Unavailable(f"model '{record.name}' is unloading"), drain=True)
         runner = self._pool.get(record.runner_id)
         if runner.state == "ready":
-            with contextlib.suppress(RunnerLost, TimeoutError):
-                await asyncio.wait_for(
-                    runner.call(ipc.UnloadModel(self._pool.next_req_id(), str(record.key))), 30
-                )
+            unload = ipc.UnloadModel(self._pool.next_req_id(), str(record.key))
+            cpu = self._settings.runner.execution_provider == "cpu"
+            if cpu and record.runner_id == SHARED_RUNNER:
+                # Host RAM, and frames handled in order: a successor's load written after
+                # this is read once this session is released. No round trip waited for.
+                with contextlib.suppress(RunnerLost):
+                    runner.post(unload)
+            else:
+                with contextlib.suppress(RunnerLost, TimeoutError):
+                    await asyncio.wait_for(runner.call(unload), 30)
         if record.runner_id != SHARED_RUNNER:
             await self._pool.retire(record.runner_id)
         owner.unload_done(record.key, generation)

@@ -84,6 +84,11 @@ class RunnerProcess:
         finally:
             self._pending.pop(message.req_id, None)  # type: ignore[attr-defined]
 
+    def post(self, message: ipc.Message) -> None:
+        """Write a request whose answer nobody waits for; RunnerLost if not serving (a
+        runner lost later is its supervision's to handle)."""
+        self.send(message).add_done_callback(_unheard)
+
     def send(
         self, message: ipc.Message, buffers: list[memoryview] | None = None
     ) -> asyncio.Future[tuple[ipc.Message, memoryview]]:
@@ -374,3 +379,8 @@ class RunnerPool:
         self.limiter.close()
         with contextlib.suppress(OSError):
             shutil.rmtree(self._dir)
+
+
+def _unheard(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> None:
+    if not reply.cancelled():
+        reply.exception()  # retrieved, so asyncio does not log it as never retrieved
