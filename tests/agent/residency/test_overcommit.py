@@ -183,7 +183,9 @@ def test_loaded_models_never_wait_behind_a_slow_load(agent):
     done.set()
     thread.join()
     slow_load = status(agent)["slowload"]["last_promotion"]["stages_ms"]
-    assert sum(slow_load.values()) > 150, slow_load  # it really was slow
+    # It really was slow: about 100 times an m4 call (promotions over a kept mapping
+    # made its creation fast; reading and optimizing the cached file stay slow).
+    assert sum(slow_load.values()) > 100, slow_load
     # Waiting behind the load shows as m4 calls stopping for the whole load: one call
     # spanning it, none finishing inside it. A CPU-starved 2-core machine can still
     # stall any one call by 0.1-0.2 s, so the test asks that m4 kept being served
