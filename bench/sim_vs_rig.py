@@ -172,7 +172,13 @@ def replay_on_rig(args: argparse.Namespace, trace: np.ndarray, work: Path) -> di
         budget = int(HELD_PER_SITE * file_bytes)
         state = rig.up(
             build(len(REGIONS), SITES_PER_REGION, prefix="epxs", octet=85),
-            agent_env={"EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": str(budget)},
+            agent_env={
+                "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": str(budget),
+                # The simulator's promotion model was measured with ORT mapping the
+                # staged weights itself; with kept mappings the rig's cold starts run
+                # about 10% higher for reasons not yet understood (docs/benchmarks.md).
+                "EDGEPLEX_AGENT_RUNNER__KEEP_STAGED_MAPPED": "false",
+            },
             cp_env={
                 "EDGEPLEX_CP_PLACEMENT_INTERVAL_S": str(args.placement_period_min * minute_s),
                 "EDGEPLEX_CP_DEMAND_HALF_LIFE_S": str(60.0 / k),
