@@ -282,10 +282,18 @@ def byte_view(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
-def to_raw(array: np.ndarray) -> bytes:
-    """Row-major little-endian bytes of an array (BYTES: length-prefixed elements)."""
+def raw_view(array: np.ndarray) -> bytes | memoryview:
+    """An output's bytes on the wire (row-major, little-endian; BYTES length-prefixed),
+    as a view of the array when its memory already is that (a uint8 view: its len()
+    is its size in bytes)."""
     if array.dtype == object:
         return encode_bytes(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array).tobytes()
+    return byte_view(np.ascontiguousarray(array))
+
+
+def to_raw(array: np.ndarray) -> bytes:
+    """raw_view's bytes as their own copy (protobuf fields take bytes)."""
+    raw = raw_view(array)
+    return raw if isinstance(raw, bytes) else raw.tobytes()

@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from edgeplex.agent.frontdoor.oip_body import HEADER_LENGTH, InferBody
-from edgeplex.agent.tensors import byte_view, encode_bytes, oip_datatype, text_values, to_raw
+from edgeplex.agent.tensors import oip_datatype, raw_view, text_values
 
 Buffer = bytes | memoryview
 
@@ -34,21 +34,7 @@ class TensorResponse(web.Response):
             headers={HEADER_LENGTH: str(header_bytes)}, content_type="application/octet-stream"
         )
         self.parts = parts
-        self.body_bytes = sum(nbytes(p) for p in parts)
-
-
-def nbytes(buffer: Buffer) -> int:
-    return len(buffer) if isinstance(buffer, bytes) else buffer.nbytes
-
-
-def raw_view(array: np.ndarray) -> Buffer:
-    """An output's bytes on the wire (row-major, little-endian; BYTES length-prefixed),
-    as a view of the array when its memory already is that."""
-    if array.dtype == object:
-        return encode_bytes(array)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return byte_view(np.ascontiguousarray(array))
+        self.body_bytes = sum(len(p) for p in parts)  # bytes, or uint8 views
 
 
 def json_values(array: np.ndarray) -> np.ndarray | None:
@@ -82,8 +68,8 @@ def encode_infer_response(
             "shape": list(array.shape),
         }
         if body.binary_outputs.get(name, body.binary_default):
-            blob = raw_view(array) if buffers else to_raw(array)
-            item["parameters"] = {"binary_data_size": nbytes(blob)}
+            blob = raw_view(array)  # no copy: joined once below, or written as it is
+            item["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         elif array.dtype == object:
             item["data"] = text_values(array)
