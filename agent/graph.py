@@ -9,9 +9,12 @@ faults. No `onnx` package is needed at run time.
 
 `read_external_weights` reads, the same way, where a staged copy's weights lie
 in its weights file, so a runner can hand them to ONNX Runtime from a mapping
-it keeps (runners/staged_weights.py).
+it keeps (runners/staged_weights.py). `weights_as_inputs` rewrites a staged
+graph so that those weights become graph inputs: the weightless graph that is
+left is the same for every model of one architecture, and one session of it
+serves them all, each run fed its model's weights (runners/shared_graphs.py).
 
-Pure functions; both raise GraphError for anything that is not a readable
+Pure functions; all raise GraphError for anything that is not a readable
 ONNX model (the load would fail anyway, with ORT's own message).
 """
 
@@ -89,6 +92,39 @@ def read_interface(path: Path) -> Interface:
 def read_external_weights(path: Path) -> list[ExternalWeight]:
     """Every initializer of the graph that keeps its bytes in an external file."""
     return _read(path, _external_weights)
+
+
+def weights_as_inputs(path: Path, weights: list[ExternalWeight]) -> bytes:
+    """The model at `path` with its initializers named in `weights` taken out of the
+    graph and declared as graph inputs of their type and shape instead: a graph that
+    holds no external weights, so a session of it can be fed any weights of that
+    shape. Every other field is copied byte for byte. Raises GraphError for a graph
+    that already lists one of them as an input (a weight a caller may override)."""
+    names = {w.name for w in weights}
+    model = memoryview(path.read_bytes())
+    out = bytearray()
+    for field, _, value, start, end in _spans(model):
+        if field != _MODEL_GRAPH or not isinstance(value, memoryview):
+            out += model[start:end]
+            continue
+        rewritten = bytearray()
+        for f, _, v, s, e in _spans(value):
+            if isinstance(v, memoryview) and f in (_GRAPH_INPUT, _GRAPH_INITIALIZER):
+                name = _string(v, _VALUE_NAME if f == _GRAPH_INPUT else _TENSOR_NAME)
+                if name in names and f == _GRAPH_INPUT:
+                    raise GraphError(f"weight '{name}' is also a graph input")
+                if name in names:
+                    continue  # the initializer, now an input
+            rewritten += value[s:e]
+        for w in weights:
+            shape = b"".join(_bytes_field(_SHAPE_DIM, _int_field(_DIM_VALUE, d)) for d in w.dims)
+            tensor = _int_field(_TENSOR_ELEM, w.data_type) + _bytes_field(_TENSOR_SHAPE, shape)
+            info = _bytes_field(_VALUE_NAME, w.name.encode()) + _bytes_field(
+                _VALUE_TYPE, _bytes_field(_TYPE_TENSOR, tensor)
+            )
+            rewritten += _bytes_field(_GRAPH_INPUT, info)
+        out += _bytes_field(_MODEL_GRAPH, bytes(rewritten))
+    return bytes(out)
 
 
 def _read(path: Path, read_graph: Callable[[memoryview], T]) -> T:
@@ -222,24 +258,47 @@ def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
 def _fields(buf: memoryview):  # type: ignore[no-untyped-def]
     """(field number, wire type, value) of each field: ints for varints and fixed
     widths, memoryviews (no copy) for length-delimited fields."""
+    for field, wire, value, _, _ in _spans(buf):
+        yield field, wire, value
+
+
+def _spans(buf: memoryview):  # type: ignore[no-untyped-def]
+    """As _fields, plus where each field's bytes (key included) start and end."""
     pos, end = 0, len(buf)
     while pos < end:
+        start = pos
         key, pos = _varint(buf, pos)
         field, wire = key >> 3, key & 7
         if wire == 0:
             value, pos = _varint(buf, pos)
-            yield field, wire, value
+            yield field, wire, value, start, pos
         elif wire == 2:
             size, pos = _varint(buf, pos)
             if pos + size > end:
                 raise GraphError("truncated or corrupt protobuf")
-            yield field, wire, buf[pos : pos + size]
+            yield field, wire, buf[pos : pos + size], start, pos + size
             pos += size
-        elif wire == 1:
-            pos += 8
-            yield field, wire, 0
-        elif wire == 5:
-            pos += 4
-            yield field, wire, 0
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+            if pos > end:
+                raise GraphError("truncated or corrupt protobuf")
+            yield field, wire, 0, start, pos
         else:
             raise GraphError(f"unexpected protobuf wire type {wire}")
+
+
+def _encoded_varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _int_field(field: int, value: int) -> bytes:
+    return _encoded_varint(field << 3) + _encoded_varint(value)
+
+
+def _bytes_field(field: int, value: bytes) -> bytes:
+    return _encoded_varint(field << 3 | 2) + _encoded_varint(len(value)) + value

@@ -64,6 +64,15 @@ class RunnerSettings(BaseModel):
         "and is dropped within a second of the staged copy being deleted. false: ORT maps "
         "the staged file for each session.",
     )
+    share_graphs: bool = Field(
+        default=True,
+        description="With keep_staged_mapped, models whose staged graphs are the same but "
+        "for their weights (fine-tunes of one base, one architecture trained per site) run "
+        "on one shared CPU session of the graph without its weights, each run fed its "
+        "model's weights from the kept mapping: a promotion then creates no session once "
+        "its graph has one. Outputs are bit for bit those of a session of its own. false: "
+        "every promotion creates its own session.",
+    )
     prepack_after_s: float = Field(
         default=10.0,
         ge=0,

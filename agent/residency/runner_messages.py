@@ -52,6 +52,7 @@ def load_message(
         cpu_fallback=settings.cpu_fallback,
         arena=ARENAS[config.gpu_arena],
         mapped_weights=settings.keep_staged_mapped,
+        share_graphs=settings.share_graphs,
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import onnxruntime as ort
 
 from edgeplex.agent.runners import ipc
+from edgeplex.agent.runners.shared_graphs import WithWeights
 
 # An execution this short runs on the reader thread when its model is idle: the
 # hand-off to a worker thread (a wake-up and a GIL transfer) would cost more
@@ -26,7 +27,7 @@ INLINE_NS = 300_000
 @dataclass
 class Model:
     name: str
-    session: ort.InferenceSession
+    session: ort.InferenceSession | WithWeights  # replaced whole when it changes
     output_names: list[str]
     request: ipc.LoadModel
     work: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)

@@ -107,6 +107,9 @@ class LoadModel(Message):
     # A CPU session without prepacking takes its weights from the runner's kept
     # mapping of the staged copy (staged_weights.py) instead of mapping it anew.
     mapped_weights: bool = True
+    # ... and, with mapped_weights, runs on the one session of its weightless graph
+    # that every model with the same graph shares (shared_graphs.py).
+    share_graphs: bool = True
 
 
 @_message
@@ -130,6 +133,8 @@ class ModelLoaded(Message):
     prepacked: bool
     # The execution provider the session runs on ("cpu" or "cuda").
     provider: str = "cpu"
+    # Whether it runs on the session its graph shares with others (shared_graphs.py).
+    shared: bool = False
 
 
 @_message

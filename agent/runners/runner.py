@@ -55,10 +55,12 @@ from edgeplex.agent.runners.sessions import (
     resident_bytes,
     scrub,
     served_by,
+    session_options,
     stage_model,
     trim_heap,
     warm_up,
 )
+from edgeplex.agent.runners.shared_graphs import SharedGraphs, WithWeights, session_for
 from edgeplex.agent.runners.staged_weights import WeightMaps
 from edgeplex.agent.runners.variant_builds import build_variants
 from edgeplex.logs import LogFormat
@@ -73,7 +75,9 @@ class Runner:
         self._sock = sock
         self._idle_spin_us = idle_spin_us
         self._loading = False  # the loader thread is creating a session
-        self._weight_maps = WeightMaps()  # staged weights kept mapped (loader thread only)
+        self._weight_maps = WeightMaps()  # staged weights kept mapped
+        self._graphs = SharedGraphs()  # sessions of weightless graphs
+        self._load_lock = threading.Lock()  # held by whichever thread loads (these two)
         self._send_lock = threading.Lock()
         self._models: dict[str, Model] = {}
         self._loads: queue.SimpleQueue = queue.SimpleQueue()
@@ -132,7 +136,8 @@ class Runner:
                 else:
                     model.work.put((message, payload))
             elif isinstance(message, ipc.LoadModel):
-                self._loads.put(message)
+                if not self._load_at_once(message):
+                    self._loads.put(message)
             elif isinstance(message, ipc.AttachShm):
                 self._attach(message)
             elif isinstance(message, (ipc.StageModel, ipc.Prepack, ipc.BuildVariants)):
@@ -167,19 +172,40 @@ class Runner:
             except queue.Empty:
                 request = None
             if time.monotonic() - swept >= WEIGHT_SWEEP_S:
-                self._weight_maps.sweep()  # the agent may have deleted staged copies
+                with self._load_lock:
+                    self._weight_maps.sweep()  # the agent may have deleted staged copies
                 swept = time.monotonic()
-            if request is None:
-                continue
-            self._loading = True
-            try:
-                reply: ipc.Message = self._load(request)
-            except Exception as exc:
-                message = scrub(str(exc), request.path, request.staged_dir)
-                reply = ipc.Failure(request.req_id, "load", message)
-            finally:
-                self._loading = False
-            self._send(reply)
+            if request is not None:
+                with self._load_lock:
+                    self._answer_load(request)
+
+    def _load_at_once(self, request: ipc.LoadModel) -> bool:
+        """Do a load that creates nothing here, on the reader thread: one whose graph
+        has a shared session and whose weights are mapped (shared_graphs.py). It costs
+        less than the two thread wake-ups of handing it to the loader. False, and
+        nothing done, for any other load, or while the loader is busy."""
+        if not self._loads.empty() or not self._load_lock.acquire(blocking=False):
+            return False
+        try:
+            staged = Path(request.staged_dir)
+            mapped = self._weight_maps.peek(staged, staged / STAGED_WEIGHTS)
+            if mapped is None or not self._graphs.has(mapped, request):
+                return False
+            self._answer_load(request)
+            return True
+        finally:
+            self._load_lock.release()
+
+    def _answer_load(self, request: ipc.LoadModel) -> None:
+        self._loading = True
+        try:
+            reply: ipc.Message = self._load(request)
+        except Exception as exc:
+            message = scrub(str(exc), request.path, request.staged_dir)
+            reply = ipc.Failure(request.req_id, "load", message)
+        finally:
+            self._loading = False
+        self._send(reply)
 
     def _stager(self) -> None:
         while True:
@@ -217,7 +243,7 @@ class Runner:
         source = "staged" if (staged / STAGED_MODEL).is_file() else "cached"
         if source == "cached":
             stage_model(Path(request.path), staged, stages, providers(request))
-        options = self._options(request)
+        options = session_options(request)
         measure = device_bytes if request.provider == "cuda" else resident_bytes
         epoch = self._side_epoch
         before = 0
@@ -225,22 +251,18 @@ class Runner:
         mapped = None
         if request.mapped_weights and request.provider == "cpu" and not request.prepack_weights:
             mapped = self._weight_maps.get(staged, staged / STAGED_MODEL, staged / STAGED_WEIGHTS)
-        if mapped is not None:  # ORT takes the weights from the runner's mapping
-            mapped.hand_to(options)
-        else:
+        if mapped is None:
             trim_heap()  # a heap walk (0.1-0.4 ms): only where the reading matters
             before = measure()
             started = time.perf_counter()
-        session = ort.InferenceSession(
-            str(staged / STAGED_MODEL), sess_options=options, providers=providers(request)
-        )
+        session, feeds = session_for(self._graphs, request, staged, options, mapped)
         stages["create"] = ms_since(started)
         provider = served_by(session)
         if provider != request.provider and not request.cpu_fallback:
             return ipc.Failure(request.req_id, "load", no_cuda(request.model))
         if request.warm_up:
             started = time.perf_counter()
-            warm_up(session)
+            warm_up(session, feeds)
             stages["warmup"] = ms_since(started)
         # What the process grew by, but never less than the weights the session reads:
         # a session over the mapped staged copy may grow by nothing measurable when a
@@ -258,9 +280,12 @@ class Runner:
             # partly its. A CPU session holds about its weights; the next load of this
             # model measures again.
             grown = weights
-        inputs = [[i.name, i.type, dims(i.shape)] for i in session.get_inputs()]
+        inputs = [
+            [i.name, i.type, dims(i.shape)] for i in session.get_inputs() if i.name not in feeds
+        ]
         outputs = [[o.name, o.type, dims(o.shape)] for o in session.get_outputs()]
-        model = Model(request.model, session, [o[0] for o in outputs], request, weights=mapped)
+        runs = WithWeights(session, feeds) if feeds else session
+        model = Model(request.model, runs, [o[0] for o in outputs], request, weights=mapped)
         with self._table_lock:  # an unload on the main thread must not slip in between
             old = self._models.pop(request.model, None)
             if old is None and request.swap:
@@ -282,24 +307,8 @@ class Runner:
             weights,
             request.prepack_weights,
             provider,
+            bool(feeds),
         )
-
-    @staticmethod
-    def _options(request: ipc.LoadModel) -> ort.SessionOptions:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = request.intra_op_threads
-        options.inter_op_num_threads = request.inter_op_threads
-        options.add_session_config_entry(
-            "session.intra_op.allow_spinning", "1" if request.allow_spinning else "0"
-        )
-        # The staged graph is already optimized, and ORT maps its weights from host
-        # RAM itself (external data). Without prepacking nothing is copied, which is
-        # what makes a staged promotion cost about a memcpy.
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        if not request.prepack_weights:
-            options.add_session_config_entry("session.disable_prepacking", "1")
-        options.log_severity_level = 3
-        return options
 
     def _prepack(self, request: ipc.Prepack) -> ipc.Message:
         """Swap in a prepacked session: workers pick it up at their next batch; the old
@@ -316,7 +325,7 @@ class Runner:
         try:
             session = ort.InferenceSession(
                 str(Path(load.staged_dir) / STAGED_MODEL),
-                sess_options=self._options(upgraded),
+                sess_options=session_options(upgraded),
                 providers=providers(upgraded),
             )
             warm_up(session)

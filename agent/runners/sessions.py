@@ -179,11 +179,32 @@ def stage_model(
     stages["optimize"] = ms_since(started)
 
 
-def warm_up(session: ort.InferenceSession) -> None:
+def session_options(request: ipc.LoadModel) -> ort.SessionOptions:
+    """How a promotion's session runs."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = request.intra_op_threads
+    options.inter_op_num_threads = request.inter_op_threads
+    options.add_session_config_entry(
+        "session.intra_op.allow_spinning", "1" if request.allow_spinning else "0"
+    )
+    # The staged graph is already optimized, and ORT maps its weights from host
+    # RAM itself (external data). Without prepacking nothing is copied, which is
+    # what makes a staged promotion cost about a memcpy.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not request.prepack_weights:
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    options.log_severity_level = 3
+    return options
+
+
+def warm_up(session: ort.InferenceSession, weights: dict[str, np.ndarray] | None = None) -> None:
     """Run once on zeros (dynamic dims = 1) so lazy work, and the first touch of the
-    mapped weights, happen now rather than in the first client request."""
-    feeds: dict[str, np.ndarray] = {}
+    mapped weights, happen now rather than in the first client request; `weights`
+    are fed as they are (a shared session's, shared_graphs.py)."""
+    feeds: dict[str, np.ndarray] = dict(weights or {})
     for arg in session.get_inputs():
+        if arg.name in feeds:
+            continue
         dtype = _ORT_TO_NUMPY.get(arg.type)
         if dtype is None:
             return

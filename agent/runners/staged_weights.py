@@ -25,6 +25,7 @@ holds on to its own mapping while it lives.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import mmap
 import os
@@ -81,6 +82,7 @@ class StagedWeights:
         self.nbytes = stat.st_size
         data = np.frombuffer(self._map, dtype=np.uint8)
         self.values: dict[str, ort.OrtValue] = {}
+        self.arrays: dict[str, np.ndarray] = {}  # the same bytes, as run feeds
         for weight in described:
             dtype = NUMPY_OF_ONNX.get(weight.data_type)
             if weight.location != weights_file.name or dtype is None:
@@ -91,6 +93,14 @@ class StagedWeights:
             array: np.ndarray = data[weight.offset : weight.offset + size].view(dtype)
             array = array.reshape(weight.dims)
             self.values[weight.name] = ort.OrtValue.ortvalue_from_numpy(array)
+            self.arrays[weight.name] = array
+        # The graph without these weights (graph.weights_as_inputs), when it can be
+        # written: one session of it serves every model that has the same one.
+        try:
+            self.weightless: bytes | None = graph.weights_as_inputs(model_file, described)
+        except (graph.GraphError, OSError):
+            self.weightless = None
+        self.weightless_digest = hashlib.sha256(self.weightless or b"").hexdigest()
 
     def hand_to(self, options: ort.SessionOptions) -> None:
         for name, value in self.values.items():
@@ -110,8 +120,7 @@ class WeightMaps:
         kept = self._maps.get(key)
         if kept is not None:
             try:
-                stat = os.stat(weights_file)
-                if (stat.st_dev, stat.st_ino) == kept.identity:
+                if _identity(weights_file) == kept.identity:
                     return kept
             except OSError:
                 pass
@@ -124,12 +133,20 @@ class WeightMaps:
         self._maps[key] = kept
         return kept
 
+    def peek(self, staged: Path, weights_file: Path) -> StagedWeights | None:
+        """The kept mapping of this staged copy if it is current; never maps."""
+        kept = self._maps.get(str(staged))
+        try:
+            current = kept is not None and _identity(weights_file) == kept.identity
+        except OSError:
+            current = False
+        return kept if current else None
+
     def sweep(self) -> None:
         """Forget the mappings of weights files that are gone or were replaced."""
         for key, kept in list(self._maps.items()):
             try:
-                stat = os.stat(kept.path)
-                current = (stat.st_dev, stat.st_ino) == kept.identity
+                current = _identity(kept.path) == kept.identity
             except OSError:
                 current = False
             if not current:
@@ -137,3 +154,8 @@ class WeightMaps:
 
     def __len__(self) -> int:
         return len(self._maps)
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino

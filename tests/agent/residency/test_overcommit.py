@@ -110,6 +110,21 @@ def test_models_load_on_first_request_and_say_so(agent):
     assert set(model["last_promotion"]["stages_ms"]) == {"read", "optimize", "create"}
 
 
+def test_models_of_one_graph_share_a_session(agent, catalog):
+    """m2 and m3 differ only in their weights: the second promotion finds the session
+    of their graph and creates none, and each still answers with its own weights."""
+    import onnxruntime as ort
+
+    for name in ("m2", "m3"):
+        code, headers, body = infer_http(agent, name)
+        assert code == 200 and headers.get("edgeplex-cold-start")
+        own = ort.InferenceSession(str(catalog / name / "1" / "model.onnx"))
+        expected = own.run(None, {"input": np.ones((1, 64), np.float32)})[0]
+        got = np.array(body["outputs"][0]["data"], np.float32).reshape(expected.shape)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert status(agent)["m3"]["last_promotion"]["session"] == "shared"
+
+
 def test_demoted_model_comes_back_from_staged_faster(agent):
     infer_http(agent, "m1")
     assert post(agent, "/edgeplex/v1/models/m1/demote", {"tier": "staged"}) == 200
