@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import time
 from pathlib import Path
 
 from edgeplex.agent.batching.batcher import Batcher
@@ -23,17 +22,20 @@ from edgeplex.agent.batching.dispatch import make_batcher
 from edgeplex.agent.batching.policy import scale_target
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.errors import RunnerLost, ServeError, Unavailable
-from edgeplex.agent.forms import ORIGINAL, VariantReport
+from edgeplex.agent.forms import ORIGINAL
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.residency.contract import Loaded
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.runner_messages import load_message, stage_message, staged_dir
 from edgeplex.agent.residency.state import SHARED_RUNNER, ModelKey, ModelRecord, Phase
+from edgeplex.agent.residency.variant_requests import build_variants
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.agent.stats import ModelStats
 
 log = logging.getLogger("edgeplex.agent.residency")
+
+Reply = asyncio.Future[tuple[ipc.Message, memoryview]]
 
 
 class RunnerEffects:
@@ -82,7 +84,15 @@ class RunnerEffects:
     # --- owner.Effects ----------------------------------------------------------------------
 
     def load(self, record: ModelRecord, generation: int, fast: bool) -> None:
-        self._spawn(self._load(record, generation, fast))
+        runner = self._pool.get(record.runner_id)
+        sent = None
+        if runner.state == "ready" and not (
+            record.runner_id != SHARED_RUNNER and record.config.memory_limit
+        ):
+            # Written in this step: the load does not wait for its task to start.
+            with contextlib.suppress(RunnerLost):
+                sent = runner.send(self._load_message(record, record.form, fast))
+        self._spawn(self._load(record, generation, fast, sent))
 
     def unload(self, record: ModelRecord, generation: int) -> None:
         self._spawn(self._unload(record, generation))
@@ -160,7 +170,9 @@ class RunnerEffects:
         staged = self.staged_dir(record, form)
         return load_message(req_id, record, form, fast, staged, self._settings.runner)
 
-    async def _load(self, record: ModelRecord, generation: int, fast: bool) -> None:
+    async def _load(
+        self, record: ModelRecord, generation: int, fast: bool, sent: Reply | None
+    ) -> None:
         owner = self.owner
         assert owner is not None
         settings = self._settings.runner
@@ -169,11 +181,11 @@ class RunnerEffects:
             self._pool.memory_limits[record.runner_id] = config.memory_limit
         runner = self._pool.get(record.runner_id)
         try:
-            await asyncio.wait_for(runner.ensure_ready(), settings.start_timeout_s * 3)
-            reply, _ = await asyncio.wait_for(
-                runner.call(self._load_message(record, record.form, fast)),
-                settings.load_timeout_s,
-            )
+            if sent is None:
+                await asyncio.wait_for(runner.ensure_ready(), settings.start_timeout_s * 3)
+                sent = runner.send(self._load_message(record, record.form, fast))
+            async with asyncio.timeout(settings.load_timeout_s):
+                reply, _ = await sent
         except RunnerLost:
             return  # runner_down has moved the model; runner_up reloads it
         except (TimeoutError, ServeError) as exc:
@@ -214,20 +226,26 @@ class RunnerEffects:
         queue = self._queues.pop(record.key, None)
         self._ready.pop(record.key, None)
         METRICS.model_ready.labels(model=record.name).set(0)
-        if queue is not None:  # empty: the model had no leases left
-            await queue.close(Unavailable(f"model '{record.name}' is unloading"), drain=True)
+        closing = Unavailable(f"model '{record.name}' is unloading")
         runner = self._pool.get(record.runner_id)
+        unload = ipc.UnloadModel(self._pool.next_req_id(), str(record.key))
+        cpu = self._settings.runner.execution_provider == "cpu"
+        if cpu and record.runner_id == SHARED_RUNNER and runner.state == "ready":
+            # Host RAM, and frames handled in order: a successor's load written after
+            # this is read once this session is released. The model has no leases, so
+            # its queue is empty: no batch can follow the unload, and the room is free
+            # now, before the queue's task has ended.
+            with contextlib.suppress(RunnerLost):
+                runner.post(unload)
+            owner.unload_done(record.key, generation)
+            if queue is not None:
+                await queue.close(closing, drain=True)
+            return
+        if queue is not None:  # empty: the model had no leases left
+            await queue.close(closing, drain=True)
         if runner.state == "ready":
-            unload = ipc.UnloadModel(self._pool.next_req_id(), str(record.key))
-            cpu = self._settings.runner.execution_provider == "cpu"
-            if cpu and record.runner_id == SHARED_RUNNER:
-                # Host RAM, and frames handled in order: a successor's load written after
-                # this is read once this session is released. No round trip waited for.
-                with contextlib.suppress(RunnerLost):
-                    runner.post(unload)
-            else:
-                with contextlib.suppress(RunnerLost, TimeoutError):
-                    await asyncio.wait_for(runner.call(unload), 30)
+            with contextlib.suppress(RunnerLost, TimeoutError):
+                await asyncio.wait_for(runner.call(unload), 30)
         if record.runner_id != SHARED_RUNNER:
             await self._pool.retire(record.runner_id)
         owner.unload_done(record.key, generation)
@@ -277,40 +295,8 @@ class RunnerEffects:
     async def _build_variants(self, record: ModelRecord, forms: list[str]) -> None:
         owner = self.owner
         assert owner is not None
-        config, digest = record.config, record.source.digest
-        message = ipc.BuildVariants(
-            self._pool.next_req_id(),
-            str(record.key),
-            str(record.source.path),
-            digest,  # the runner hashes the file when the scan did not
-            str(self._settings.variant_dir or self._settings.model_repo / ".variants"),
-            forms,
-            config.calibration.model_dump(),
-            config.variant_guard.model_dump(),
-        )
-        reports: list[VariantReport] = []
-        started = time.perf_counter()
-        try:
-            runner = self._pool.get(SHARED_RUNNER)
-            await runner.ensure_ready()
-            reply, _ = await runner.call(message)
-            if isinstance(reply, ipc.VariantsBuilt):
-                reports = [VariantReport.model_validate(r) for r in reply.reports]
-            else:
-                reason = getattr(reply, "message", "failed")
-                reports = [VariantReport(form=f, reason=reason) for f in forms]
-        except (RunnerLost, ServeError) as exc:
-            reports = [VariantReport(form=f, reason=f"build interrupted: {exc}") for f in forms]
-        METRICS.variant_build_duration.observe(time.perf_counter() - started)
-        for report in reports:
-            log.log(
-                logging.INFO if report.usable else logging.WARNING,
-                "model %s: variant %s %s%s",
-                record.key,
-                report.form,
-                "usable" if report.usable else "kept out: ",
-                report.reason,
-            )
+        digest = record.source.digest  # the one built from, whatever the scan finds meanwhile
+        reports = await build_variants(self._pool, self._settings, record, forms)
         owner.side.variants_built(record.key, digest, reports)
 
     async def _reform(self, record: ModelRecord, generation: int, form: str) -> None:
@@ -367,6 +353,7 @@ class RunnerEffects:
             "load_ms": round(reply.load_ms, 3),
             "form": form or "original",
             "provider": reply.provider,
+            "session": "shared" if reply.shared else "own",
         }
         fallback = reply.provider != self._settings.runner.execution_provider
         if fallback:
