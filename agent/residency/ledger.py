@@ -12,7 +12,7 @@ from typing import Any
 from edgeplex.agent.forms import ORIGINAL
 from edgeplex.agent.residency.planner import QueuedLoad, Slot, candidate
 from edgeplex.agent.residency.policies import Candidate
-from edgeplex.agent.residency.state import ModelKey, ModelRecord, Phase, Tier
+from edgeplex.agent.residency.state import HOLDS_DEVICE, ModelKey, ModelRecord, Phase, Tier
 
 
 class Ledger:
@@ -138,7 +138,13 @@ class Ledger:
         return {"smaller": record.estimate_bytes(form), "smaller_form": form}
 
     def slots(self, besides: ModelRecord | None = None) -> list[Slot]:
-        return [self.slot(r) for r in self.by_key.values() if r is not besides]
+        """The models that hold device memory (a session or a reservation): the rest
+        of a catalog many times the budget is nothing the planner can move or count."""
+        return [
+            self.slot(r)
+            for r in self.by_key.values()
+            if r.phase in HOLDS_DEVICE and r is not besides
+        ]
 
     def candidates(self) -> list[Candidate]:
         """The serving models, as eviction policies see them."""
