@@ -103,9 +103,6 @@ def plan_room(
     movable = {
         s.key: s for s in slots if s.phase == Phase.READY and not s.pinned and not s.leaving
     }  # victims come from these
-    # ... and soon these: a load waits for one of them rather than evict a model the
-    # policy values more (`_choose`).
-    coming = {s.key: s for s in slots if s.phase == Phase.LOADING and not s.pinned}
     claimed = 0  # bytes promised to earlier loads of the queue that wait for room
     for load in queue:
         needed, certain = load.needed, max(1, load.certain or load.needed)
@@ -157,7 +154,7 @@ def plan_room(
                 held += slot.smaller
                 leaving += slot.held
                 deficit -= slot.held - slot.smaller
-        victims = _choose(movable, max(0, deficit), counted, policy, now, coming)
+        victims = _choose(movable, max(0, deficit), counted, policy, now)
         if victims is None:
             break  # room comes later (loads settling, leases ending); first come, first served
         for slot in victims:
@@ -190,24 +187,11 @@ def movable(slots: list[Slot]) -> list[Slot]:
 
 
 def _choose(
-    movable: dict[ModelKey, Slot],
-    needed: int,
-    counted: int,
-    policy: EvictionPolicy,
-    now: float,
-    coming: dict[ModelKey, Slot] | None = None,
+    movable: dict[ModelKey, Slot], needed: int, counted: int, policy: EvictionPolicy, now: float
 ) -> list[Slot] | None:
-    """The policy's victims among `movable`, or None. Models still loading (`coming`)
-    are ranked with them: when the policy would rather take one of those, there is
-    no victim yet, and the load waits until that model has served and can leave.
-    Taking a model the policy values more instead would push out a hot model for a
-    cold one, and under closed-loop load bring it straight back."""
-    pool = {**(coming or {}), **movable}
-    by_name = {str(key): slot for key, slot in pool.items()}
-    victims = policy.choose([candidate(s) for s in pool.values()], needed, counted, now)
-    if victims is None or any(by_name[v.name].phase == Phase.LOADING for v in victims):
-        return None
-    return [by_name[v.name] for v in victims]
+    by_name = {str(key): slot for key, slot in movable.items()}
+    victims = policy.choose([candidate(s) for s in movable.values()], needed, counted, now)
+    return None if victims is None else [by_name[v.name] for v in victims]
 
 
 def candidate(slot: Slot) -> Candidate:

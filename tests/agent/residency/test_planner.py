@@ -126,25 +126,3 @@ def test_a_staged_models_promotion_is_estimated_from_the_sites_rate() -> None:
     assert ledger.promote_estimate(record) == 0.005
     record.staged_bytes = 0  # cached: no estimate
     assert ledger.promote_estimate(record) is None
-
-
-def loading(name: str, freq: float = 1.0) -> Slot:
-    return Slot(key(name), Phase.LOADING, 10 * MB, 0, False, frequency=freq, promote_s=0.01)
-
-
-def test_a_load_waits_for_a_colder_model_still_loading_rather_than_evict_a_hotter_one():
-    # Room for three: two hot models serve, a cold one is being loaded. Evicting a hot
-    # model for the next cold load would bring it straight back; the cold one can
-    # leave as soon as it has served.
-    slots = [ready("hot", leases=1, freq=100), ready("warm", freq=50), loading("cold", freq=1)]
-    queue = [QueuedLoad(key("next"), 10 * MB)]
-    plan = plan_room(slots, queue, 30 * MB, GreedyDualSizeFrequency(), 0)
-    assert not plan.unload and not plan.drain and not plan.start
-    # Once it serves it is the victim.
-    slots[2] = ready("cold", leases=1, freq=2)
-    plan = plan_room(slots, queue, 30 * MB, GreedyDualSizeFrequency(), 0)
-    assert plan.drain == [key("cold")] and not plan.unload
-    # A model being loaded that is hotter than those serving takes nothing away.
-    slots = [ready("a", freq=1), ready("b", freq=2), loading("hot", freq=100)]
-    plan = plan_room(slots, queue, 30 * MB, GreedyDualSizeFrequency(), 0)
-    assert plan.unload == [key("a")]
