@@ -7,7 +7,8 @@ socket closes, when it exits. Threads:
 - the main thread reads frames and routes them;
 - one loader thread creates sessions for promotions, one at a time, so the
   memory growth it measures around each creation belongs to that model; it
-  keeps the staged weights it has mapped (staged_weights.py);
+  keeps the staged weights it has mapped (staged_weights.py); a load that creates
+  nothing (shared_graphs.py) is done on the main thread, under the same lock;
 - one stager thread does background work that must never delay a promotion:
   cached -> staged (StageModel) and prepacked rebuilds (Prepack); memory it
   measures may overlap a concurrent load, so its readings are approximate;
@@ -180,12 +181,12 @@ class Runner:
                     self._answer_load(request)
 
     def _load_at_once(self, request: ipc.LoadModel) -> bool:
-        """Do a load that creates nothing here, on the reader thread: one whose graph
-        has a shared session and whose weights are mapped (shared_graphs.py). It costs
-        less than the two thread wake-ups of handing it to the loader. False, and
-        nothing done, for any other load, or while the loader is busy."""
-        if not self._loads.empty() or not self._load_lock.acquire(blocking=False):
-            return False
+        """Do here, on the reader thread, a load that creates nothing (its graph has a
+        shared session, its weights are mapped: shared_graphs.py), cheaper than waking
+        the loader. False, and nothing done, for any other load, one that warms up, or
+        while the loader is busy."""
+        if request.warm_up or not self._loads.empty() or not self._load_lock.acquire(False):
+            return False  # (the lock is taken last: held only past this line)
         try:
             staged = Path(request.staged_dir)
             mapped = self._weight_maps.peek(staged, staged / STAGED_WEIGHTS)

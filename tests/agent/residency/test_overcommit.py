@@ -123,6 +123,13 @@ def test_models_of_one_graph_share_a_session(agent, catalog):
         got = np.array(body["outputs"][0]["data"], np.float32).reshape(expected.shape)
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     assert status(agent)["m3"]["last_promotion"]["session"] == "shared"
+    # Back from staged while m2 holds the session: a load that creates nothing (done
+    # on the runner's reader thread), the same answer.
+    assert post(agent, "/edgeplex/v1/models/m3/demote", {"tier": "staged"}) == 200
+    code, headers, again = infer_http(agent, "m3")
+    assert code == 200 and headers.get("edgeplex-cold-start") == "staged"
+    assert again["outputs"] == body["outputs"]
+    assert status(agent)["m3"]["last_promotion"]["session"] == "shared"
 
 
 def test_demoted_model_comes_back_from_staged_faster(agent):
