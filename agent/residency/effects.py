@@ -86,9 +86,7 @@ class RunnerEffects:
     def load(self, record: ModelRecord, generation: int, fast: bool) -> None:
         runner = self._pool.get(record.runner_id)
         sent = None
-        if runner.state == "ready" and not (
-            record.runner_id != SHARED_RUNNER and record.config.memory_limit
-        ):
+        if runner.state == "ready":  # (a memory limit applies when a runner starts)
             # Written in this step: the load does not wait for its task to start.
             with contextlib.suppress(RunnerLost):
                 sent = runner.send(self._load_message(record, record.form, fast))

@@ -62,7 +62,7 @@ from edgeplex.agent.runners.sessions import (
     warm_up,
 )
 from edgeplex.agent.runners.shared_graphs import SharedGraphs, WithWeights, session_for
-from edgeplex.agent.runners.staged_weights import WeightMaps
+from edgeplex.agent.runners.staged_weights import WeightMaps, mappable
 from edgeplex.agent.runners.variant_builds import build_variants
 from edgeplex.logs import LogFormat
 
@@ -250,7 +250,7 @@ class Runner:
         before = 0
         started = time.perf_counter()  # creation includes mapping the weights, when new
         mapped = None
-        if request.mapped_weights and request.provider == "cpu" and not request.prepack_weights:
+        if mappable(request):
             mapped = self._weight_maps.get(staged, staged / STAGED_MODEL, staged / STAGED_WEIGHTS)
         if mapped is None:
             trim_heap()  # a heap walk (0.1-0.4 ms): only where the reading matters

@@ -30,7 +30,7 @@ import onnxruntime as ort
 
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.sessions import STAGED_MODEL, providers
-from edgeplex.agent.runners.staged_weights import StagedWeights
+from edgeplex.agent.runners.staged_weights import StagedWeights, mappable
 
 KEEP_IDLE = 16  # sessions kept for graphs no loaded model uses now
 
@@ -75,9 +75,8 @@ class SharedGraphs:
 
 
 def shareable(request: ipc.LoadModel) -> bool:
-    """Loads that may run on a shared session: CPU, weights from the kept mapping."""
-    cpu = request.provider == "cpu" and not request.prepack_weights
-    return cpu and request.mapped_weights and request.share_graphs
+    """Loads that may run on a shared session: weights from the kept mapping."""
+    return mappable(request) and request.share_graphs
 
 
 def session_for(

@@ -36,6 +36,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgeplex.agent import graph
+from edgeplex.agent.runners import ipc
 
 log = logging.getLogger("edgeplex.runner")
 
@@ -58,6 +59,12 @@ NUMPY_OF_ONNX = {
 
 class Unusable(Exception):
     """The staged copy's weights cannot be handed in; load it the usual way."""
+
+
+def mappable(request: ipc.LoadModel) -> bool:
+    """Loads whose session takes its weights from the kept mapping: CPU, no prepacking."""
+    cpu = request.provider == "cpu" and not request.prepack_weights
+    return cpu and request.mapped_weights
 
 
 class StagedWeights:

@@ -15,6 +15,7 @@ from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.sessions import STAGED_MODEL, STAGED_WEIGHTS, stage_model
 from edgeplex.agent.runners.shared_graphs import SharedGraphs, WithWeights, session_for
 from edgeplex.agent.runners.staged_weights import StagedWeights
+from tests.agent.runners.test_staged_weights import options
 
 CPU = ["CPUExecutionProvider"]
 
@@ -53,14 +54,6 @@ def load_request(staged, **changes) -> ipc.LoadModel:
     )
     fields.update(changes)
     return ipc.LoadModel(**fields)
-
-
-def options() -> ort.SessionOptions:
-    o = ort.SessionOptions()
-    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    o.add_session_config_entry("session.disable_prepacking", "1")
-    o.intra_op_num_threads = 1
-    return o
 
 
 def weights(staged) -> StagedWeights:
