@@ -179,7 +179,7 @@ def build_residency(settings: AgentSettings, effects: RunnerEffects) -> Residenc
         prepack_after_s=settings.runner.prepack_after_s,
     )
     residency = Residency(limits, policy, effects)
-    effects.owner = residency
+    effects.attach(residency)
     return residency
 
 

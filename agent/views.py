@@ -31,7 +31,7 @@ def status(residency: Residency, effects: RunnerEffects) -> list[dict[str, Any]]
                 "staged_bytes": e.staged_bytes,
                 "leases": e.leases,
                 "waiting": len(e.waiters),
-                "last_promotion": effects.last_promotion.get(e.key, {}),
+                "last_promotion": effects.promotions.last.get(e.key, {}),
                 "max_batch_size": e.max_batch_size,
                 "instances": queue.instances if queue else 0,
                 "prepacked": e.prepacked if e.phase == Phase.READY else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import secrets
@@ -16,16 +17,27 @@ from pathlib import Path
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: the sockets are held together, so two calls in a
+    row cannot hand out the same port for two listeners."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class Agent:
     """`edgeplex agent` as a subprocess; settings go in through EDGEPLEX_AGENT_* env."""
 
     def __init__(self, repo: Path, python: str = sys.executable, **settings: str) -> None:
-        self.grpc_port, self.http_port = free_port(), free_port()
+        self.grpc_port, self.http_port = free_ports(2)
         self.http = f"127.0.0.1:{self.http_port}"
         self.grpc = f"127.0.0.1:{self.grpc_port}"
         self.token = secrets.token_urlsafe(16)  # the admin token of this run's agent
@@ -58,8 +70,8 @@ class Agent:
             try:
                 if self.get("/v2/health/ready")[0] == 200:
                     return
-            except OSError:
-                pass
+            except (OSError, http.client.HTTPException):
+                pass  # not listening yet (or another listener: the agent then exits)
             time.sleep(0.1)
         raise SystemExit("agent not ready")
 

@@ -17,7 +17,17 @@ Reported per scenario: requests served, failed (any non-200), throughput and
 its ratio to the ceiling, p50/p99 latency, the share under `--slo-ms`,
 promotions per second, and the time requests spent waiting for promotions.
 
+`--unpacked` adds each ceiling again with the sessions a promotion on demand
+gets (no prepacked weights: runner.prepack_weights false). Against it, the
+over-commit scenario's ratio counts what residency costs (promotions, their
+messages and bookkeeping) apart from the kernels' speed, which on the CPU
+differs with prepacking by about a quarter per batch. `--base REV` then runs
+each over-commit scenario `--rounds` more times, alternating between this
+checkout and another revision (bench/ab.py makes its environment), for a
+change's effect on the same machine in one run.
+
     python bench/density_closed_loop.py [--duration 20 --clients 8 --factors 4,10]
+        [--unpacked] [--base REV --rounds 2]
 
 `--width` and `--layers` size the models (bench/gpu_check.sh runs 16 models of
 512 MiB on a GPU, a 2 GiB budget at 4x); the runners' execution provider comes
@@ -31,6 +41,7 @@ import asyncio
 import concurrent.futures
 import json
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +52,7 @@ import aiohttp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ab
 from common import Agent, metric_sum
 
 from edgeplex.agent import demo
@@ -130,13 +142,15 @@ def run_scenario(
     args: argparse.Namespace,
     extra: dict[str, str] | None = None,
     settled: Callable[[dict[str, Any]], bool] = lambda model: model["tier"] == "staged",
+    python: str = sys.executable,
 ) -> dict[str, object]:
-    """One scenario on a fresh agent; `extra` settings go in as EDGEPLEX_AGENT_*, and
-    the clock starts once every model is `settled` (over-commit) or loaded."""
+    """One scenario on a fresh agent (of the checkout `python` has installed); `extra`
+    settings go in as EDGEPLEX_AGENT_*, and the clock starts once every model is
+    `settled` (over-commit) or loaded."""
     settings = {"prestage": "true", "load_models_at_start": "true" if budget is None else "false"}
     if budget is not None:
         settings["device_memory_budget"] = str(budget)
-    agent = Agent(repo, **settings, **(extra or {}))
+    agent = Agent(repo, python, **settings, **(extra or {}))
     try:
         models = [f"c{i:03d}" for i in range(count)]
         if budget is None:  # the ceiling: every model loaded before the clock starts
@@ -201,10 +215,20 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--width", type=int, default=WIDTH, help="of each model's layers")
     parser.add_argument("--layers", type=int, default=LAYERS, help="of each model")
+    parser.add_argument(
+        "--unpacked",
+        action="store_true",
+        help="also run each ceiling with the sessions a promotion on demand gets "
+        "(runner.prepack_weights: false), to tell residency's cost from the kernels'",
+    )
+    parser.add_argument("--base", help="also run each over-commit scenario on this revision")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating pairs with --base")
     args = parser.parse_args()
     factors = [int(f) for f in args.factors.split(",")]
     per_model = None
     results = []
+    pairs: list[tuple[str, int, float, float]] = []  # scenario, round, this, base
+    base_python = ab.base_python(args.base)[1] if args.base else ""
     for factor in factors:
         count = 16 * (1 if factor == 4 else 10)
         repo = build_catalog(count, args.width, args.layers)
@@ -212,29 +236,53 @@ def main() -> None:
         slots = count // factor
         budget = int(per_model * 1.15 * slots)  # session overhead beside the weights
         results.append(run_scenario(f"ceiling-{count}", repo, count, None, args))
+        if args.unpacked:
+            unpacked = {"runner__prepack_weights": "false"}
+            name = f"ceiling-{count}-unpacked"
+            results.append(run_scenario(name, repo, count, None, args, unpacked))
         results.append(run_scenario(f"{factor}x", repo, count, budget, args))
+        for r in range(args.rounds if args.base else 0):
+            runs = {}
+            for side in ("base", "this") if r % 2 == 0 else ("this", "base"):
+                python = base_python if side == "base" else sys.executable
+                run = run_scenario(f"{factor}x", repo, count, budget, args, python=python)
+                runs[side] = float(run["throughput"])  # type: ignore[arg-type]
+            pairs.append((f"{factor}x", r, runs["this"], runs["base"]))
     print(
         f"# closed loop: {args.clients} clients, Zipf 1/rank, {args.duration:g} s per "
         f"scenario, single-row binary HTTP, models of {per_model} bytes, SLO {args.slo_ms:g} ms; "
         f"{platform.machine()}, {platform.python_version()}"
     )
     header = (
-        "| scenario | served | failed | req/s | vs ceiling | p50 ms | p99 ms | < SLO "
-        "| promotions/s | promotion wait s | compute ms/batch | requests/batch |"
+        "| scenario | served | failed | req/s | vs ceiling | vs unpacked | p50 ms | p99 ms "
+        "| < SLO | promotions/s | promotion wait s | compute ms/batch | requests/batch |"
     )
     print(header)
-    print("|" + " --- |" * 12)
-    ceiling = 0.0
+    print("|" + " --- |" * 13)
+    ceiling = unpacked_ceiling = 0.0
     for r in results:
-        if str(r["scenario"]).startswith("ceiling"):
-            ceiling = float(r["throughput"])  # type: ignore[arg-type]
-        ratio = float(r["throughput"]) / ceiling if ceiling else 0.0  # type: ignore[arg-type]
+        throughput = float(r["throughput"])  # type: ignore[arg-type]
+        if str(r["scenario"]).endswith("-unpacked"):
+            unpacked_ceiling = throughput
+        elif str(r["scenario"]).startswith("ceiling"):
+            ceiling, unpacked_ceiling = throughput, 0.0
+        ratio = f"{throughput / ceiling:.2f}" if ceiling else "-"
+        matched = f"{throughput / unpacked_ceiling:.2f}" if unpacked_ceiling else "-"
         print(
-            f"| {r['scenario']} | {r['served']} | {r['failed']} | {r['throughput']:.0f} "
-            f"| {ratio:.2f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['under_slo']:.4f} "
-            f"| {r['promotions_per_s']:.1f} | {r['promotion_wait_s']:.2f} "
-            f"| {r['compute_ms_per_batch']:.2f} | {r['requests_per_batch']:.2f} |"
+            f"| {r['scenario']} | {r['served']} | {r['failed']} | {throughput:.0f} "
+            f"| {ratio} | {matched} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} "
+            f"| {r['under_slo']:.4f} | {r['promotions_per_s']:.1f} "
+            f"| {r['promotion_wait_s']:.2f} | {r['compute_ms_per_batch']:.2f} "
+            f"| {r['requests_per_batch']:.2f} |"
         )
+    if pairs:
+        print(f"\n# this checkout against {args.base}, alternating (req/s)")
+        print("| scenario | round | this | base | this/base |\n| --- | --- | --- | --- | --- |")
+        for scenario, r, this, base in pairs:
+            print(f"| {scenario} | {r} | {this:.0f} | {base:.0f} | {this / base:.2f} |")
+        for scenario in dict.fromkeys(p[0] for p in pairs):
+            ratios = [p[2] / p[3] for p in pairs if p[0] == scenario]
+            print(f"{scenario}: median this/base {statistics.median(ratios):.2f}")
     if args.json:
         for r in results:
             r.pop("status")

@@ -31,9 +31,20 @@ CACHE = Path(os.environ.get("EDGEPLEX_TEST_CACHE", ROOT / ".cache" / "test-model
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: the sockets are held together, so two calls in a
+    row cannot hand out the same port for two listeners."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +133,7 @@ def start_agent(
     wait_ready: bool = True,
     tls_ca: Path | None = None,
 ) -> AgentProcess:
-    grpc_port, http_port = free_port(), free_port()
+    grpc_port, http_port = free_ports(2)
     log_path = log_dir / f"agent-{grpc_port}.log"
     process = subprocess.Popen(
         agent_command(repo, grpc_port, http_port),

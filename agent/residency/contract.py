@@ -26,7 +26,6 @@ class Effects(Protocol):
     def autoscale(self, record: ModelRecord, room: bool) -> None: ...
     def build_variants(self, record: ModelRecord, forms: list[str]) -> None: ...
     def reform(self, record: ModelRecord, generation: int, form: str) -> None: ...  # swap
-    def changed(self) -> None: ...  # tiers or states moved (metrics)
 
 
 @dataclass(frozen=True)

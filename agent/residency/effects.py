@@ -24,8 +24,10 @@ from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.errors import RunnerLost, ServeError, Unavailable
 from edgeplex.agent.forms import ORIGINAL
 from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.repository import ModelSource
 from edgeplex.agent.residency.contract import Loaded
 from edgeplex.agent.residency.owner import Residency
+from edgeplex.agent.residency.promotions import Promotions
 from edgeplex.agent.residency.runner_messages import load_message, stage_message, staged_dir
 from edgeplex.agent.residency.state import SHARED_RUNNER, ModelKey, ModelRecord, Phase
 from edgeplex.agent.residency.variant_requests import build_variants
@@ -43,12 +45,22 @@ class RunnerEffects:
         self._settings = settings
         self._pool = pool
         self._staging = staging_root
-        self.owner: Residency | None = None  # set once, right after the owner is built
+        self.owner: Residency | None = None  # set once, by attach
         self._queues: dict[ModelKey, Batcher] = {}
         self._ready: dict[ModelKey, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stats: dict[str, ModelStats] = {}
-        self.last_promotion: dict[ModelKey, dict[str, object]] = {}
+        self._staged_dirs: dict[tuple[ModelKey, str, str], Path] = {}
+        self._made_from: dict[ModelKey, ModelSource] = {}  # what each queue was made for
+        self.promotions = Promotions(settings.runner.execution_provider)
+
+    def attach(self, owner: Residency) -> None:
+        """The owner these effects report to (set once, right after it is built). The
+        tier gauges are read from its ledger when metrics are scraped, not kept up to
+        date on every event."""
+        self.owner = owner
+        METRICS.tier_bytes.labels(tier="loaded").set_function(owner.device_bytes)
+        METRICS.tier_bytes.labels(tier="staged").set_function(owner.ledger.host_bytes)
 
     # --- what the front of the agent reads ---------------------------------------------------
 
@@ -56,8 +68,13 @@ class RunnerEffects:
         return self._queues.get(key)
 
     def staged_dir(self, record: ModelRecord, form: str = ORIGINAL) -> Path:
-        provider = self._settings.runner.execution_provider
-        return staged_dir(self._staging, record, form, provider)
+        """Where a form's staged copy lies (asked on every promotion: remembered)."""
+        key = (record.key, record.source.digest, form)
+        path = self._staged_dirs.get(key)
+        if path is None:
+            provider = self._settings.runner.execution_provider
+            path = self._staged_dirs[key] = staged_dir(self._staging, record, form, provider)
+        return path
 
     def runner_pid(self, record: ModelRecord) -> int | None:
         runner = self._pool.get(record.runner_id)
@@ -93,13 +110,23 @@ class RunnerEffects:
         self._spawn(self._load(record, generation, fast, sent))
 
     def unload(self, record: ModelRecord, generation: int) -> None:
-        self._spawn(self._unload(record, generation))
+        cpu = self._settings.runner.execution_provider == "cpu"
+        if cpu and record.runner_id == SHARED_RUNNER:
+            # Right after the owner's step, not as a task: nothing here waits.
+            asyncio.get_running_loop().call_soon(self._unload_in_order, record, generation)
+        else:
+            self._spawn(self._unload(record, generation))
 
     def serve(self, record: ModelRecord) -> None:
         ready = self._ready.setdefault(record.key, asyncio.Event())
         queue = self._queues.get(record.key)
+        if queue is not None and self._made_from.get(record.key) is not record.source:
+            # Kept from before its last unload, but its config has changed since.
+            self._spawn(queue.close(Unavailable(f"model '{record.name}' changed"), drain=True))
+            queue = None
         if queue is None:
             self._queues[record.key] = make_batcher(record, self._pool, ready, self.stats(record))
+            self._made_from[record.key] = record.source
         else:  # a reload starts over at the configured instance count
             queue.set_instances(record.config.instance_count)
         METRICS.instances.labels(model=record.name).set(record.config.instance_count)
@@ -155,12 +182,6 @@ class RunnerEffects:
     def reform(self, record: ModelRecord, generation: int, form: str) -> None:
         self._spawn(self._reform(record, generation, form))
 
-    def changed(self) -> None:
-        if self.owner is None:
-            return
-        METRICS.tier_bytes.labels(tier="loaded").set(self.owner.device_bytes())
-        METRICS.tier_bytes.labels(tier="staged").set(self.owner.ledger.host_bytes())
-
     # --- the tasks --------------------------------------------------------------------------
 
     def _load_message(self, record: ModelRecord, form: str, fast: bool) -> ipc.LoadModel:
@@ -195,7 +216,7 @@ class RunnerEffects:
         promote_ms = reply.load_ms
         if reply.source != "staged":
             promote_ms = reply.stages.get("create", 0) + reply.stages.get("warmup", 0)
-        self._record_promotion(record, reply, record.form)
+        self.promotions.record(record, reply, record.form)
         if fast:  # a request asked for it and waits (lifecycle: waiters, not explicit)
             METRICS.cold_starts.labels(model=record.name).inc()
         log.info(
@@ -221,24 +242,12 @@ class RunnerEffects:
         owner = self.owner
         assert owner is not None
         METRICS.demotions.labels(reason="evicted").inc()
-        queue = self._queues.pop(record.key, None)
-        self._ready.pop(record.key, None)
         METRICS.model_ready.labels(model=record.name).set(0)
-        closing = Unavailable(f"model '{record.name}' is unloading")
         runner = self._pool.get(record.runner_id)
         unload = ipc.UnloadModel(self._pool.next_req_id(), str(record.key))
-        cpu = self._settings.runner.execution_provider == "cpu"
-        if cpu and record.runner_id == SHARED_RUNNER and runner.state == "ready":
-            # Host RAM, and frames handled in order: a successor's load written after
-            # this is read once this session is released. The model has no leases, so
-            # its queue is empty: no batch can follow the unload, and the room is free
-            # now, before the queue's task has ended.
-            with contextlib.suppress(RunnerLost):
-                runner.post(unload)
-            owner.unload_done(record.key, generation)
-            if queue is not None:
-                await queue.close(closing, drain=True)
-            return
+        queue = self._queues.pop(record.key, None)
+        self._ready.pop(record.key, None)
+        closing = Unavailable(f"model '{record.name}' is unloading")
         if queue is not None:  # empty: the model had no leases left
             await queue.close(closing, drain=True)
         if runner.state == "ready":
@@ -247,6 +256,33 @@ class RunnerEffects:
         if record.runner_id != SHARED_RUNNER:
             await self._pool.retire(record.runner_id)
         owner.unload_done(record.key, generation)
+
+    def _unload_in_order(self, record: ModelRecord, generation: int) -> None:
+        """A CPU session of the shared runner leaves: host RAM, and frames handled in
+        order, so a successor's load written after this is read once this session is
+        released. The model has no leases, so its queue is empty: no batch can follow
+        the unload, and the room is free now. The queue is kept, paused, for the
+        model's next promotion (under over-commit a model comes and goes many times a
+        second)."""
+        runner = self._pool.get(record.runner_id)
+        if runner.state != "ready":
+            self._spawn(self._unload(record, generation))
+            return
+        owner = self.owner
+        assert owner is not None
+        METRICS.demotions.labels(reason="evicted").inc()
+        METRICS.model_ready.labels(model=record.name).set(0)
+        ready = self._ready.get(record.key)
+        if ready is not None:
+            ready.clear()
+        with contextlib.suppress(RunnerLost):
+            runner.post(ipc.UnloadModel(self._pool.next_req_id(), str(record.key)))
+        owner.unload_done(record.key, generation)
+        if owner.ledger.by_key.get(record.key) is not record:  # retired: nothing comes back
+            self._ready.pop(record.key, None)
+            queue = self._queues.pop(record.key, None)
+            if queue is not None:
+                self._spawn(queue.close(Unavailable(f"model '{record.name}' was replaced"), True))
 
     async def _stage(self, record: ModelRecord, form: str) -> None:
         owner = self.owner
@@ -311,7 +347,7 @@ class RunnerEffects:
         except (RunnerLost, TimeoutError, ServeError):
             reply = None
         if isinstance(reply, ipc.ModelLoaded):
-            self._record_promotion(record, reply, form)
+            self.promotions.record(record, reply, form)
             loaded = Loaded(
                 reply.bytes, reply.load_ms / 1000, reply.staged_bytes, reply.prepacked, reply.source
             )
@@ -343,31 +379,6 @@ class RunnerEffects:
             queue.set_instances(reply.instances)
 
     # --- helpers ----------------------------------------------------------------------------
-
-    def _record_promotion(self, record: ModelRecord, reply: ipc.ModelLoaded, form: str) -> None:
-        self.last_promotion[record.key] = {
-            "source": reply.source,
-            "stages_ms": {k: round(v, 3) for k, v in reply.stages.items()},
-            "load_ms": round(reply.load_ms, 3),
-            "form": form or "original",
-            "provider": reply.provider,
-            "session": "shared" if reply.shared else "own",
-        }
-        fallback = reply.provider != self._settings.runner.execution_provider
-        if fallback:
-            log.warning("model %s runs on the CPU: CUDA cannot run it here", record.key)
-        METRICS.cpu_fallback.labels(model=record.name).set(int(fallback))
-        METRICS.promotions.labels(source=reply.source).inc()
-        METRICS.promotion_duration.labels(source=reply.source).observe(reply.load_ms / 1000)
-        for stage, ms in reply.stages.items():
-            METRICS.promotion_stage_duration.labels(stage=stage).observe(ms / 1000)
-        METRICS.model_memory.labels(model=record.name).set(reply.bytes)
-        if record.variants:
-            for each in (ORIGINAL, *record.variants):
-                held = reply.bytes if each == form else 0
-                METRICS.variant_bytes.labels(model=record.name, variant=each or "original").set(
-                    held
-                )
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro)

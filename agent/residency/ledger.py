@@ -82,27 +82,48 @@ class Ledger:
         waiting = (r for r in self.by_key.values() if r.phase == Phase.QUEUED)
         return sorted(waiting, key=lambda r: r.queued_at)
 
-    def load_bytes(self, record: ModelRecord, budget: int | None, form: str | None = None) -> int:
+    def load_bytes(
+        self,
+        record: ModelRecord,
+        budget: int | None,
+        form: str | None = None,
+        pinned: int | None = None,
+    ) -> int:
         """Bytes to hold for loading `record` as `form`: its estimate, but no more than
-        the budget leaves beside the pins. An estimate above that is a measurement
-        nothing has confirmed yet (ModelRecord.certain_bytes); the load measures again."""
+        the budget leaves beside the pins (`pinned`: the other models' pinned bytes,
+        when the caller has them). An estimate above that is a measurement nothing has
+        confirmed yet (ModelRecord.certain_bytes); the load measures again."""
         needed = record.estimate_bytes(form)
         if budget is None:
             return needed
-        return max(1, min(needed, budget - self.pinned_bytes(besides=record)))
+        if pinned is None:
+            pinned = self.pinned_bytes(besides=record)
+        return max(1, min(needed, budget - pinned))
 
-    def queued_load(self, record: ModelRecord, budget: int | None) -> QueuedLoad:
-        """The planner's view of `record`'s queued load, as shipped, and as its smaller
-        variant where it accepts one."""
-        smaller = record.smaller_form()
-        return QueuedLoad(
-            record.key,
-            self.load_bytes(record, budget, ORIGINAL),
-            record.certain_bytes(ORIGINAL),
-            None
-            if smaller is None
-            else (smaller, self.load_bytes(record, budget, smaller), record.certain_bytes(smaller)),
-        )
+    def queued_loads(self, budget: int | None) -> list[QueuedLoad]:
+        """The planner's view of the loads waiting for room, first come first: each as
+        shipped, and as its smaller variant where it accepts one."""
+        queued = self.queued()
+        # A queued model holds nothing, so the pins beside it are all the pins.
+        pinned = self.pinned_bytes() if queued and budget is not None else 0
+        loads = []
+        for record in queued:
+            smaller = record.smaller_form() if record.variants else None
+            loads.append(
+                QueuedLoad(
+                    record.key,
+                    self.load_bytes(record, budget, ORIGINAL, pinned),
+                    record.certain_bytes(ORIGINAL),
+                    None
+                    if smaller is None
+                    else (
+                        smaller,
+                        self.load_bytes(record, budget, smaller, pinned),
+                        record.certain_bytes(smaller),
+                    ),
+                )
+            )
+        return loads
 
     def fits_without_eviction(self, name: str, budget: int | None) -> bool:
         record = self.get(name)
@@ -130,7 +151,7 @@ class Ledger:
     @staticmethod
     def _smaller(record: ModelRecord) -> dict[str, Any]:
         """A serving original's smaller usable variant, for the planner to swap to."""
-        if record.phase != Phase.READY or record.form or record.side_work:
+        if not record.variants or record.phase != Phase.READY or record.form or record.side_work:
             return {}
         form = record.smaller_form()
         if form is None:

@@ -104,7 +104,6 @@ class Lifecycle:
         for ticket in waiters:
             ticket.settle(error)
         self._effects.pause(record)
-        self._effects.changed()
 
     def lose_session(self, record: ModelRecord) -> None:
         """Its runner died. A serving model keeps its leases and its room and waits
@@ -157,14 +156,13 @@ class Lifecycle:
         the loads it refused: a load that admitted requests wait for stays queued
         (a pin or a budget cut made after they were admitted may be undone before
         their deadlines); any other is dropped."""
-        queued = self._ledger.queued()
-        if not queued:
-            self._effects.changed()
-            return {}
         budget = self.limits.device_budget
+        queued = self._ledger.queued_loads(budget)
+        if not queued:
+            return {}
         plan = plan_room(
             self._ledger.slots(),
-            [self._ledger.queued_load(r, budget) for r in queued],
+            queued,
             budget,
             self._policy,
             self._clock(),
@@ -204,7 +202,6 @@ class Lifecycle:
             record.enter(Phase.LOADING)
             fast = bool(record.waiters) and not record.explicit
             self._effects.load(record, record.generation, fast=fast)
-        self._effects.changed()
         return plan.refuse
 
     def fit_measured(self, record: ModelRecord) -> None:

@@ -86,7 +86,6 @@ class Residency:
         for other in [r for r in self.ledger.all_records() if r.name == source.name]:
             if other is not record and other.version not in keep and other.intent != Intent.RETIRE:
                 self._life.retire(other)
-        self._effects.changed()
         return record
 
     def add_version(self, source: ModelSource) -> ModelRecord:

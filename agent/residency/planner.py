@@ -103,6 +103,7 @@ def plan_room(
     movable = {
         s.key: s for s in slots if s.phase == Phase.READY and not s.pinned and not s.leaving
     }  # victims come from these
+    seen: dict[ModelKey, Candidate] = {}  # each movable model as the policy sees it
     claimed = 0  # bytes promised to earlier loads of the queue that wait for room
     for load in queue:
         needed, certain = load.needed, max(1, load.certain or load.needed)
@@ -154,7 +155,7 @@ def plan_room(
                 held += slot.smaller
                 leaving += slot.held
                 deficit -= slot.held - slot.smaller
-        victims = _choose(movable, max(0, deficit), counted, policy, now)
+        victims = _choose(movable, max(0, deficit), counted, policy, now, seen)
         if victims is None:
             break  # room comes later (loads settling, leases ending); first come, first served
         for slot in victims:
@@ -187,11 +188,27 @@ def movable(slots: list[Slot]) -> list[Slot]:
 
 
 def _choose(
-    movable: dict[ModelKey, Slot], needed: int, counted: int, policy: EvictionPolicy, now: float
+    movable: dict[ModelKey, Slot],
+    needed: int,
+    counted: int,
+    policy: EvictionPolicy,
+    now: float,
+    seen: dict[ModelKey, Candidate] | None = None,
 ) -> list[Slot] | None:
+    """The policy's victims among `movable`; `seen` keeps the candidates built for
+    earlier loads of one plan (a slot does not change within a plan)."""
+    seen = {} if seen is None else seen
+    candidates = []
+    for key, slot in movable.items():
+        each = seen.get(key)
+        if each is None:
+            each = seen[key] = candidate(slot)
+        candidates.append(each)
+    victims = policy.choose(candidates, needed, counted, now)
+    if not victims:
+        return None if victims is None else []
     by_name = {str(key): slot for key, slot in movable.items()}
-    victims = policy.choose([candidate(s) for s in movable.values()], needed, counted, now)
-    return None if victims is None else [by_name[v.name] for v in victims]
+    return [by_name[v.name] for v in victims]
 
 
 def candidate(slot: Slot) -> Candidate:

@@ -111,6 +111,8 @@ class GreedyDualSizeFrequency(_OnDemand):
     def choose(
         self, candidates: list[Candidate], needed: int, loaded_count: int, now: float
     ) -> list[Candidate] | None:
+        if needed <= 0:
+            return []
         movable = [c for c in candidates if not c.pinned]
         ordered = sorted(movable, key=lambda c: (self.value(c), c.name))
         victims = _take_until(ordered, needed)

@@ -48,7 +48,6 @@ class SideWork:
             record.staged_bytes = staged_bytes
         self._stage_smaller(record)
         self._life.fit_host_budget()
-        self._effects.changed()
 
     def prepacked(self, key: ModelKey, generation: int, bytes_delta: int | None) -> None:
         record = self._ledger.by_key.get(key)
@@ -62,7 +61,6 @@ class SideWork:
         if bytes_delta is not None:
             record.measure(record.device_bytes + bytes_delta)
             self._life.fit_measured(record)
-        self._effects.changed()
 
     def scaled(self, key: ModelKey) -> None:
         record = self._ledger.by_key.get(key)
@@ -105,7 +103,6 @@ class SideWork:
         for report in reports:
             record.variants[report.form] = report
         self._stage_smaller(record)
-        self._effects.changed()
         self._life.pump()  # a queued load may start as a variant now
 
     def _stage_smaller(self, record: ModelRecord) -> None:
@@ -157,5 +154,4 @@ class SideWork:
                 record.measure(loaded.bytes)
                 record.prepacked = loaded.prepacked
                 self._life.fit_measured(record)
-        self._effects.changed()
         self._life.pump()

@@ -27,13 +27,13 @@ thread, and a model becomes visible to Infer only once its session exists.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,12 +43,12 @@ from edgeplex import logs
 from edgeplex.agent.runners import framing, ipc, shm
 from edgeplex.agent.runners.crew import Crew, Model
 from edgeplex.agent.runners.idle_spin import IdleSpin
+from edgeplex.agent.runners.prepack import prepack
 from edgeplex.agent.runners.sessions import (
     STAGED_MODEL,
     STAGED_WEIGHTS,
     as_text,
     device_bytes,
-    dims,
     directory_bytes,
     ms_since,
     no_cuda,
@@ -61,8 +61,13 @@ from edgeplex.agent.runners.sessions import (
     trim_heap,
     warm_up,
 )
-from edgeplex.agent.runners.shared_graphs import SharedGraphs, WithWeights, session_for
-from edgeplex.agent.runners.staged_weights import WeightMaps, mappable
+from edgeplex.agent.runners.shared_graphs import (
+    SharedGraphs,
+    WithWeights,
+    interface,
+    session_for,
+)
+from edgeplex.agent.runners.staged_weights import StagedWeights, WeightMaps, mappable
 from edgeplex.agent.runners.variant_builds import build_variants
 from edgeplex.logs import LogFormat
 
@@ -188,19 +193,21 @@ class Runner:
         if request.warm_up or not self._loads.empty() or not self._load_lock.acquire(False):
             return False  # (the lock is taken last: held only past this line)
         try:
-            staged = Path(request.staged_dir)
-            mapped = self._weight_maps.peek(staged, staged / STAGED_WEIGHTS)
-            if mapped is None or not self._graphs.has(mapped, request):
+            mapped = self._weight_maps.peek(request.staged_dir)
+            session = None if mapped is None else self._graphs.find(mapped, request)
+            if mapped is None or session is None:
                 return False
-            self._answer_load(request)
+            self._answer_load(request, lambda: self._join(request, mapped, session))
             return True
         finally:
             self._load_lock.release()
 
-    def _answer_load(self, request: ipc.LoadModel) -> None:
+    def _answer_load(
+        self, request: ipc.LoadModel, load: Callable[[], ipc.Message] | None = None
+    ) -> None:
         self._loading = True
         try:
-            reply: ipc.Message = self._load(request)
+            reply: ipc.Message = self._load(request) if load is None else load()
         except Exception as exc:
             message = scrub(str(exc), request.path, request.staged_dir)
             reply = ipc.Failure(request.req_id, "load", message)
@@ -223,7 +230,7 @@ class Runner:
             return
         if isinstance(request, ipc.Prepack):
             try:
-                self._send(self._prepack(request))
+                self._send(prepack(request, self._models.get))
             except Exception as exc:  # the thread must outlive any request
                 self._send(ipc.Failure(request.req_id, "internal", str(exc)[:500]))
             return
@@ -281,21 +288,11 @@ class Runner:
             # partly its. A CPU session holds about its weights; the next load of this
             # model measures again.
             grown = weights
-        inputs = [
-            [i.name, i.type, dims(i.shape)] for i in session.get_inputs() if i.name not in feeds
-        ]
-        outputs = [[o.name, o.type, dims(o.shape)] for o in session.get_outputs()]
+        inputs, outputs = interface(session, feeds)
         runs = WithWeights(session, feeds) if feeds else session
         model = Model(request.model, runs, [o[0] for o in outputs], request, weights=mapped)
-        with self._table_lock:  # an unload on the main thread must not slip in between
-            old = self._models.pop(request.model, None)
-            if old is None and request.swap:
-                return ipc.Failure(request.req_id, "not_loaded", f"{request.model} left")
-            if old is not None:
-                self._crew.release(old, old.workers)
-            for _ in range(request.instances):
-                self._crew.assign(model)
-            self._models[request.model] = model
+        if not self._install(model):
+            return ipc.Failure(request.req_id, "not_loaded", f"{request.model} left")
         return ipc.ModelLoaded(
             request.req_id,
             request.model,
@@ -311,36 +308,37 @@ class Runner:
             bool(feeds),
         )
 
-    def _prepack(self, request: ipc.Prepack) -> ipc.Message:
-        """Swap in a prepacked session: workers pick it up at their next batch; the old
-        session (and its mapping of the staged weights) goes with its last run."""
-        model = self._models.get(request.model)
-        if model is None:
-            return ipc.Failure(request.req_id, "not_loaded", f"{request.model} is not loaded")
-        load = model.request
-        upgraded = dataclasses.replace(load, prepack_weights=True)
-        measure = device_bytes if load.provider == "cuda" else resident_bytes
+    def _join(
+        self, request: ipc.LoadModel, mapped: StagedWeights, session: ort.InferenceSession
+    ) -> ipc.ModelLoaded | ipc.Failure:
+        """A load onto its graph's shared session: no session, no file, no measuring
+        (what it holds is its staged copy, counted when it was mapped)."""
         started = time.perf_counter()
-        trim_heap()
-        before = measure()
-        try:
-            session = ort.InferenceSession(
-                str(Path(load.staged_dir) / STAGED_MODEL),
-                sess_options=session_options(upgraded),
-                providers=providers(upgraded),
-            )
-            warm_up(session)
-        except Exception as exc:
-            return ipc.Failure(
-                request.req_id, "internal", scrub(str(exc), load.path, load.staged_dir)
-            )
-        if self._models.get(request.model) is not model:
-            return ipc.Failure(request.req_id, "not_loaded", f"{request.model} was replaced")
-        model.session = session
-        model.request = upgraded
-        del session
-        trim_heap()
-        return ipc.Prepacked(request.req_id, measure() - before, ms_since(started))
+        inputs, outputs = self._graphs.interface(session, mapped.arrays)
+        runs = WithWeights(session, mapped.arrays)
+        model = Model(request.model, runs, [o[0] for o in outputs], request, weights=mapped)
+        if not self._install(model):
+            return ipc.Failure(request.req_id, "not_loaded", f"{request.model} left")
+        ms = ms_since(started)
+        held = mapped.staged_bytes
+        return ipc.ModelLoaded(
+            request.req_id, request.model, inputs, outputs, held, ms, "staged",
+            {"create": ms}, held, False, "cpu", True,
+        )  # fmt: skip
+
+    def _install(self, model: Model) -> bool:
+        """Make `model` visible to Infer, in place of its previous session if any;
+        False (nothing changed) for a swap whose model has left meanwhile."""
+        with self._table_lock:  # an unload on the main thread must not slip in between
+            old = self._models.pop(model.name, None)
+            if old is None and model.request.swap:
+                return False
+            if old is not None:
+                self._crew.release(old, old.workers)
+            for _ in range(model.request.instances):
+                self._crew.assign(model)
+            self._models[model.name] = model
+        return True
 
     def _set_instances(self, request: ipc.SetInstances) -> None:
         model = self._models.get(request.model)

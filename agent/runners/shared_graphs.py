@@ -29,12 +29,13 @@ import numpy as np
 import onnxruntime as ort
 
 from edgeplex.agent.runners import ipc
-from edgeplex.agent.runners.sessions import STAGED_MODEL, providers
+from edgeplex.agent.runners.sessions import STAGED_MODEL, dims, providers
 from edgeplex.agent.runners.staged_weights import StagedWeights, mappable
 
 KEEP_IDLE = 16  # sessions kept for graphs no loaded model uses now
 
 Key = tuple[Any, ...]
+Interface = tuple[list[list[Any]], list[list[Any]]]  # inputs, outputs: [name, type, dims]
 
 
 class SharedGraphs:
@@ -44,11 +45,30 @@ class SharedGraphs:
         )
         self._recent: OrderedDict[Key, ort.InferenceSession] = OrderedDict()
         self._keep_idle = keep_idle
+        self._interfaces: weakref.WeakKeyDictionary[ort.InferenceSession, Interface] = (
+            weakref.WeakKeyDictionary()
+        )
         self.created = 0  # sessions created, for tests and logs
 
-    def has(self, weights: StagedWeights, request: ipc.LoadModel) -> bool:
-        """Whether this load would find its graph's session (and create nothing)."""
-        return shareable(request) and _key(weights, request) in self._live
+    def find(self, weights: StagedWeights, request: ipc.LoadModel) -> ort.InferenceSession | None:
+        """The session this load would run on, if its graph has one: a load that then
+        creates nothing."""
+        if not shareable(request):
+            return None
+        key = _key(weights, request)
+        session = self._live.get(key)
+        if session is not None:
+            self._use(key, session)
+        return session
+
+    def interface(self, session: ort.InferenceSession, weights: dict[str, Any]) -> Interface:
+        """A session's inputs less `weights` (every model of a graph has the same
+        weight names) and its outputs, as a load reports them: [name, type, dims]
+        each, read once per session."""
+        known = self._interfaces.get(session)
+        if known is None:
+            known = self._interfaces[session] = interface(session, weights)
+        return known
 
     def session(
         self,
@@ -67,11 +87,22 @@ class SharedGraphs:
             session = create(weights.weightless)
             self._live[key] = session
             self.created += 1
+        self._use(key, session)
+        return session
+
+    def _use(self, key: Key, session: ort.InferenceSession) -> None:
+        """The most recently used sessions are kept when idle, up to the bound."""
         self._recent[key] = session
         self._recent.move_to_end(key)
         while len(self._recent) > self._keep_idle:
             self._recent.popitem(last=False)  # still alive while a model uses it
-        return session
+
+
+def interface(session: ort.InferenceSession, weights: dict[str, Any]) -> Interface:
+    """A session's inputs less the weights fed with each run, and its outputs."""
+    inputs = session.get_inputs()
+    inputs = [[i.name, i.type, dims(i.shape)] for i in inputs if i.name not in weights]
+    return inputs, [[o.name, o.type, dims(o.shape)] for o in session.get_outputs()]
 
 
 def shareable(request: ipc.LoadModel) -> bool:

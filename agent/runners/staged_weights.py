@@ -84,9 +84,14 @@ class StagedWeights:
             self._map = mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
-        self.path = weights_file
+        self.path = str(weights_file)
         self.identity = (stat.st_dev, stat.st_ino)
         self.nbytes = stat.st_size
+        # What the staged copy holds in host RAM (graph and weights): what a model
+        # loaded over this mapping reports it holds.
+        self.staged_bytes = sum(
+            e.stat().st_size for e in os.scandir(weights_file.parent) if e.is_file()
+        )
         data = np.frombuffer(self._map, dtype=np.uint8)
         self.values: dict[str, ort.OrtValue] = {}
         self.arrays: dict[str, np.ndarray] = {}  # the same bytes, as run feeds
@@ -140,11 +145,12 @@ class WeightMaps:
         self._maps[key] = kept
         return kept
 
-    def peek(self, staged: Path, weights_file: Path) -> StagedWeights | None:
-        """The kept mapping of this staged copy if it is current; never maps."""
-        kept = self._maps.get(str(staged))
+    def peek(self, staged: str) -> StagedWeights | None:
+        """The kept mapping of the staged copy in directory `staged` if it is current;
+        never maps (one stat: asked on the path of every promotion)."""
+        kept = self._maps.get(staged)
         try:
-            current = kept is not None and _identity(weights_file) == kept.identity
+            current = kept is not None and _identity(kept.path) == kept.identity
         except OSError:
             current = False
         return kept if current else None
@@ -163,6 +169,6 @@ class WeightMaps:
         return len(self._maps)
 
 
-def _identity(path: Path) -> tuple[int, int]:
+def _identity(path: str | Path) -> tuple[int, int]:
     stat = os.stat(path)
     return stat.st_dev, stat.st_ino

@@ -94,8 +94,6 @@ class FakeEffects:
     def reform(self, record: ModelRecord, generation: int, form: str) -> None:
         self.reforms[record.key] = (generation, form)
 
-    def changed(self) -> None: ...
-
 
 def leaving(record: ModelRecord) -> bool:
     """Bytes on their way out: draining or unloading, or reloading after a runner

@@ -100,8 +100,8 @@ def test_session_settings_and_opt_outs_keep_sessions_apart(catalog):
     staged = catalog["a"]
     kept = weights(staged)
     first, _ = session_for(graphs, load_request(staged), staged, options(), kept)
-    assert graphs.has(kept, load_request(staged))
-    assert not graphs.has(kept, load_request(staged, intra_op_threads=2))
+    assert graphs.find(kept, load_request(staged)) is first
+    assert graphs.find(kept, load_request(staged, intra_op_threads=2)) is None
     other, _ = session_for(
         graphs, load_request(staged, intra_op_threads=2), staged, options(), kept
     )
@@ -118,12 +118,11 @@ def test_idle_sessions_are_kept_up_to_a_bound_and_live_ones_always(catalog):
     held, _ = session_for(graphs, load_request(catalog["a"]), catalog["a"], options(), a)
     session_for(graphs, load_request(catalog["wide"]), catalog["wide"], options(), wide)
     # Only one idle session is kept, but a's is held by a model: still found.
-    assert graphs.has(a, load_request(catalog["a"])) and graphs.has(
-        wide, load_request(catalog["wide"])
-    )
+    assert graphs.find(a, load_request(catalog["a"])) is held
+    # A session found is used again: the most recent, the one idle session kept.
     del held
-    assert not graphs.has(a, load_request(catalog["a"]))
-    assert graphs.has(wide, load_request(catalog["wide"]))
+    assert graphs.find(a, load_request(catalog["a"])) is not None
+    assert graphs.find(wide, load_request(catalog["wide"])) is None
 
 
 def test_a_weight_that_is_also_an_input_is_not_shared(tmp_path, catalog):
