@@ -15,7 +15,9 @@ from edgeplex.agent.residency.state import ModelRecord, Phase
 def status(residency: Residency, effects: RunnerEffects) -> list[dict[str, Any]]:
     out = []
     for e in residency.records():
-        queue = effects.queue(e.key)
+        # (a model that left keeps its queue, paused, for its next promotion)
+        serving = e.phase in (Phase.READY, Phase.DRAINING, Phase.RECOVERING)
+        queue = effects.queue(e.key) if serving else None
         out.append(
             {
                 "name": e.name,

@@ -312,6 +312,7 @@ class RunnerEffects:
         owner = self.owner
         assert owner is not None
         delta: int | None = None
+        rebuild_s = 0.0
         try:
             reply, _ = await self._pool.get(record.runner_id).call(
                 ipc.Prepack(self._pool.next_req_id(), str(record.key))
@@ -319,11 +320,11 @@ class RunnerEffects:
         except RunnerLost:
             reply = None
         if isinstance(reply, ipc.Prepacked):
-            delta = reply.bytes_delta
+            delta, rebuild_s = reply.bytes_delta, reply.ms / 1000
             METRICS.promotion_stage_duration.labels(stage="prepack").observe(reply.ms / 1000)
         elif reply is not None:
             log.warning("prepacking %s failed: %s", record.key, getattr(reply, "message", ""))
-        owner.side.prepacked(record.key, generation, delta)
+        owner.side.prepacked(record.key, generation, delta, rebuild_s)
         METRICS.model_memory.labels(model=record.name).set(record.device_bytes)
 
     async def _build_variants(self, record: ModelRecord, forms: list[str]) -> None:

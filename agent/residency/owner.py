@@ -277,6 +277,7 @@ class Residency:
             record.staged_bytes = loaded.staged_bytes
         record.prepacked = loaded.prepacked
         record.usage.promote_s = loaded.promote_s
+        record.usage.rebuild_s = 0.0  # a new session: none rebuilt yet
         self.ledger.observe_promotion(loaded.promote_s, loaded.staged_bytes)
         record.usage.loaded_at = now
         record.usage.credit = self.policy.stamp()
