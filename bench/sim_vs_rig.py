@@ -174,10 +174,7 @@ def replay_on_rig(args: argparse.Namespace, trace: np.ndarray, work: Path) -> di
             build(len(REGIONS), SITES_PER_REGION, prefix="epxs", octet=85),
             agent_env={
                 "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": str(budget),
-                # The simulator's promotion model was measured with ORT mapping the
-                # staged weights itself; with kept mappings the rig's cold starts run
-                # about 10% higher for reasons not yet understood (docs/benchmarks.md).
-                "EDGEPLEX_AGENT_RUNNER__KEEP_STAGED_MAPPED": "false",
+                "EDGEPLEX_AGENT_RUNNER__KEEP_STAGED_MAPPED": str(args.kept_mapping).lower(),
             },
             cp_env={
                 "EDGEPLEX_CP_PLACEMENT_INTERVAL_S": str(args.placement_period_min * minute_s),
@@ -355,6 +352,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slo-ms", type=float, default=50.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--kept-mapping",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run the rig's agents with runner.keep_staged_mapped (their default)",
+    )
     return parser.parse_args(argv)
 
 

@@ -47,3 +47,6 @@ class Loaded:
     staged_bytes: int
     prepacked: bool
     source: str  # the tier it came from
+    # Made as a promotion on demand makes it (no warm-up, no prepacking): its time is
+    # what bringing the model back costs. A load for placement or an admin does more.
+    on_demand: bool = True

@@ -235,6 +235,7 @@ class RunnerEffects:
                 staged_bytes=reply.staged_bytes,
                 prepacked=reply.prepacked,
                 source=reply.source,
+                on_demand=fast,
             ),
         )
 

@@ -19,15 +19,27 @@ class Ledger:
     def __init__(self) -> None:
         self.by_key: dict[ModelKey, ModelRecord] = {}
         self.serving: dict[str, ModelKey] = {}  # name -> the version requests reach
-        # Seconds per staged byte of this site's promotions (a moving average).
+        # Seconds per staged byte of this site's promotions (a moving average), and
+        # whether it comes only from loads that did more than a promotion.
         self.promote_s_per_byte: float | None = None
+        self._rate_provisional = False
 
-    def observe_promotion(self, promote_s: float, staged_bytes: int) -> None:
-        """The owner reports each promotion's staged-equivalent time."""
+    def observe_promotion(
+        self, promote_s: float, staged_bytes: int, provisional: bool = False
+    ) -> None:
+        """The owner reports each load's staged-equivalent time. A `provisional` one
+        (a load that also warmed up or prepacked) stands in only until this site
+        has promoted a model on demand."""
         if staged_bytes <= 0 or promote_s <= 0:
             return
         rate, prior = promote_s / staged_bytes, self.promote_s_per_byte
-        self.promote_s_per_byte = rate if prior is None else 0.8 * prior + 0.2 * rate
+        if provisional and prior is not None and not self._rate_provisional:
+            return
+        if prior is None or (self._rate_provisional and not provisional):
+            self.promote_s_per_byte = rate
+        else:
+            self.promote_s_per_byte = 0.8 * prior + 0.2 * rate
+        self._rate_provisional = provisional
 
     def promote_estimate(self, record: ModelRecord) -> float | None:
         """Seconds to promote a staged model here: its own last promotion, else its

@@ -276,9 +276,17 @@ class Residency:
         else:
             record.staged_bytes = loaded.staged_bytes
         record.prepacked = loaded.prepacked
-        record.usage.promote_s = loaded.promote_s
-        record.usage.rebuild_s = 0.0  # a new session: none rebuilt yet
-        self.ledger.observe_promotion(loaded.promote_s, loaded.staged_bytes)
+        if loaded.on_demand:
+            record.usage.promote_s = loaded.promote_s
+            record.usage.rebuild_s = 0.0
+        else:
+            # Warmed up and maybe prepacked: more than a promotion on demand, which this
+            # does not measure (routing would forward what it could promote sooner);
+            # evicting it loses that work.
+            record.usage.rebuild_s = loaded.promote_s
+        self.ledger.observe_promotion(
+            loaded.promote_s, loaded.staged_bytes, provisional=not loaded.on_demand
+        )
         record.usage.loaded_at = now
         record.usage.credit = self.policy.stamp()
         record.load_crashes = 0

@@ -471,3 +471,25 @@ def test_a_prepacked_session_counts_its_rebuild_in_what_evicting_it_costs(source
         record.key, effects.loads.pop(record.key), Loaded(100, 0.002, 1, False, "staged")
     )
     assert owner.ledger.slot(record).promote_s == 0.002
+
+
+def test_a_load_for_placement_is_not_taken_for_a_promotion_on_demand(sources):
+    """A load that warmed up (and prepacked) took longer than bringing the model back
+    on demand: routing keeps the model's last promotion on demand as its estimate,
+    and eviction counts the load's work as what it would lose."""
+    owner, effects, record = _one_model(sources, 3.5)
+    ticket = owner.admit("a", "", 1e9)
+    owner.load_done(
+        record.key, effects.loads.pop(record.key), Loaded(100, 0.002, 1, False, "staged")
+    )
+    owner.release(ticket)
+    owner.demote("a", Tier.STAGED)
+    owner.unload_done(record.key, effects.unloads.pop(record.key))
+    owner.load("a")
+    owner.load_done(
+        record.key,
+        effects.loads.pop(record.key),
+        Loaded(100, 0.030, 1, True, "staged", on_demand=False),
+    )
+    assert record.usage.promote_s == 0.002 and record.usage.rebuild_s == 0.030
+    assert owner.ledger.slot(record).promote_s == pytest.approx(0.032)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from edgeplex.agent.residency.planner import QueuedLoad, Slot, plan_room
 from edgeplex.agent.residency.policies import GreedyDualSizeFrequency, NoOverCommit
 from edgeplex.agent.residency.state import ModelKey, Phase
@@ -126,3 +128,18 @@ def test_a_staged_models_promotion_is_estimated_from_the_sites_rate() -> None:
     assert ledger.promote_estimate(record) == 0.005
     record.staged_bytes = 0  # cached: no estimate
     assert ledger.promote_estimate(record) is None
+
+
+def test_a_load_that_did_more_than_a_promotion_estimates_only_until_one_is_measured():
+    """A load for placement warms up and may prepack: its time stands in for this
+    site's promotion rate only until a promotion on demand is measured, which then
+    replaces it outright (an inflated estimate forwards what could be promoted)."""
+    from edgeplex.agent.residency.ledger import Ledger
+
+    ledger = Ledger()
+    ledger.observe_promotion(0.050, 10 * MB, provisional=True)  # placement: 5 ms per MiB
+    assert ledger.promote_s_per_byte == pytest.approx(0.005 / MB)
+    ledger.observe_promotion(0.001, 10 * MB)  # on demand: 0.1 ms per MiB, at once
+    assert ledger.promote_s_per_byte == pytest.approx(0.0001 / MB)
+    ledger.observe_promotion(0.050, 10 * MB, provisional=True)  # ignored from now on
+    assert ledger.promote_s_per_byte == pytest.approx(0.0001 / MB)
