@@ -313,7 +313,6 @@ class RunnerEffects:
         owner = self.owner
         assert owner is not None
         delta: int | None = None
-        rebuild_s = 0.0
         try:
             reply, _ = await self._pool.get(record.runner_id).call(
                 ipc.Prepack(self._pool.next_req_id(), str(record.key))
@@ -321,11 +320,11 @@ class RunnerEffects:
         except RunnerLost:
             reply = None
         if isinstance(reply, ipc.Prepacked):
-            delta, rebuild_s = reply.bytes_delta, reply.ms / 1000
+            delta = reply.bytes_delta
             METRICS.promotion_stage_duration.labels(stage="prepack").observe(reply.ms / 1000)
         elif reply is not None:
             log.warning("prepacking %s failed: %s", record.key, getattr(reply, "message", ""))
-        owner.side.prepacked(record.key, generation, delta, rebuild_s)
+        owner.side.prepacked(record.key, generation, delta)
         METRICS.model_memory.labels(model=record.name).set(record.device_bytes)
 
     async def _build_variants(self, record: ModelRecord, forms: list[str]) -> None:

@@ -155,7 +155,7 @@ class Ledger:
             last_used=record.usage.last_used,
             frequency=record.usage.frequency,
             credit=record.usage.credit,
-            promote_s=record.usage.promote_s + record.usage.rebuild_s,
+            promote_s=record.usage.promote_s + record.usage.setup_s,
             leaving=record.device_bytes if record.side_work == "reform" else 0,
             **self._smaller(record),
         )

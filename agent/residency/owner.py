@@ -278,12 +278,12 @@ class Residency:
         record.prepacked = loaded.prepacked
         if loaded.on_demand:
             record.usage.promote_s = loaded.promote_s
-            record.usage.rebuild_s = 0.0
+            record.usage.setup_s = 0.0
         else:
             # Warmed up and maybe prepacked: more than a promotion on demand, which this
             # does not measure (routing would forward what it could promote sooner);
             # evicting it loses that work.
-            record.usage.rebuild_s = loaded.promote_s
+            record.usage.setup_s = loaded.promote_s
         self.ledger.observe_promotion(
             loaded.promote_s, loaded.staged_bytes, provisional=not loaded.on_demand
         )

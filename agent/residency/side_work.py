@@ -49,9 +49,7 @@ class SideWork:
         self._stage_smaller(record)
         self._life.fit_host_budget()
 
-    def prepacked(
-        self, key: ModelKey, generation: int, bytes_delta: int | None, rebuild_s: float = 0.0
-    ) -> None:
+    def prepacked(self, key: ModelKey, generation: int, bytes_delta: int | None) -> None:
         record = self._ledger.by_key.get(key)
         if record is None:
             return
@@ -60,7 +58,6 @@ class SideWork:
             return
         record.reserved_bytes = 0  # the transient copy is gone
         record.prepacked = True  # also when it failed: do not retry a model that cannot be
-        record.usage.rebuild_s = rebuild_s
         if bytes_delta is not None:
             record.measure(record.device_bytes + bytes_delta)
             self._life.fit_measured(record)

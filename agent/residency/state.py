@@ -111,9 +111,10 @@ class Usage:
     credit: float = 0.0
     loaded_at: float = 0.0
     promote_s: float = 0.0
-    # The background rebuild its live session took (prepacking): lost with it, so part
-    # of what evicting it costs, though not of how fast it comes back.
-    rebuild_s: float = 0.0
+    # A load for placement or an admin (warmed up, maybe prepacked): its time, more
+    # than a promotion on demand, is lost with the session, so part of what evicting
+    # it costs, though not of how fast the model comes back.
+    setup_s: float = 0.0
 
 
 @dataclass(eq=False)

@@ -450,29 +450,6 @@ def test_a_model_loaded_as_a_variant_under_pressure_swaps_back_when_room_returns
     assert d.form == "" and d.device_bytes == size["d"] and d.reserved_bytes == 0
 
 
-def test_a_prepacked_session_counts_its_rebuild_in_what_evicting_it_costs(sources):
-    """A session rebuilt with prepacked weights in the background took that rebuild's
-    time; evicting it loses the rebuild, so the policy weighs it, while how fast the
-    model comes back (what routing asks) stays its promotion. A new session starts
-    without one."""
-    owner, effects, record = _one_model(sources, 3.5)
-    ticket = owner.admit("a", "", 1e9)
-    owner.load_done(
-        record.key, effects.loads.pop(record.key), Loaded(100, 0.002, 1, False, "staged")
-    )
-    owner.side.prepacked(record.key, record.generation, 0, rebuild_s=0.05)
-    assert record.prepacked and record.usage.promote_s == 0.002
-    assert owner.ledger.slot(record).promote_s == pytest.approx(0.052)
-    owner.release(ticket)
-    owner.demote("a", Tier.STAGED)
-    owner.unload_done(record.key, effects.unloads.pop(record.key))
-    owner.admit("a", "", 1e9)
-    owner.load_done(
-        record.key, effects.loads.pop(record.key), Loaded(100, 0.002, 1, False, "staged")
-    )
-    assert owner.ledger.slot(record).promote_s == 0.002
-
-
 def test_a_load_for_placement_is_not_taken_for_a_promotion_on_demand(sources):
     """A load that warmed up (and prepacked) took longer than bringing the model back
     on demand: routing keeps the model's last promotion on demand as its estimate,
@@ -491,5 +468,5 @@ def test_a_load_for_placement_is_not_taken_for_a_promotion_on_demand(sources):
         effects.loads.pop(record.key),
         Loaded(100, 0.030, 1, True, "staged", on_demand=False),
     )
-    assert record.usage.promote_s == 0.002 and record.usage.rebuild_s == 0.030
+    assert record.usage.promote_s == 0.002 and record.usage.setup_s == 0.030
     assert owner.ledger.slot(record).promote_s == pytest.approx(0.032)
