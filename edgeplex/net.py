@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 
 def is_loopback(host: str) -> bool:
@@ -22,3 +23,17 @@ def bearer_token(value: str | None) -> str | None:
         return None
     scheme, _, token = value.strip().partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports (for agents that tests and benchmarks
+    start): the sockets are held together, so two asked for in a row are never the
+    same port, which would put two listeners of one agent on one port."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()

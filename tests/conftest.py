@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from edgeplex.agent import demo
+from edgeplex.net import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every agent the tests start takes this admin token; requests for its verbs carry AUTH.
@@ -32,19 +32,6 @@ CACHE = Path(os.environ.get("EDGEPLEX_TEST_CACHE", ROOT / ".cache" / "test-model
 
 def free_port() -> int:
     return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: the sockets are held together, so two calls in a
-    row cannot hand out the same port for two listeners."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @pytest.fixture(scope="session")
