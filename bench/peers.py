@@ -40,9 +40,10 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 from agent_overhead import run_direct, run_wrk  # noqa: E402
-from common import Agent, free_port  # noqa: E402
+from common import Agent  # noqa: E402
 
 from edgeplex.agent import demo  # noqa: E402
+from edgeplex.net import free_ports  # noqa: E402
 
 MLSERVER = ROOT / ".cache" / "peers" / "mlserver"
 MODEL_CLASS = """
@@ -112,10 +113,10 @@ def mlserver_python() -> Path:
 class MLServer:
     def __init__(self, repo: Path, models: list[str], work: Path) -> None:
         root = work / "mlserver"
-        self.http_port = free_port()
+        self.http_port, grpc_port, metrics_port = free_ports(3)
         root.mkdir()
         (root / "settings.json").write_text(json.dumps({
-            "http_port": self.http_port, "grpc_port": free_port(), "metrics_port": free_port(),
+            "http_port": self.http_port, "grpc_port": grpc_port, "metrics_port": metrics_port,
         }))  # fmt: skip
         for name in models:
             (root / name).mkdir()
