@@ -242,8 +242,7 @@ class RunnerEffects:
     async def _unload(self, record: ModelRecord, generation: int) -> None:
         owner = self.owner
         assert owner is not None
-        METRICS.demotions.labels(reason="evicted").inc()
-        METRICS.model_ready.labels(model=record.name).set(0)
+        _count_eviction(record)
         runner = self._pool.get(record.runner_id)
         unload = ipc.UnloadModel(self._pool.next_req_id(), str(record.key))
         queue = self._queues.pop(record.key, None)
@@ -271,8 +270,7 @@ class RunnerEffects:
             return
         owner = self.owner
         assert owner is not None
-        METRICS.demotions.labels(reason="evicted").inc()
-        METRICS.model_ready.labels(model=record.name).set(0)
+        _count_eviction(record)
         ready = self._ready.get(record.key)
         if ready is not None:
             ready.clear()
@@ -391,3 +389,8 @@ class RunnerEffects:
             await queue.close(Unavailable("the agent is shutting down"), drain=False)
         for task in list(self._tasks):
             task.cancel()
+
+
+def _count_eviction(record: ModelRecord) -> None:
+    METRICS.demotions.labels(reason="evicted").inc()
+    METRICS.model_ready.labels(model=record.name).set(0)

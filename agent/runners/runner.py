@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,7 @@ from edgeplex.agent.runners.sessions import (
     scrub,
     served_by,
     session_options,
+    stage,
     stage_model,
     trim_heap,
     warm_up,
@@ -183,7 +185,7 @@ class Runner:
                 swept = time.monotonic()
             if request is not None:
                 with self._load_lock:
-                    self._answer_load(request)
+                    self._answer_load(request, partial(self._load, request))
 
     def _load_at_once(self, request: ipc.LoadModel) -> bool:
         """Do here, on the reader thread, a load that creates nothing (its graph has a
@@ -197,17 +199,15 @@ class Runner:
             session = None if mapped is None else self._graphs.find(mapped, request)
             if mapped is None or session is None:
                 return False
-            self._answer_load(request, lambda: self._join(request, mapped, session))
+            self._answer_load(request, partial(self._join, request, mapped, session))
             return True
         finally:
             self._load_lock.release()
 
-    def _answer_load(
-        self, request: ipc.LoadModel, load: Callable[[], ipc.Message] | None = None
-    ) -> None:
+    def _answer_load(self, request: ipc.LoadModel, load: Callable[[], ipc.Message]) -> None:
         self._loading = True
         try:
-            reply: ipc.Message = self._load(request) if load is None else load()
+            reply: ipc.Message = load()
         except Exception as exc:
             message = scrub(str(exc), request.path, request.staged_dir)
             reply = ipc.Failure(request.req_id, "load", message)
@@ -234,16 +234,7 @@ class Runner:
             except Exception as exc:  # the thread must outlive any request
                 self._send(ipc.Failure(request.req_id, "internal", str(exc)[:500]))
             return
-        stages: dict[str, float] = {}
-        staged = Path(request.staged_dir)
-        try:
-            if not (staged / STAGED_MODEL).is_file():
-                stage_model(Path(request.path), staged, stages, providers(request))
-            reply: ipc.Message = ipc.ModelStaged(request.req_id, directory_bytes(staged), stages)
-        except Exception as exc:
-            message = scrub(str(exc), request.path, request.staged_dir)
-            reply = ipc.Failure(request.req_id, "load", message)
-        self._send(reply)
+        self._send(stage(request))
 
     def _load(self, request: ipc.LoadModel) -> ipc.ModelLoaded | ipc.Failure:
         stages: dict[str, float] = {}
@@ -320,11 +311,20 @@ class Runner:
         if not self._install(model):
             return ipc.Failure(request.req_id, "not_loaded", f"{request.model} left")
         ms = ms_since(started)
-        held = mapped.staged_bytes
         return ipc.ModelLoaded(
-            request.req_id, request.model, inputs, outputs, held, ms, "staged",
-            {"create": ms}, held, False, "cpu", True,
-        )  # fmt: skip
+            req_id=request.req_id,
+            model=request.model,
+            inputs=inputs,
+            outputs=outputs,
+            bytes=mapped.staged_bytes,
+            load_ms=ms,
+            source="staged",
+            stages={"create": ms},
+            staged_bytes=mapped.staged_bytes,
+            prepacked=False,
+            provider="cpu",
+            shared=True,
+        )
 
     def _install(self, model: Model) -> bool:
         """Make `model` visible to Infer, in place of its previous session if any;
@@ -377,11 +377,8 @@ class Runner:
             arrays = {n: np.asarray(r) for n, r in zip(names, results, strict=True)}
             descs, buffers = framing.pack_tensors(arrays)
         except Exception as exc:
-            kind = (
-                "invalid"
-                if type(exc).__name__ in ("InvalidArgument", "ProtocolError")
-                else ("internal")
-            )
+            invalid = type(exc).__name__ in ("InvalidArgument", "ProtocolError")
+            kind = "invalid" if invalid else "internal"
             self._send(ipc.Failure(message.req_id, kind, str(exc)))
             return
         self._send(ipc.InferResult(message.req_id, compute_ns, descs, model.request.form), buffers)

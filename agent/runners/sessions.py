@@ -179,6 +179,20 @@ def stage_model(
     stages["optimize"] = ms_since(started)
 
 
+def stage(request: ipc.StageModel) -> ipc.ModelStaged | ipc.Failure:
+    """A StageModel answered: the model staged (once: a staged copy is kept as it is),
+    or why it could not be."""
+    stages: dict[str, float] = {}
+    staged = Path(request.staged_dir)
+    try:
+        if not (staged / STAGED_MODEL).is_file():
+            stage_model(Path(request.path), staged, stages, providers(request))
+        return ipc.ModelStaged(request.req_id, directory_bytes(staged), stages)
+    except Exception as exc:
+        message = scrub(str(exc), request.path, request.staged_dir)
+        return ipc.Failure(request.req_id, "load", message)
+
+
 def session_options(request: ipc.LoadModel) -> ort.SessionOptions:
     """How a promotion's session runs."""
     options = ort.SessionOptions()
