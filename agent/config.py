@@ -241,6 +241,16 @@ class AgentSettings(FileSettings):
         "the agent between loads (closed-loop 4x: 99.1-99.8% under 50 ms with 4, 95-98.6% "
         "with 2).",
     )
+    hot_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Share of the device budget kept for the most requested models: a "
+        "model whose share of recent requests is at least half its share of the budget is "
+        "hot, and promotions take room from hot models only when the others cannot make "
+        "it (they drain a colder model first). Hot models are rebuilt prepacked first. "
+        "0: every serving model is a victim alike.",
+    )
     lru_max_models: int = Field(
         default=8, ge=1, description="Most models loaded at once under the `lru` policy."
     )

@@ -177,6 +177,7 @@ def build_residency(settings: AgentSettings, effects: RunnerEffects) -> Residenc
         max_promotions=settings.max_promotions,
         prepack=settings.runner.prepack_weights,
         prepack_after_s=settings.runner.prepack_after_s,
+        hot_share=settings.hot_share,
     )
     residency = Residency(limits, policy, effects)
     effects.attach(residency)

@@ -41,6 +41,7 @@ def status(residency: Residency, effects: RunnerEffects) -> list[dict[str, Any]]
                 "isolation": e.config.isolation if e.source.config else None,
                 "priority": e.config.priority if e.source.config else None,
                 "pinned": e.pinned,
+                "hot": e.hot,
                 "warnings": list(e.source.warnings),
             }
             | forms(e)

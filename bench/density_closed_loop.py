@@ -21,7 +21,12 @@ promotions per second, and the time requests spent waiting for promotions.
 gets (no prepacked weights: runner.prepack_weights false). Against it, the
 over-commit scenario's ratio counts what residency costs (promotions, their
 messages and bookkeeping) apart from the kernels' speed, which on the CPU
-differs with prepacking by about a quarter per batch. `--base REV` then runs
+differs with prepacking by about a quarter per batch. With both ceilings
+measured, the run also prints an oracle bound per over-commit factor: the
+throughput of a policy that keeps the most requested models that fit resident
+and prepacked and promotes every other request at no cost (`oracle_bound`).
+No residency policy reaches it on the same machine; a goal above it cannot be
+met there. `--base REV` then runs
 each over-commit scenario `--rounds` more times, alternating between this
 checkout and another revision (bench/ab.py makes its environment), for a
 change's effect on the same machine in one run.
@@ -59,6 +64,24 @@ from edgeplex.agent import demo
 
 WIDTH, LAYERS, IN_WIDTH = 1024, 4, 64
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "bench-closed-loop"
+
+
+def zipf_share(top: int, count: int) -> float:
+    """The share of Zipf 1/rank requests over `count` models that go to the `top`
+    most requested."""
+    weights = 1.0 / np.arange(1, count + 1)
+    return float(weights[:top].sum() / weights.sum())
+
+
+def oracle_bound(share: float, packed: float, unpacked: float) -> float:
+    """Requests per second that no residency policy beats on this machine: the
+    models that take `share` of the requests stay resident with prepacked sessions
+    and serve at the ceiling's rate (`packed`, the whole machine's requests per
+    second); every other request is promoted at no cost onto the session a
+    promotion on demand gets and served at the unpacked ceiling's rate. The
+    machine's time per request is the mix of the two. It leaves out what
+    promotions cost and assumes batching as in the ceilings: an upper bound."""
+    return 1.0 / (share / packed + (1.0 - share) / unpacked)
 
 
 def build_catalog(count: int, width: int = WIDTH, layers: int = LAYERS) -> Path:
@@ -228,6 +251,7 @@ def main() -> None:
     per_model = None
     results = []
     pairs: list[tuple[str, int, float, float]] = []  # scenario, round, this, base
+    bounds: list[tuple[str, int, int, float, float, float, float]] = []
     base_python = ab.base_python(args.base)[1] if args.base else ""
     for factor in factors:
         count = 16 * (1 if factor == 4 else 10)
@@ -241,6 +265,12 @@ def main() -> None:
             name = f"ceiling-{count}-unpacked"
             results.append(run_scenario(name, repo, count, None, args, unpacked))
         results.append(run_scenario(f"{factor}x", repo, count, budget, args))
+        if args.unpacked:  # the ceiling, its unpacked twin, this over-commit
+            packed, unpacked, overcommit = (float(r["throughput"]) for r in results[-3:])  # type: ignore[arg-type]
+            share = zipf_share(slots, count)
+            bound = oracle_bound(share, packed, unpacked)
+            results[-1]["oracle_bound"] = bound
+            bounds.append((f"{factor}x", slots, count, share, bound, packed, overcommit))
         for r in range(args.rounds if args.base else 0):
             runs = {}
             for side in ("base", "this") if r % 2 == 0 else ("this", "base"):
@@ -275,6 +305,18 @@ def main() -> None:
             f"| {r['promotion_wait_s']:.2f} | {r['compute_ms_per_batch']:.2f} "
             f"| {r['requests_per_batch']:.2f} |"
         )
+    if bounds:
+        print(
+            "\n# oracle bound (--unpacked): the most requested models that fit stay resident "
+            "and prepacked, every other request is promoted at no cost and served unpacked"
+        )
+        print("| scenario | resident | share of requests | bound req/s | bound vs ceiling "
+              "| measured vs bound |\n| --- | --- | --- | --- | --- | --- |")  # fmt: skip
+        for scenario, slots, count, share, bound, packed, measured in bounds:
+            print(
+                f"| {scenario} | {slots} of {count} | {share:.3f} | {bound:.0f} "
+                f"| {bound / packed:.2f} | {measured / bound:.2f} |"
+            )
     if pairs:
         print(f"\n# this checkout against {args.base}, alternating (req/s)")
         print("| scenario | round | this | base | this/base |\n| --- | --- | --- | --- | --- |")

@@ -36,6 +36,7 @@ class Limits:
     max_promotions: int = 4  # loads in flight (or promised room) at once
     prepack: bool = False
     prepack_after_s: float = 2.0
+    hot_share: float = 0.5  # of the budget, kept for the most requested models (hot_set.py)
 
 
 @dataclass(frozen=True)

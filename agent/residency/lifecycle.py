@@ -15,6 +15,7 @@ from edgeplex.agent.errors import ModelFailed, NoRoom, Unavailable
 from edgeplex.agent.forms import ORIGINAL
 from edgeplex.agent.repository import ModelSource
 from edgeplex.agent.residency.contract import Effects, Limits
+from edgeplex.agent.residency.hot_set import recent_requests
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.planner import plan_room, victims_for
 from edgeplex.agent.residency.policies import EvictionPolicy
@@ -24,8 +25,6 @@ from edgeplex.agent.residency.upkeep import budget_cut, host_budget_drops
 # Seconds without an eviction or a load as a variant before room counts as
 # returned: loads start as originals again, and models serving a variant swap back.
 CALM_S = 5.0
-
-FREQUENCY_HALF_LIFE_S = 30.0
 
 
 class Lifecycle:
@@ -224,14 +223,12 @@ class Lifecycle:
             self.retreat(victim)
 
     def touch(self, record: ModelRecord) -> None:
-        """Recency, GDSF credit, and a frequency that halves every FREQUENCY_HALF_LIFE_S,
-        so demand that moved away stops counting."""
+        """Recency, GDSF credit, and a frequency that halves every
+        hot_set.FREQUENCY_HALF_LIFE_S, so demand that moved away stops counting."""
         usage = record.usage
         now = self._clock()
-        if usage.last_used:
-            usage.frequency *= 0.5 ** ((now - usage.last_used) / FREQUENCY_HALF_LIFE_S)
+        usage.frequency = recent_requests(usage, now) + 1
         usage.last_used = now
-        usage.frequency += 1
         usage.credit = max(usage.credit, self._policy.stamp())
 
     def fit_host_budget(self) -> None:

@@ -28,6 +28,7 @@ from edgeplex.agent.errors import (
 from edgeplex.agent.repository import ModelSource
 from edgeplex.agent.residency.contract import Effects, Limits, Loaded
 from edgeplex.agent.residency.describe import describe
+from edgeplex.agent.residency.hot_set import demand, hot_set
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.lifecycle import Lifecycle
 from edgeplex.agent.residency.policies import EvictionPolicy
@@ -362,8 +363,8 @@ class Residency:
     # --- timer --------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Idle expiry (policies that have it), background prepacking and elastic
-        instances; called every ~100 ms."""
+        """Idle expiry (policies that have it), the hot models, background prepacking
+        and elastic instances; called every ~100 ms."""
         now = self._clock()
         for expired in self.policy.expired(self.ledger.candidates(), now):
             record = self.ledger.by_str(expired.name)
@@ -376,6 +377,9 @@ class Residency:
             ready = record.phase == Phase.READY and not record.side_work
             if ready and record.config.max_instances is not None:
                 self._effects.autoscale(record, room)
+        hot = hot_set(demand(self.ledger.all_records(), now), budget, self.limits.hot_share)
+        for record in self.ledger.by_key.values():
+            record.hot = record.key in hot
         chosen = prepack_choice(self.ledger, self.limits, now, self._last_prepack)
         if chosen is not None:
             self._life.upgrade(chosen, now)

@@ -8,7 +8,8 @@ whole queue at once:
 - which models to unload now (victims without leases);
 - which to drain (victims with leases: they admit nothing more and are
   unloaded when their admitted requests have been answered, which their
-  deadlines bound);
+  deadlines bound); a load that fits beside the hot models (hot_set.py)
+  takes its victims from the others, waiting for them if need be;
 - which loads can never fit (they need more than the budget minus the pins);
 - which loads start as a smaller variant: a model that accepts one loads as
   its smallest usable variant when its original would take room from others,
@@ -45,6 +46,7 @@ class Slot:
     held: int  # device bytes held now (session or reservation)
     leases: int
     pinned: bool
+    hot: bool = False  # promotions take room from it last (hot_set.py)
     priority: int = 0
     last_used: float = 0.0
     frequency: float = 0.0
@@ -99,6 +101,7 @@ def plan_room(
     held = sum(s.held for s in slots)
     leaving = sum(s.held if s.phase in LEAVING else s.leaving for s in slots)
     pinned = sum(s.held for s in slots if s.pinned and s.phase not in LEAVING)
+    hot = sum(s.held for s in slots if s.hot and not s.pinned and s.phase not in LEAVING)
     counted = sum(1 for s in slots if s.phase in COUNTED)
     movable = {
         s.key: s for s in slots if s.phase == Phase.READY and not s.pinned and not s.leaving
@@ -155,7 +158,10 @@ def plan_room(
                 held += slot.smaller
                 leaving += slot.held
                 deficit -= slot.held - slot.smaller
-        victims = _choose(movable, max(0, deficit), counted, policy, now, seen)
+        # Hot models make room only for a load that cannot fit beside them; the
+        # others wait for colder models to drain, or for loads before them to settle.
+        spare = movable if budget is None or needed > budget - pinned - hot else _cold(movable)
+        victims = _choose(spare, max(0, deficit), counted, policy, now, seen)
         if victims is None:
             break  # room comes later (loads settling, leases ending); first come, first served
         for slot in victims:
@@ -185,6 +191,11 @@ def victims_for(
 def movable(slots: list[Slot]) -> list[Slot]:
     """Every serving, unpinned model: what a budget cut with no better choice takes."""
     return [s for s in slots if s.phase == Phase.READY and not s.pinned]
+
+
+def _cold(movable: dict[ModelKey, Slot]) -> dict[ModelKey, Slot]:
+    """The movable models that are not hot (hot_set.py)."""
+    return {key: s for key, s in movable.items() if not s.hot}
 
 
 def _choose(

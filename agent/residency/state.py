@@ -139,6 +139,7 @@ class ModelRecord:
     leases: int = 0  # admitted requests on a serving model, until their response
     waiters: list[Ticket] = field(default_factory=list)  # tickets waiting for READY
     pinned: bool = False
+    hot: bool = False  # kept against promotions by this site's demand (hot_set.py)
     disabled: bool = False  # OIP unload: served again only after an explicit load
     explicit: bool = False  # the queued load was asked for (admin, placement), not a request
     load_crashes: int = 0

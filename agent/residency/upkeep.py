@@ -71,7 +71,8 @@ def prepack_choice(
     ledger: Ledger, limits: Limits, now: float, last_prepack: float
 ) -> ModelRecord | None:
     """The next fast-promoted model to rebuild with prepacked weights: the most used
-    one loaded for `prepack_after_s`, one rebuild at a time, at most one a second."""
+    one that is hot (expected to stay) or has been loaded for `prepack_after_s`,
+    one rebuild at a time, at most one a second."""
     if not limits.prepack or now - last_prepack < PREPACK_INTERVAL_S:
         return None
     records = ledger.all_records()
@@ -83,7 +84,7 @@ def prepack_choice(
         if r.phase == Phase.READY
         and not r.prepacked
         and not r.side_work
-        and now - r.usage.loaded_at >= limits.prepack_after_s
+        and (r.hot or now - r.usage.loaded_at >= limits.prepack_after_s)
     ]
     return max(eligible, key=lambda r: r.usage.frequency, default=None)
 

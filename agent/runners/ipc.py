@@ -199,7 +199,8 @@ class Prepack(Message):
 class Prepacked(Message):
     TAG: ClassVar[str] = "prepacked"
     req_id: int
-    # Change of the runner's measured memory across the swap (may be negative).
+    # Change of what the model holds across the swap (may be negative): the device's
+    # measured growth on CUDA, 0 on the CPU (runners/prepack.py).
     bytes_delta: int
     ms: float
 

@@ -3,9 +3,9 @@
 A model promoted on demand serves from a session over its mapped staged
 weights, which costs almost nothing to create but computes batched GEMMs
 slower; once it has stayed loaded a while the agent asks for this rebuild
-(runner_settings.prepack_after_s). Workers pick the new session up at their
-next batch; the old one (and its mapping of the staged weights) goes with its
-last run.
+(runner_settings.prepack_after_s), or at once for a hot model
+(residency/hot_set.py). Workers pick the new session up at their next batch;
+the old one goes with its last run.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from edgeplex.agent.runners.sessions import (
     device_bytes,
     ms_since,
     providers,
-    resident_bytes,
     scrub,
     session_options,
     trim_heap,
@@ -40,10 +39,9 @@ def prepack(request: ipc.Prepack, current: Callable[[str], Model | None]) -> ipc
         return ipc.Failure(request.req_id, "not_loaded", f"{request.model} is not loaded")
     load = model.request
     upgraded = dataclasses.replace(load, prepack_weights=True)
-    measure = device_bytes if load.provider == "cuda" else resident_bytes
+    cuda = load.provider == "cuda"
     started = time.perf_counter()
-    trim_heap()
-    before = measure()
+    before = device_bytes() if cuda else 0
     try:
         session = ort.InferenceSession(
             str(Path(load.staged_dir) / STAGED_MODEL),
@@ -59,4 +57,10 @@ def prepack(request: ipc.Prepack, current: Callable[[str], Model | None]) -> ipc
     model.request = upgraded
     del session
     trim_heap()
-    return ipc.Prepacked(request.req_id, measure() - before, ms_since(started))
+    # What the model holds changes by: on CUDA, what the device grew by; on the CPU,
+    # nothing. A prepacked CPU session holds about its weights, as the session it
+    # replaces did (its own copy, or the staged copy's pages it kept in use, which now
+    # count with the staged copy alone). The process's growth would not tell: the
+    # reader thread serves and promotes meanwhile, and the staged copy stays mapped.
+    grown = device_bytes() - before if cuda else 0
+    return ipc.Prepacked(request.req_id, grown, ms_since(started))

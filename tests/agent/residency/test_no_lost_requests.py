@@ -118,10 +118,26 @@ def test_closed_loop_zipf_over_commit_loses_no_request(catalog, tmp_path, factor
             if line.startswith("edgeplex_agent_promotions_total")
         )
         assert promotions > count / 2  # it really over-committed
-        loaded = sum(m["memory_bytes"] for m in status(agent).values() if m["tier"] == "loaded")
+        models_now = status(agent)
+        loaded = sum(m["memory_bytes"] for m in models_now.values() if m["tier"] == "loaded")
         assert loaded <= budget
+        # The most requested model is hot: it stays, and is rebuilt prepacked, while
+        # colder ones come and go (hot_set.py).
+        assert models_now["z00"]["hot"] and models_now["z00"]["prepacked"], models_now["z00"]
+        starts = cold_starts(metrics)
+        assert starts.get("z00", 0) <= 10 < starts.get("z02", 0), starts
     finally:
         assert agent.stop() == 0, agent.log()
+
+
+def cold_starts(metrics: str) -> dict[str, float]:
+    """Promotions a request waited for, by model."""
+    starts = {}
+    for line in metrics.splitlines():
+        if line.startswith("edgeplex_agent_cold_starts_total{"):
+            model = line.split('model="', 1)[1].split('"', 1)[0]
+            starts[model] = float(line.split()[-1])
+    return starts
 
 
 @pytest.fixture(scope="module")
