@@ -60,11 +60,12 @@ def hot_set(demand: Iterable[Demand], budget: int | None, share: float) -> set[M
 
 
 def demand(records: Iterable[ModelRecord], now: float) -> list[Demand]:
-    """Each requested model's recent requests and the bytes it holds or would."""
+    """Each requested model's recent requests and the bytes it holds or would. Pinned
+    models stay anyway: they take no room from the hot ones."""
     return [
         Demand(r.key, recent_requests(r.usage, now), r.estimate_bytes())
         for r in records
-        if r.usage.frequency > 0
+        if r.usage.frequency > 0 and not r.pinned
     ]
 
 
