@@ -2,7 +2,11 @@
 and the questions asked of them (bytes per tier, queued loads, the planner's
 snapshot).
 
-The owner (owner.py) is its only writer; everything here reads.
+The owner (owner.py) is its only writer; everything here reads. Records come
+and go through `track` and `forget`, and tell the ledger of every phase change
+(`ModelRecord.watch`), so the models that hold device memory and the queued
+loads are indexed: the planner's snapshot, asked for after nearly every event,
+costs the models that hold memory, not the whole catalog.
 """
 
 from __future__ import annotations
@@ -19,10 +23,34 @@ class Ledger:
     def __init__(self) -> None:
         self.by_key: dict[ModelKey, ModelRecord] = {}
         self.serving: dict[str, ModelKey] = {}  # name -> the version requests reach
+        self._holding: dict[ModelKey, ModelRecord] = {}  # phase in HOLDS_DEVICE
+        self._queued: dict[ModelKey, ModelRecord] = {}  # phase QUEUED
         # Seconds per staged byte of this site's promotions (a moving average), and
         # whether it comes only from loads that did more than a promotion.
         self.promote_s_per_byte: float | None = None
         self._rate_provisional = False
+
+    def track(self, record: ModelRecord) -> None:
+        self.by_key[record.key] = record
+        record.watch = self._moved
+        self._moved(record)
+
+    def forget(self, key: ModelKey) -> None:
+        record = self.by_key.pop(key)
+        record.watch = None
+        self._holding.pop(key, None)
+        self._queued.pop(key, None)
+
+    def _moved(self, record: ModelRecord) -> None:
+        key = record.key
+        if record.phase in HOLDS_DEVICE:
+            self._holding[key] = record
+        else:
+            self._holding.pop(key, None)
+        if record.phase == Phase.QUEUED:
+            self._queued[key] = record
+        else:
+            self._queued.pop(key, None)
 
     def observe_promotion(
         self, promote_s: float, staged_bytes: int, provisional: bool = False
@@ -73,7 +101,7 @@ class Ledger:
         return next((r for r in self.by_key.values() if str(r.key) == name), None)
 
     def device_bytes(self) -> int:
-        return sum(r.held_bytes for r in self.by_key.values())
+        return sum(r.held_bytes for r in self._holding.values())
 
     def host_bytes(self) -> int:
         return sum(r.staged_bytes + r.staged_variant_bytes for r in self.by_key.values())
@@ -81,18 +109,18 @@ class Ledger:
     def leaving_bytes(self) -> int:
         """Bytes of models on their way out (draining or unloading)."""
         leaving = (Phase.DRAINING, Phase.UNLOADING)
-        return sum(r.held_bytes for r in self.by_key.values() if r.phase in leaving)
+        return sum(r.held_bytes for r in self._holding.values() if r.phase in leaving)
 
     def pinned_bytes(self, besides: ModelRecord | None = None) -> int:
-        return sum(r.held_bytes for r in self.by_key.values() if r.pinned and r is not besides)
+        held = self._holding.values()
+        return sum(r.held_bytes for r in held if r.pinned and r is not besides)
 
     def pending_loads(self) -> int:
-        return sum(1 for r in self.by_key.values() if r.phase == Phase.QUEUED)
+        return len(self._queued)
 
     def queued(self) -> list[ModelRecord]:
         """Loads waiting for room, first come first."""
-        waiting = (r for r in self.by_key.values() if r.phase == Phase.QUEUED)
-        return sorted(waiting, key=lambda r: r.queued_at)
+        return sorted(self._queued.values(), key=lambda r: r.queued_at)
 
     def load_bytes(
         self,
@@ -174,11 +202,7 @@ class Ledger:
     def slots(self, besides: ModelRecord | None = None) -> list[Slot]:
         """The models that hold device memory (a session or a reservation): the rest
         of a catalog many times the budget is nothing the planner can move or count."""
-        return [
-            self.slot(r)
-            for r in self.by_key.values()
-            if r.phase in HOLDS_DEVICE and r is not besides
-        ]
+        return [self.slot(r) for r in self._holding.values() if r is not besides]
 
     def candidates(self) -> list[Candidate]:
         """The serving models, as eviction policies see them."""

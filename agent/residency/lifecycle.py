@@ -68,7 +68,7 @@ class Lifecycle:
             self.drop_staged(record)
             for ticket in record.waiters:
                 ticket.settle(Unavailable(f"model '{record.name}' was replaced; retry"))
-            del self._ledger.by_key[record.key]
+            self._ledger.forget(record.key)
         elif record.phase == Phase.READY:
             self.retreat(record)
 

@@ -94,7 +94,8 @@ class Residency:
         key = ModelKey(source.name, source.version)
         record = self.ledger.by_key.get(key)
         if record is None:
-            record = self.ledger.by_key[key] = ModelRecord(key, source)
+            record = ModelRecord(key, source)
+            self.ledger.track(record)
             describe(record)
             record.pinned = bool(source.config and source.config.pin)
         elif record.source.digest != source.digest:
@@ -325,7 +326,7 @@ class Residency:
         if intent == Intent.RETIRE:
             for ticket in record.waiters:
                 ticket.settle(Unavailable(f"model '{record.name}' was replaced; retry"))
-            del self.ledger.by_key[key]
+            self.ledger.forget(key)
         else:
             leftover = [t for t in record.waiters if not t.lease]
             for ticket in leftover:  # demote and unload verbs waiting for this

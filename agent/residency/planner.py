@@ -36,8 +36,12 @@ from dataclasses import dataclass, field
 from edgeplex.agent.residency.policies import Candidate, EvictionPolicy
 from edgeplex.agent.residency.state import ModelKey, Phase
 
+# Slot, QueuedLoad and Candidate are values, never changed once built, but not
+# frozen: a plan builds one of each per model after nearly every event, and a
+# frozen dataclass takes six times as long to build.
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class Slot:
     """One model as the planner sees it."""
 
@@ -59,7 +63,7 @@ class Slot:
     smaller_form: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class QueuedLoad:
     key: ModelKey
     needed: int  # the bytes it will likely hold

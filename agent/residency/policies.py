@@ -30,7 +30,7 @@ from typing import Literal, Protocol
 PolicyName = Literal["gdsf", "lru", "ttl", "none"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # a value, not frozen only for speed (planner.py)
 class Candidate:
     name: str
     bytes: int

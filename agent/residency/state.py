@@ -26,10 +26,11 @@ keeps one queue and one lease count whatever form serves it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from edgeplex.agent.config import ModelConfig
 from edgeplex.agent.forms import ORIGINAL, VariantReport
@@ -92,8 +93,7 @@ class Tier(StrEnum):
     CACHED = "cached"
 
 
-@dataclass(frozen=True, slots=True)
-class ModelKey:
+class ModelKey(NamedTuple):  # a tuple: hashed and compared in C, on every plan
     name: str
     version: str
 
@@ -140,6 +140,8 @@ class ModelRecord:
     waiters: list[Ticket] = field(default_factory=list)  # tickets waiting for READY
     pinned: bool = False
     hot: bool = False  # kept against promotions by this site's demand (hot_set.py)
+    # Told of every phase change: the ledger's index of models by phase.
+    watch: Callable[[ModelRecord], None] | None = field(default=None, repr=False)
     disabled: bool = False  # OIP unload: served again only after an explicit load
     explicit: bool = False  # the queued load was asked for (admin, placement), not a request
     load_crashes: int = 0
@@ -236,6 +238,8 @@ class ModelRecord:
         if phase is not self.phase and phase not in TRANSITIONS[self.phase]:
             raise AssertionError(f"{self.key}: illegal move {self.phase} -> {phase}")
         self.phase = phase
+        if self.watch is not None:
+            self.watch(self)
 
     def public_state(self) -> str:
         """The OIP repository index's state names."""
