@@ -31,7 +31,14 @@ from edgeplex.agent.repository import scan_repository
 from edgeplex.agent.residency.contract import Limits, Loaded
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.policies import GreedyDualSizeFrequency, LeastRecentlyUsedByCount
-from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase, Tier
+from edgeplex.agent.residency.state import (
+    HOLDS_DEVICE,
+    Intent,
+    ModelKey,
+    ModelRecord,
+    Phase,
+    Tier,
+)
 from edgeplex.agent.residency.tickets import Ticket
 
 MODELS = ["a", "b", "c", "d", "e"]
@@ -288,6 +295,17 @@ def test_random_events_keep_the_residency_invariants(sources):
                     self.shrunk = False
                 return
             assert total <= budget, (total, budget)
+
+        @invariant()
+        def the_ledgers_index_matches_its_records(self) -> None:
+            ledger = self.owner.ledger
+            records = ledger.all_records()
+            holding = {r.key for r in records if r.phase in HOLDS_DEVICE}
+            assert {s.key for s in ledger.slots()} == holding
+            assert ledger.queued() == sorted(
+                (r for r in records if r.phase == Phase.QUEUED), key=lambda r: r.queued_at
+            )
+            assert ledger.device_bytes() == sum(r.held_bytes for r in records)
 
         @invariant()
         def leases_match_requests(self) -> None:
