@@ -164,7 +164,8 @@ def plan_room(
                 deficit -= slot.held - slot.smaller
         # Hot models make room only for a load that cannot fit beside them; the
         # others wait for colder models to drain, or for loads before them to settle.
-        spare = movable if budget is None or needed > budget - pinned - hot else _cold(movable)
+        beside_hot = hot and budget is not None and needed <= budget - pinned - hot
+        spare = _cold(movable) if beside_hot else movable
         victims = _choose(spare, max(0, deficit), counted, policy, now, seen)
         if victims is None:
             break  # room comes later (loads settling, leases ending); first come, first served
