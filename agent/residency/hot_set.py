@@ -12,9 +12,10 @@ share of recent demand is at least half their share of the device budget (a
 model the size of a quarter of the budget needs an eighth of the requests),
 most requested first, while they fit in `share` of the budget. The rest of
 the budget is left to the loads of everything else, which drain a colder
-model before they evict a hot one. A hot model still leaves when nothing else
-can make room (a load larger than the rest of the budget, a budget cut): only
-pins are absolute. Hot models are also the first rebuilt with prepacked
+model before they evict a hot one; room for a budget cut or a prepack
+rebuild also comes from the others first. A hot model still leaves when
+nothing else can make room (a load larger than the rest of the budget, a
+deep budget cut): only pins are absolute. Hot models are also the first rebuilt with prepacked
 weights (upkeep.prepack_choice).
 
 Pure: the owner passes each model's recent requests and bytes (`demand`) on

@@ -187,9 +187,15 @@ def plan_room(
 def victims_for(
     slots: list[Slot], needed: int, policy: EvictionPolicy, now: float
 ) -> list[Slot] | None:
-    """Serving, unpinned models whose bytes add up to `needed`, or None."""
+    """Serving, unpinned models whose bytes add up to `needed`, or None: from the
+    models that are not hot when they can make it (hot_set.py)."""
     movable = {s.key: s for s in slots if s.phase == Phase.READY and not s.pinned}
     counted = sum(1 for s in slots if s.phase in COUNTED)
+    cold = _cold(movable)
+    if len(cold) < len(movable):
+        victims = _choose(cold, needed, counted - 1, policy, now)
+        if victims is not None:
+            return victims
     return _choose(movable, needed, counted - 1, policy, now)
 
 

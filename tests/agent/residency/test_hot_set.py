@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from edgeplex.agent.residency.contract import Limits
 from edgeplex.agent.residency.hot_set import Demand, hot_set, recent_requests
-from edgeplex.agent.residency.planner import QueuedLoad, Slot, plan_room
+from edgeplex.agent.residency.planner import QueuedLoad, Slot, plan_room, victims_for
 from edgeplex.agent.residency.policies import GreedyDualSizeFrequency
 from edgeplex.agent.residency.state import ModelKey, Phase, Usage
 
@@ -90,6 +90,14 @@ def test_a_load_that_cannot_fit_beside_the_hot_models_may_evict_them():
         slots, [QueuedLoad(key("big"), 25 * MB)], 40 * MB, GreedyDualSizeFrequency(), 0
     )
     assert key("c1") in plan.unload and len(plan.unload) == 2  # one hot model goes too
+
+
+def test_room_for_a_rebuild_or_a_budget_cut_comes_from_colder_models_first():
+    slots = [ready("hot", hot=True), ready("cold", credit=5.0)]
+    victims = victims_for(slots, 10 * MB, GreedyDualSizeFrequency(), 0)
+    assert victims is not None and [v.key for v in victims] == [key("cold")]
+    victims = victims_for(slots, 20 * MB, GreedyDualSizeFrequency(), 0)  # both must go
+    assert victims is not None and len(victims) == 2
 
 
 def test_hot_models_are_rebuilt_prepacked_without_waiting():
