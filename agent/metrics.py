@@ -133,6 +133,12 @@ class AgentMetrics:
             ["tier"],
             registry=r,
         )
+        self.hot_models = Gauge(
+            "edgeplex_agent_hot_models",
+            "Models this site's own demand keeps resident: promotions take room from "
+            "them last (hot_share).",
+            registry=r,
+        )
         self.promotions = Counter(
             "edgeplex_agent_promotions_total",
             "Models promoted to loaded, by the tier they came from (staged, cached).",

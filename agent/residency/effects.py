@@ -61,6 +61,7 @@ class RunnerEffects:
         self.owner = owner
         METRICS.tier_bytes.labels(tier="loaded").set_function(owner.device_bytes)
         METRICS.tier_bytes.labels(tier="staged").set_function(owner.ledger.host_bytes)
+        METRICS.hot_models.set_function(owner.ledger.hot_models)
 
     # --- what the front of the agent reads ---------------------------------------------------
 

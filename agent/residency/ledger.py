@@ -103,6 +103,9 @@ class Ledger:
     def device_bytes(self) -> int:
         return sum(r.held_bytes for r in self._holding.values())
 
+    def hot_models(self) -> int:
+        return sum(1 for r in self.by_key.values() if r.hot)
+
     def host_bytes(self) -> int:
         return sum(r.staged_bytes + r.staged_variant_bytes for r in self.by_key.values())
 

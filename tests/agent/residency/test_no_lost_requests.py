@@ -124,6 +124,8 @@ def test_closed_loop_zipf_over_commit_loses_no_request(catalog, tmp_path, factor
         # The most requested model is hot: it stays, and is rebuilt prepacked, while
         # colder ones come and go (hot_set.py).
         assert models_now["z00"]["hot"] and models_now["z00"]["prepacked"], models_now["z00"]
+        (hot,) = [line for line in metrics.splitlines() if line.startswith("edgeplex_agent_hot_")]
+        assert float(hot.split()[-1]) >= 1  # (read before the status: it may move by one)
         starts = cold_starts(metrics)
         assert starts.get("z00", 0) <= 10 < starts.get("z02", 0), starts
     finally:
