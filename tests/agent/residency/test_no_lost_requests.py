@@ -127,7 +127,8 @@ def test_closed_loop_zipf_over_commit_loses_no_request(catalog, tmp_path, factor
         (hot,) = [line for line in metrics.splitlines() if line.startswith("edgeplex_agent_hot_")]
         assert float(hot.split()[-1]) >= 1  # (read before the status: it may move by one)
         starts = cold_starts(metrics)
-        assert starts.get("z00", 0) <= 10 < starts.get("z02", 0), starts
+        # (With three times the requests of z02, without the hot set it had as many.)
+        assert 10 * starts.get("z00", 0) < starts.get("z02", 0), starts
     finally:
         assert agent.stop() == 0, agent.log()
 
