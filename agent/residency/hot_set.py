@@ -4,7 +4,7 @@ Under over-commit a promotion on demand takes its room from serving models
 with no request in flight at that instant, and those are, as often as not, the
 most requested ones: their requests are answered fastest. Left to that, the
 hottest models are evicted and promoted again many times a second (4x over a
-Zipf stream: the most requested model promoted 50 times a second), and never
+Zipf stream: the most requested model promoted 50-70 times a second), and never
 stay long enough to be rebuilt with prepacked weights.
 
 `hot_set` names the models that promotions take room from last: those whose
