@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from edgeplex.agent.forms import Calibration, VariantGuard
-from edgeplex.agent.model_config import MiB, ModelConfig, load_model_config, parse_size
+from edgeplex.agent.model_config import ModelConfig, load_model_config
 from edgeplex.agent.runner_settings import RunnerSettings
 from edgeplex.logs import LogFormat
 from edgeplex.settings import (
@@ -26,6 +26,7 @@ from edgeplex.settings import (
     FileSettings,
     render_tables,
 )
+from edgeplex.sizes import MiB, parse_size
 
 __all__ = [
     "AgentSettings",

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from edgeplex.agent.model_config import parse_size
+from edgeplex.sizes import parse_size
 
 
 class RunnerSettings(BaseModel):

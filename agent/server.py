@@ -34,10 +34,10 @@ from edgeplex.agent.frontdoor.http import start_http_server
 from edgeplex.agent.residency.contract import Limits
 from edgeplex.agent.residency.effects import RunnerEffects
 from edgeplex.agent.residency.owner import Residency
-from edgeplex.agent.residency.policies import make_policy
 from edgeplex.agent.residency.state import ModelRecord
 from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.agent.tracing import Spans
+from edgeplex.eviction import make_policy
 
 log = logging.getLogger("edgeplex.agent")
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Agent, metric_sum
 
 from edgeplex.agent import demo
-from edgeplex.agent.config import parse_size
+from edgeplex.sizes import parse_size
 
 # (width, layers) -> approximate bytes: 4 * (64*width + (layers-1)*width^2)
 KINDS = {"small": (384, 3), "medium": (768, 4), "large": (1536, 4)}

@@ -38,7 +38,7 @@ from edgeplex.agent.frontdoor.oip_body import (
 )
 from edgeplex.agent.frontdoor.oip_response import encode_infer_response
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.model_config import parse_size
+from edgeplex.sizes import parse_size
 
 log = logging.getLogger("edgeplex.agent.http")
 

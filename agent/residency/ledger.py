@@ -15,8 +15,8 @@ from typing import Any
 
 from edgeplex.agent.forms import ORIGINAL
 from edgeplex.agent.residency.planner import QueuedLoad, Slot, candidate
-from edgeplex.agent.residency.policies import Candidate
 from edgeplex.agent.residency.state import HOLDS_DEVICE, ModelKey, ModelRecord, Phase, Tier
+from edgeplex.eviction import Candidate
 
 
 class Ledger:

@@ -18,9 +18,9 @@ from edgeplex.agent.residency.contract import Effects, Limits
 from edgeplex.agent.residency.hot_set import recent_requests
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.planner import plan_room, victims_for
-from edgeplex.agent.residency.policies import EvictionPolicy
 from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase
 from edgeplex.agent.residency.upkeep import budget_cut, host_budget_drops
+from edgeplex.eviction import EvictionPolicy
 
 # Seconds without an eviction or a load as a variant before room counts as
 # returned: loads start as originals again, and models serving a variant swap back.

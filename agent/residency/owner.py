@@ -31,7 +31,6 @@ from edgeplex.agent.residency.describe import describe
 from edgeplex.agent.residency.hot_set import demand, hot_set
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.lifecycle import Lifecycle
-from edgeplex.agent.residency.policies import EvictionPolicy
 from edgeplex.agent.residency.side_work import SideWork
 from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
@@ -40,6 +39,7 @@ from edgeplex.agent.residency.upkeep import (
     prepack_choice,
     promotion_refusal,
 )
+from edgeplex.eviction import EvictionPolicy
 
 NEVER = float("inf")
 

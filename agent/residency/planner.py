@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgeplex.agent.residency.policies import Candidate, EvictionPolicy
 from edgeplex.agent.residency.state import ModelKey, Phase
+from edgeplex.eviction import Candidate, EvictionPolicy
 
 # Slot, QueuedLoad and Candidate are values, never changed once built, but not
 # frozen: a plan builds one of each per model after nearly every event, and a

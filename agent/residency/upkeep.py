@@ -11,8 +11,8 @@ from edgeplex.agent.errors import NoRoom, Overloaded, ServeError
 from edgeplex.agent.residency.contract import Limits
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.planner import Slot, movable, victims_for
-from edgeplex.agent.residency.policies import EvictionPolicy
 from edgeplex.agent.residency.state import SHARED_RUNNER, ModelRecord, Phase
+from edgeplex.eviction import EvictionPolicy
 
 PREPACK_INTERVAL_S = 1.0  # at most one rebuild a second: each one copies a model's weights
 

@@ -26,18 +26,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgeplex.agent.residency.policies import (
-    Candidate,
-    EvictionPolicy,
-    GreedyDualSizeFrequency,
-    LeastRecentlyUsedByCount,
-)
 from edgeplex.control_plane.demand import ewma
 from edgeplex.control_plane.forecast import Forecaster
 from edgeplex.control_plane.placement import ModelSpec, PlacementInput, SiteInfo, place
 from edgeplex.control_plane.sim.serving import serve_step
 from edgeplex.control_plane.sim.spec import Catalog, FleetSpec
 from edgeplex.control_plane.sim.traces import DemandSource
+from edgeplex.eviction import (
+    Candidate,
+    EvictionPolicy,
+    GreedyDualSizeFrequency,
+    LeastRecentlyUsedByCount,
+)
 
 STRATEGIES = ("lru", "reactive", "forecast")
 TRACE_EPOCH = 4 * 86400.0  # unix time of the trace's minute 0: Monday 1970-01-05 00:00 UTC

@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from edgeplex.agent.model_config import parse_size
+from edgeplex.sizes import parse_size
 
 MB = 1000**2
 GiB = 1024**3

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgeplex.agent.residency.policies import (
+from edgeplex.eviction import (
     Candidate,
     GreedyDualSizeFrequency,
     IdleTimeToLive,

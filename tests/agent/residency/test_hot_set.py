@@ -8,8 +8,8 @@ from dataclasses import replace
 from edgeplex.agent.residency.contract import Limits
 from edgeplex.agent.residency.hot_set import Demand, hot_set, recent_requests
 from edgeplex.agent.residency.planner import QueuedLoad, Slot, plan_room, victims_for
-from edgeplex.agent.residency.policies import GreedyDualSizeFrequency
 from edgeplex.agent.residency.state import ModelKey, Phase, Usage
+from edgeplex.eviction import GreedyDualSizeFrequency
 
 MB = 1 << 20
 

@@ -30,7 +30,6 @@ from edgeplex.agent.forms import VariantReport
 from edgeplex.agent.repository import scan_repository
 from edgeplex.agent.residency.contract import Limits, Loaded
 from edgeplex.agent.residency.owner import Residency
-from edgeplex.agent.residency.policies import GreedyDualSizeFrequency, LeastRecentlyUsedByCount
 from edgeplex.agent.residency.state import (
     HOLDS_DEVICE,
     Intent,
@@ -40,6 +39,7 @@ from edgeplex.agent.residency.state import (
     Tier,
 )
 from edgeplex.agent.residency.tickets import Ticket
+from edgeplex.eviction import GreedyDualSizeFrequency, LeastRecentlyUsedByCount
 
 MODELS = ["a", "b", "c", "d", "e"]
 WIDTHS = {"a": 256, "b": 256, "c": 384, "d": 512, "e": 128}

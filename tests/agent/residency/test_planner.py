@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from edgeplex.agent.residency.planner import QueuedLoad, Slot, plan_room
-from edgeplex.agent.residency.policies import GreedyDualSizeFrequency, NoOverCommit
 from edgeplex.agent.residency.state import ModelKey, Phase
+from edgeplex.eviction import GreedyDualSizeFrequency, NoOverCommit
 
 MB = 1 << 20
 

@@ -1,0 +1,29 @@
+"""The two roles share names only through the `edgeplex` package: nothing under
+control_plane/ imports the agent."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules.add(node.module)
+    return modules
+
+
+def test_the_control_plane_never_imports_the_agent() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            m for m in imported_modules(path) if "agent" in m.split(".")
+        )
+        for path in sorted((ROOT / "control_plane").rglob("*.py"))
+    }
+    assert {path: found for path, found in offenders.items() if found} == {}
