@@ -30,7 +30,7 @@ import aiohttp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Agent, metric_sum
+from common import Agent, metric_sum, zipf_weights
 
 from edgeplex.agent import demo
 from edgeplex.sizes import parse_size
@@ -60,11 +60,6 @@ def build_catalog(repo: Path, total: int, seed: int) -> dict[str, str]:
     order = list(kinds)
     rng.shuffle(order)
     return {name: kinds[name] for name in order}  # popularity order: first = most popular
-
-
-def zipf_weights(n: int, alpha: float) -> np.ndarray:
-    w = 1.0 / np.arange(1, n + 1) ** alpha
-    return w / w.sum()
 
 
 async def drive(

@@ -58,7 +58,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ab
-from common import Agent, metric_sum
+from common import Agent, metric_sum, zipf_weights
 
 from edgeplex.agent import demo
 
@@ -69,8 +69,7 @@ CACHE = Path(__file__).resolve().parent.parent / ".cache" / "bench-closed-loop"
 def zipf_share(top: int, count: int) -> float:
     """The share of Zipf 1/rank requests over `count` models that go to the `top`
     most requested."""
-    weights = 1.0 / np.arange(1, count + 1)
-    return float(weights[:top].sum() / weights.sum())
+    return float(zipf_weights(count)[:top].sum())
 
 
 def oracle_bound(share: float, packed: float, unpacked: float) -> float:
@@ -131,8 +130,7 @@ def request_body() -> tuple[bytes, dict[str, str]]:
 async def closed_loop(
     http: str, models: list[str], clients: int, duration: float, seed: int
 ) -> tuple[list[float], dict[int, int], float]:
-    weights = 1.0 / np.arange(1, len(models) + 1)
-    weights /= weights.sum()
+    weights = zipf_weights(len(models))
     body, headers = request_body()
     latencies: list[float] = []
     codes: dict[int, int] = {}
