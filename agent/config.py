@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from edgeplex.agent.door_settings import DoorSettings
 from edgeplex.agent.forms import Calibration, VariantGuard
 from edgeplex.agent.model_config import ModelConfig, load_model_config
 from edgeplex.agent.runner_settings import RunnerSettings
@@ -30,6 +31,7 @@ from edgeplex.sizes import MiB, parse_size
 
 __all__ = [
     "AgentSettings",
+    "DoorSettings",
     "FleetSettings",
     "MiB",
     "ModelConfig",
@@ -179,9 +181,12 @@ class AgentSettings(FileSettings):
         "with Retry-After.",
     )
     max_inflight_bytes: int = Field(
-        default=512 * MiB,
-        description="Request bytes the agent holds at once (size suffixes allowed); "
-        "beyond it, refused as for max_inflight_requests.",
+        default=192 * MiB,
+        description="Request bytes the agent holds at once, counted from the declared size "
+        "before a body is read and as it decompresses (size suffixes allowed); beyond it, "
+        "refused as for max_inflight_requests. The default holds one body of the largest "
+        "size (2 x max_payload_bytes + 1 MiB) and keeps the memory a flood of large bodies "
+        "can take bounded.",
     )
     drain_timeout_s: float = Field(
         default=30.0,
@@ -311,6 +316,10 @@ class AgentSettings(FileSettings):
     runner: RunnerSettings = Field(
         default_factory=RunnerSettings, description="Runner processes (see RunnerSettings)."
     )
+    doors: DoorSettings = Field(
+        default_factory=DoorSettings,
+        description="Deadlines, caps and flood defences of the OIP doors (see DoorSettings).",
+    )
     security: SecuritySettings = Field(
         default_factory=SecuritySettings,
         description="Admin token, inference key, TLS (see SecuritySettings).",
@@ -353,6 +362,7 @@ def reference_tables() -> str:
             (RunnerSettings, "runner."),
             (FleetSettings, "fleet."),
             (SecuritySettings, "security."),
+            (DoorSettings, "doors."),
             (ModelConfig, ""),
             (Calibration, "calibration."),
             (VariantGuard, "variant_guard."),

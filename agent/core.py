@@ -32,6 +32,7 @@ from edgeplex.agent.fleet.forward import NO_ROUTE_RETRY_S, Peer, Router
 from edgeplex.agent.fleet.load_window import LoadWindow
 from edgeplex.agent.fleet.routing import Local, Where, choose_route
 from edgeplex.agent.frontdoor.gate import InflightGate
+from edgeplex.agent.frontdoor.overload import OverloadWatch
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.repository import ModelSource, scan_repository_versions, scan_versions
 from edgeplex.agent.requests import InferInput, validate
@@ -76,7 +77,11 @@ class Agent:
         self.router: Router | None = None  # set in fleet mode (forward.py)
         self.on_demand: FetchOnDemand | None = None  # set in fleet mode (on_demand.py)
         self.region = settings.fleet.region or "local"
-        self.gate = InflightGate(settings.max_inflight_requests, settings.max_inflight_bytes)
+        doors = settings.doors
+        self.overload = OverloadWatch(doors.shed_loop_lag_s, doors.shed_memory_available)
+        self.gate = InflightGate(
+            settings.max_inflight_requests, settings.max_inflight_bytes, self.overload.reason
+        )
 
     # --- health and metadata -------------------------------------------------------------
 

@@ -192,6 +192,32 @@ class AgentMetrics:
             ["model"],
             registry=r,
         )
+        self.shed = Counter(
+            "edgeplex_agent_shed_requests_total",
+            "Inference requests refused at a door before their body was read, by reason: "
+            "loop_lag or memory (overload shedding), inflight_requests or inflight_bytes "
+            "(the gate's caps), connection_bytes (one HTTP/2 connection's cap).",
+            ["reason"],
+            registry=r,
+        )
+        self.door_refusals = Counter(
+            "edgeplex_door_refused_connections_total",
+            "Connections a door refused or closed to protect itself, by door (http, grpc) and "
+            "reason: connection caps, penalised addresses, deadlines, floods, protocol errors.",
+            ["door", "reason"],
+            registry=r,
+        )
+        self.door_connections = Gauge(
+            "edgeplex_door_connections",
+            "Open connections per door.",
+            ["door"],
+            registry=r,
+        )
+        self.loop_lag = Gauge(
+            "edgeplex_agent_event_loop_lag_seconds",
+            "How late the agent's event loop ran its last timer (overload shedding's input).",
+            registry=r,
+        )
         self.rejected_messages = Counter(
             "edgeplex_agent_rejected_messages_total",
             "Control messages (desired state, routes, key rollovers) dropped unused, by "

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import shutil
 import signal
 import tempfile
@@ -122,6 +123,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
 
     loader = asyncio.create_task(initial_loads())
     scaler = asyncio.create_task(ticks())
+    overload = asyncio.create_task(agent.overload.run())
     watchdog = asyncio.create_task(systemd.watchdog())
     link_task = None
     if settings.fleet.control_plane:
@@ -148,6 +150,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         await asyncio.sleep(FLUSH_LINGER_S)
     loader.cancel()
     scaler.cancel()
+    overload.cancel()
     watchdog.cancel()
     if link_task is not None:
         link_task.cancel()
@@ -219,8 +222,20 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop  # type: ignore[no-any-return]
 
 
+def raise_open_files(wanted: int) -> None:
+    """Raise this process's soft limit on open files towards `wanted` (within the hard
+    limit), so the doors' connection caps bind before the descriptor limit does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 def run_agent(settings: AgentSettings) -> int:
     logs.configure(settings.log_level, settings.log_format)
+    # Both doors at their cap, runners, model files and a margin.
+    raise_open_files(2 * settings.doors.max_connections + 1024)
     spans = None
     try:
         if settings.otlp_endpoint:

@@ -3,6 +3,7 @@ either role that takes bytes."""
 
 from __future__ import annotations
 
+KiB = 1024
 MiB = 1024 * 1024
 
 _SUFFIXES = {

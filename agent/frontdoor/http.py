@@ -15,6 +15,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from ssl import SSLContext
 from typing import Any, Protocol
 
@@ -51,6 +52,20 @@ VARIANT = "edgeplex-variant"  # a quantized variant served it (absent: as shippe
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+@dataclass(frozen=True)
+class Route:
+    """One route as a door needs it before it reads a body: who may call it, how
+    large a body it takes, and whether it passes the in-flight gate (inference)."""
+
+    method: str
+    path: str
+    handler: Handler  # ServeErrors answered; the access check is the door's
+    access: Access
+    what: str  # named in refusals
+    max_body: int
+    admits: bool
+
+
 def error_response(exc: ServeError) -> web.Response:
     headers = {}
     if exc.http_status == 401:
@@ -60,6 +75,17 @@ def error_response(exc: ServeError) -> web.Response:
     if exc.not_here:
         headers[NOT_HERE] = "1"
     return web.json_response({"error": exc.message}, status=exc.http_status, headers=headers)
+
+
+def _answer_errors(handler: Handler) -> Handler:
+    async def answered(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ServeError as exc:
+            return error_response(exc)
+
+    answered.__name__ = handler.__name__
+    return answered
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -76,56 +102,70 @@ class HttpApi:
         self.credentials = credentials
         self.buffers = buffers
 
-    def routes(self) -> list[web.RouteDef]:
+    def table(self, max_body: int) -> list[Route]:
+        """Every route; `max_body` is the inference routes' body cap (the others take
+        at most SMALL_JSON)."""
         m = "/v2/models/{model}"
         v = "/v2/models/{model}/versions/{version}"
         open_, client, admin = Access.OPEN, Access.CLIENT, Access.ADMIN
+        get, post = "GET", "POST"
         table = [
-            (web.get, "/v2", self.server_metadata, open_),
-            (web.get, "/v2/health/live", self.live, open_),
-            (web.get, "/v2/health/ready", self.ready, open_),
-            (web.get, "/metrics", self.metrics, open_),
-            (web.get, "/openapi.json", self.openapi, open_),
-            (web.get, "/v2/models/stats", self.stats, client),
-            (web.post, "/v2/repository/index", self.repository_index, client),
-            (web.post, "/v2/repository/models/{model}/load", self.load, admin),
-            (web.post, "/v2/repository/models/{model}/unload", self.unload, admin),
+            (get, "/v2", self.server_metadata, open_),
+            (get, "/v2/health/live", self.live, open_),
+            (get, "/v2/health/ready", self.ready, open_),
+            (get, "/metrics", self.metrics, open_),
+            (get, "/openapi.json", self.openapi, open_),
+            (get, "/v2/models/stats", self.stats, client),
+            (post, "/v2/repository/index", self.repository_index, client),
+            (post, "/v2/repository/models/{model}/load", self.load, admin),
+            (post, "/v2/repository/models/{model}/unload", self.unload, admin),
             *[
                 route
                 for base in (m, v)
                 for route in (
-                    (web.get, base, self.model_metadata, client),
-                    (web.get, base + "/ready", self.model_ready, client),
-                    (web.get, base + "/config", self.model_config, client),
-                    (web.get, base + "/stats", self.stats, client),
-                    (web.post, base + "/infer", self.infer, client),
+                    (get, base, self.model_metadata, client),
+                    (get, base + "/ready", self.model_ready, client),
+                    (get, base + "/config", self.model_config, client),
+                    (get, base + "/stats", self.stats, client),
+                    (post, base + "/infer", self.infer, client),
                 )
             ],
-            (web.get, "/edgeplex/v1/status", self.status, client),
-            (web.get, "/edgeplex/v1/memory", self.memory, client),
-            (web.post, "/edgeplex/v1/memory", self.set_memory, admin),
-            (web.post, "/edgeplex/v1/models/{model}/pin", self.pin, admin),
-            (web.post, "/edgeplex/v1/models/{model}/unpin", self.unpin, admin),
-            (web.post, "/edgeplex/v1/models/{model}/demote", self.demote, admin),
+            (get, "/edgeplex/v1/status", self.status, client),
+            (get, "/edgeplex/v1/memory", self.memory, client),
+            (post, "/edgeplex/v1/memory", self.set_memory, admin),
+            (post, "/edgeplex/v1/models/{model}/pin", self.pin, admin),
+            (post, "/edgeplex/v1/models/{model}/unpin", self.unpin, admin),
+            (post, "/edgeplex/v1/models/{model}/demote", self.demote, admin),
         ]
-        return [verb(path, self._serve(handler, access)) for verb, path, handler, access in table]
+        return [
+            Route(
+                method, path, _answer_errors(handler), access,
+                handler.__name__.replace("_", " "),
+                max_body if handler == self.infer else SMALL_JSON,
+                handler == self.infer,
+            )  # fmt: skip
+            for method, path, handler, access in table
+        ]
 
-    def _serve(self, handler: Handler, access: Access) -> Handler:
-        """The route's handler behind its access check, with refusals and ServeErrors
-        answered as error responses (one wrapper, not a middleware: one coroutine
-        fewer on every request)."""
-        what = handler.__name__.replace("_", " ")
-        check = self.credentials.check
+    def routes(self, max_body: int) -> list[web.RouteDef]:
+        """The table as aiohttp routes, each behind its access check."""
+        return [web.route(r.method, r.path, self._checked(r)) for r in self.table(max_body)]
 
-        async def served(request: web.Request) -> web.StreamResponse:
+    def _checked(self, route: Route) -> Handler:
+        """The route's handler behind its access check (one wrapper, not a middleware:
+        one coroutine fewer on every request)."""
+        if route.access == Access.OPEN:
+            return route.handler
+        check, handler, access, what = self.credentials.check, route.handler, route.access, route.what
+
+        async def checked(request: web.Request) -> web.StreamResponse:
             try:
-                if access != Access.OPEN:
-                    check(access, request.headers.get("Authorization"), what)
-                return await handler(request)
+                check(access, request.headers.get("Authorization"), what)
             except ServeError as exc:
                 return error_response(exc)
+            return await handler(request)
 
-        return served
+        return checked
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return _json(self.agent.server_metadata())
@@ -176,7 +216,8 @@ class HttpApi:
         mi = request.match_info
         model, version = mi["model"], mi.get("version", "")
         try:
-            with self.agent.gate.hold(request.content_length or 0) as held:
+            admitted = getattr(request, "admitted", None)  # by the native door, from its headers
+            with self.agent.gate.hold(request.content_length or 0, admitted) as held:
                 record = self.agent.residency.get(model)
                 access = ACCESS.start(
                     "http",
@@ -220,14 +261,16 @@ class HttpApi:
         encoding = request.headers.get("Content-Encoding", "")
         split = request.headers.get(HEADER_LENGTH)
 
-        def decode() -> InferBody:
+        def decode() -> tuple[bytes, InferBody]:
             body = decode_content(raw, encoding, 2 * settings.max_payload_bytes)
-            return parse_infer_body(
+            return body, parse_infer_body(
                 body, split, settings.max_json_bytes, settings.max_payload_bytes
             )
 
         # Large bodies are decoded on a worker thread, so the loop keeps serving.
-        parsed = decode() if len(raw) <= OFFLOAD_BYTES else await asyncio.to_thread(decode)
+        body, parsed = decode() if len(raw) <= OFFLOAD_BYTES else await asyncio.to_thread(decode)
+        if body is not raw:
+            held.grow(len(raw) + len(body))  # the decompressed body is held as well
         result = await self.agent.infer(
             model, version, parsed.inputs, parsed.outputs, parsed.timeout_s, origin
         )
@@ -318,15 +361,22 @@ async def start_http_server(
             if settings.http_server == "native":
                 raise RuntimeError(f"http_server: native needs httptools ({exc})") from None
         else:
-            routes = HttpApi(agent, credentials, buffers=True).routes()
+            table = HttpApi(agent, credentials, buffers=True).table(max_body)
             return await start_native_http(
-                routes, settings.http_host, settings.http_port, max_body, ssl
-            )
+                table, credentials, agent.gate, settings.doors, settings.http_host,
+                settings.http_port, ssl,
+            )  # fmt: skip
     app = web.Application(client_max_size=max_body)
-    app.add_routes(HttpApi(agent, credentials).routes())
+    app.add_routes(HttpApi(agent, credentials).routes(max_body))
     # The body is read as sent: parse_infer_body decodes Content-Encoding itself, once,
     # under its own cap, and a forwarded request keeps the encoding it came with.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
+    # aiohttp applies the doors' keep-alive timeout and header caps, not the rest.
+    doors = settings.doors
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, auto_decompress=False,
+        keepalive_timeout=doors.keepalive_timeout_s, max_headers=doors.max_headers,
+        max_line_size=doors.max_header_bytes, max_field_size=doors.max_header_bytes,
+    )  # fmt: skip
     await runner.setup()
     site = web.TCPSite(runner, settings.http_host, settings.http_port, ssl_context=ssl)
     await site.start()

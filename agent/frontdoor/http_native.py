@@ -1,26 +1,32 @@
-"""The HTTP door on the agent's own loop: HTTP/1.1 parsed by llhttp (httptools).
+"""The HTTP door on the agent's own loop: HTTP/1.1 parsed by llhttp (httptools),
+written as if the network were hostile.
 
-It serves the same routes and handlers as the aiohttp door (http.py's
-`HttpApi`): a handler gets a small request object with what the handlers use
-(match_info, headers, content_length, path_qs, read) and returns the same
-`web.Response`, whose status, headers and body are written here in one write
-(binary outputs as views of the output arrays: oip_response.py).
-What aiohttp adds per request on top (its request and response objects, its
-router, the task per request it keeps for streaming) is left out: one request
-costs about 30 µs less (docs/benchmarks.md, "The hot path").
+It serves the routes of http.py's `HttpApi` (the aiohttp door serves the same):
+a handler gets a small request object with what the handlers use (match_info,
+headers, content_length, path_qs, read) and returns a `web.Response`, whose
+status, headers and body are written here in one write (binary outputs as
+views of the output arrays: oip_response.py). What aiohttp adds per request
+(its request and response objects, its router, a task per request) is left
+out: one request costs about 30 µs less (docs/benchmarks.md).
 
-HTTP as this door speaks it:
-- keep-alive (HTTP/1.1's default; `Connection: close` and HTTP/1.0 honoured),
-  pipelined requests answered in order, reading paused while 16 wait;
-- bodies by Content-Length or chunked, up to the agent's body cap (413 beyond,
-  and the connection closes), `Expect: 100-continue` answered;
-- request line and headers together at most 64 KiB (431 beyond);
-- HEAD on every GET route; 404 for an unknown path, 405 with `Allow` for a
-  known path and another method;
-- a request that does not parse gets 400 and the connection closes;
-- a connection idle for 75 s closes, as aiohttp's does, and so does one that
-  stalls that long in the middle of a request.
-A client that disconnects does not cancel its request: the answer is dropped.
+Everything is decided from the request line and headers, before a body byte is
+buffered: the route (404, 405 with `Allow`), the caller's credential (401,
+403), the body's declared size against the route's cap (413), and, for
+inference, admission through the agent's in-flight gate (429 with
+Retry-After). A refusal is answered in turn with the requests pipelined ahead
+of it; when a body was announced and left unread, the connection then closes.
+A chunked body is counted as it arrives and cut at the cap.
+
+Deadlines (DoorSettings) are absolute, so trickling extends none of them: a
+connection idle for `keepalive_timeout_s` closes; the first byte of a request
+starts `header_timeout_s` for its line and headers (408 beyond), and its
+headers start the body's (`body_timeout_s` + size / `body_min_rate`, 408
+beyond). Header count and size are capped (431); at most `max_pipelined`
+requests are read ahead, and reading stops while the client does not read its
+answers. Connections are capped in total and per address, longest-idle closed
+first (connections.py). A request that does not parse gets 400 and the
+connection closes. A client that disconnects does not cancel its request: the
+answer is dropped.
 """
 
 from __future__ import annotations
@@ -31,7 +37,6 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
 from ssl import SSLContext
 from typing import Any
 from urllib.parse import unquote
@@ -40,60 +45,62 @@ import httptools
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from edgeplex.agent.door_settings import DoorSettings
+from edgeplex.agent.errors import ServeError
+from edgeplex.agent.frontdoor.auth import Access, Credentials
+from edgeplex.agent.frontdoor.connections import ConnectionLimiter
+from edgeplex.agent.frontdoor.gate import InflightGate, Pass
+from edgeplex.agent.frontdoor.http import Handler, Route, error_response
 from edgeplex.agent.frontdoor.oip_response import Buffer, TensorResponse
+from edgeplex.agent.metrics import METRICS
 
 log = logging.getLogger("edgeplex.agent.http")
 
-KEEPALIVE_S = 75.0
-MAX_HEAD_BYTES = 64 * 1024
-MAX_PIPELINED = 16
-Handler = Callable[[Any], Awaitable[web.StreamResponse]]
+LINGER_S = 2.0  # after a refusal that left a body unread (see Connection._stop)
 
 
 class Request:
     """What the handlers read of a request (the part of aiohttp's they use)."""
 
-    __slots__ = ("_body", "content_length", "headers", "match_info", "method", "path_qs")
+    __slots__ = ("_body", "admitted", "content_length", "headers", "match_info", "method",
+                 "path_qs")  # fmt: skip
 
-    def __init__(
-        self,
-        method: str,
-        path_qs: str,
-        headers: CIMultiDictProxy[str],
-        body: bytes,
-    ) -> None:
+    def __init__(self, method: str, path_qs: str, headers: CIMultiDictProxy[str],
+                 match_info: dict[str, str], admitted: Pass | None) -> None:  # fmt: skip
         self.method = method
         self.path_qs = path_qs
         self.headers = headers
-        self.match_info: dict[str, str] = {}
+        self.match_info = match_info
         length = headers.get("Content-Length")
         self.content_length = int(length) if length and length.isdigit() else None
-        self._body = body
+        self.admitted = admitted  # the gate's pass, taken from the headers
+        self._body: bytes | bytearray = b""
 
-    async def read(self) -> bytes:
+    async def read(self) -> bytes | bytearray:
         return self._body
 
 
 class Routes:
-    """aiohttp's route definitions, matched as aiohttp matches them: `{name}` is one
-    path segment, percent-decoded."""
+    """Route definitions matched as aiohttp matches them: `{name}` is one path
+    segment, percent-decoded. The patterns are anchored and have no nested
+    repetition, so matching is linear in the path."""
 
-    def __init__(self, defs: list[web.RouteDef]) -> None:
-        self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
-        for d in defs:
-            pattern = re.sub(r"\\{(\w+)\\}", r"(?P<\1>[^/]+)", re.escape(d.path))
-            self._routes.append((d.method, re.compile(pattern + "$"), d.handler))
+    def __init__(self, table: list[Route]) -> None:
+        self._routes: list[tuple[re.Pattern[str], Route]] = []
+        for route in table:
+            pattern = re.sub(r"\\{(\w+)\\}", r"(?P<\1>[^/]+)", re.escape(route.path))
+            self._routes.append((re.compile(pattern + "$"), route))
 
-    def resolve(self, method: str, path: str) -> tuple[Handler | None, dict[str, str], list[str]]:
-        """(handler, match_info, []) or (None, {}, the methods the path allows)."""
+    def resolve(self, method: str, path: str) -> tuple[Route | None, dict[str, str], list[str]]:
+        """(route, match_info, []) or (None, {}, the methods the path allows)."""
         allowed = []
-        for route_method, pattern, handler in self._routes:
+        for pattern, route in self._routes:
             m = pattern.match(path)
             if m is None:
                 continue
-            if route_method == method or (method == "HEAD" and route_method == "GET"):
-                return handler, m.groupdict(), []
-            allowed.append(route_method)
+            if route.method == method or (method == "HEAD" and route.method == "GET"):
+                return route, m.groupdict(), []
+            allowed.append(route.method)
         return None, {}, allowed
 
 
@@ -137,83 +144,147 @@ def plain(status: int, text: str, headers: dict[str, str] | None = None) -> web.
 
 
 class Door:
-    """One listening socket's routes and limits, shared by its connections."""
+    """One listening socket's routes, limits and connections."""
 
-    def __init__(self, routes: Routes, max_body: int) -> None:
+    def __init__(self, routes: Routes, credentials: Credentials, gate: InflightGate,
+                 limits: DoorSettings) -> None:  # fmt: skip
         self.routes = routes
-        self.max_body = max_body
-        self.connections: set[Connection] = set()
+        self.credentials = credentials
+        self.gate = gate
+        self.limits = limits
+        self.connections = ConnectionLimiter(
+            "http", limits.max_connections, limits.max_connections_per_client,
+            limits.abuse_penalty_s,
+        )  # fmt: skip
+        self.open: set[Connection] = set()
 
-    async def handle(self, request: Request, path: str) -> web.StreamResponse:
-        handler, match_info, allowed = self.routes.resolve(request.method, path)
-        if handler is None:
+    def decide(self, method: str, path: str, headers: CIMultiDictProxy[str], declared: int
+               ) -> tuple[Route, dict[str, str], Pass | None] | web.Response:  # fmt: skip
+        """From the head alone: the route, its match and its gate pass, or the refusal."""
+        route, match_info, allowed = self.routes.resolve(method, path)
+        if route is None:
             if allowed:
                 allow = ",".join(sorted(set(allowed)))
                 return plain(405, "405: Method Not Allowed", {"Allow": allow})
             return plain(404, "404: Not Found")
-        request.match_info = match_info
+        if declared > route.max_body:
+            return plain(413, f"413: the body exceeds {route.max_body} bytes")
         try:
-            return await handler(request)
+            if route.access != Access.OPEN:
+                self.credentials.check(route.access, headers.get("Authorization"), route.what)
+            admitted = self.gate.admit(declared) if route.admits else None
+        except ServeError as exc:
+            return error_response(exc)
+        return route, match_info, admitted
+
+    @staticmethod
+    async def handle(handler: Handler, request: Request, path: str) -> web.StreamResponse:
+        try:
+            return await handler(request)  # type: ignore[arg-type]
         except Exception:  # a bug answers 500 and leaves the connection serving
             log.exception("%s %s failed", request.method, path)
             return plain(500, "500 Internal Server Error")
 
 
+# What a connection queues to answer in order: a request and its handler, or a
+# refusal decided from the head (with whether the connection closes after it).
+_Work = tuple[Request, Handler, str, bool] | tuple[web.Response, bool]
+
+
 class Connection(asyncio.Protocol):
+    """One client connection; every method runs on the event loop."""
+
     def __init__(self, door: Door) -> None:
         self.door = door
+        self.limits = door.limits
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
-        self.waiting: deque[tuple[Request, str, bool]] = deque()
-        self.busy = False
-        self.paused = False
-        self._idle: asyncio.TimerHandle | None = None
+        self.client = ""
+        self.waiting: deque[_Work] = deque()
+        self.busy = False  # _serve is running
+        self.reading = True
+        self.stopped = False  # a refusal ends the connection: ignore what follows
+        self.linger = False  # after that refusal, discard the unread body a while
+        self.drained: asyncio.Future[None] | None = None  # set while writing is paused
+        self._timer: asyncio.TimerHandle | None = None
         self._begin()
 
     # --- asyncio's side ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.door.connections.add(self)
-        self._arm_idle()
+        self.client = str((transport.get_extra_info("peername") or ("",))[0])
+        if not self.door.connections.admit(self, self.client):
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        self.door.open.add(self)
+        self._idle()
 
     def data_received(self, data: bytes) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        if self.stopped:
+            return  # discarded (lingering after a refusal) or after the end
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             # A refusal raised in a callback arrives wrapped by the parser.
             refused = exc.__context__ if isinstance(exc.__context__, _Refused) else None
-            if refused is not None:
-                self._close_with(refused.status, refused.text)
-            else:
-                self._close_with(400, "400: Bad Request")
-        if not self.busy and not self.waiting:  # mid-request: a client that stalls is idle
-            self._arm_idle()
-        if len(self.waiting) >= MAX_PIPELINED and not self.paused and self.transport:
-            self.transport.pause_reading()
-            self.paused = True
+            if refused is None:
+                METRICS.door_refusals.labels(door="http", reason="bad_request").inc()
+                refused = _Refused(plain(400, "400: Bad Request"), linger=False)
+            self._stop(refused.response, refused.linger)
+            return
+        if len(self.waiting) >= self.limits.max_pipelined:
+            self._pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.door.connections.discard(self)
-        if self._idle is not None:
-            self._idle.cancel()
+        self.door.connections.leave(self, self.client)
+        self.door.open.discard(self)
+        self._cancel_timer()
         self.transport = None
+        if self.admitted is not None:
+            self.admitted.release()
+        for work in self.waiting:
+            if isinstance(work[0], Request) and work[0].admitted is not None:
+                work[0].admitted.release()
+        self.waiting.clear()
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
 
-    # --- llhttp's callbacks -----------------------------------------------------------------
+    def pause_writing(self) -> None:
+        """The client does not read its answers: answer no more until it does."""
+        self.drained = asyncio.get_running_loop().create_future()
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+        self.drained = None
+
+    def close_idle(self) -> None:
+        """The door needs the room this idle connection holds."""
+        if self.transport is not None:
+            self.transport.close()
+
+    # --- llhttp's callbacks: one request's head, then its body --------------------------------
 
     def _begin(self) -> None:
         self.url = b""
         self.head_bytes = 0
         self.header_list: list[tuple[str, str]] = []
         self.headers: CIMultiDictProxy[str] = _NO_HEADERS  # set once they are all in
-        self.body: list[bytes] = []
+        self.route: Route | None = None
+        self.match_info: dict[str, str] = {}
+        self.admitted: Pass | None = None
+        self.refusal: web.Response | None = None
+        self.body: bytearray | None = None
         self.body_bytes = 0
+        self.declared = -1  # Content-Length; -1 when chunked
+        self.started = 0.0  # when the body's deadline started
 
     def on_message_begin(self) -> None:
         self._begin()
+        self.door.connections.busy(self)
+        self._arm(self.limits.header_timeout_s, self._head_late)
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -221,90 +292,217 @@ class Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count(len(name) + len(value))
+        if len(self.header_list) >= self.limits.max_headers:
+            raise _Refused(
+                plain(431, f"431: more than {self.limits.max_headers} header fields"), linger=False
+            )
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         headers = self.headers = CIMultiDictProxy(CIMultiDict(self.header_list))
         length = headers.get("Content-Length", "")
-        if length.isdigit() and int(length) > self.door.max_body:
-            raise _Refused(413, f"413: the body exceeds {self.door.max_body} bytes")
+        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        self.declared = int(length) if length.isdigit() and not chunked else -1
+        method = self.parser.get_method().decode("ascii", "replace")
+        path = unquote(httptools.parse_url(self.url).path.decode("latin-1"))
+        decision = self.door.decide(method, path, headers, max(self.declared, 0))
+        if isinstance(decision, web.Response):
+            if chunked or self.declared > 0:  # a body announced: it stays unread
+                raise _Refused(decision)
+            self.refusal = decision  # answered in turn; the connection stays
+            return
+        self.route, self.match_info, self.admitted = decision
+        if self.declared > 0:
+            self.body = bytearray(self.declared)  # pages are taken as bytes arrive
+        elif chunked:
+            self.body = bytearray()
+        if self.declared > 0 or chunked:
+            self.started = time.monotonic()
+            self._arm(self._body_allowance(self.declared), self._body_late)
         if headers.get("Expect", "").lower() == "100-continue" and self.transport:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, chunk: bytes) -> None:
-        self.body_bytes += len(chunk)
-        if self.body_bytes > self.door.max_body:
-            raise _Refused(413, f"413: the body exceeds {self.door.max_body} bytes")
-        self.body.append(chunk)
+        if self.body is None:
+            return
+        n = len(chunk)
+        if self.declared >= 0:
+            self.body[self.body_bytes : self.body_bytes + n] = chunk
+        else:
+            assert self.route is not None
+            if self.body_bytes + n > self.route.max_body:
+                raise _Refused(plain(413, f"413: the body exceeds {self.route.max_body} bytes"))
+            self.body += chunk
+            if self.admitted is not None:
+                try:
+                    self.admitted.grow(self.body_bytes + n)
+                except ServeError as exc:
+                    raise _Refused(error_response(exc)) from None
+        self.body_bytes += n
 
     def on_message_complete(self) -> None:
-        method = self.parser.get_method().decode("ascii", "replace")
-        url = self.url.decode("latin-1")
-        path = unquote(httptools.parse_url(self.url).path.decode("latin-1"))
-        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
-        request = Request(method, url, self.headers, body)
-        self.waiting.append((request, path, self.parser.should_keep_alive()))
+        self._cancel_timer()
+        keep_alive = self.parser.should_keep_alive()
+        if self.refusal is not None or self.route is None:
+            self.waiting.append((self.refusal or plain(400, "400: Bad Request"), not keep_alive))
+        else:
+            method = self.parser.get_method().decode("ascii", "replace")
+            request = Request(method, self.url.decode("latin-1"), self.headers,
+                              self.match_info, self.admitted)  # fmt: skip
+            if self.body is not None:
+                request._body = self.body
+            path = unquote(httptools.parse_url(self.url).path.decode("latin-1"))
+            self.waiting.append((request, self.route.handler, path, keep_alive))
+        self.admitted = None  # the queued request holds it now
+        self._start_serving()
+
+    def _count(self, n: int) -> None:
+        self.head_bytes += n
+        if self.head_bytes > self.limits.max_header_bytes:
+            raise _Refused(plain(431, "431: Request Header Fields Too Large"), linger=False)
+
+    # --- answering --------------------------------------------------------------------------
+
+    def _start_serving(self) -> None:
         if not self.busy:
             self.busy = True
             asyncio.get_running_loop().create_task(self._serve())
 
-    def _count(self, n: int) -> None:
-        self.head_bytes += n
-        if self.head_bytes > MAX_HEAD_BYTES:
-            raise _Refused(431, "431: Request Header Fields Too Large")
-
-    # --- answering --------------------------------------------------------------------------
-
     async def _serve(self) -> None:
         try:
             while self.waiting and self.transport is not None:
-                request, path, keep_alive = self.waiting.popleft()
-                if self.paused and self.transport is not None:
-                    self.transport.resume_reading()
-                    self.paused = False
-                response = await self.door.handle(request, path)
-                if self.transport is None or self.transport.is_closing():
-                    return  # the client left: its answer has no one to go to
-                try:
-                    data = encode(response, keep_alive, request.method == "HEAD")
-                except Exception:  # a bug must not leave the client waiting
-                    log.exception("%s %s: the response could not be written", request.method, path)
-                    self._close_with(500, "500 Internal Server Error")
-                    return
-                if len(data) == 1:
-                    self.transport.write(data[0])
-                else:
-                    self.transport.writelines(data)
-                if not keep_alive:
-                    self.transport.close()
+                if self.drained is not None:
+                    await self.drained
+                    if self.transport is None:
+                        return
+                work = self.waiting.popleft()
+                if not self.reading and not self.stopped:
+                    self._resume_reading()
+                if not await self._answer(work):
                     return
         finally:
             self.busy = False
-        self._arm_idle()
+        if not self.stopped and self.transport is not None and self.parser_idle():
+            self._idle()
 
-    def _arm_idle(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
-        if self.transport is not None and not self.waiting:
-            loop = asyncio.get_running_loop()
-            self._idle = loop.call_later(KEEPALIVE_S, self.transport.close)
-
-    def _close_with(self, status: int, text: str) -> None:
+    async def _answer(self, work: _Work) -> bool:
+        """Write one answer; False when the connection is over."""
+        if len(work) == 2:
+            response, close = work
+            self._write(response, keep_alive=not close, head=False)
+            return not close
+        request, handler, path, keep_alive = work
+        try:
+            response = await self.door.handle(handler, request, path)
+        finally:
+            if request.admitted is not None:
+                request.admitted.release()
         if self.transport is None or self.transport.is_closing():
-            return
-        self.waiting.clear()
-        self.transport.writelines(encode(plain(status, text), keep_alive=False, head=False))
-        self.transport.close()
+            return False  # the client left: its answer has no one to go to
+        self._write(response, keep_alive, request.method == "HEAD")
+        return keep_alive
+
+    def _write(self, response: web.StreamResponse, keep_alive: bool, head: bool) -> None:
+        assert self.transport is not None
+        try:
+            data = encode(response, keep_alive, head)
+        except Exception:  # a bug must not leave the client waiting
+            log.exception("a response could not be written")
+            data, keep_alive = encode(plain(500, "500 Internal Server Error"), False, False), False
+        if len(data) == 1:
+            self.transport.write(data[0])
+        else:
+            self.transport.writelines(data)
+        if not keep_alive:
+            if self.linger:
+                self._linger()
+            else:
+                self.transport.close()
+
+    def parser_idle(self) -> bool:
+        """No request is being read (between messages)."""
+        return self._timer is None
+
+    def _stop(self, response: web.Response, linger: bool = False) -> None:
+        """Answer `response` after what is queued, then close; parse nothing more.
+        `linger`: a body was left unread; discard what the client still sends for
+        LINGER_S before closing, so it reads the refusal instead of a reset (nginx's
+        lingering close)."""
+        self.stopped = True
+        self.linger = linger
+        self._cancel_timer()
+        self._pause_reading()
+        if self.admitted is not None:
+            self.admitted.release()
+            self.admitted = None
+        self.waiting.append((response, True))
+        self._start_serving()
+
+    # --- deadlines --------------------------------------------------------------------------
+
+    def _linger(self) -> None:
+        assert self.transport is not None
+        self._resume_reading()
+        self._arm(LINGER_S, self.transport.close)
+
+    def _idle(self) -> None:
+        self.door.connections.idle(self, self.client)
+        self._arm(self.limits.keepalive_timeout_s, self._idle_late)
+
+    def _arm(self, delay: float, callback: Any) -> None:
+        self._cancel_timer()
+        self._timer = asyncio.get_running_loop().call_later(delay, callback)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _body_allowance(self, nbytes: int) -> float:
+        return self.limits.body_timeout_s + max(nbytes, 0) / self.limits.body_min_rate
+
+    def _idle_late(self) -> None:
+        self._timer = None
+        if self.transport is not None and not self.busy and not self.waiting:
+            METRICS.door_refusals.labels(door="http", reason="keepalive_timeout").inc()
+            self.transport.close()
+
+    def _head_late(self) -> None:
+        self._timer = None
+        METRICS.door_refusals.labels(door="http", reason="header_timeout").inc()
+        self._stop(plain(408, "408: the request's headers took too long"))
+
+    def _body_late(self) -> None:
+        self._timer = None
+        if self.declared < 0:  # chunked: the time allowed grows with the bytes received
+            left = self.started + self._body_allowance(self.body_bytes) - time.monotonic()
+            if left > 0:
+                self._arm(left, self._body_late)
+                return
+        METRICS.door_refusals.labels(door="http", reason="body_timeout").inc()
+        self._stop(plain(408, "408: the request's body arrived too slowly"))
+
+    def _pause_reading(self) -> None:
+        if self.reading and self.transport is not None:
+            self.transport.pause_reading()
+            self.reading = False
+
+    def _resume_reading(self) -> None:
+        if not self.reading and self.transport is not None:
+            self.transport.resume_reading()
+            self.reading = True
 
 
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status, self.text = status, text
+    """Raised from a parser callback: answer this, then close (lingering when a body
+    was left unread)."""
+
+    def __init__(self, response: web.Response, linger: bool = True) -> None:
+        super().__init__(response.text)
+        self.response, self.linger = response, linger
 
 
 class NativeHttp:
@@ -315,17 +513,18 @@ class NativeHttp:
 
     async def cleanup(self) -> None:
         self._server.close()
-        for conn in list(self._door.connections):
+        for conn in list(self._door.open):
             if conn.transport is not None:
                 conn.transport.close()
         await self._server.wait_closed()
 
 
 async def start_native_http(
-    routes: list[web.RouteDef], host: str, port: int, max_body: int, ssl: SSLContext | None
-) -> tuple[NativeHttp, int]:
-    door = Door(Routes(routes), max_body)
+    table: list[Route], credentials: Credentials, gate: InflightGate, limits: DoorSettings,
+    host: str, port: int, ssl: SSLContext | None,
+) -> tuple[NativeHttp, int]:  # fmt: skip
+    door = Door(Routes(table), credentials, gate, limits)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Connection(door), host, port, ssl=ssl)
+    server = await loop.create_server(lambda: Connection(door), host, port, ssl=ssl, backlog=1024)
     bound = server.sockets[0].getsockname()[1] if server.sockets else port
     return NativeHttp(server, door), bound

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,8 @@ from edgeplex.agent.tensors import check_payload_cap, from_list, from_raw
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_JSON_DEPTH = 32  # object/array nesting; a tensor of rank 8 in a request needs 12
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# Every byte but the ones that make JSON's structure: quotes and brackets.
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
 
 
 @dataclass
@@ -62,15 +62,22 @@ def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
 
 
 def json_depth(text: bytes) -> int:
-    """Deepest nesting of arrays and objects in `text` (strings skipped), counted
-    without parsing: vectorised, so a large body costs milliseconds."""
+    """Deepest nesting of arrays and objects in `text` (brackets inside strings do not
+    count), found without parsing and in time linear in its length whatever it holds:
+    a few bytes-level passes in C (escapes dropped, then all but quotes and brackets)
+    and one vectorised prefix sum; 1 MiB of any shape costs about 10 ms. Invalid JSON
+    gets some depth; the parser refuses it next."""
     if text.count(b"[") + text.count(b"{") <= MAX_JSON_DEPTH:
         return 0  # cannot be deeper than the limit
-    stripped = np.frombuffer(_STRINGS.sub(b"", text), dtype=np.uint8)
-    opens = (stripped == ord("[")) | (stripped == ord("{"))
-    closes = (stripped == ord("]")) | (stripped == ord("}"))
-    steps = opens.astype(np.int32) - closes.astype(np.int32)
-    return int(np.cumsum(steps).max(initial=0))
+    # An escaped backslash, then an escaped quote, as JSON pairs them from the left.
+    text = bytes(text).replace(b"\\\\", b"").replace(b'\\"', b"")
+    marks = np.frombuffer(text.translate(None, _NOT_STRUCTURE), dtype=np.uint8)
+    quote = marks == ord('"')
+    outside = (np.cumsum(quote, dtype=np.uint8) & 1) == 0  # parity survives wrapping
+    opens = ((marks == ord("[")) | (marks == ord("{"))).view(np.int8)
+    closes = ((marks == ord("]")) | (marks == ord("}"))).view(np.int8)
+    steps = (opens - closes) * outside
+    return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
 
 
 def load_json(text: bytes, cap: int, what: str = "request JSON") -> Any:
