@@ -137,15 +137,15 @@ class HttpApi:
             (post, "/edgeplex/v1/models/{model}/unpin", self.unpin, admin),
             (post, "/edgeplex/v1/models/{model}/demote", self.demote, admin),
         ]
-        return [
-            Route(
-                method, path, _answer_errors(handler), access,
-                handler.__name__.replace("_", " "),
-                max_body if handler == self.infer else SMALL_JSON,
-                handler == self.infer,
-            )  # fmt: skip
-            for method, path, handler, access in table
-        ]
+        return [self._route(*row, max_body) for row in table]
+
+    def _route(
+        self, method: str, path: str, handler: Handler, access: Access, max_body: int
+    ) -> Route:
+        infer = handler == self.infer
+        what = handler.__name__.replace("_", " ")
+        cap = max_body if infer else SMALL_JSON
+        return Route(method, path, _answer_errors(handler), access, what, cap, infer)
 
     def routes(self, max_body: int) -> list[web.RouteDef]:
         """The table as aiohttp routes, each behind its access check."""
@@ -156,7 +156,8 @@ class HttpApi:
         one coroutine fewer on every request)."""
         if route.access == Access.OPEN:
             return route.handler
-        check, handler, access, what = self.credentials.check, route.handler, route.access, route.what
+        check, handler = self.credentials.check, route.handler
+        access, what = route.access, route.what
 
         async def checked(request: web.Request) -> web.StreamResponse:
             try:

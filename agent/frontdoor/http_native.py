@@ -388,8 +388,8 @@ class Connection(asyncio.Protocol):
     async def _answer(self, work: _Work) -> bool:
         """Write one answer; False when the connection is over."""
         if len(work) == 2:
-            response, close = work
-            self._write(response, keep_alive=not close, head=False)
+            refusal, close = work
+            self._write(refusal, keep_alive=not close, head=False)
             return not close
         request, handler, path, keep_alive = work
         try:

@@ -23,9 +23,10 @@ MEMORY_EVERY = 10  # ticks
 
 def memory_available_fraction() -> float | None:
     """Memory left to this process's cgroup (or host) as a fraction of its total."""
+    v1 = "/sys/fs/cgroup/memory/memory."
     for limit_file, usage_file in (
         ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+        (v1 + "limit_in_bytes", v1 + "usage_in_bytes"),
     ):
         with contextlib.suppress(OSError, ValueError):
             raw = Path(limit_file).read_text().strip()
