@@ -78,7 +78,8 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         check_binds(settings.grpc_host, settings.http_host, security)
         credentials = Credentials.from_settings(security)
         tls = tls_credentials(security)
-        grpc_server, grpc_port = await start_grpc_server(agent, credentials, tls and tls[1])
+        grpc_tls = (tls[1], tls[2]) if tls else None
+        grpc_server, grpc_port = await start_grpc_server(agent, credentials, grpc_tls)
         http_runner, http_port = await start_http_server(agent, credentials, tls and tls[0])
     except BaseException:
         await pool.stop()

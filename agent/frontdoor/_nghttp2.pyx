@@ -10,6 +10,8 @@ owner object passed in implements:
     on_data(stream_id, bytes)
     on_end(stream_id)                              the client finished sending
     on_close(stream_id, error_code)                the stream is gone
+    on_control(kind)                               a "reset", "ping", "settings" or
+                                                   "priority" frame came (flood accounting)
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING
@@ -24,6 +26,8 @@ cdef extern from "nghttp2/nghttp2.h":
     ctypedef struct nghttp2_session:
         pass
     ctypedef struct nghttp2_session_callbacks:
+        pass
+    ctypedef struct nghttp2_option:
         pass
     ctypedef struct nghttp2_frame_hd:
         size_t length
@@ -64,6 +68,13 @@ cdef extern from "nghttp2/nghttp2.h":
 
     int NGHTTP2_DATA
     int NGHTTP2_HEADERS
+    int NGHTTP2_PRIORITY
+    int NGHTTP2_RST_STREAM
+    int NGHTTP2_SETTINGS
+    int NGHTTP2_PING
+    int NGHTTP2_FLAG_ACK
+    int NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
+    int NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE
     int NGHTTP2_HCAT_REQUEST
     int NGHTTP2_FLAG_NONE
     int NGHTTP2_FLAG_END_STREAM
@@ -88,7 +99,15 @@ cdef extern from "nghttp2/nghttp2.h":
                                                               frame_recv_cb)
     void nghttp2_session_callbacks_set_on_stream_close_callback(nghttp2_session_callbacks *,
                                                                 stream_close_cb)
-    int nghttp2_session_server_new(nghttp2_session **, const nghttp2_session_callbacks *, void *)
+    int nghttp2_session_server_new2(nghttp2_session **, const nghttp2_session_callbacks *, void *,
+                                    const nghttp2_option *)
+    int nghttp2_option_new(nghttp2_option **)
+    void nghttp2_option_del(nghttp2_option *)
+    void nghttp2_option_set_no_auto_window_update(nghttp2_option *, int)
+    int nghttp2_session_consume_connection(nghttp2_session *, size_t)
+    int nghttp2_session_consume_stream(nghttp2_session *, int32_t, size_t)
+    int nghttp2_session_want_read(nghttp2_session *)
+    int nghttp2_session_want_write(nghttp2_session *)
     void nghttp2_session_del(nghttp2_session *)
     Py_ssize_t nghttp2_session_mem_recv(nghttp2_session *, const uint8_t *, size_t)
     Py_ssize_t nghttp2_session_mem_send(nghttp2_session *, const uint8_t **)
@@ -181,6 +200,7 @@ cdef int _begin_headers(nghttp2_session *session, const nghttp2_frame *frame,
     cdef Session self = <Session> user
     if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
         self._headers[frame.hd.stream_id] = []
+        self._header_bytes = 0
     return 0
 
 
@@ -188,8 +208,14 @@ cdef int _header(nghttp2_session *session, const nghttp2_frame *frame, const uin
                  size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
                  void *user) noexcept with gil:
     cdef Session self = <Session> user
-    headers = self._headers.get(frame.hd.stream_id)
+    cdef int32_t stream_id = frame.hd.stream_id
+    headers = self._headers.get(stream_id)
     if headers is not None:
+        # RFC 7541's size of an entry: name, value and 32 bytes of overhead.
+        self._header_bytes += namelen + valuelen + 32
+        if self._header_bytes > self._max_header_list:
+            del self._headers[stream_id]
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE  # nghttp2 resets the stream
         try:
             headers.append((PyUnicode_DecodeLatin1(<char *> name, namelen, NULL),
                             PyUnicode_DecodeLatin1(<char *> value, valuelen, NULL)))
@@ -223,6 +249,14 @@ cdef int _frame_recv(nghttp2_session *session, const nghttp2_frame *frame,
                 self._owner.on_end(stream_id)
         elif frame.hd.type == NGHTTP2_DATA and frame.hd.flags & NGHTTP2_FLAG_END_STREAM:
             self._owner.on_end(stream_id)
+        elif frame.hd.type == NGHTTP2_RST_STREAM:
+            self._owner.on_control("reset")
+        elif frame.hd.type == NGHTTP2_PING and not frame.hd.flags & NGHTTP2_FLAG_ACK:
+            self._owner.on_control("ping")
+        elif frame.hd.type == NGHTTP2_SETTINGS and not frame.hd.flags & NGHTTP2_FLAG_ACK:
+            self._owner.on_control("settings")
+        elif frame.hd.type == NGHTTP2_PRIORITY:
+            self._owner.on_control("priority")
     except BaseException as exc:
         self._error = exc
         return NGHTTP2_ERR_CALLBACK_FAILURE
@@ -250,14 +284,23 @@ cdef class Session:
     cdef dict _headers
     cdef dict _out
     cdef object _error
+    cdef size_t _header_bytes
+    cdef size_t _max_header_list
 
-    def __cinit__(self, owner, uint32_t max_streams, uint32_t window, uint32_t max_frame):
+    def __cinit__(self, owner, uint32_t max_streams, uint32_t window, uint32_t max_frame,
+                  uint32_t connection_window, uint32_t max_header_list):
+        """Windows are refilled only by `consume` (the door calls it as calls take
+        their data); streams beyond `max_streams` and header lists beyond
+        `max_header_list` bytes are refused."""
         cdef nghttp2_session_callbacks *callbacks
-        cdef nghttp2_settings_entry settings[3]
+        cdef nghttp2_option *option
+        cdef nghttp2_settings_entry settings[4]
         self._owner = owner
         self._headers = {}
         self._out = {}
         self._error = None
+        self._header_bytes = 0
+        self._max_header_list = max_header_list
         if nghttp2_session_callbacks_new(&callbacks) != 0:
             raise MemoryError()
         nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, _begin_headers)
@@ -265,7 +308,12 @@ cdef class Session:
         nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, _data_chunk)
         nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, _frame_recv)
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, _stream_close)
-        rv = nghttp2_session_server_new(&self._session, callbacks, <void *> self)
+        if nghttp2_option_new(&option) != 0:
+            nghttp2_session_callbacks_del(callbacks)
+            raise MemoryError()
+        nghttp2_option_set_no_auto_window_update(option, 1)
+        rv = nghttp2_session_server_new2(&self._session, callbacks, <void *> self, option)
+        nghttp2_option_del(option)
         nghttp2_session_callbacks_del(callbacks)
         if rv != 0:
             raise MemoryError()
@@ -275,8 +323,11 @@ cdef class Session:
         settings[1].value = window
         settings[2].settings_id = NGHTTP2_SETTINGS_MAX_FRAME_SIZE
         settings[2].value = max_frame
-        nghttp2_submit_settings(self._session, NGHTTP2_FLAG_NONE, settings, 3)
-        nghttp2_session_set_local_window_size(self._session, NGHTTP2_FLAG_NONE, 0, window)
+        settings[3].settings_id = NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE
+        settings[3].value = max_header_list
+        nghttp2_submit_settings(self._session, NGHTTP2_FLAG_NONE, settings, 4)
+        nghttp2_session_set_local_window_size(self._session, NGHTTP2_FLAG_NONE, 0,
+                                              connection_window)
 
     def __dealloc__(self):
         if self._session != NULL:
@@ -355,7 +406,21 @@ cdef class Session:
         self._out.pop(stream_id, None)
         nghttp2_submit_rst_stream(self._session, NGHTTP2_FLAG_NONE, stream_id, error_code)
 
-    def goaway(self):
+    def consume(self, int32_t stream_id, size_t n):
+        """`n` bytes of `stream_id` were taken by the application: refill the
+        connection's window, and the stream's while it is open."""
+        nghttp2_session_consume_connection(self._session, n)
+        if stream_id:
+            nghttp2_session_consume_stream(self._session, stream_id, n)  # gone: no matter
+
+    def done(self):
+        """nghttp2 has nothing to read or write any more (after a GOAWAY, its own or
+        the peer's, once every stream is over): the connection may close."""
+        return (nghttp2_session_want_read(self._session) == 0
+                and nghttp2_session_want_write(self._session) == 0)
+
+    def goaway(self, uint32_t error_code=0, bytes debug=b""):
+        """GOAWAY with `error_code` (0: NO_ERROR, 11: ENHANCE_YOUR_CALM) and `debug`."""
         nghttp2_submit_goaway(self._session, NGHTTP2_FLAG_NONE,
                               nghttp2_session_get_last_proc_stream_id(self._session),
-                              NGHTTP2_NO_ERROR, NULL, 0)
+                              error_code, <const uint8_t *> PyBytes_AS_STRING(debug), len(debug))

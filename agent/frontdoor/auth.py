@@ -110,14 +110,20 @@ def check_binds(grpc_host: str, http_host: str, security: SecuritySettings) -> N
 
 def tls_credentials(
     security: SecuritySettings,
-) -> tuple[ssl.SSLContext, grpc.ServerCredentials] | None:
-    """Server TLS for both OIP ports, from security.tls_cert and tls_key."""
+) -> tuple[ssl.SSLContext, ssl.SSLContext, grpc.ServerCredentials] | None:
+    """Server TLS for both OIP ports, from security.tls_cert and tls_key: the HTTP
+    door's context, the native gRPC door's (ALPN h2) and grpcio's credentials."""
     if security.tls_cert is None:
         return None
     if security.tls_key is None:
         raise ValueError("security.tls_cert needs security.tls_key")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(security.tls_cert, security.tls_key)
+    contexts = []
+    for alpn in (["http/1.1"], ["h2"]):
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2  # HTTP/2 asks for 1.2 at least
+        context.load_cert_chain(security.tls_cert, security.tls_key)
+        context.set_alpn_protocols(alpn)
+        contexts.append(context)
     chain = security.tls_cert.read_bytes()
     key = security.tls_key.read_bytes()
-    return context, grpc.ssl_server_credentials([(key, chain)])
+    return contexts[0], contexts[1], grpc.ssl_server_credentials([(key, chain)])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -331,9 +332,9 @@ class ControlServicer(ctl_grpc.AgentControlServicer):
         return response
 
 
-def native_door(choice: str, tls: bool) -> bool:
+def native_door(choice: str) -> bool:
     """Whether gRPC is served by the native door (see AgentSettings.grpc_server)."""
-    if choice == "grpcio" or (choice == "auto" and tls):
+    if choice == "grpcio":
         return False
     try:  # built here, and its libnghttp2 loads
         importlib.import_module("edgeplex.agent.frontdoor._nghttp2")
@@ -344,15 +345,16 @@ def native_door(choice: str, tls: bool) -> bool:
         raise RuntimeError(
             "grpc_server: native needs its HTTP/2 session built (python scripts/build_native.py)"
         )
-    if choice == "native" and tls:
-        raise RuntimeError("grpc_server: native serves plaintext only; use grpcio with TLS")
     return built
 
 
 async def start_grpc_server(
-    agent: Agent, credentials: Credentials, tls: grpc.ServerCredentials | None = None
+    agent: Agent,
+    credentials: Credentials,
+    tls: tuple[ssl.SSLContext, grpc.ServerCredentials] | None = None,
 ) -> tuple[Any, int]:
-    """Start serving; returns the server (with `stop(grace)`) and the bound port."""
+    """Start serving; returns the server (with `stop(grace)`) and the bound port.
+    `tls`: the native door's context (ALPN h2) and grpcio's credentials."""
     settings = agent.settings
     limit = 2 * settings.max_payload_bytes + 1024 * 1024
 
@@ -362,23 +364,35 @@ async def start_grpc_server(
         )
         ctl_grpc.add_AgentControlServicer_to_server(ControlServicer(agent, credentials), server)
 
-    if native_door(settings.grpc_server, tls is not None):
+    if native_door(settings.grpc_server):
         from edgeplex.agent.frontdoor.grpc_native import NativeGrpcDoor
 
-        door = NativeGrpcDoor(register, max_message=limit)
-        port = await door.start(settings.grpc_host, settings.grpc_port)
-        log.info("gRPC door: native (nghttp2) on the event loop")
+        door = NativeGrpcDoor(register, limit, agent.gate, settings.doors)
+        port = await door.start(settings.grpc_host, settings.grpc_port, tls and tls[0])
+        log.info("gRPC door: native (nghttp2) on the event loop%s", " over TLS" if tls else "")
         return door, port
+    doors = settings.doors
+    ms = 1000
     server = grpc.aio.server(
+        # grpcio's equivalents of the native door's limits (what its core offers).
+        maximum_concurrent_rpcs=settings.max_inflight_requests,
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),
-        ]
+            ("grpc.max_concurrent_streams", doors.max_concurrent_streams),
+            ("grpc.max_metadata_size", doors.max_header_bytes),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(doors.min_ping_interval_s * ms)),
+            ("grpc.http2.max_ping_strikes", 2),
+            ("grpc.keepalive_permit_without_calls", 0),
+            ("grpc.max_connection_idle_ms", int(doors.max_connection_idle_s * ms)),
+            ("grpc.keepalive_time_ms", 2 * 3600 * ms),
+            ("grpc.keepalive_timeout_ms", 20 * ms),
+        ],
     )
     register(server)
     address = f"{settings.grpc_host}:{settings.grpc_port}"
-    port = server.add_secure_port(address, tls) if tls else server.add_insecure_port(address)
+    port = server.add_secure_port(address, tls[1]) if tls else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind gRPC to {settings.grpc_host}:{settings.grpc_port}")
     await server.start()

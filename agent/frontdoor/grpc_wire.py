@@ -13,6 +13,8 @@ import urllib.parse
 
 import grpc
 
+from edgeplex.agent.frontdoor.gate import Pass
+
 PREFIX = struct.Struct(">BI")  # compressed flag, message length
 TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 # Request headers that are HTTP/2 or gRPC plumbing, not the caller's metadata.
@@ -71,6 +73,7 @@ class Context:
         self._deadline = deadline
         self._peer = peer
         self.trailers: tuple[tuple[str, str | bytes], ...] = ()
+        self.admitted: Pass | None = None  # the gate's pass, taken by the door
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         return self._metadata

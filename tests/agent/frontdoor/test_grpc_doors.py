@@ -1,5 +1,5 @@
-"""Which door serves gRPC: the native one wherever it is built and gRPC is
-plaintext, grpcio otherwise; asking for what cannot be is refused by name."""
+"""Which door serves gRPC: the native one wherever it is built, plaintext or TLS,
+grpcio when asked; and the wire format's small parts."""
 
 from __future__ import annotations
 
@@ -11,15 +11,9 @@ from edgeplex.agent.frontdoor.grpc_wire import parse_timeout, status_trailers
 
 
 def test_the_native_door_is_built_by_setup_and_chosen_by_default():
-    assert native_door("auto", tls=False)  # make setup builds it (scripts/build_native.py)
-    assert native_door("native", tls=False)
-
-
-def test_grpcio_serves_tls_and_when_asked():
-    assert not native_door("auto", tls=True)
-    assert not native_door("grpcio", tls=False)
-    with pytest.raises(RuntimeError, match="plaintext only"):
-        native_door("native", tls=True)
+    assert native_door("auto")  # make setup builds it (scripts/build_native.py)
+    assert native_door("native")
+    assert not native_door("grpcio")
 
 
 def test_grpc_timeouts_and_status_trailers_follow_the_wire_format():
