@@ -312,9 +312,9 @@ class Connection(asyncio.Protocol):
             self.refusal = decision  # answered in turn; the connection stays
             return
         self.route, self.match_info, self.admitted = decision
-        if self.declared > 0:
-            self.body = bytearray(self.declared)  # pages are taken as bytes arrive
-        elif chunked:
+        if self.declared > 0 or chunked:
+            # Grown as bytes arrive (realloc of a large block remaps, it does not copy):
+            # a declared size is a promise, and zeroing it up front took the loop 100 ms.
             self.body = bytearray()
         if self.declared > 0 or chunked:
             self.started = time.monotonic()
@@ -326,13 +326,11 @@ class Connection(asyncio.Protocol):
         if self.body is None:
             return
         n = len(chunk)
-        if self.declared >= 0:
-            self.body[self.body_bytes : self.body_bytes + n] = chunk
-        else:
+        self.body += chunk
+        if self.declared < 0:  # chunked: counted as it arrives
             assert self.route is not None
             if self.body_bytes + n > self.route.max_body:
                 raise _Refused(plain(413, f"413: the body exceeds {self.route.max_body} bytes"))
-            self.body += chunk
             if self.admitted is not None:
                 try:
                     self.admitted.grow(self.body_bytes + n)
