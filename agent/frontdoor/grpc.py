@@ -148,7 +148,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         try:
-            with self.agent.gate.hold(sum(len(r) for r in request.raw_input_contents)):
+            # Every content form counts; the native door admitted unary calls already.
+            admitted = getattr(context, "admitted", None)
+            with self.agent.gate.hold(request.ByteSize(), admitted):
                 return await self._serve(request, context)
         except Overloaded:
             METRICS.refused.labels(model=self.agent.metric_label(request.model_name)).inc()
