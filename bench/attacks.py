@@ -246,19 +246,40 @@ def big_bodies(a: argparse.Namespace) -> dict[str, Any]:
             "seconds": round(time.monotonic() - start, 2)}  # fmt: skip
 
 
-def slow_headers(a: argparse.Namespace) -> dict[str, Any]:
-    """Slowloris: connections that send a request's headers one byte at a time, one
-    byte per connection every `interval` seconds."""
+def _open_many(a: argparse.Namespace) -> tuple[list[socket.socket], int]:
+    """`a.connections` connections from `a.source`; (those made, those refused)."""
     _raise_nofile(a.connections + 64)
-    head = b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000
     socks, refused = [], 0
     for _ in range(a.connections):
         try:
             socks.append(_connect(a.port, a.source))
         except OSError:
             refused += 1
+    return socks, refused
+
+
+def _answer(sock: socket.socket) -> str | None:
+    """What the server said on `sock` so far without waiting: None (nothing yet),
+    "closed" or "answered <status>"."""
+    sock.setblocking(False)
+    try:
+        data = sock.recv(4096)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return "closed"
+    finally:
+        sock.setblocking(True)
+    return f"answered {_status(data)}" if data else "closed"
+
+
+def slow_headers(a: argparse.Namespace) -> dict[str, Any]:
+    """Slowloris: connections that send a request's headers one byte at a time, one
+    byte per connection every `interval` seconds."""
+    head = b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000
+    socks, refused = _open_many(a)
     sent = {s: 0 for s in socks}
-    closed: dict[str, int] = Counter()
+    ended: Counter[str] = Counter()
     start = time.monotonic()
     open_ = list(socks)
     while open_ and time.monotonic() - start < a.seconds:
@@ -266,49 +287,26 @@ def slow_headers(a: argparse.Namespace) -> dict[str, Any]:
             try:
                 sock.send(head[sent[sock] : sent[sock] + 1])
                 sent[sock] += 1
+                answer = _answer(sock)
             except OSError:
-                closed["closed"] += 1
+                answer = "closed"
+            if answer is not None:
+                ended[answer] += 1
                 open_.remove(sock)
-        readable, _, _ = selectors_select(open_, 0)
-        for sock in readable:
-            data = b""
-            with contextlib.suppress(OSError):
-                data = sock.recv(4096)
-            closed[f"answered {_status(data)}" if data else "closed"] += 1
-            open_.remove(sock)
         time.sleep(a.interval)
     held = len(open_)
     for sock in socks:
         sock.close()
-    return {"connections": len(socks), "refused_at_connect": refused, "outcome": dict(closed),
+    return {"connections": len(socks), "refused_at_connect": refused, "outcome": dict(ended),
             "still_open": held, "seconds": round(time.monotonic() - start, 2)}  # fmt: skip
-
-
-def selectors_select(socks: list[socket.socket], timeout: float) -> tuple[list[Any], Any, Any]:
-    import select
-
-    return select.select(socks, [], [], timeout) if socks else ([], [], [])
 
 
 def idle_connections(a: argparse.Namespace) -> dict[str, Any]:
     """Many connections opened and left idle (no byte sent)."""
-    _raise_nofile(a.connections + 64)
-    socks, refused = [], 0
-    for _ in range(a.connections):
-        try:
-            socks.append(_connect(a.port, a.source))
-        except OSError:
-            refused += 1
+    socks, refused = _open_many(a)
     time.sleep(a.seconds)
-    alive = 0
+    alive = sum(_answer(sock) is None for sock in socks)
     for sock in socks:
-        sock.setblocking(False)
-        try:
-            alive += sock.recv(1) != b""
-        except BlockingIOError:
-            alive += 1
-        except OSError:
-            pass
         sock.close()
     return {"connections": len(socks), "refused_at_connect": refused, "still_open": alive}
 

@@ -1,3 +1,5 @@
+"""`python -m edgeplex`: the `edgeplex` command (edgeplex.cli)."""
+
 from edgeplex.cli import main
 
 main()

@@ -21,7 +21,7 @@ from edgeplex.agent.core import Agent
 from edgeplex.agent.errors import Overloaded, ServeError
 from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, peer_error, via_peers
 from edgeplex.agent.frontdoor.auth import Access, Credentials
-from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_timeout_s
+from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_bytes, request_timeout_s
 from edgeplex.agent.metrics import METRICS
 from edgeplex.agent.tensors import oip_datatype, to_raw
 from edgeplex.proto import edgeplex_agent_pb2 as ctl
@@ -148,9 +148,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         try:
-            # Every content form counts; the native door admitted unary calls already.
+            # The native door admitted unary calls already (their message's length).
             admitted = getattr(context, "admitted", None)
-            with self.agent.gate.hold(request.ByteSize(), admitted):
+            declared = 0 if admitted is not None else request_bytes(request)
+            with self.agent.gate.hold(declared, admitted):
                 return await self._serve(request, context)
         except Overloaded:
             METRICS.refused.labels(model=self.agent.metric_label(request.model_name)).inc()

@@ -5,6 +5,8 @@ oip_body.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from edgeplex.agent.errors import InvalidInput
@@ -42,12 +44,28 @@ def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list
                     "raw_input_contents"
                 )
             values = getattr(tensor.contents, field)
-            dtype = OIP_TO_NUMPY.get(tensor.datatype)
-            total += len(values) * dtype.itemsize if dtype else sum(len(v) for v in values)
+            total += _typed_bytes(tensor.datatype, values)
             check_payload_cap(tensor.name, total, max_payload_bytes)
             array = from_list(tensor.name, tensor.datatype, shape, values, max_payload_bytes)
         decoded.append(InferInput(tensor.name, tensor.datatype, shape, array))
     return decoded
+
+
+def _typed_bytes(datatype: str, values: Any) -> int:
+    """Bytes of a tensor's typed contents (strings: their lengths)."""
+    dtype = OIP_TO_NUMPY.get(datatype)
+    return len(values) * dtype.itemsize if dtype else sum(len(v) for v in values)
+
+
+def request_bytes(request: pb.ModelInferRequest) -> int:
+    """The tensor bytes a request carries, in every content form, without
+    serialising it (ByteSize encodes the whole message: 2.4 ms for 4 MiB)."""
+    total = sum(len(r) for r in request.raw_input_contents)
+    for tensor in request.inputs:
+        field = CONTENTS_FIELD.get(tensor.datatype)
+        if field is not None:
+            total += _typed_bytes(tensor.datatype, getattr(tensor.contents, field))
+    return total
 
 
 def request_timeout_s(

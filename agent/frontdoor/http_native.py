@@ -272,6 +272,8 @@ class Connection(asyncio.Protocol):
         self.head_bytes = 0
         self.header_list: list[tuple[str, str]] = []
         self.headers: CIMultiDictProxy[str] = _NO_HEADERS  # set once they are all in
+        self.method = ""
+        self.path = ""
         self.route: Route | None = None
         self.match_info: dict[str, str] = {}
         self.admitted: Pass | None = None
@@ -303,9 +305,9 @@ class Connection(asyncio.Protocol):
         length = headers.get("Content-Length", "")
         chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
         self.declared = int(length) if length.isdigit() and not chunked else -1
-        method = self.parser.get_method().decode("ascii", "replace")
-        path = unquote(httptools.parse_url(self.url).path.decode("latin-1"))
-        decision = self.door.decide(method, path, headers, max(self.declared, 0))
+        self.method = self.parser.get_method().decode("ascii", "replace")
+        self.path = unquote(httptools.parse_url(self.url).path.decode("latin-1"))
+        decision = self.door.decide(self.method, self.path, headers, max(self.declared, 0))
         if isinstance(decision, web.Response):
             if chunked or self.declared > 0:  # a body announced: it stays unread
                 raise _Refused(decision)
@@ -316,7 +318,6 @@ class Connection(asyncio.Protocol):
             # Grown as bytes arrive (realloc of a large block remaps, it does not copy):
             # a declared size is a promise, and zeroing it up front took the loop 100 ms.
             self.body = bytearray()
-        if self.declared > 0 or chunked:
             self.started = time.monotonic()
             self._arm(self._body_allowance(self.declared), self._body_late)
         if headers.get("Expect", "").lower() == "100-continue" and self.transport:
@@ -326,8 +327,7 @@ class Connection(asyncio.Protocol):
         if self.body is None:
             return
         n = len(chunk)
-        self.body += chunk
-        if self.declared < 0:  # chunked: counted as it arrives
+        if self.declared < 0:  # chunked: counted before it is kept
             assert self.route is not None
             if self.body_bytes + n > self.route.max_body:
                 raise _Refused(plain(413, f"413: the body exceeds {self.route.max_body} bytes"))
@@ -336,6 +336,7 @@ class Connection(asyncio.Protocol):
                     self.admitted.grow(self.body_bytes + n)
                 except ServeError as exc:
                     raise _Refused(error_response(exc)) from None
+        self.body += chunk
         self.body_bytes += n
 
     def on_message_complete(self) -> None:
@@ -344,13 +345,11 @@ class Connection(asyncio.Protocol):
         if self.refusal is not None or self.route is None:
             self.waiting.append((self.refusal or plain(400, "400: Bad Request"), not keep_alive))
         else:
-            method = self.parser.get_method().decode("ascii", "replace")
-            request = Request(method, self.url.decode("latin-1"), self.headers,
+            request = Request(self.method, self.url.decode("latin-1"), self.headers,
                               self.match_info, self.admitted)  # fmt: skip
             if self.body is not None:
                 request._body = self.body
-            path = unquote(httptools.parse_url(self.url).path.decode("latin-1"))
-            self.waiting.append((request, self.route.handler, path, keep_alive))
+            self.waiting.append((request, self.route.handler, self.path, keep_alive))
         self.admitted = None  # the queued request holds it now
         self._start_serving()
 

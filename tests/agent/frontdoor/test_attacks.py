@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import start_agent
 
 ROOT = Path(__file__).resolve().parents[3]
-SECONDS = 3.0
+SECONDS = 2.0
 VICTIM = "/v2/models/add_sub_nobatch/infer"  # no batching delay: latency is the door's
 MiB = 1 << 20
 
@@ -110,7 +110,7 @@ def test_large_bodies_are_refused_before_they_are_buffered(agent):
 
 
 def test_slow_headers_are_cut_off_at_the_header_deadline(agent):
-    summary, _ = attack(agent, "slow_headers", seconds=4, connections=300, interval=0.5)
+    summary, _ = attack(agent, "slow_headers", seconds=3.5, connections=300, interval=0.5)
     assert summary["still_open"] == 0, summary
     assert summary["outcome"].get("answered 408", 0) > 0, summary
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-SECONDS = 5
+SECONDS = 2
 
 
 @pytest.mark.parametrize("target", ["oip_body", "grpc_request", "http1", "h2_session"])

@@ -99,26 +99,34 @@ def test_a_refusal_before_the_body_still_reaches_a_client_that_sends_it(agent):
     assert status == 404
 
 
-def test_the_header_deadline_is_not_extended_by_trickling(agent):
-    sock = socket.create_connection(("127.0.0.1", agent.http_port), timeout=10)
-    start = time.monotonic()
-    request = b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
-    status = None
-    for byte in request:
-        try:
-            sock.send(bytes([byte]))
-        except OSError:
+def trickle(sock: socket.socket, pieces: list[bytes], seconds: float) -> int | None:
+    """Send `pieces` one every 0.1 s until the agent answers (its status) or closes
+    (None), for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    for piece in pieces:
+        if time.monotonic() > deadline:
             break
+        try:
+            sock.send(piece)
+        except OSError:
+            return None
         time.sleep(0.1)
         sock.setblocking(False)
         try:
             data = sock.recv(4096)
-            status = int(data[9:12]) if data else None
-            break
+            return int(data[9:12]) if data else None
         except BlockingIOError:
             pass
         finally:
             sock.setblocking(True)
+    return None
+
+
+def test_the_header_deadline_is_not_extended_by_trickling(agent):
+    sock = socket.create_connection(("127.0.0.1", agent.http_port), timeout=10)
+    start = time.monotonic()
+    request = b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
+    status = trickle(sock, [bytes([byte]) for byte in request], 10)
     assert status == 408
     assert time.monotonic() - start < 2.5  # 1 s deadline, however the bytes trickle
 
@@ -129,22 +137,7 @@ def test_a_body_slower_than_the_minimum_rate_is_cut_off(agent):
     sock = socket.create_connection(("127.0.0.1", agent.http_port), timeout=10)
     sock.sendall(head.encode())
     start = time.monotonic()
-    status = None
-    while time.monotonic() - start < 8:
-        try:
-            sock.send(b"x" * 50)
-        except OSError:
-            break
-        sock.setblocking(False)
-        try:
-            data = sock.recv(4096)
-            status = int(data[9:12]) if data else None
-            break
-        except BlockingIOError:
-            pass
-        finally:
-            sock.setblocking(True)
-        time.sleep(0.1)
+    status = trickle(sock, [b"x" * 50] * 80, 8)
     assert status == 408
     assert 3.5 < time.monotonic() - start < 6
 
