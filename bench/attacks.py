@@ -489,6 +489,7 @@ def grpc_malformed(a: argparse.Namespace) -> dict[str, Any]:
             codes["OK"] += 1
         except grpc.RpcError as exc:
             codes[exc.code().name] += 1  # type: ignore[attr-defined]
+        time.sleep(a.pause)  # the attacker's rate is capped
     channel.close()
     return {"requests": sum(codes.values()), "codes": dict(codes)}
 

@@ -32,13 +32,14 @@ from edgeplex.agent import demo
 PLAN: dict[str, dict[str, object]] = {
     "json_nesting": {"connections": 4, "pause": 0.01},
     "big_bodies": {"connections": 32, "rate": 4e6},
-    "slow_headers": {"connections": 1000, "interval": 1.0},
+    # Past the default 10 s header deadline, to see it cut the ones still held.
+    "slow_headers": {"connections": 1000, "interval": 1.0, "min_seconds": 13},
     "idle_connections": {"connections": 1000},
     "h2_rapid_reset": {"connections": 100_000, "pause": 0.0},
     "h2_ping_flood": {"connections": 100_000, "pause": 0.0},
     "h2_settings_flood": {"connections": 100_000, "pause": 0.0},
     "h2_slow_streams": {"connections": 100, "pause": 0.05},
-    "grpc_malformed": {"max_requests": 200},
+    "grpc_malformed": {"max_requests": 1_000_000},  # for the whole time
 }
 GRPC = {"h2_rapid_reset", "h2_ping_flood", "h2_settings_flood", "h2_slow_streams",
         "grpc_malformed"}  # fmt: skip
@@ -79,7 +80,9 @@ def measure(agent: Agent, name: str, seconds: float, source: str) -> dict[str, o
     victim = Victim(agent.http_port)
     sampler = Sampler(agent.proc.pid)
     port = agent.grpc_port if name in GRPC else agent.http_port
-    summary = run_attack(name, port, seconds, source, victim.start, **PLAN[name])  # type: ignore[arg-type]
+    options = dict(PLAN[name])
+    seconds = max(seconds, float(options.pop("min_seconds", 0)))  # type: ignore[arg-type]
+    summary = run_attack(name, port, seconds, source, victim.start, **options)  # type: ignore[arg-type]
     growth, cpu = sampler.stop()
     victim.stop()
     return {
