@@ -38,7 +38,6 @@ import re
 import time
 from collections import deque
 from ssl import SSLContext
-from typing import Any
 from urllib.parse import unquote
 
 import httptools
@@ -57,6 +56,10 @@ from edgeplex.agent.metrics import METRICS
 log = logging.getLogger("edgeplex.agent.http")
 
 LINGER_S = 2.0  # after a refusal that left a body unread (see Connection._stop)
+SWEEP_S = 0.5  # how often the door checks its connections' deadlines
+
+# What a connection is doing, for its deadline (checked by the door's sweep).
+IDLE, HEAD, BODY, SERVING, LINGER = range(5)
 
 
 class Request:
@@ -157,6 +160,20 @@ class Door:
             limits.abuse_penalty_s,
         )  # fmt: skip
         self.open: set[Connection] = set()
+        self._sweep: asyncio.TimerHandle | None = None
+
+    def start_sweeping(self) -> None:
+        """Check every connection's deadline each SWEEP_S: one timer for the door
+        instead of one armed and cancelled per request, at half a second's precision
+        (nginx's timers are as coarse)."""
+        now = time.monotonic()
+        for conn in list(self.open):
+            conn.check_deadline(now)
+        self._sweep = asyncio.get_running_loop().call_later(SWEEP_S, self.start_sweeping)
+
+    def stop_sweeping(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
 
     def decide(self, method: str, path: str, headers: CIMultiDictProxy[str], declared: int
                ) -> tuple[Route, dict[str, str], Pass | None] | web.Response:  # fmt: skip
@@ -206,7 +223,7 @@ class Connection(asyncio.Protocol):
         self.stopped = False  # a refusal ends the connection: ignore what follows
         self.linger = False  # after that refusal, discard the unread body a while
         self.drained: asyncio.Future[None] | None = None  # set while writing is paused
-        self._timer: asyncio.TimerHandle | None = None
+        self.phase, self.since = IDLE, time.monotonic()  # for the deadline
         self._begin()
 
     # --- asyncio's side ---------------------------------------------------------------------
@@ -239,7 +256,6 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.door.connections.leave(self, self.client)
         self.door.open.discard(self)
-        self._cancel_timer()
         self.transport = None
         if self.admitted is not None:
             self.admitted.release()
@@ -281,12 +297,11 @@ class Connection(asyncio.Protocol):
         self.body: bytearray | None = None
         self.body_bytes = 0
         self.declared = -1  # Content-Length; -1 when chunked
-        self.started = 0.0  # when the body's deadline started
 
     def on_message_begin(self) -> None:
         self._begin()
         self.door.connections.busy(self)
-        self._arm(self.limits.header_timeout_s, self._head_late)
+        self.phase, self.since = HEAD, time.monotonic()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -318,8 +333,7 @@ class Connection(asyncio.Protocol):
             # Grown as bytes arrive (realloc of a large block remaps, it does not copy):
             # a declared size is a promise, and zeroing it up front took the loop 100 ms.
             self.body = bytearray()
-            self.started = time.monotonic()
-            self._arm(self._body_allowance(self.declared), self._body_late)
+            self.phase, self.since = BODY, time.monotonic()
         if headers.get("Expect", "").lower() == "100-continue" and self.transport:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -340,7 +354,7 @@ class Connection(asyncio.Protocol):
         self.body_bytes += n
 
     def on_message_complete(self) -> None:
-        self._cancel_timer()
+        self.phase = SERVING
         keep_alive = self.parser.should_keep_alive()
         if self.refusal is not None or self.route is None:
             self.waiting.append((self.refusal or plain(400, "400: Bad Request"), not keep_alive))
@@ -379,8 +393,8 @@ class Connection(asyncio.Protocol):
                     return
         finally:
             self.busy = False
-        if not self.stopped and self.transport is not None and self.parser_idle():
-            self._idle()
+        if not self.stopped and self.transport is not None and self.phase == SERVING:
+            self._idle()  # and no next request has begun
 
     async def _answer(self, work: _Work) -> bool:
         """Write one answer; False when the connection is over."""
@@ -416,10 +430,6 @@ class Connection(asyncio.Protocol):
             else:
                 self.transport.close()
 
-    def parser_idle(self) -> bool:
-        """No request is being read (between messages)."""
-        return self._timer is None
-
     def _stop(self, response: web.Response, linger: bool = False) -> None:
         """Answer `response` after what is queued, then close; parse nothing more.
         `linger`: a body was left unread; discard what the client still sends for
@@ -427,7 +437,7 @@ class Connection(asyncio.Protocol):
         lingering close)."""
         self.stopped = True
         self.linger = linger
-        self._cancel_timer()
+        self.phase = SERVING
         self._pause_reading()
         if self.admitted is not None:
             self.admitted.release()
@@ -438,46 +448,36 @@ class Connection(asyncio.Protocol):
     # --- deadlines --------------------------------------------------------------------------
 
     def _linger(self) -> None:
-        assert self.transport is not None
         self._resume_reading()
-        self._arm(LINGER_S, self.transport.close)
+        self.phase, self.since = LINGER, time.monotonic()
 
     def _idle(self) -> None:
         self.door.connections.idle(self, self.client)
-        self._arm(self.limits.keepalive_timeout_s, self._idle_late)
+        self.phase, self.since = IDLE, time.monotonic()
 
-    def _arm(self, delay: float, callback: Any) -> None:
-        self._cancel_timer()
-        self._timer = asyncio.get_running_loop().call_later(delay, callback)
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _body_allowance(self, nbytes: int) -> float:
-        return self.limits.body_timeout_s + max(nbytes, 0) / self.limits.body_min_rate
-
-    def _idle_late(self) -> None:
-        self._timer = None
-        if self.transport is not None and not self.busy and not self.waiting:
-            METRICS.door_refusals.labels(door="http", reason="keepalive_timeout").inc()
+    def check_deadline(self, now: float) -> None:
+        """Called by the door's sweep: end what has run past its deadline. Deadlines
+        run from when the phase began, so bytes arriving never extend them."""
+        if self.transport is None:
+            return
+        late = now - self.since
+        limits = self.limits
+        if self.phase == IDLE:
+            if late > limits.keepalive_timeout_s and not self.busy and not self.waiting:
+                METRICS.door_refusals.labels(door="http", reason="keepalive_timeout").inc()
+                self.transport.close()
+        elif self.phase == HEAD:
+            if late > limits.header_timeout_s:
+                METRICS.door_refusals.labels(door="http", reason="header_timeout").inc()
+                self._stop(plain(408, "408: the request's headers took too long"))
+        elif self.phase == BODY:
+            # A declared size sets the time allowed; a chunked body earns it as it comes.
+            size = self.declared if self.declared >= 0 else self.body_bytes
+            if late > limits.body_timeout_s + size / limits.body_min_rate:
+                METRICS.door_refusals.labels(door="http", reason="body_timeout").inc()
+                self._stop(plain(408, "408: the request's body arrived too slowly"))
+        elif self.phase == LINGER and late > LINGER_S:
             self.transport.close()
-
-    def _head_late(self) -> None:
-        self._timer = None
-        METRICS.door_refusals.labels(door="http", reason="header_timeout").inc()
-        self._stop(plain(408, "408: the request's headers took too long"))
-
-    def _body_late(self) -> None:
-        self._timer = None
-        if self.declared < 0:  # chunked: the time allowed grows with the bytes received
-            left = self.started + self._body_allowance(self.body_bytes) - time.monotonic()
-            if left > 0:
-                self._arm(left, self._body_late)
-                return
-        METRICS.door_refusals.labels(door="http", reason="body_timeout").inc()
-        self._stop(plain(408, "408: the request's body arrived too slowly"))
 
     def _pause_reading(self) -> None:
         if self.reading and self.transport is not None:
@@ -509,6 +509,7 @@ class NativeHttp:
         self._server, self._door = server, door
 
     async def cleanup(self) -> None:
+        self._door.stop_sweeping()
         self._server.close()
         for conn in list(self._door.open):
             if conn.transport is not None:
@@ -521,6 +522,7 @@ async def start_native_http(
     host: str, port: int, ssl: SSLContext | None,
 ) -> tuple[NativeHttp, int]:  # fmt: skip
     door = Door(Routes(table), credentials, gate, limits)
+    door.start_sweeping()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Connection(door), host, port, ssl=ssl, backlog=1024)
     bound = server.sockets[0].getsockname()[1] if server.sockets else port
