@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--in-flight", type=int, default=8, help="calls in flight")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--workloads", help="a comma-separated subset (default: all)")
     args = parser.parse_args()
     sha, python = base_python(args.base)
     n = args.in_flight
@@ -90,6 +91,11 @@ def main() -> None:
         "http-tensor": lambda a: _wrk(a.http, "image", n, args.duration, header, tail),
         "grpc": lambda a: grpc_load(a.grpc, args.duration, n),
     }
+    if args.workloads:
+        wanted = args.workloads.split(",")
+        if unknown := set(wanted) - set(workloads):
+            parser.error(f"unknown workloads: {sorted(unknown)}")
+        workloads = {w: workloads[w] for w in wanted}
     rps: dict[str, dict[str, list[float]]] = {w: {"this": [], "base": []} for w in workloads}
     with tempfile.TemporaryDirectory() as work:
         repo = Path(work) / "repo"
