@@ -82,7 +82,7 @@ class DoorSettings(BaseModel):
         default=10.0,
         ge=0,
         description="An address whose connection was closed for abuse (a flood of resets, "
-        "PINGs or SETTINGS; a protocol error) has its new connections refused this long, "
+        "PINGs, SETTINGS or PRIORITY frames) has its new connections refused this long, "
         "so reconnecting costs an attacker time instead of the agent CPU. 0: off.",
     )
     max_concurrent_streams: int = Field(

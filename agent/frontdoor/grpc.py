@@ -335,6 +335,72 @@ class ControlServicer(ctl_grpc.AgentControlServicer):
         return response
 
 
+class _Undecodable:
+    """What a request message that does not parse becomes (see _StrictMessages)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class _StrictMessages:
+    """Registers the generated method handlers on grpcio's server with a message that
+    does not parse answered INVALID_ARGUMENT, naming the fault; grpcio itself answers
+    UNKNOWN with no reason. (The native door does this in its own call path.)"""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass  # the registered handlers below carry the same methods
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        strict = {name: _strict(handler) for name, handler in handlers.items()}
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, strict),)
+        )
+        self._server.add_registered_method_handlers(service, strict)
+
+
+def _strict(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    deserialize = handler.request_deserializer
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            return _Undecodable(f"the request message does not parse: {exc}")
+
+    serialize = handler.response_serializer
+    if handler.unary_unary is not None:
+        behavior = handler.unary_unary
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+            return await behavior(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary, parse, serialize)
+    if handler.stream_stream is not None:
+        streaming = handler.stream_stream
+
+        async def stream(
+            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Any]:
+            async def checked() -> AsyncIterator[Any]:
+                async for request in requests:
+                    if isinstance(request, _Undecodable):
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+                    yield request
+
+            async for response in streaming(checked(), context):
+                yield response
+
+        return grpc.stream_stream_rpc_method_handler(stream, parse, serialize)
+    return handler  # no other kind is served
+
+
 def native_door(choice: str) -> bool:
     """Whether gRPC is served by the native door (see AgentSettings.grpc_server)."""
     if choice == "grpcio":
@@ -393,7 +459,7 @@ async def start_grpc_server(
             ("grpc.keepalive_timeout_ms", 20 * ms),
         ],
     )
-    register(server)
+    register(_StrictMessages(server))
     address = f"{settings.grpc_host}:{settings.grpc_port}"
     port = server.add_secure_port(address, tls[1]) if tls else server.add_insecure_port(address)
     if port == 0:

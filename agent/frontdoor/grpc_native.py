@@ -184,8 +184,9 @@ class GrpcProtocol(asyncio.Protocol):
         try:
             self._session.receive(data)
         except HTTP2Error as exc:  # the peer broke the protocol: nghttp2 said GOAWAY
+            # Not penalised: a client speaking HTTP/1 to this port is a mistake, not a flood.
             log.debug("HTTP/2 error from %s: %s", self._peer, exc)
-            self._door.limiter.penalise(self._client, "protocol_error")
+            METRICS.door_refusals.labels(door="grpc", reason="protocol_error").inc()
             self._flush()
             self.close()
             return

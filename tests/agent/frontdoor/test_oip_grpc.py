@@ -267,3 +267,18 @@ def test_garbage_on_the_grpc_port_ends_only_that_connection(agent, client):
     x = np.ones((1, 16), np.float32)
     result = client.infer("add_sub", inputs_for({"INPUT0": x, "INPUT1": x}))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * x)
+
+
+def test_a_message_that_does_not_parse_is_invalid_argument(agent, client):
+    with grpc.insecure_channel(agent.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        for junk in (b"\x0a\xff\xff\xff\xff\x0f", b"\xff" * 7, b"\x12\x05ab"):
+            with pytest.raises(grpc.RpcError) as failure:
+                call(junk, metadata=tuple(AUTH.items()), timeout=5)
+            assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT, junk
+            assert "does not parse" in failure.value.details()
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        with pytest.raises(grpc.RpcError) as failure:
+            list(stream(iter([b"\xff" * 7]), metadata=tuple(AUTH.items()), timeout=5))
+        assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert client.is_server_live()
