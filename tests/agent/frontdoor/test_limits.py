@@ -276,3 +276,29 @@ def test_nesting_is_counted_outside_strings_only():
     assert json_depth(b'["\\"' + b"[" * 40 + b'"]') <= 1  # an escaped quote stays inside
     assert json_depth(b'["\\\\", ' + b"[" * 40 + b"]" * 40 + b"]") == 41  # \\ ends nothing
     assert MAX_JSON_DEPTH == 32
+
+
+async def test_a_blocked_loop_and_short_memory_shed_new_work():
+    """The watch sees a loop blocked past its limit, and memory below its floor; the
+    gate then refuses with that reason, and admits again once they pass."""
+    import asyncio
+
+    from edgeplex.agent.frontdoor.overload import OverloadWatch, memory_available_fraction
+
+    watch = OverloadWatch(max_lag_s=0.1, min_memory_available=0)
+    gate = InflightGate(10, 1000, watch.reason)
+    task = asyncio.create_task(watch.run())
+    await asyncio.sleep(0.12)
+    time.sleep(0.3)  # the loop is blocked, as a flood of work would block it
+    await asyncio.sleep(0.01)
+    with pytest.raises(Overloaded, match="loop lag"):
+        gate.admit(1)
+    await asyncio.sleep(0.2)
+    gate.admit(1).release()
+    left = memory_available_fraction()
+    assert left is not None and 0 < left <= 1
+    watch.min_memory_available = 1.0  # nothing left counts as enough
+    await asyncio.sleep(0.6)
+    with pytest.raises(Overloaded, match="memory"):
+        gate.admit(1)
+    task.cancel()
