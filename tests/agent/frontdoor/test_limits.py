@@ -244,16 +244,19 @@ SHAPES = {
 
 
 def _per_kb(text: bytes) -> float:
+    """Time per KB of decoding `text` as a request's JSON (the nesting check, then
+    the parser, or the refusal)."""
     runs = []
     for _ in range(5):
         start = time.perf_counter()
-        json_depth(text)
+        with contextlib.suppress(InvalidInput):
+            load_json(text, 8 << 20)
         runs.append(time.perf_counter() - start)
     return min(runs) / (len(text) / 1024)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_the_nesting_check_is_linear_in_the_bytes(shape):
+def test_decoding_json_is_linear_in_the_bytes(shape):
     make = SHAPES[shape]
     small = statistics.median(_per_kb(make(1024)) for _ in range(3))
     large = _per_kb(make(1 << 20))
