@@ -99,6 +99,13 @@ class FleetSettings(BaseModel):
     tls_ca: Path | None = Field(
         default=None, description="PEM CA of the control plane's certificate; set: TLS is on."
     )
+    allow_plaintext: bool = Field(
+        default=False,
+        description="Register with a control plane without TLS (no tls_ca), and use "
+        "`mqtt://`, although it is not on loopback. Off: the agent refuses to start "
+        "that way, since whoever sits on the path at its first start reads the join token "
+        "and has their key pinned. For closed test networks only.",
+    )
     tls_cert: Path | None = Field(
         default=None, description="PEM client certificate for mTLS to the control plane."
     )

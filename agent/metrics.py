@@ -245,6 +245,19 @@ class AgentMetrics:
             ["runner"],
             registry=r,
         )
+        self.runner_oom_kills = Counter(
+            "edgeplex_runner_oom_kills_total",
+            "Runners the kernel killed for exceeding their memory limit.",
+            ["runner"],
+            registry=r,
+        )
+        self.sandbox_layer = Gauge(
+            "edgeplex_runner_sandbox_layer",
+            "1 for each runner sandbox layer this host gives runners, 0 for each it cannot "
+            "(why: GET /edgeplex/v1/memory, `sandbox`).",
+            ["layer"],
+            registry=r,
+        )
         tensor_bytes = Counter(
             "edgeplex_runner_tensor_bytes_total",
             "Tensor bytes between the agent and its runners, by direction (request, result) "

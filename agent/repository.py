@@ -20,7 +20,7 @@ from pathlib import Path
 
 from edgeplex.agent.config import ModelConfig, load_model_config
 from edgeplex.agent.triton_config import PBTXT_FILE, DeclaredTensor, read_triton_config
-from edgeplex.names import valid_name
+from edgeplex.names import valid_name, valid_version
 
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.yaml"
@@ -60,7 +60,7 @@ def scan_versions(repo: Path, name: str, defaults: ModelConfig) -> list[ModelSou
         (
             int(p.name)
             for p in model_dir.iterdir()
-            if p.is_dir() and p.name.isdigit() and int(p.name) > 0 and (p / MODEL_FILE).is_file()
+            if valid_version(p.name) and p.is_dir() and (p / MODEL_FILE).is_file()
         ),
         reverse=True,
     )

@@ -3,6 +3,7 @@ part of AgentSettings in config.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -15,10 +16,52 @@ class RunnerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    @field_validator("shared_memory_bytes", "shared_memory_threshold_bytes", mode="before")
+    @field_validator(
+        "shared_memory_bytes",
+        "shared_memory_threshold_bytes",
+        "memory_limit",
+        "memory_headroom",
+        mode="before",
+    )
     @classmethod
     def _size(cls, value: Any) -> Any:
-        return parse_size(value)
+        return None if value is None else parse_size(value)
+
+    sandbox: Literal["off", "best_effort", "required"] = Field(
+        default="best_effort",
+        description="How runners are confined (docs/security.md, The runner sandbox): their "
+        "own user, mount, PID, IPC and network namespaces with a mount view of only the "
+        "model paths, capabilities dropped, no_new_privs, Landlock, a seccomp allow-list, "
+        "rlimits and a memory cgroup. best_effort: each layer this host cannot provide is "
+        "left out, logged and reported (GET /edgeplex/v1/memory, "
+        "`edgeplex_runner_sandbox_layer`). required: the agent refuses to start unless "
+        "every layer works. off: runners run as plain children of the zygote.",
+    )
+    sandbox_paths: list[Path] = Field(
+        default=[],
+        description="More paths a sandboxed runner may read (besides the model repository, "
+        "the artifact cache and where the repository's symbolic links lead at its start): "
+        "model files that a link made later points into, for instance.",
+    )
+    memory_limit: int | None = Field(
+        default=None,
+        description="Host memory the shared runner may use before the kernel kills it (it "
+        "alone: the agent restarts it and reloads its models). Unset: the loaded and "
+        "staged budgets (device_memory_budget on the CPU, host_memory_budget) plus "
+        "memory_headroom, or no limit when neither budget is set. A dedicated runner's "
+        "limit is its model's `memory_limit`.",
+    )
+    memory_headroom: int = Field(
+        default=1024 * 1024 * 1024,
+        ge=0,
+        description="What the shared runner may use beyond its models' budgets (Python, "
+        "ONNX Runtime's arenas, the shared rings) before its memory limit binds.",
+    )
+    max_open_files: int = Field(
+        default=4096,
+        ge=64,
+        description="RLIMIT_NOFILE of a sandboxed runner.",
+    )
 
     intra_op_threads: int = Field(
         default=0,

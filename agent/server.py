@@ -28,7 +28,7 @@ from edgeplex.agent.access_log import ACCESS
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet.forward import Router
-from edgeplex.agent.fleet.link import FleetLink
+from edgeplex.agent.fleet.link import FleetLink, check_first_contact
 from edgeplex.agent.frontdoor.auth import Credentials, check_binds, tls_credentials
 from edgeplex.agent.frontdoor.grpc import start_grpc_server
 from edgeplex.agent.frontdoor.http import start_http_server
@@ -36,7 +36,10 @@ from edgeplex.agent.residency.contract import Limits
 from edgeplex.agent.residency.effects import RunnerEffects
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.state import ModelRecord
+from edgeplex.agent.runners import leftovers
+from edgeplex.agent.runners.shm import shm_dir
 from edgeplex.agent.runners.supervisor import RunnerPool
+from edgeplex.agent.runners.view import runner_view, shared_runner_limit
 from edgeplex.agent.tracing import Spans
 from edgeplex.eviction import make_policy
 
@@ -49,22 +52,26 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     fleet = settings.fleet
     if fleet.control_plane and not (fleet.site_id and fleet.region and fleet.mqtt_url):
         raise ValueError("joining a fleet needs --site-id, --region and --mqtt")
+    check_first_contact(fleet)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
     residency: Residency | None = None
+    leftovers.sweep([shm_dir(), Path(tempfile.gettempdir())])  # what dead agents left
+    staging = make_staging_root(settings)
     pool = RunnerPool(
         settings.runner,
         settings.log_level,
         on_up=lambda rid: residency.runner_up(rid) if residency else None,
-        on_down=lambda rid: residency.runner_down(rid) if residency else None,
+        on_down=lambda rid, why: residency.runner_down(rid, why) if residency else None,
         log_format=settings.log_format,
+        view=lambda: runner_view(settings, staging),
+        shared_limit=shared_runner_limit(settings),
     )
-    await pool.start()
-    staging = make_staging_root(settings)
     try:
+        await pool.start()
         effects = RunnerEffects(settings, pool, staging)
         residency = build_residency(settings, effects)
         agent = Agent(settings, residency, effects)
@@ -207,7 +214,9 @@ def make_staging_root(settings: AgentSettings) -> Path:
     parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
     if parent is None:
         log.warning("no writable /dev/shm: staged models live in the temp directory")
-    return Path(tempfile.mkdtemp(prefix="edgeplex-staged-", dir=parent))
+    root = Path(tempfile.mkdtemp(prefix=f"{leftovers.STAGED}{os.getpid()}-", dir=parent))
+    leftovers.claim(root)
+    return root
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

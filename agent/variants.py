@@ -126,7 +126,9 @@ def _build_int8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]]) -> str
 
     ops = _op_types(src)
     if ops["MatMul"] + ops["Gemm"] >= ops["Conv"]:
-        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+        # Handed in loaded: given a path, the quantizer writes a file beside the
+        # original, in a repository a runner may only read.
+        quantize_dynamic(onnx.load(str(src)), dst, weight_type=QuantType.QInt8)
         return "dynamic"
 
     class Reader(CalibrationDataReader):

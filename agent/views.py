@@ -54,6 +54,7 @@ def memory(settings: AgentSettings, residency: Residency, effects: RunnerEffects
     return {
         "policy": s.eviction_policy,
         "runner_memory_limits": effects.limit_mechanism(),
+        "sandbox": effects.sandbox(),
         "pending_loads": residency.ledger.pending_loads(),
         "tiers": {
             "loaded": {

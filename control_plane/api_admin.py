@@ -30,13 +30,13 @@ from edgeplex.artifacts import (
 )
 from edgeplex.control_plane.api_batch import BatchAdmin
 from edgeplex.control_plane.api_batch import redis_down as _redis_down
-from edgeplex.control_plane.broker_files import BrokerFiles
+from edgeplex.control_plane.broker_files import CP_USER, BrokerFiles, reserved_site
 from edgeplex.control_plane.explain import explain
 from edgeplex.control_plane.placement import PlacementResult
 from edgeplex.control_plane.planner import Planner
 from edgeplex.control_plane.site_identity import new_token, token_hash
 from edgeplex.control_plane.store import Store
-from edgeplex.names import VARIANT_FORMS, valid_name
+from edgeplex.names import NAME_RULE, VARIANT_FORMS, VERSION_RULE, valid_name, valid_version
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 
@@ -93,7 +93,9 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
     ) -> pb.CatalogModel:
         problems = []
         if not valid_name(request.name):
-            problems.append("name: letters, digits, '_.-', at most 128 characters")
+            problems.append(f"name: {NAME_RULE}")
+        if request.version and not valid_version(request.version):
+            problems.append(f"version: {VERSION_RULE}, not {request.version[:32]!r}")
         try:
             check_uri(request.artifact_uri, self._artifacts.policy)
         except ArtifactError as exc:
@@ -245,10 +247,13 @@ class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
     ) -> pb.AddSiteResponse:
         for what, value in (("site_id", request.site_id), ("region", request.region)):
             if not valid_name(value):
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{what}: letters, digits, '_.-', at most 128",
-                )
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {NAME_RULE}")
+        if reserved_site(request.site_id, self._broker.cp_user if self._broker else CP_USER):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"site_id {request.site_id!r} is reserved: names starting with 'edgeplex-' "
+                "belong to the fleet's own services (the control plane's broker user)",
+            )
         token = new_token()
         try:
             await self._store.put_join_token(request.site_id, request.region, token_hash(token))

@@ -5,8 +5,10 @@
 a fresh password returned once beside the join token, and rewrites the ACL in
 which only the control plane writes the control topics and each site reads
 only its own desired state, its region's routes and the fleet's key topic;
-mosquitto reloads both on SIGHUP. docs/security.md shows the same ACL for a
-broker run by others.
+mosquitto reloads both on SIGHUP. The broker binds each connection's client id
+to its username (`use_username_as_clientid`), so no credential can take over
+another's session; names of the fleet's own users are reserved. docs/security.md
+shows the same settings for a broker run by others.
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ import signal
 import subprocess
 from pathlib import Path
 
+from edgeplex.durable import write_atomic
+
 CP_USER = "edgeplex-cp"
+RESERVED_PREFIX = "edgeplex-"  # the fleet's own broker users; never a site's
+
+
+def reserved_site(site_id: str, cp_user: str = CP_USER) -> bool:
+    """Whether `site_id` may not be enrolled: it would take over a service's broker user
+    (and reset its password)."""
+    return site_id == cp_user or site_id.lower().startswith(RESERVED_PREFIX)
 
 
 def acl_text(site_regions: dict[str, str], cp_user: str = CP_USER) -> str:
@@ -60,10 +71,10 @@ class BrokerFiles:
     def add_site(self, site_id: str, site_regions: dict[str, str]) -> str:
         """Give `site_id` a user with a new password and rewrite the ACL for every
         site in `site_regions`; returns the password. Blocking: call in a thread."""
+        if reserved_site(site_id, self.cp_user):
+            raise ValueError(f"site_id {site_id!r} is reserved")
         password = set_password(self.password_file, site_id)
-        tmp = self.acl_file.with_suffix(".tmp")
-        tmp.write_text(acl_text(site_regions, self.cp_user))
-        tmp.replace(self.acl_file)
+        write_atomic(self.acl_file, acl_text(site_regions, self.cp_user).encode(), 0o600)
         self.reload()
         return password
 

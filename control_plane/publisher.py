@@ -42,8 +42,18 @@ class Publisher:
         self._latest: dict[str, Outgoing] = {}
         self._pending: dict[str, Outgoing] = {}
         self._wake = asyncio.Event()
+        self._active = asyncio.Event()  # set while this replica leads
         self.connected = False
         self.published = 0
+
+    def set_active(self, active: bool) -> None:
+        """Connect only while this replica leads: the broker binds client ids to
+        usernames, so the replicas' shared user holds one session, the leader's."""
+        if active:
+            self._active.set()
+        else:
+            self._active.clear()
+            self._wake.set()  # a connected publisher sees it and disconnects
 
     def publish(self, topic: str, kind: str, audience: str, version: int, payload: bytes) -> None:
         """Queue the newest message of `topic`; older unsent ones are dropped."""
@@ -68,6 +78,7 @@ class Publisher:
         backoff = Backoff()
         refresh_s = self._ttl_s / 3
         while True:
+            await self._active.wait()
             try:
                 async with aiomqtt.Client(
                     identifier=self._client_id,
@@ -77,7 +88,7 @@ class Publisher:
                     backoff.reset()
                     log.info("connected to MQTT %s:%d", self._target.host, self._target.port)
                     self._pending = dict(self._latest)
-                    while True:
+                    while self._active.is_set():
                         while self._pending:
                             topic, message = self._pending.popitem()
                             try:
@@ -91,6 +102,7 @@ class Publisher:
                             await asyncio.wait_for(self._wake.wait(), refresh_s)
                         if not self._wake.is_set():  # time to re-seal before expiry
                             self._pending = dict(self._latest)
+                self.connected = False
             except aiomqtt.MqttError as exc:
                 self.connected = False
                 delay = backoff.delay()

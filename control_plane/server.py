@@ -122,6 +122,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
             await lease.changed.wait()
             lease.changed.clear()
             METRICS.leader.set(1 if lease.is_leader else 0)
+            publisher.set_active(lease.is_leader)
             if lease.is_leader:
                 with contextlib.suppress(Exception):
                     await admin.verify_pending()

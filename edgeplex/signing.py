@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -35,6 +36,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 from google.protobuf.message import DecodeError
 
+from edgeplex import durable as crash_safe
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
 DESIRED, ROUTES, ROLLOVER = "desired", "routes", "key-rollover"
@@ -50,6 +52,13 @@ class Rejected(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+
+
+def _b64_key(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        raise Rejected("bad_key", "a public key is base64 of its 32 raw bytes") from None
 
 
 def key_id(public: bytes) -> str:
@@ -80,20 +89,18 @@ class Signer:
     @classmethod
     def from_file(cls, path: Path) -> Signer:
         """The key in `path` (raw 32-byte seed, base64), created with mode 0600 when
-        missing; refused when others may read it."""
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            if path.stat().st_mode & 0o077:
-                raise PermissionError(f"{path} is readable by others; chmod 600 it") from None
-            seed = base64.b64decode(path.read_text().strip())
-            return cls(Ed25519PrivateKey.from_private_bytes(seed))
+        missing (whole or not at all); refused when others may read it or it is empty."""
+        crash_safe.sweep_temporary(path.parent, path.name)
         private = Ed25519PrivateKey.generate()
         seed = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-        with os.fdopen(fd, "w") as f:
-            f.write(base64.b64encode(seed).decode() + "\n")
-        return cls(private)
+        if crash_safe.create_atomic(path, base64.b64encode(seed) + b"\n", point="signing-key"):
+            return cls(private)
+        if path.stat().st_mode & 0o077:
+            raise PermissionError(f"{path} is readable by others; chmod 600 it")
+        text = path.read_text().strip()
+        if not text:
+            raise ValueError(f"{path} is empty: restore the control plane's key from backup")
+        return cls(Ed25519PrivateKey.from_private_bytes(base64.b64decode(text)))
 
     def seal(self, kind: str, audience: str, version: int, payload: bytes, ttl_s: float) -> bytes:
         body = pb.SignedBody(
@@ -119,22 +126,64 @@ class Opened:
 
 @dataclass
 class TrustStore:
-    """The keys an agent trusts and the last version it accepted per kind."""
+    """The keys an agent trusts and the last version it accepted per kind, kept in
+    `pin_file` (JSON, written atomically with fsync) so that neither a replay of an
+    older message nor a configured key can undo them across a restart."""
 
     pin_file: Path | None = None
     keys: dict[str, Ed25519PublicKey] = field(default_factory=dict)
-    last: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    # kind -> (version, sha256 of its payload) last accepted
+    last: dict[str, tuple[int, str]] = field(default_factory=dict)
+    retired: list[str] = field(default_factory=list)  # key ids rolled over from
 
     @classmethod
     def load(cls, configured: str | None, pin_file: Path | None) -> TrustStore:
-        """Trust `configured` (base64 raw public key) if given, else the pinned key."""
+        """Trust `configured` (base64 raw public key) if given, unless the pin file
+        records a completed rollover away from it (then its successor); else the pinned
+        key. ValueError for a pin file that exists but holds no key: it is restored or
+        deleted by hand, never silently trusted anew."""
         store = cls(pin_file)
-        text = configured or (
-            pin_file.read_text().strip() if pin_file and pin_file.exists() else ""
-        )
-        if text:
-            store._trust(base64.b64decode(text))
+        saved = store._read()
+        pinned = saved.get("key", "")
+        if configured:
+            configured_id = key_id(_b64_key(configured))
+            if pinned and key_id(_b64_key(pinned)) != configured_id:
+                if configured_id in saved.get("retired", []):
+                    store._trust(_b64_key(pinned))  # the rollover stands
+                else:
+                    store._trust(_b64_key(configured))
+            else:
+                store._trust(_b64_key(configured))
+        elif pinned:
+            store._trust(_b64_key(pinned))
+        store.retired = [str(k) for k in saved.get("retired", [])]
+        for kind, (version, digest) in saved.get("last", {}).items():
+            store.last[kind] = (int(version), str(digest))
         return store
+
+    def _read(self) -> dict[str, Any]:
+        if self.pin_file is None:
+            return {}
+        crash_safe.sweep_temporary(self.pin_file.parent, self.pin_file.name)
+        try:
+            text = self.pin_file.read_text().strip()
+        except FileNotFoundError:
+            return {}
+        damaged = ValueError(
+            f"{self.pin_file} holds no key: restore it, or delete it to trust the key "
+            "the control plane presents at the next registration"
+        )
+        if not text:
+            raise damaged
+        if not text.startswith("{"):  # the one-line form of earlier versions
+            return {"key": text}
+        try:
+            saved = json.loads(text)
+        except ValueError:
+            raise damaged from None
+        if not isinstance(saved, dict) or not saved.get("key"):
+            raise damaged
+        return saved
 
     def _trust(self, public: bytes) -> str:
         if len(public) != 32:
@@ -142,12 +191,18 @@ class TrustStore:
         self.keys = {key_id(public): Ed25519PublicKey.from_public_bytes(public)}
         return key_id(public)
 
-    def _save(self, public: bytes) -> None:
-        if self.pin_file is not None:
-            self.pin_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = self.pin_file.with_suffix(".tmp")
-            tmp.write_text(base64.b64encode(public).decode() + "\n")
-            tmp.replace(self.pin_file)
+    def _save(self) -> None:
+        if self.pin_file is None or not self.keys:
+            return
+        (key,) = self.keys.values()
+        state = {
+            "key": base64.b64encode(public_bytes(key)).decode(),
+            "retired": self.retired[-16:],
+            "last": {kind: list(v) for kind, v in self.last.items()},
+        }
+        crash_safe.write_atomic(
+            self.pin_file, (json.dumps(state) + "\n").encode(), 0o600, point="pin"
+        )
 
     def pin(self, public: bytes) -> bool:
         """Trust on first use: the key the control plane presented at registration.
@@ -157,7 +212,7 @@ class TrustStore:
         if self.keys:
             return False
         self._trust(public)
-        self._save(public)
+        self._save()
         return True
 
     def open(self, data: bytes, kind: str, audience: str, ordered: bool = True) -> Opened:
@@ -189,16 +244,20 @@ class TrustStore:
         if not ordered:
             return Opened(body.version, body.payload)
         last = self.last.get(kind)
+        digest = hashlib.sha256(body.payload).hexdigest()
         if last is not None and (
-            body.version < last[0] or (body.version == last[0] and body.payload != last[1])
+            body.version < last[0] or (body.version == last[0] and digest != last[1])
         ):
             raise Rejected("stale", f"version {body.version} after {last[0]}")
-        self.last[kind] = (body.version, body.payload)
+        if last != (body.version, digest):
+            self.last[kind] = (body.version, digest)
+            self._save()  # before anything acts on it: a restart still knows it
         return Opened(body.version, body.payload)
 
     def rollover(self, opened: Opened) -> str:
         """Apply a verified KeyRollover: trust its key instead. Returns the new key id."""
         rollover = pb.KeyRollover.FromString(opened.payload)
+        self.retired = [k for k in self.retired if k not in self.keys] + list(self.keys)
         new_id = self._trust(rollover.public_key)
-        self._save(rollover.public_key)
+        self._save()
         return new_id

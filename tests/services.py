@@ -185,7 +185,11 @@ class Mosquitto(Service):
         if self.password_file is None:
             lines.append("allow_anonymous true")
         else:
-            lines += ["allow_anonymous false", f"password_file {self.password_file}"]
+            lines += [
+                "allow_anonymous false",
+                f"password_file {self.password_file}",
+                "use_username_as_clientid true",  # as the fleet's brokers run
+            ]
         conf.write_text("\n".join(lines) + "\n")
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         return [binary, "-c", str(conf)]

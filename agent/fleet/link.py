@@ -39,7 +39,7 @@ import aiomqtt
 import grpc
 
 from edgeplex import __version__
-from edgeplex.agent.config import AgentSettings
+from edgeplex.agent.config import AgentSettings, FleetSettings
 from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet.control_messages import ControlMessages
 from edgeplex.agent.fleet.on_demand import OnDemand
@@ -48,12 +48,35 @@ from edgeplex.agent.forms import guard_summary
 from edgeplex.agent.residency.state import Phase
 from edgeplex.artifacts import ArtifactCache, FetchPolicy
 from edgeplex.fleet import Backoff, parse_mqtt_url, presence_topic
+from edgeplex.net import is_loopback
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.settings import state_dir
 from edgeplex.signing import TrustStore
 
 log = logging.getLogger("edgeplex.agent.fleet")
+
+
+def check_first_contact(fleet: FleetSettings) -> None:
+    """ValueError for a first contact in clear text beyond this host: gRPC without
+    tls_ca, or mqtt://, to a non-loopback address, unless fleet.allow_plaintext."""
+    if fleet.allow_plaintext or not fleet.control_plane or not fleet.mqtt_url:
+        return
+    targets = [t.strip() for t in fleet.control_plane.split(",") if t.strip()]
+    mqtt = parse_mqtt_url(fleet.mqtt_url)
+    clear = [t for t in targets if fleet.tls_ca is None and not is_loopback(_host(t))]
+    if not mqtt.tls and not is_loopback(mqtt.host):
+        clear.append(f"mqtt://{mqtt.host}:{mqtt.port}")
+    if clear:
+        raise ValueError(
+            f"refusing to join the fleet in clear text over the network ({', '.join(clear)}): "
+            "set fleet.tls_ca and use mqtts://, or fleet.allow_plaintext on a closed network"
+        )
+
+
+def _host(target: str) -> str:
+    host, _, _ = target.rpartition(":")
+    return (host or target).strip("[]")
 
 
 class FleetLink:
@@ -69,6 +92,7 @@ class FleetLink:
         self._mqtt = parse_mqtt_url(fleet.mqtt_url)
         # Replicas of the control plane: the first that answers; the next on failure.
         self._targets = [t.strip() for t in (fleet.control_plane or "").split(",") if t.strip()]
+        check_first_contact(fleet)
         self._target_ix = 0
         artifact_dir = fleet.artifact_dir or settings.model_repo / ".artifacts"
         self.reconciler = Reconciler(
@@ -81,6 +105,8 @@ class FleetLink:
             ),
             disk_budget=settings.disk_cache_budget,
         )
+        if self.reconciler.recover():  # installs a kill interrupted
+            agent.discover()
         trust = TrustStore.load(
             fleet.control_plane_key, fleet.trust_file or state_dir() / "control-plane.pub"
         )

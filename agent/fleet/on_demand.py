@@ -111,7 +111,8 @@ class OnDemand:
         try:
             await asyncio.to_thread(self._reconciler.install, model)
         except Exception as exc:  # whatever the cause, the model failed, with a reason
-            reason = str(exc) if isinstance(exc, ArtifactError) else type(exc).__name__
+            known = isinstance(exc, ArtifactError | ValueError)
+            reason = str(exc) if known else type(exc).__name__
             self._reconciler.failures[name] = reason
             METRICS.on_demand.labels(result="failed").inc()
             raise ModelFailed(f"model '{name}': its artifact is unusable: {reason}") from None

@@ -38,8 +38,9 @@ import yaml
 from edgeplex.agent.repository import MODEL_FILE
 from edgeplex.agent.residency.state import Phase, Tier
 from edgeplex.artifacts import ArtifactCache, ArtifactError, log_progress, model_file
+from edgeplex.durable import crash_point, write_atomic
 from edgeplex.fleet import Backoff
-from edgeplex.names import valid_name
+from edgeplex.names import path_under, valid_name, valid_version
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
 if TYPE_CHECKING:  # the core imports the fleet package
@@ -49,6 +50,16 @@ log = logging.getLogger("edgeplex.agent.reconcile")
 
 RETRY_INITIAL_S = 5.0
 RETRY_MAX_S = 300.0
+
+
+def _remove_flat(directory: Path) -> None:
+    """Remove an install's directory (its files are links and markers, no subfolders)."""
+    if directory.is_symlink() or directory.is_file():
+        directory.unlink()
+    elif directory.is_dir():
+        for p in directory.iterdir():
+            p.unlink()
+        directory.rmdir()
 
 
 class Reconciler:
@@ -112,13 +123,14 @@ class Reconciler:
         log.info("applying desired state v%d: %d models", desired.version, len(desired.models))
         installed: list[pb.DesiredModel] = []
         for dm in desired.models:
-            if not valid_name(dm.name) or not (dm.version or "1").isdigit():
-                self.failures[dm.name] = "invalid model name or version in desired state"
+            if not valid_name(dm.name) or not valid_version(dm.version or "1"):
+                self.failures[dm.name[:128]] = "invalid model name or version in desired state"
                 continue
             try:
                 await asyncio.to_thread(self.install, dm)
             except Exception as exc:  # whatever the cause, this model failed, with a reason
-                reason = str(exc) if isinstance(exc, ArtifactError) else type(exc).__name__
+                known = isinstance(exc, ArtifactError | ValueError)
+                reason = str(exc) if known else type(exc).__name__
                 self.failures[dm.name] = reason
                 log.warning("model %s: %s", dm.name, reason)
                 continue
@@ -164,19 +176,22 @@ class Reconciler:
         text = yaml.safe_dump({"variants": list(dm.variants), "quality": dm.quality or "exact"})
         if config.is_file() and config.read_text() == text:
             return
-        partial = config.with_suffix(".tmp")
-        partial.write_text(text)
-        os.replace(partial, config)
+        write_atomic(config, text.encode(), 0o644)
 
     def install(self, dm: pb.DesiredModel) -> None:
-        """Make `<repo>/<name>/<version>/model.onnx` the verified artifact. Blocking."""
+        """Make `<repo>/<name>/<version>/model.onnx` the verified artifact. Blocking.
+        ValueError for a name or version that is not one (whoever sent it)."""
+        version = dm.version or "1"
+        if not valid_version(version):
+            raise ValueError(f"invalid version {version[:32]!r} of model {dm.name[:64]!r}")
+        path_under(self._repo, dm.name, version)  # ValueError unless a valid name
         with self._installing:
             self._install(dm)
             self._write_config(dm)
 
     def _install(self, dm: pb.DesiredModel) -> None:
         version = dm.version or "1"
-        target = self._repo / dm.name / version
+        target = path_under(self._repo, dm.name, version)
         marker = target / ".sha256"
         if marker.is_file() and marker.read_text().strip() == dm.sha256:
             return
@@ -185,22 +200,43 @@ class Reconciler:
         )
         onnx = model_file(artifact)
         (self._repo / dm.name).mkdir(parents=True, exist_ok=True)
-        staging = self._repo / dm.name / f".{version}.tmp"
-        if staging.exists():
-            for p in staging.iterdir():
-                p.unlink()
-            staging.rmdir()
+        staging = path_under(self._repo, dm.name, f".{version}.tmp")
+        old = path_under(self._repo, dm.name, f".{version}.old")
+        _remove_flat(staging)
+        _remove_flat(old)  # a replacement killed between its two renames left it
         staging.mkdir()
         os.symlink(onnx, staging / MODEL_FILE)
         if artifact.is_dir():
             for extra in artifact.iterdir():  # external weights next to the graph
                 if extra.name != MODEL_FILE and extra.is_file():
                     os.symlink(extra, staging / extra.name)
-        (staging / ".sha256").write_text(dm.sha256 + "\n")
+        write_atomic(staging / ".sha256", (dm.sha256 + "\n").encode(), 0o644)
         if target.exists():
-            old = self._repo / dm.name / f".{version}.old"
             os.replace(target, old)
-            for p in old.iterdir():
-                p.unlink()
-            old.rmdir()
-        os.replace(staging, target)
+            crash_point("install:moved-old")
+            os.replace(staging, target)
+            _remove_flat(old)
+        else:
+            os.replace(staging, target)
+
+    def recover(self) -> int:
+        """Finish or undo installs a kill interrupted (at start, before any install):
+        a version moved aside (`.V.old`) whose replacement never arrived comes back, a
+        complete replacement (`.V.tmp` with its marker) goes in, the rest is removed.
+        Returns how many versions were restored or completed."""
+        fixed = 0
+        with contextlib.suppress(OSError):
+            for model in self._repo.iterdir():
+                if not valid_name(model.name) or not model.is_dir():
+                    continue
+                for leftover in sorted(model.glob(".*.old")) + sorted(model.glob(".*.tmp")):
+                    version = leftover.name[1:].rsplit(".", 1)[0]
+                    target = model / version
+                    done = leftover.suffix == ".old" or (leftover / ".sha256").is_file()
+                    if valid_version(version) and not target.exists() and done:
+                        os.replace(leftover, target)
+                        fixed += 1
+                        log.warning("model %s: version %s recovered", model.name, version)
+                    else:
+                        _remove_flat(leftover)
+        return fixed

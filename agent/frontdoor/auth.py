@@ -13,10 +13,8 @@ metadata) and are compared in constant time.
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import logging
-import os
 import secrets
 import ssl
 from enum import Enum
@@ -26,6 +24,7 @@ import grpc
 
 from edgeplex.agent.config import SecuritySettings
 from edgeplex.agent.errors import PermissionDenied, Unauthenticated
+from edgeplex.durable import create_atomic, sweep_temporary
 from edgeplex.net import bearer_token, is_loopback
 from edgeplex.settings import state_dir
 
@@ -46,23 +45,20 @@ def token_file(security: SecuritySettings) -> Path:
 
 def admin_token(security: SecuritySettings) -> str:
     """The configured token, or the one in the token file (created, mode 0600, with a
-    new random token when it does not exist yet)."""
+    new random token when it does not exist yet; written whole or not at all)."""
     if security.admin_token is not None and security.admin_token.get_secret_value():
         return security.admin_token.get_secret_value()  # an empty one means unset
     path = token_file(security)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    sweep_temporary(path.parent, path.name)  # what a writer killed mid-way left
     token = secrets.token_urlsafe(32)
-    with contextlib.suppress(FileExistsError):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
+    if create_atomic(path, (token + "\n").encode(), point="admin-token"):
         log.info("generated the admin token in %s (mode 0600)", path)
         return token
     if path.stat().st_mode & 0o077:
         raise PermissionError(f"{path} is readable by others; chmod 600 it")
     token = path.read_text().strip()
     if not token:
-        raise ValueError(f"{path} is empty")
+        raise ValueError(f"{path} is empty: delete it to have a new token generated")
     log.info("admin token: %s", path)
     return token
 

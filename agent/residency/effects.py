@@ -84,6 +84,9 @@ class RunnerEffects:
     def limit_mechanism(self) -> str:
         return self._pool.limiter.mechanism
 
+    def sandbox(self) -> dict[str, object]:
+        return self._pool.sandbox_status()
+
     def stats(self, record: ModelRecord) -> ModelStats:
         return self._stats.setdefault(record.name, ModelStats())
 

@@ -104,14 +104,15 @@ class Lifecycle:
             ticket.settle(error)
         self._effects.pause(record)
 
-    def lose_session(self, record: ModelRecord) -> None:
-        """Its runner died. A serving model keeps its leases and its room and waits
-        (RECOVERING) for the runner to come back; a load that crashes its runner twice
-        fails rather than crash-loop the runner others share."""
+    def lose_session(self, record: ModelRecord, why: str = "") -> None:
+        """Its runner died (`why`, when known). A serving model keeps its leases and its
+        room and waits (RECOVERING) for the runner to come back; a load that crashes its
+        runner twice fails rather than crash-loop the runner others share."""
+        because = f": {why}" if why else ""
         if record.phase == Phase.LOADING:
             record.load_crashes += 1
             if record.load_crashes >= 2:
-                self.fail(record, "its runner crashed twice while loading it")
+                self.fail(record, f"its runner crashed twice while loading it{because}")
                 return
         if record.phase not in (Phase.LOADING, Phase.READY, Phase.DRAINING):
             return
@@ -126,7 +127,7 @@ class Lifecycle:
         record.side_work = ""
         record.generation += 1
         record.enter(Phase.RECOVERING)
-        record.reason = "runner restarting"
+        record.reason = f"runner restarting{because}"
         self._effects.pause(record)
 
     def swap(self, record: ModelRecord, form: str) -> None:

@@ -339,13 +339,14 @@ class Residency:
 
     # --- runners ------------------------------------------------------------------------
 
-    def runner_down(self, runner_id: str) -> None:
-        """Sessions on `runner_id` are gone. Serving models keep their leases and their
-        room and are reloaded when the runner is back; a load that crashes its runner
-        twice fails rather than crash-loop the runner others share."""
+    def runner_down(self, runner_id: str, why: str = "") -> None:
+        """Sessions on `runner_id` are gone (`why`: how it died, when known). Serving
+        models keep their leases and their room and are reloaded when the runner is
+        back; a load that crashes its runner twice fails rather than crash-loop the
+        runner others share."""
         for record in self.ledger.all_records():
             if record.runner_id == runner_id:
-                self._life.lose_session(record)
+                self._life.lose_session(record, why)
         self._life.pump()  # a failed load's room is free
 
     def runner_up(self, runner_id: str) -> None:

@@ -67,7 +67,9 @@ class Hello(Message):
 
     TAG: ClassVar[str] = "hello"
     runner_id: str
-    pid: int
+    pid: int  # as the agent sees it (the runner is PID 1 in its own namespace)
+    # Each sandbox layer (sandbox.LAYERS): "on", or why this runner runs without it.
+    sandbox: dict[str, str] = field(default_factory=dict)
 
 
 @_message
@@ -308,6 +310,25 @@ class SpawnRunner(Message):
     log_format: str = "text"
     # How long the runner polls for its next frame before it blocks (idle_spin.py).
     idle_spin_us: int = 0
+    # The sandbox (sandbox.py): "off", "best_effort" or "required", and its mount view:
+    # paths bound read-only, writable, device nodes, and secrets masked if under one.
+    sandbox: str = "off"
+    read_only: list[str] = field(default_factory=list)
+    writable: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)
+    max_open_files: int = 0
+    # cgroup.procs files the zygote writes the child's pid into before it runs.
+    cgroups: list[str] = field(default_factory=list)
+
+
+@_message
+class SandboxReport(Message):
+    """zygote -> agent, its first frame: what a sandboxed runner gets on this host
+    (a probe child applied every layer), {layer: "on" or why not}."""
+
+    TAG: ClassVar[str] = "sandbox"
+    layers: dict[str, str]
 
 
 @_message

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import socket
 import threading
 import time
@@ -385,11 +386,22 @@ class Runner:
 
 
 def main(
-    runner_id: str, socket_path: str, log_level: str, log_format: LogFormat, idle_spin_us: int = 0
+    runner_id: str,
+    socket_path: str,
+    log_level: str,
+    log_format: LogFormat,
+    idle_spin_us: int = 0,
+    pid: int = 0,
+    sandbox: dict[str, str] | None = None,
 ) -> None:
-    """Entry point in the forked child; returns when the agent disconnects."""
+    """Entry point in the forked child; returns when the agent disconnects. `pid` is
+    this process as the agent sees it, `sandbox` the layers it runs under."""
+    # In its own PID namespace a runner is PID 1, which the kernel spares every signal
+    # it has no handler for: a stop must still stop it.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _: os._exit(128 + signum))
     logs.configure(log_level, log_format, runner=runner_id)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(socket_path)
-    framing.send_frame(sock, ipc.Hello(runner_id, os.getpid()))
+    framing.send_frame(sock, ipc.Hello(runner_id, pid or os.getpid(), sandbox or {}))
     Runner(sock, idle_spin_us).serve()

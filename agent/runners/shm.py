@@ -99,9 +99,12 @@ class Mapping:
         self.result_ring = Ring(result_bytes)
 
     @classmethod
-    def create(cls, request_bytes: int, result_bytes: int) -> tuple[Mapping, Path]:
-        """A new mapping in a fresh file (mode 0600) the runner opens by path."""
-        path = shm_dir() / f"edgeplex-{os.getpid()}-{secrets.token_hex(8)}"
+    def create(
+        cls, request_bytes: int, result_bytes: int, directory: Path | None = None
+    ) -> tuple[Mapping, Path]:
+        """A new mapping in a fresh file (mode 0600) in `directory` (default: shm_dir())
+        that the runner opens by path."""
+        path = (directory or shm_dir()) / f"edgeplex-{os.getpid()}-{secrets.token_hex(8)}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             # Allocated now, not page by page as the rings fill: a full /dev/shm then

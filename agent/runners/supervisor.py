@@ -21,7 +21,6 @@ their futures from the connection's read callback (connection.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -35,10 +34,12 @@ from pathlib import Path
 from edgeplex.agent.config import RunnerSettings
 from edgeplex.agent.errors import RunnerLost, Unavailable
 from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.runners import ipc, shm
+from edgeplex.agent.runners import ipc, leftovers, shm
 from edgeplex.agent.runners.awake import AwakeWaits
 from edgeplex.agent.runners.connection import RunnerConnection, drop
 from edgeplex.agent.runners.limits import MemoryLimiter
+from edgeplex.agent.runners.sandbox import ON
+from edgeplex.agent.runners.view import RunnerView
 from edgeplex.agent.runners.zygote_client import ZygoteClient
 
 log = logging.getLogger("edgeplex.agent.runners")
@@ -62,6 +63,8 @@ class RunnerProcess:
         self._task: asyncio.Task[None] | None = None
         self._backoff = pool.settings.restart_backoff_initial_s
         self._started_at = 0.0
+        self.last_loss = ""  # why it last went down
+        self.sandbox: dict[str, str] = {}  # its layers, as its Hello reported them
 
     # --- public ---------------------------------------------------------------------------
 
@@ -150,9 +153,11 @@ class RunnerProcess:
 
     # --- called by the pool ----------------------------------------------------------------
 
-    def accept(self, pid: int, conn: RunnerConnection) -> bool:
+    def accept(self, hello: ipc.Hello, conn: RunnerConnection) -> bool:
+        pid = hello.pid
         if self._hello is None or self._hello.done() or (self.pid is not None and pid != self.pid):
             return False
+        self.sandbox = dict(hello.sandbox)
 
         # Only the connection this runner uses speaks for it: a stale one (from a start
         # that gave up) neither delivers frames nor reports the runner lost.
@@ -193,18 +198,7 @@ class RunnerProcess:
         loop = asyncio.get_running_loop()
         self._hello = loop.create_future()
         self.pid = None
-        limit = self._pool.memory_limits.get(self.runner_id, 0)
-        if limit:  # the shared rings are mapped (and, once touched, charged) there too
-            limit += 2 * self._pool.settings.shared_memory_bytes
-        self.pid = await self._pool.zygote.spawn(
-            self.runner_id,
-            self._pool.socket_path,
-            self._pool.log_level,
-            self._pool.limiter.rlimit_for(limit),
-            self._pool.log_format,
-            self._pool.settings.idle_spin_us,
-        )
-        self._pool.limiter.apply(self.runner_id, self.pid, limit)
+        self.pid = await self._pool.zygote.spawn(self._pool.spawn_request(self.runner_id))
         try:
             self._conn = await asyncio.wait_for(
                 asyncio.shield(self._hello), self._pool.settings.start_timeout_s
@@ -229,7 +223,7 @@ class RunnerProcess:
         if not size:
             return None
         try:
-            mapping, path = shm.Mapping.create(size, size)
+            mapping, path = shm.Mapping.create(size, size, self._pool.rings_dir)
         except OSError as exc:
             log.warning(
                 "no shared memory for runner %s (%s): tensors use its socket", self.runner_id, exc
@@ -270,6 +264,11 @@ class RunnerProcess:
 
     def _lost(self, reason: str) -> None:
         settings = self._pool.settings
+        if self._pool.limiter.oom_killed(self.runner_id):
+            limit = self._pool.limit_of(self.runner_id)
+            reason = f"killed for exceeding its memory limit ({limit} bytes)"
+            METRICS.runner_oom_kills.labels(runner=self.runner_id).inc()
+        self.last_loss = reason
         log.error("runner %s (pid %s) lost: %s", self.runner_id, self.pid, reason)
         self.state = "restarting"
         self._ready.clear()
@@ -277,7 +276,7 @@ class RunnerProcess:
         self._close_channel()
         # Models move to LOADING before their in-flight batches fail, so the
         # batcher's re-dispatch waits for the reload instead of racing it.
-        self._pool.on_down(self.runner_id)
+        self._pool.on_down(self.runner_id, reason)
         self._fail_pending()
         self.restarts += 1
         METRICS.runner_restarts.labels(runner=self.runner_id).inc()
@@ -306,18 +305,28 @@ class RunnerPool:
         settings: RunnerSettings,
         log_level: str,
         on_up: Callable[[str], None],
-        on_down: Callable[[str], None],
+        on_down: Callable[[str, str], None],
         log_format: str = "text",
+        view: Callable[[], RunnerView] = RunnerView,
+        shared_limit: int = 0,
     ) -> None:
         self.settings = settings
         self.log_level = log_level
         self.log_format = log_format
         self.on_up = on_up
         self.on_down = on_down
-        self.zygote = ZygoteClient(self._runner_exited)
+        self.view = view  # what a runner's sandbox holds, made anew for each start
+        self.shared_limit = shared_limit
+        self.zygote = ZygoteClient(self._runner_exited, settings.sandbox)
         self._runners: dict[str, RunnerProcess] = {}
-        self._dir = Path(tempfile.mkdtemp(prefix="edgeplex-agent-"))
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{leftovers.RUNTIME}{os.getpid()}-"))
         self.socket_path = str(self._dir / "runners.sock")
+        # The runners' shared rings are made here (in host RAM), the one directory of
+        # /dev/shm their sandbox shows them.
+        rings = tempfile.mkdtemp(prefix=f"{leftovers.RINGS}{os.getpid()}-", dir=shm.shm_dir())
+        self.rings_dir = Path(rings)
+        leftovers.claim(self._dir)
+        leftovers.claim(self.rings_dir)
         self._server: asyncio.AbstractServer | None = None
         self._req_ids = itertools.count(1)
         self.limiter = MemoryLimiter()
@@ -330,13 +339,75 @@ class RunnerPool:
     def next_req_id(self) -> int:
         return next(self._req_ids)
 
+    def limit_of(self, runner_id: str) -> int:
+        """The host memory limit of a runner in bytes (0: none): a dedicated runner's
+        model's, else the shared runner's; the shared rings count against it."""
+        limit = self.memory_limits.get(runner_id, self.shared_limit)
+        return limit + 2 * self.settings.shared_memory_bytes if limit else 0
+
+    def spawn_request(self, runner_id: str) -> ipc.SpawnRunner:
+        """What the zygote needs to start `runner_id`: its sandbox, view and group."""
+        limit = self.limit_of(runner_id)
+        view = self.view()
+        return ipc.SpawnRunner(
+            runner_id,
+            self.socket_path,
+            self.log_level,
+            self.limiter.rlimit_for(limit),
+            self.log_format,
+            self.settings.idle_spin_us,
+            sandbox=self.settings.sandbox,
+            read_only=[*view.read_only, str(self._dir)],
+            writable=[*view.writable, str(self.rings_dir)],
+            devices=view.devices,
+            hidden=view.hidden,
+            max_open_files=self.settings.max_open_files,
+            cgroups=self.limiter.group(runner_id, limit),
+        )
+
+    def host_sandbox(self) -> dict[str, str]:
+        """What this host gives a runner: the zygote's probe, and the memory group."""
+        host = dict(self.zygote.sandbox)
+        cgroup = self.limiter.mechanism.startswith("cgroup")
+        host["memory_cgroup"] = ON if cgroup else f"no writable cgroup: {self.limiter.mechanism}"
+        return host
+
+    def sandbox_status(self) -> dict[str, object]:
+        """What GET /edgeplex/v1/memory says of the sandbox: the mode, what this host
+        gives a runner, and what each runner reported."""
+        return {
+            "mode": self.settings.sandbox,
+            "host": self.host_sandbox(),
+            "runners": {r.runner_id: r.sandbox for r in self._runners.values() if r.sandbox},
+        }
+
     async def start(self) -> None:
+        """Listen for runners and start the zygote; RuntimeError if runner.sandbox is
+        required and this host cannot give a runner every layer."""
         os.chmod(self._dir, 0o700)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(
             lambda: RunnerConnection(self._hello, HELLO_TIMEOUT_S), path=self.socket_path
         )
         await self.zygote.start()
+        host = self.host_sandbox()
+        missing = {k: v for k, v in host.items() if v != ON}
+        for layer, reason in host.items():
+            METRICS.sandbox_layer.labels(layer=layer).set(reason == ON)
+        if self.settings.sandbox == "off":
+            log.warning("runner sandbox is off: runners run unconfined")
+        elif missing and self.settings.sandbox == "required":
+            raise RuntimeError(
+                "runner.sandbox is required, but this host cannot provide: "
+                + "; ".join(f"{k} ({v})" for k, v in missing.items())
+            )
+        elif missing:
+            log.warning(
+                "runner sandbox without: %s",
+                "; ".join(f"{k} ({v})" for k, v in missing.items()),
+            )
+        else:
+            log.info("runner sandbox: every layer on")
 
     def get(self, runner_id: str) -> RunnerProcess:
         runner = self._runners.get(runner_id)
@@ -350,11 +421,7 @@ class RunnerPool:
     def _hello(self, conn: RunnerConnection, message: ipc.Message) -> None:
         """The first frame of a connection: a spawned runner accepts it, or it closes."""
         runner = self._runners.get(getattr(message, "runner_id", ""))
-        if (
-            not isinstance(message, ipc.Hello)
-            or runner is None
-            or not runner.accept(message.pid, conn)
-        ):
+        if not isinstance(message, ipc.Hello) or runner is None or not runner.accept(message, conn):
             log.warning("rejected a runner connection that did not match a spawned runner")
 
     def _runner_exited(self, runner_id: str, pid: int, status: int) -> None:
@@ -377,8 +444,8 @@ class RunnerPool:
             self._server.close()
         await self.zygote.stop()
         self.limiter.close()
-        with contextlib.suppress(OSError):
-            shutil.rmtree(self._dir)
+        for path in (self._dir, self.rings_dir):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _unheard(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> None:

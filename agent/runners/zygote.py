@@ -8,8 +8,10 @@ never starts threads of its own: a fork copies only the calling thread, and
 state those would leave behind (locks, event loops, OpenMP pools) breaks the
 child. See docs/architecture.md, "Why a zygote".
 
-Messages in: SpawnRunner, KillRunner. Messages out: RunnerSpawned,
-RunnerExited. It exits when the agent's end of the socket closes, after
+Messages in: SpawnRunner, KillRunner. Messages out: SandboxReport (first, what
+a sandboxed runner gets on this host), RunnerSpawned, RunnerExited. A runner is
+cloned into its own namespaces and sandboxed before it runs (sandbox.py); its
+memory group is joined before it runs too. It exits when the agent's end of the socket closes, after
 sending SIGTERM to its runners, and dies with the agent (PR_SET_PDEATHSIG).
 """
 
@@ -23,6 +25,7 @@ import selectors
 import signal
 import socket
 import sys
+import traceback
 
 # Keep BLAS/OpenMP pools single-threaded until a runner sizes its own.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -34,7 +37,7 @@ import contextlib
 import numpy  # noqa: F401  (preloaded for the children)
 import onnxruntime  # noqa: F401
 
-from edgeplex.agent.runners import framing, ipc, runner
+from edgeplex.agent.runners import framing, ipc, runner, sandbox
 
 _PR_SET_PDEATHSIG = 1
 
@@ -49,8 +52,11 @@ def die_with_parent() -> None:
 
 
 class Zygote:
-    def __init__(self, control: socket.socket) -> None:
+    def __init__(self, control: socket.socket, sandbox_mode: str = "off") -> None:
         self._control = control
+        self._uid, self._gid = os.geteuid(), os.getegid()
+        # Why runners get no namespaces here ("" while they do): learnt once.
+        self._no_namespaces = "" if sandbox_mode != "off" else "runner.sandbox is off"
         self._children: dict[int, str] = {}  # pid -> runner id
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -58,6 +64,14 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when we stop
         signal.signal(signal.SIGTERM, lambda *_: self._shutdown())
+
+    def report_sandbox(self, mode: str) -> None:
+        """Tell the agent, first thing, what a sandboxed runner gets on this host."""
+        layers: dict[str, str] = {}
+        if mode != "off":
+            layers = sandbox.probe(ipc.SpawnRunner("probe", "", "INFO", 0, sandbox="best_effort"))
+            self._no_namespaces = "" if layers["namespaces"] == sandbox.ON else layers["namespaces"]
+        framing.send_frame(self._control, ipc.SandboxReport(layers))
 
     def serve(self) -> None:
         selector = selectors.DefaultSelector()
@@ -81,19 +95,46 @@ class Zygote:
                             _kill(pid, message.signal)
 
     def _spawn(self, request: ipc.SpawnRunner) -> None:
-        pid = os.fork()
+        go_read, go_write = os.pipe()  # the child waits on it until it is in its groups
+        no_namespaces = self._no_namespaces or "runner.sandbox is off"
+        if request.sandbox != "off" and not self._no_namespaces:
+            try:
+                pid = sandbox.clone()
+                no_namespaces = ""
+            except OSError as exc:
+                pid = os.fork()
+                no_namespaces = str(exc)
+        else:
+            pid = os.fork()
         if pid == 0:
             code = 0
             try:
-                self._become_runner(request)
+                os.close(go_write)
+                os.read(go_read, 1)
+                os.close(go_read)
+                self._become_runner(request, no_namespaces)
+            except sandbox.SandboxError as exc:
+                print(f"runner {request.runner_id}: {exc}", file=sys.stderr, flush=True)
+                code = sandbox.EX_CONFIG
             except BaseException:
+                traceback.print_exc()
                 code = 1
             finally:
+                sys.stderr.flush()
                 os._exit(code)
+        os.close(go_read)
+        for procs in request.cgroups:
+            try:
+                with open(procs, "w") as f:
+                    f.write(str(pid))
+            except OSError as exc:
+                print(f"runner {request.runner_id}: cannot join {procs}: {exc}", file=sys.stderr)
+        os.close(go_write)
         self._children[pid] = request.runner_id
         framing.send_frame(self._control, ipc.RunnerSpawned(request.runner_id, pid))
 
-    def _become_runner(self, request: ipc.SpawnRunner) -> None:
+    def _become_runner(self, request: ipc.SpawnRunner, no_namespaces: str) -> None:
+        pid = int(os.readlink("/proc/self"))  # as the agent sees it, before /proc changes
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
@@ -101,7 +142,10 @@ class Zygote:
         os.close(self._wake_w)
         self._control.close()
         die_with_parent()
-        if request.rlimit_as:
+        layers: dict[str, str] = {}
+        if request.sandbox != "off":
+            layers = sandbox.Sandbox(request, self._uid, self._gid).apply(no_namespaces)
+        elif request.rlimit_as:
             resource.setrlimit(resource.RLIMIT_AS, (request.rlimit_as, request.rlimit_as))
         runner.main(
             request.runner_id,
@@ -109,6 +153,8 @@ class Zygote:
             request.log_level,
             "json" if request.log_format == "json" else "text",
             request.idle_spin_us,
+            pid=pid,
+            sandbox=layers,
         )
 
     def _reap(self) -> None:
@@ -138,11 +184,14 @@ def _kill(pid: int, sig: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="edgeplex runner zygote (started by the agent)")
     parser.add_argument("--fd", type=int, required=True, help="inherited control socket")
+    parser.add_argument("--sandbox", choices=("off", "best_effort", "required"), default="off")
     args = parser.parse_args()
     die_with_parent()
     control = socket.socket(fileno=args.fd)
     try:
-        Zygote(control).serve()
+        zygote = Zygote(control, args.sandbox)
+        zygote.report_sandbox(args.sandbox)
+        zygote.serve()
     except KeyboardInterrupt:
         sys.exit(0)
 

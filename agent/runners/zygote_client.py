@@ -16,11 +16,26 @@ from edgeplex.agent.runners import framing, ipc
 log = logging.getLogger("edgeplex.agent.runners")
 
 
+# What of the agent's environment the zygote, and so every runner, inherits: names
+# that tune libraries, never the agent's own settings (EDGEPLEX_AGENT_*: its join
+# token, admin token, keys) nor anything else a deployment put there.
+KEPT_ENVIRONMENT = ("PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+KEPT_PREFIXES = ("LC_", "OMP_", "OPENBLAS_", "MKL_", "ORT_", "CUDA_", "NVIDIA_", "PYTHON")
+
+
+def runner_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The zygote's environment: the allowed names of `environ`, threads pinned to 1."""
+    env = {k: v for k, v in environ.items() if k in KEPT_ENVIRONMENT or k.startswith(KEPT_PREFIXES)}
+    return env | {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
 class ZygoteClient:
     """Starts the zygote with exec and asks it to fork runners."""
 
-    def __init__(self, on_exit: Callable[[str, int, int], None]) -> None:
+    def __init__(self, on_exit: Callable[[str, int, int], None], sandbox: str = "off") -> None:
         self._on_exit = on_exit
+        self._sandbox_mode = sandbox
+        self.sandbox: dict[str, str] = {}  # its report: what a runner gets on this host
         self._process: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._spawned: dict[str, asyncio.Future[int]] = {}
@@ -33,19 +48,27 @@ class ZygoteClient:
 
     async def start(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "edgeplex.agent.runners.zygote",
             "--fd",
             str(child.fileno()),
+            "--sandbox",
+            self._sandbox_mode,
             pass_fds=[child.fileno()],
             stdin=asyncio.subprocess.DEVNULL,
-            env=env,
+            env=runner_environment(dict(os.environ)),
         )
         child.close()
         reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        try:
+            report, _ = await asyncio.wait_for(framing.read_frame(reader), 60)
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
+            raise Unavailable(f"the runner zygote did not start: {exc!r}") from None
+        if not isinstance(report, ipc.SandboxReport):
+            raise Unavailable(f"the runner zygote said {type(report).__name__} first")
+        self.sandbox = dict(report.layers)
         self._reader_task = asyncio.create_task(self._read(reader), name="zygote-reader")
         log.info("zygote started (pid %d)", self._process.pid)
 
@@ -67,25 +90,15 @@ class ZygoteClient:
         self._spawned.clear()
         log.warning("zygote connection closed")
 
-    async def spawn(
-        self,
-        runner_id: str,
-        socket_path: str,
-        log_level: str,
-        rlimit_as: int = 0,
-        log_format: str = "text",
-        idle_spin_us: int = 0,
-    ) -> int:
+    async def spawn(self, request: ipc.SpawnRunner) -> int:
+        """Have the zygote start a runner; its pid as this process sees it."""
         async with self._lock:
             if not self.alive:
                 await self.start()
         assert self._writer is not None
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._spawned[runner_id] = future
-        framing.write_frame(
-            self._writer,
-            ipc.SpawnRunner(runner_id, socket_path, log_level, rlimit_as, log_format, idle_spin_us),
-        )
+        self._spawned[request.runner_id] = future
+        framing.write_frame(self._writer, request)
         return await asyncio.wait_for(future, timeout=10)
 
     def kill(self, runner_id: str, sig: int) -> None:

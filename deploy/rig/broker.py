@@ -28,7 +28,7 @@ class Broker:
         password = set_password(self.passwords, CP_USER)
         self.acl.write_text(acl_text({}))
         self.conf.write_text(
-            f"listener {port} {host}\nallow_anonymous false\n"
+            f"listener {port} {host}\nallow_anonymous false\nuse_username_as_clientid true\n"
             f"password_file {self.passwords}\nacl_file {self.acl}\npid_file {self.pid}\n"
             + ("user root\n" if os.geteuid() == 0 else "")
         )

@@ -182,6 +182,8 @@ class Rig:
             "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN_FILE": str(self.state_dir / "admin-token"),
             "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": join_token,
             "EDGEPLEX_AGENT_FLEET__MQTT_URL": f"mqtt://{site_id}:{mqtt_password}@{broker}",
+            # The rig's own network namespaces: a closed network, no TLS.
+            "EDGEPLEX_AGENT_FLEET__ALLOW_PLAINTEXT": "true",
             "EDGEPLEX_AGENT_FLEET__TRUST_FILE": str(self.state_dir / f"trust-{site_id}.pub"),
             "EDGEPLEX_AGENT_FLEET__ARTIFACT_FILE_ROOTS": json.dumps([str(self.artifact_root)]),
             "EDGEPLEX_AGENT_PRESTAGE": "false",
