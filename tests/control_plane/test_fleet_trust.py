@@ -9,6 +9,7 @@ import base64
 import contextlib
 import hashlib
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from edgeplex.agent import demo
 from edgeplex.fleet import desired_topic, parse_mqtt_url, routes_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
-from edgeplex.signing import DESIRED, ROUTES, Signer, region_audience, site_audience
+from edgeplex.signing import DESIRED, ROUTES, Signer, key_id, region_audience, site_audience
 from tests.control_plane.test_fleet import Fleet, agent_tier, wait_until
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, join_token
 
@@ -264,5 +265,25 @@ def test_a_signed_rollover_moves_sites_to_the_new_key(fleet: Fleet) -> None:
     new = Signer.from_file(new_key)
     assert new.key_id in result.stdout
     expected = base64.b64encode(new.public).decode()
-    wait_until(lambda: trust_file.read_text().strip() == expected, what="the site switched keys")
+    wait_until(lambda: json.loads(trust_file.read_text())["key"] == expected, what="the switch")
     assert trust_file.read_text() != old
+    old_id = key_id(base64.b64decode(json.loads(old)["key"]))
+    assert json.loads(trust_file.read_text())["retired"] == [old_id]  # a restart knows
+
+
+def test_versions_that_are_not_numbers_and_reserved_site_names_are_refused(fleet: Fleet) -> None:
+    path = fleet.workdir / "src" / "base" / "1" / "model.onnx"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    for version in ("../../x", "/etc/passwd", "1/2", "..", "0", "01", "v1"):
+        model = pb.CatalogModel(
+            name="evil", version=version, artifact_uri=path.as_uri(), sha256=digest
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            fleet.call("AddModel", model)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "version" in (err.value.details() or "")
+    for site in ("edgeplex-cp", "edgeplex-anything", "EDGEPLEX-CP"):
+        with pytest.raises(grpc.RpcError) as err:
+            fleet.call("AddSite", pb.AddSiteRequest(site_id=site, region="a"))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "reserved" in (err.value.details() or "")

@@ -124,3 +124,46 @@ def test_lookup_replies_open_out_of_order_but_only_when_asked(signer, store):
     assert CATALOG_ENTRY not in store.last
     store.open(first, CATALOG_ENTRY, SITE)
     assert reason(store, second, CATALOG_ENTRY) == "stale"
+
+
+def test_a_restart_remembers_what_was_accepted_so_replays_stay_rejected(signer, tmp_path):
+    pin = tmp_path / "cp.pub"
+    store = TrustStore.load(None, pin)
+    assert store.pin(signer.public)
+    old = signer.seal(DESIRED, SITE, 4, desired(4), 3600)  # captured, still unexpired
+    assert store.open(old, DESIRED, SITE).version == 4
+    assert store.open(signer.seal(DESIRED, SITE, 5, desired(5), 3600), DESIRED, SITE).version == 5
+    restarted = TrustStore.load(None, pin)
+    assert reason(restarted, old) == "stale"
+    changed = signer.seal(DESIRED, SITE, 5, desired(6), 3600)  # same version, other payload
+    assert reason(restarted, changed) == "stale"
+    again = signer.seal(DESIRED, SITE, 5, desired(5), 3600)  # a refresh of what it has
+    assert restarted.open(again, DESIRED, SITE).version == 5
+    assert stat.S_IMODE(pin.stat().st_mode) == 0o600
+    assert not list(tmp_path.glob(".cp.pub.*"))  # no temporary file left
+
+
+def test_a_configured_key_does_not_undo_a_completed_rollover(signer, tmp_path):
+    import base64
+
+    pin = tmp_path / "cp.pub"
+    configured = base64.b64encode(signer.public).decode()
+    store = TrustStore.load(configured, pin)
+    store.open(signer.seal(DESIRED, SITE, 1, desired(1), 60), DESIRED, SITE)
+    other = Signer(Ed25519PrivateKey.generate())
+    rollover = pb.KeyRollover(key_id=other.key_id, public_key=other.public).SerializeToString()
+    store.rollover(store.open(signer.seal(ROLLOVER, "fleet", 2, rollover, 60), ROLLOVER, "fleet"))
+    restarted = TrustStore.load(configured, pin)  # the old key still in the settings
+    assert list(restarted.keys) == [other.key_id]
+    assert reason(restarted, signer.seal(DESIRED, SITE, 9, desired(9), 60)) == "unknown_key"
+    third = Signer(Ed25519PrivateKey.generate())  # a key the operator configures anew wins
+    fresh = TrustStore.load(base64.b64encode(third.public).decode(), pin)
+    assert list(fresh.keys) == [third.key_id]
+
+
+def test_an_empty_or_damaged_pin_file_is_refused_not_trusted_anew(tmp_path):
+    pin = tmp_path / "cp.pub"
+    for damaged in ("", "{}", "{not json"):
+        pin.write_text(damaged)
+        with pytest.raises(ValueError, match="holds no key"):
+            TrustStore.load(None, pin)

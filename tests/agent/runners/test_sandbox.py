@@ -1,0 +1,149 @@
+"""Runners in a sandbox: what a real runner is confined to, and what a model that
+took over its runner could still do (each attempt fails)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgeplex.agent import demo
+from edgeplex.agent.config import AgentSettings
+from edgeplex.agent.runners import framing, ipc, sandbox
+from edgeplex.agent.runners.view import runner_view
+from edgeplex.agent.runners.zygote_client import runner_environment
+from tests.agent.residency.test_overcommit import infer_http, status
+from tests.conftest import start_agent
+
+pytestmark = pytest.mark.slow
+
+NAMESPACES = ("user", "mnt", "pid", "ipc", "net")
+JOIN_TOKEN = "ejt_never-in-a-runner"
+
+
+def test_a_runner_is_confined_and_sees_no_secret(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    demo.make_mlp(repo / "m", width=64, layers=2, in_width=64)
+    # Secrets where a runner would see them if they were not masked (inside the
+    # repository it reads), and the state directory it must not see at all.
+    inside = repo / ".state"
+    inside.mkdir()
+    (inside / "control-plane.pub").write_text("pinned key\n")
+    state = tmp_path / "state"
+    agent = start_agent(
+        repo,
+        tmp_path,
+        env={
+            "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN": "",  # generated in the token file
+            "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN_FILE": str(inside / "admin-token"),
+            "EDGEPLEX_AGENT_FLEET__TRUST_FILE": str(inside / "control-plane.pub"),
+            "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": JOIN_TOKEN,
+            "EDGEPLEX_AGENT_RUNNER__SANDBOX": "required",
+            "STATE_DIRECTORY": str(state),
+        },
+    )
+    try:
+        assert infer_http(agent, "m")[0] == 200
+        pid = status(agent)["m"]["runner_pid"]
+        proc = Path(f"/proc/{pid}")
+        fields = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines())
+        assert fields["NoNewPrivs"].strip() == "1"
+        assert fields["Seccomp"].strip() == "2"  # a filter
+        assert fields["CapEff"].strip() == "0000000000000000"
+        for ns in NAMESPACES:
+            theirs = os.readlink(proc / "ns" / ns)
+            assert theirs != os.readlink(f"/proc/{agent.process.pid}/ns/{ns}"), ns
+        lines = (proc / "net" / "dev").read_text().splitlines()[2:]
+        interfaces = [line.split(":")[0].strip() for line in lines]
+        assert interfaces == ["lo"]
+        root = proc / "root"
+        token = (inside / "admin-token").read_text().strip()
+        assert token  # the agent's copy is there...
+        assert (root / str(inside / "admin-token").lstrip("/")).read_text() == ""  # ...not theirs
+        assert (root / str(inside / "control-plane.pub").lstrip("/")).read_text() == ""
+        assert not (root / str(state).lstrip("/")).exists()
+        assert (root / str(repo / "m" / "1" / "model.onnx").lstrip("/")).is_file()
+        environ = (proc / "environ").read_bytes()
+        assert JOIN_TOKEN.encode() not in environ and b"EDGEPLEX_AGENT" not in environ
+        assert token.encode() not in environ
+        memory = json.loads(agent.http_get("/edgeplex/v1/memory")[1])["sandbox"]
+        assert memory["mode"] == "required"
+        assert set(memory["runners"]["shared-0"].values()) == {"on"}, memory
+        metrics = agent.http_get("/metrics")[1].decode()
+        assert 'edgeplex_runner_sandbox_layer{layer="seccomp"} 1.0' in metrics
+        groups = (proc / "cgroup").read_text()
+        assert "/edgeplex-" in groups and "/shared-0" in groups, groups  # its own memory group
+    finally:
+        assert agent.stop() == 0, agent.log()
+
+
+def test_a_model_that_takes_over_its_runner_reaches_nothing(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    demo.make_mlp(repo / "m", width=64, layers=2, in_width=64)
+    (repo / ".state").mkdir()
+    masked = repo / ".state" / "admin-token"  # under a path the runner sees
+    masked.write_text("token-in-the-repository\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    outside = state / "admin-token"  # not in the view at all
+    outside.write_text("token-in-the-state-directory\n")
+    settings = AgentSettings(
+        model_repo=repo,
+        security={"admin_token_file": masked},
+        fleet={"trust_file": outside},
+    )
+    staging = tmp_path / "staged"
+    staging.mkdir()
+    view = runner_view(settings, staging)
+    sockets = tmp_path / "sock"
+    sockets.mkdir()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sockets / "runners.sock"))
+    listener.listen(1)
+    listener.settimeout(30)
+    parent, child = socket.socketpair()
+    helper = Path(__file__).with_name("attack_zygote.py")
+    secrets = [str(masked), str(outside)]
+    process = subprocess.Popen(
+        [sys.executable, str(helper), "--fd", str(child.fileno()), "--sandbox", "required",
+         "--readonly", str(repo / "m")] + [a for s in secrets for a in ("--secret", s)],
+        pass_fds=[child.fileno()],
+        env=runner_environment(dict(os.environ)) | {"PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    child.close()
+    try:
+        report, _ = framing.recv_frame(parent)
+        assert isinstance(report, ipc.SandboxReport)
+        assert set(report.layers) == set(sandbox.LAYERS) and set(report.layers.values()) == {"on"}
+        request = ipc.SpawnRunner(
+            "attacker",
+            str(sockets / "runners.sock"),
+            "INFO",
+            0,
+            sandbox="required",
+            read_only=[*view.read_only, str(sockets)],
+            writable=view.writable,
+            hidden=view.hidden,
+            max_open_files=256,
+        )
+        framing.send_frame(parent, request)
+        conn, _ = listener.accept()
+        conn.settimeout(30)
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+        outcomes = json.loads(data)
+    finally:
+        parent.close()
+        process.wait(30)
+    print(json.dumps(outcomes, indent=1))
+    for what in ("inet_socket", "inet6_socket", "netlink_socket", "exec_shell", "fork",
+                 "unshare", "write_model", f"read {outside}", f"list {state}"):  # fmt: skip
+        assert outcomes[what].startswith("refused"), (what, outcomes[what])
+    assert outcomes[f"read {masked}"] == "allowed: 0"  # masked: an empty file
+    assert outcomes["pids_visible"] == "allowed: ['1']"  # alone in its PID namespace
