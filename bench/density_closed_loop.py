@@ -210,6 +210,9 @@ def run_scenario(
         "p99_ms": float(np.percentile(lat, 99) * 1000),
         "under_slo": float((lat < args.slo_ms / 1000).mean()),
         "promotions_per_s": delta("edgeplex_agent_promotions_total") / elapsed,
+        "promotion_ms": 1000
+        * delta("edgeplex_agent_promotion_duration_seconds_sum")
+        / max(1.0, delta("edgeplex_agent_promotion_duration_seconds_count")),
         "promotion_wait_s": delta("edgeplex_agent_promotion_wait_seconds_sum"),
         "waited_requests": delta("edgeplex_agent_promotion_wait_seconds_count"),
         "refused": delta("edgeplex_agent_refused_total"),

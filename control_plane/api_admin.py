@@ -45,11 +45,29 @@ log = logging.getLogger("edgeplex.control_plane.admin")
 ADMIN_PREFIX = "/edgeplex.v1.AdminService/"
 
 
-class TokenAuth(grpc.aio.ServerInterceptor):
-    """Every AdminService call needs `authorization: Bearer <token>`; others pass."""
+# What each role may call (the admin role may call everything): the batch submitter
+# runs batch jobs against the catalog; the read-only role (dashboards, monitoring)
+# reads state and changes nothing.
+READ_METHODS = frozenset(
+    {"ListModels", "GetModel", "ListSites", "GetPlacement", "ExplainPlacement", "ListBatches",
+     "GetBatch"}
+)  # fmt: skip
+BATCH_METHODS = READ_METHODS | {"SubmitBatch", "GetBatchResults", "CancelBatch"}
 
-    def __init__(self, token: str) -> None:
-        self._token = f"Bearer {token}".encode()
+
+class TokenAuth(grpc.aio.ServerInterceptor):
+    """Every AdminService call needs `authorization: Bearer <token>` of a role that may
+    make it: the admin token, the batch token or the read token; others pass."""
+
+    def __init__(self, token: str, batch_token: str | None = None, read_token: str | None = None):
+        # (the header a role's token makes, the methods it may call; None: every one)
+        self._roles: list[tuple[bytes, frozenset[str] | None]] = [
+            (f"Bearer {token}".encode(), None)
+        ]
+        if batch_token:
+            self._roles.append((f"Bearer {batch_token}".encode(), BATCH_METHODS))
+        if read_token:
+            self._roles.append((f"Bearer {read_token}".encode(), READ_METHODS))
 
         async def deny(request, context):  # type: ignore[no-untyped-def]
             await context.abort(
@@ -57,15 +75,28 @@ class TokenAuth(grpc.aio.ServerInterceptor):
                 "admin API: missing or wrong bearer token (set EDGEPLEX_ADMIN_TOKEN)",
             )
 
+        async def forbid(request, context):  # type: ignore[no-untyped-def]
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "admin API: this token's role may not make this call (it needs the admin token)",
+            )
+
         self._deny = grpc.unary_unary_rpc_method_handler(deny)
+        self._forbid = grpc.unary_unary_rpc_method_handler(forbid)
 
     async def intercept_service(self, continuation, details):  # type: ignore[no-untyped-def]
         if details.method.startswith(ADMIN_PREFIX):
             given = dict(details.invocation_metadata or ()).get("authorization", "")
-            if not hmac.compare_digest(
-                given.encode() if isinstance(given, str) else given, self._token
-            ):
+            given = given.encode() if isinstance(given, str) else given
+            method = details.method[len(ADMIN_PREFIX) :]
+            # Every role's token is compared, so the time taken says nothing of which.
+            matches = [
+                allowed for token, allowed in self._roles if hmac.compare_digest(given, token)
+            ]
+            if not matches:
                 return self._deny
+            if not any(roles is None or method in roles for roles in matches):
+                return self._forbid
         return await continuation(details)
 
 

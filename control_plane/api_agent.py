@@ -17,12 +17,14 @@ import grpc
 from redis.exceptions import RedisError
 
 from edgeplex.control_plane.config import ControlPlaneSettings
+from edgeplex.control_plane.demand import report_problem
 from edgeplex.control_plane.metrics import METRICS
 from edgeplex.control_plane.planner import desired_model
 from edgeplex.control_plane.site_identity import Refused, authenticate, check_address
 from edgeplex.control_plane.store import Store
 from edgeplex.fleet import desired_topic
 from edgeplex.names import valid_name
+from edgeplex.net import is_loopback
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.signing import CATALOG_ENTRY, site_audience
@@ -106,8 +108,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "region: letters, digits, '_.-', at most 128"
             )
         try:
-            check_address("address", request.address, required=True)
-            check_address("http_address", request.http_address, required=False)
+            local = is_loopback(self._settings.grpc_host)
+            check_address("address", request.address, required=True, allow_loopback=local)
+            check_address("http_address", request.http_address, False, allow_loopback=local)
         except Refused as refused:
             await context.abort(refused.code, refused.message)
         await self._identify(context, request.site_id, request.region)
@@ -149,12 +152,16 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         known: str | None = None
         checked = 0.0
         async for report in request_iterator:
-            # The registration is checked on the first report and then every few
-            # seconds, so a control plane that lost it (Redis wiped) says so.
+            problem = report_problem(report)
+            if problem:
+                METRICS.bad_reports.inc()
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            # The credential and the registration are checked on the first report and
+            # then every few seconds: a rotated or revoked join token ends the stream,
+            # and a control plane that lost the registration (Redis wiped) says so.
             now = time.monotonic()
             if report.site_id != known or now - checked > REGISTRATION_CHECK_S:
-                if report.site_id != known:
-                    await self._identify(context, report.site_id, None)
+                await self._identify(context, report.site_id, None)
                 checked = now
                 try:
                     site = await self._store.get_site(report.site_id)

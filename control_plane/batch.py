@@ -43,6 +43,10 @@ TICK_S = 0.5
 IDLE_UTILIZATION = 0.5
 MAX_SHARDS_PER_SITE = 1
 NIGHT = (22, 6)  # local hours [22:00, 06:00)
+# A result larger than this is recorded as an error in its place: results live in
+# Redis beside the fleet's state, which one job must not fill.
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024
+RESULTS_TTL_S = 7 * 24 * 3600.0  # a finished or cancelled job and its results, then gone
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,11 @@ class BatchRunner:
 
     async def _tick(self) -> None:
         every = await self._store.batch_jobs()
+        now = time.time()
+        for job in every:  # expired: the job and everything it stored go
+            ended = job.finished_at or (job.created_at if job.state == "CANCELLED" else 0.0)
+            if job.state != "RUNNING" and ended and now - ended > RESULTS_TTL_S:
+                await self._store.drop_batch(job.job_id)
         cancelled = {j.job_id for j in every if j.state == "CANCELLED"}
         for (job_id, _), task in list(self._running.items()):
             if job_id in cancelled:
@@ -250,8 +259,12 @@ class BatchRunner:
                 async with self._http.post(
                     url, data=body, headers={"Content-Type": "application/json"}
                 ) as reply:
-                    text = await reply.text()
-                    if reply.status == 200:
+                    raw = await reply.content.read(MAX_OUTPUT_BYTES + 1)
+                    text = raw.decode(errors="replace")
+                    if reply.status == 200 and len(raw) > MAX_OUTPUT_BYTES:
+                        too_big = f"the result exceeds {MAX_OUTPUT_BYTES} bytes, the most kept"
+                        outputs.append(json.dumps({"error": too_big}))
+                    elif reply.status == 200:
                         outputs.append(text)
                     elif 400 <= reply.status < 500 and reply.status != 429:
                         outputs.append(json.dumps({"error": _error_text(text, reply.status)}))

@@ -26,6 +26,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     cp.add_argument("--grpc-port", type=int, help="admin and agent API port (7070)")
     cp.add_argument("--grpc-host", help="address the gRPC port binds (127.0.0.1)")
     cp.add_argument("--http-port", type=int, help="serve /metrics and /healthz here")
+    cp.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="serve beyond loopback without TLS (a network you trust)",
+    )
     cp.add_argument("--config", type=Path, help="YAML file of control-plane settings")
     cp.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(INFO)")
     cp.add_argument(
@@ -187,6 +193,7 @@ def _run_control_plane(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         log_level=args.log_level,
         log_format=args.log_format,
+        insecure=args.insecure,
     )
     if args.rotate_signing_key is not None:
         from edgeplex.control_plane.keys import rotate

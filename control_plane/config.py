@@ -49,6 +49,16 @@ class ControlPlaneSettings(FileSettings):
         description="Bearer token the admin API requires (also EDGEPLEX_ADMIN_TOKEN). Without "
         "one the control plane does not start.",
     )
+    batch_token: str | None = Field(
+        default=None,
+        description="Bearer token of the batch-submitter role: submit, follow, fetch and "
+        "cancel batch jobs, and read the catalog; nothing else. Unset: no such role.",
+    )
+    read_token: str | None = Field(
+        default=None,
+        description="Bearer token of the read-only role (dashboards, monitoring): list and "
+        "get models, sites, placement and batches; it changes nothing. Unset: no such role.",
+    )
     replica_id: str = Field(
         default="",
         validate_default=True,
@@ -114,6 +124,12 @@ class ControlPlaneSettings(FileSettings):
         default=None, description="PEM certificate of the gRPC server; with tls_key, TLS is on."
     )
     tls_key: Path | None = Field(default=None, description="PEM private key of the gRPC server.")
+    insecure: bool = Field(
+        default=False,
+        description="Serve gRPC beyond loopback without TLS, and the HTTP port (dashboard, "
+        "/metrics) beyond loopback at all (it has no TLS): on a network you trust. Off: "
+        "the control plane refuses to start that way.",
+    )
     tls_client_ca: Path | None = Field(
         default=None,
         description="PEM CA bundle; when set, clients must present a certificate it signed "

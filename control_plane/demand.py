@@ -9,8 +9,9 @@ moving average, so one noisy interval does not move models around.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
+from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
 Demand = dict[tuple[str, str], float]  # (origin region, model) -> requests/s
@@ -27,15 +28,51 @@ def hint_ttl_s(report_interval_s: float, placement_interval_s: float) -> float:
     return 3 * report_interval_s + placement_interval_s
 
 
-def current_demand(reports: Iterable[pb.LoadReport]) -> Demand:
+MAX_MODELS_PER_REPORT = 10_000
+
+
+def report_problem(report: pb.LoadReport) -> str:
+    """What makes a load report unusable ("" when nothing does): names that are not
+    names, and rates, latencies or utilisations that are not finite and non-negative
+    (an `inf` would stick in the demand average for good)."""
+    if len(report.models) > MAX_MODELS_PER_REPORT:
+        return f"models: {len(report.models)} entries, at most {MAX_MODELS_PER_REPORT}"
+    for model in report.models:
+        if not valid_name(model.name):
+            return f"models: {model.name[:64]!r} is not a model name"
+        for region, rate in model.rate_by_region.items():
+            if not valid_name(region):
+                return f"models[{model.name}].rate_by_region: {region[:64]!r} is not a region"
+            if not (math.isfinite(rate) and rate >= 0):
+                return f"models[{model.name}].rate_by_region[{region}]: {rate} is not a rate"
+        for what, value in (("p50_ms", model.p50_ms), ("p99_ms", model.p99_ms)):
+            if not (math.isfinite(value) and value >= 0):
+                return f"models[{model.name}].{what}: {value} is not a latency"
+    for device in report.devices:
+        if not (math.isfinite(device.utilization) and 0 <= device.utilization <= 1.5):
+            return f"devices[{device.index}].utilization: {device.utilization} is not a share"
+    return ""
+
+
+def current_demand(
+    reports: Iterable[pb.LoadReport], known: Container[str] | None = None
+) -> tuple[Demand, float]:
+    """The fleet's demand now from `reports`, counting only models in `known` (the
+    catalog); returns it and the rate of requests for models it does not know, which
+    is counted apart (one number, whatever the names)."""
     out: Demand = {}
+    unknown = 0.0
     for report in reports:
         for model in report.models:
             for region, rate in model.rate_by_region.items():
-                if rate > 0:
-                    key = (region, model.name)
-                    out[key] = out.get(key, 0.0) + rate
-    return out
+                if not (rate > 0 and math.isfinite(rate)):
+                    continue
+                if known is not None and model.name not in known:
+                    unknown += rate
+                    continue
+                key = (region, model.name)
+                out[key] = out.get(key, 0.0) + rate
+    return out, unknown
 
 
 def ewma(previous: Demand, now: Demand, dt_s: float, half_life_s: float) -> Demand:

@@ -53,6 +53,17 @@ class ControlPlaneMetrics:
             ["code"],
             registry=r,
         )
+        self.unknown_demand = Gauge(
+            "edgeplex_cp_unknown_model_demand",
+            "Requests per second sites report for models the catalog does not hold (kept "
+            "out of demand; one number, whatever the names).",
+            registry=r,
+        )
+        self.bad_reports = Counter(
+            "edgeplex_cp_bad_reports_total",
+            "Load reports refused as unusable (a rate that is not finite, a bad name).",
+            registry=r,
+        )
 
     def export_sites(
         self,

@@ -167,7 +167,9 @@ class Planner:
         """Placement input from Redis; on the leader, also advances the demand EWMA."""
         now = time.time()
         settings = self._settings
-        catalog = [m for m in await self._store.models() if m.state == "READY"]
+        every = await self._store.models()
+        catalog = [m for m in every if m.state == "READY"]
+        known = {m.name for m in every}
         sites = await self._store.sites()
         heard = self._heard_from(await self._store.seen(), sites)
         reports = await self._store.reports()
@@ -175,14 +177,16 @@ class Planner:
             r for sid, r in reports.items() if now - heard.get(sid, 0.0) <= settings.site_lease_s
         ]
         previous, at = await self._store.demand()
-        demand = ewma(previous, current_demand(live), now - at, settings.demand_half_life_s)
+        reported, unknown = current_demand(live, known)
+        METRICS.unknown_demand.set(unknown)
+        demand = ewma(previous, reported, now - at, settings.demand_half_life_s)
         if update_demand and self._lease.is_leader:
             await self._store.put_demand(demand, now)
         self.observed = demand
         if settings.forecast_horizon_s > 0:
             forecaster = await self._load_forecaster()
             if update_demand and self._lease.is_leader:
-                forecaster.observe(current_demand(live), now)
+                forecaster.observe(reported, now)
                 await self._store.put_forecast(forecaster.to_bytes())
             self.forecast = forecaster.predict(now, settings.forecast_horizon_s)
             demand = {

@@ -34,11 +34,28 @@ from edgeplex.control_plane.metrics import METRICS
 from edgeplex.control_plane.planner import Planner
 from edgeplex.control_plane.publisher import Publisher
 from edgeplex.control_plane.store import Store
+from edgeplex.net import is_loopback
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.settings import state_dir
 from edgeplex.signing import Signer
 
 log = logging.getLogger("edgeplex.control_plane")
+
+
+def check_binds(settings: ControlPlaneSettings) -> None:
+    """Refuse to serve beyond loopback in clear text unless told `insecure`: gRPC
+    carries join tokens and the admin token, the HTTP port the dashboard's."""
+    exposed = []
+    if not is_loopback(settings.grpc_host) and settings.tls_cert is None:
+        exposed.append(f"gRPC on {settings.grpc_host or '*'}")
+    if settings.http_port is not None and not is_loopback(settings.http_host):
+        exposed.append(f"HTTP on {settings.http_host or '*'}")
+    if exposed and not settings.insecure:
+        raise ValueError(
+            f"refusing to serve {' and '.join(exposed)} without TLS: set tls_cert and "
+            "tls_key (gRPC), keep http_host on loopback, or pass --insecure on a network "
+            "you trust"
+        )
 
 
 def server_credentials(settings: ControlPlaneSettings) -> grpc.ServerCredentials | None:
@@ -60,6 +77,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    check_binds(settings)
     artifact_dir = settings.artifact_dir or Path(tempfile.mkdtemp(prefix="edgeplex-cp-artifacts-"))
     store = Store(settings.redis_url)
     lease = LeaderLease(store.redis, settings.replica_id, settings.leader_lease_s)
@@ -94,7 +112,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
     )
 
     server = grpc.aio.server(
-        interceptors=[TokenAuth(settings.admin_token)],
+        interceptors=[TokenAuth(settings.admin_token, settings.batch_token, settings.read_token)],
         options=[("grpc.so_reuseport", 0)],
     )
     pb_grpc.add_AgentServiceServicer_to_server(

@@ -90,8 +90,11 @@ async def authenticate(
         )
 
 
-def check_address(what: str, address: str, required: bool) -> None:
-    """`host:port` with a concrete host and a port in 1..65535."""
+def check_address(what: str, address: str, required: bool, allow_loopback: bool = True) -> None:
+    """`host:port` with a concrete host and a port in 1..65535 that the control plane
+    and peers may be sent to: never a wildcard, multicast, broadcast or link-local
+    address (cloud metadata services live there), and a loopback one only when the
+    control plane itself is on loopback (`allow_loopback`: a one-box fleet)."""
     if not address:
         if required:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: host:port is required")
@@ -105,10 +108,36 @@ def check_address(what: str, address: str, required: bool) -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             f"{what}: '{address}' is a wildcard address; advertise one peers can reach",
         )
+    kind = _unroutable(host)
+    if kind:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: '{address}' is {kind}")
+    if not allow_loopback and (host == "localhost" or _is(host, "is_loopback")):
+        raise Refused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{what}: '{address}' is a loopback address, and the control plane is not on "
+            "loopback; advertise one peers can reach",
+        )
 
 
 def _unspecified(host: str) -> bool:
+    return _is(host, "is_unspecified")
+
+
+def _unroutable(host: str) -> str:
+    for attribute, kind in (
+        ("is_multicast", "a multicast address"),
+        ("is_link_local", "a link-local address"),
+    ):
+        if _is(host, attribute):
+            return kind
+    return "a broadcast address" if host == "255.255.255.255" else ""
+
+
+def _is(host: str, attribute: str) -> bool:
     try:
-        return ipaddress.ip_address(host).is_unspecified
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:169.254.169.254 is 169.254.169.254
+    return bool(getattr(address, attribute))

@@ -244,6 +244,14 @@ class Store:
         """Record a shard's outputs unless some run of it already did (no duplicates)."""
         return bool(await self.redis.hsetnx(f"{P}batch:{job_id}:out", str(index), outputs))
 
+    async def drop_batch(self, job_id: str) -> None:
+        """Forget a job and everything it stored (its inputs, results, leases)."""
+        keys = [f"{P}batch:{job_id}:{part}" for part in ("in", "out", "lease", "why")]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(*keys)
+            pipe.hdel(P + "batch:jobs", job_id)
+            await pipe.execute()
+
     async def batch_leases(self, job_id: str) -> dict[int, ShardLease]:
         raw = await self.redis.hgetall(f"{P}batch:{job_id}:lease")
         return {int(text(k)): ShardLease.parse(text(v)) for k, v in raw.items()}

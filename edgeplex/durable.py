@@ -1,10 +1,11 @@
 """Files that survive a crash whole or not at all: credentials and state.
 
-Every write goes to a temporary file in the same directory (named `.<name>.*.tmp`,
-mode set before a byte is written), is fsynced, then renamed over (or, for a file
-that must be created only once, linked to) its name, and the directory is fsynced.
-A kill at any point leaves the old file, the new one, or a temporary file that
-`sweep_temporary` removes at the next start; never an empty or half-written file.
+Every write goes to a temporary file in the same directory (named
+`.<name>.<pid>.*.tmp`, its mode set before a byte is written), is fsynced, then
+renamed over (or, for a file that must be created only once, linked to) its
+name, and the directory is fsynced. A kill at any point leaves the old file, the
+new one, or a temporary file that `sweep_temporary` removes at the next start;
+never an empty or half-written file.
 
 `crash_point(name)` is the test hook: with EDGEPLEX_CRASH_AT=name in its
 environment, a process kills itself there (tests/test_durable.py drives each point).
@@ -52,19 +53,34 @@ def create_atomic(path: Path, data: bytes, mode: int = 0o600, *, point: str = ""
 
 
 def sweep_temporary(directory: Path, name: str) -> int:
-    """Remove the temporary files a killed writer of `directory/name` left; how many."""
+    """Remove the temporary files killed writers of `directory/name` left (those of a
+    process that is gone: several processes may share a file); how many."""
     removed = 0
     with contextlib.suppress(OSError):
         for entry in directory.glob(f".{name}.*.tmp"):
+            pid = entry.name[len(name) + 2 :].split(".", 1)[0]
+            if pid.isdigit() and _alive(int(pid)):
+                continue
             with contextlib.suppress(OSError):
                 entry.unlink()
                 removed += 1
     return removed
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _write_temporary(path: Path, data: bytes, mode: int, point: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    prefix = f".{path.name}.{os.getpid()}."
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
     tmp = Path(name)
     try:
         os.fchmod(fd, mode)

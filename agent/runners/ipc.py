@@ -70,6 +70,7 @@ class Hello(Message):
     pid: int  # as the agent sees it (the runner is PID 1 in its own namespace)
     # Each sandbox layer (sandbox.LAYERS): "on", or why this runner runs without it.
     sandbox: dict[str, str] = field(default_factory=dict)
+    sandbox_us: dict[str, int] = field(default_factory=dict)  # what each layer took
 
 
 @_message

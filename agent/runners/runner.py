@@ -393,6 +393,7 @@ def main(
     idle_spin_us: int = 0,
     pid: int = 0,
     sandbox: dict[str, str] | None = None,
+    sandbox_us: dict[str, int] | None = None,
 ) -> None:
     """Entry point in the forked child; returns when the agent disconnects. `pid` is
     this process as the agent sees it, `sandbox` the layers it runs under."""
@@ -403,5 +404,6 @@ def main(
     logs.configure(log_level, log_format, runner=runner_id)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(socket_path)
-    framing.send_frame(sock, ipc.Hello(runner_id, pid or os.getpid(), sandbox or {}))
+    hello = ipc.Hello(runner_id, pid or os.getpid(), sandbox or {}, sandbox_us or {})
+    framing.send_frame(sock, hello)
     Runner(sock, idle_spin_us).serve()

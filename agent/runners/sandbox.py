@@ -36,6 +36,7 @@ import os
 import platform
 import resource
 import sys
+import time
 from collections.abc import Iterable
 
 from edgeplex.agent.runners import ipc, landlock, seccomp
@@ -113,6 +114,7 @@ class Sandbox:
         self._uid, self._gid = uid, gid  # the zygote's, read before the clone
         self._libc = _libc()
         self.layers: dict[str, str] = {}
+        self.timings_us: dict[str, int] = {}  # what each layer took to apply
 
     # --- the paths ----------------------------------------------------------------------
 
@@ -151,11 +153,13 @@ class Sandbox:
         return self.layers
 
     def _layer(self, name: str, step: object) -> None:
+        started = time.perf_counter_ns()
         try:
             outcome = step()  # type: ignore[operator]
             self.layers[name] = outcome if isinstance(outcome, str) and outcome else ON
         except (OSError, SandboxError, landlock.Unavailable, seccomp.Unavailable) as exc:
             self.layers[name] = str(exc) or type(exc).__name__
+        self.timings_us[name] = (time.perf_counter_ns() - started) // 1000
         if self.request.sandbox == "required" and self.layers[name] != ON:
             raise SandboxError(f"runner.sandbox is required, but {name}: {self.layers[name]}")
 

@@ -65,6 +65,7 @@ class RunnerProcess:
         self._started_at = 0.0
         self.last_loss = ""  # why it last went down
         self.sandbox: dict[str, str] = {}  # its layers, as its Hello reported them
+        self.sandbox_us: dict[str, int] = {}  # and what each took to apply
 
     # --- public ---------------------------------------------------------------------------
 
@@ -158,6 +159,7 @@ class RunnerProcess:
         if self._hello is None or self._hello.done() or (self.pid is not None and pid != self.pid):
             return False
         self.sandbox = dict(hello.sandbox)
+        self.sandbox_us = dict(hello.sandbox_us)
 
         # Only the connection this runner uses speaks for it: a stale one (from a start
         # that gave up) neither delivers frames nor reports the runner lost.
@@ -379,6 +381,7 @@ class RunnerPool:
             "mode": self.settings.sandbox,
             "host": self.host_sandbox(),
             "runners": {r.runner_id: r.sandbox for r in self._runners.values() if r.sandbox},
+            "setup_us": {r.runner_id: r.sandbox_us for r in self._runners.values() if r.sandbox},
         }
 
     async def start(self) -> None:

@@ -143,8 +143,10 @@ class Zygote:
         self._control.close()
         die_with_parent()
         layers: dict[str, str] = {}
+        timings: dict[str, int] = {}
         if request.sandbox != "off":
-            layers = sandbox.Sandbox(request, self._uid, self._gid).apply(no_namespaces)
+            confined = sandbox.Sandbox(request, self._uid, self._gid)
+            layers, timings = confined.apply(no_namespaces), confined.timings_us
         elif request.rlimit_as:
             resource.setrlimit(resource.RLIMIT_AS, (request.rlimit_as, request.rlimit_as))
         runner.main(
@@ -155,6 +157,7 @@ class Zygote:
             request.idle_spin_us,
             pid=pid,
             sandbox=layers,
+            sandbox_us=timings,
         )
 
     def _reap(self) -> None:

@@ -137,6 +137,7 @@ class Rig:
         cp_env = {
             "EDGEPLEX_ADMIN_TOKEN": token,
             "EDGEPLEX_CP_GRPC_HOST": gw,
+            "EDGEPLEX_CP_INSECURE": "true",  # the rig's own closed network
             "EDGEPLEX_CP_REGION_LATENCY_MS": json.dumps(latency),
             "EDGEPLEX_CP_REGION_CLOCK_OFFSET_H": json.dumps(topo.clock_offsets_h),
             "EDGEPLEX_CP_PLACEMENT_INTERVAL_S": "2",

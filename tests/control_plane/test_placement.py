@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from edgeplex.control_plane.demand import current_demand, ewma
+from edgeplex.control_plane.demand import current_demand, ewma, report_problem
 from edgeplex.control_plane.explain import explain
 from edgeplex.control_plane.placement import (
     GiB,
@@ -191,11 +191,30 @@ def test_demand_from_reports_and_its_ewma():
         models=[pb.ModelLoad(name="m0", rate_by_region={"a": 4.0, "b": 1.0})],
     )
     other = pb.LoadReport(site_id="a2", models=[pb.ModelLoad(name="m0", rate_by_region={"a": 2.0})])
-    now = current_demand([report, other])
-    assert now == {("a", "m0"): 6.0, ("b", "m0"): 1.0}
+    now, unknown = current_demand([report, other])
+    assert now == {("a", "m0"): 6.0, ("b", "m0"): 1.0} and unknown == 0
+    made_up = pb.LoadReport(models=[pb.ModelLoad(name="zz", rate_by_region={"a": 9.0})])
+    assert current_demand([report, made_up], known={"m0"}) == (
+        {("a", "m0"): 4.0, ("b", "m0"): 1.0},
+        9.0,
+    )
     blended = ewma({("a", "m0"): 0.0, ("c", "m1"): 1.0}, now, dt_s=10, half_life_s=10)
     assert blended[("a", "m0")] == pytest.approx(3.0)
     assert blended[("c", "m1")] == pytest.approx(0.5)
+
+
+def test_reports_with_rates_that_are_not_rates_are_refused():
+    def problem(**model: object) -> str:
+        return report_problem(pb.LoadReport(models=[pb.ModelLoad(name="m0", **model)]))
+
+    assert problem(rate_by_region={"a": 1.0}, p50_ms=2.0) == ""
+    assert "is not a rate" in problem(rate_by_region={"a": float("inf")})
+    assert "is not a rate" in problem(rate_by_region={"a": float("nan")})
+    assert "is not a rate" in problem(rate_by_region={"a": -1.0})
+    assert "is not a region" in problem(rate_by_region={"../a": 1.0})
+    assert "is not a latency" in problem(p99_ms=float("inf"))
+    bad_name = pb.LoadReport(models=[pb.ModelLoad(name="../m")])
+    assert "is not a model name" in report_problem(bad_name)
 
 
 def test_an_empty_fleet_or_catalog_places_nothing():

@@ -98,6 +98,7 @@ def test_agent_link_with_mutual_tls(pki: Path, tmp_path: Path) -> None:
 def test_mqtt_username_and_password(tmp_path: Path) -> None:
     passwords = tmp_path / "passwd"
     subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwords), "cp", "s3cret"], check=True)
+    subprocess.run(["mosquitto_passwd", "-b", str(passwords), "s1", "s1-secret"], check=True)
     passwords.chmod(0o600)
     broker = Mosquitto(tmp_path, password_file=passwords)
     broker.start()
@@ -108,6 +109,7 @@ def test_mqtt_username_and_password(tmp_path: Path) -> None:
                 pass
         signer = Signer(Ed25519PrivateKey.generate())
         publisher = Publisher(broker.url("cp", "s3cret"), "test-cp", signer, 600)
+        publisher.set_active(True)  # as the leading replica
         task = asyncio.create_task(publisher.run())
         publisher.publish("edgeplex/v1/sites/s1/desired", DESIRED, "site/s1", 1, b"payload")
         for _ in range(100):  # subscribe after the publish, so the broker's retained copy arrives
@@ -115,7 +117,7 @@ def test_mqtt_username_and_password(tmp_path: Path) -> None:
                 break
             await asyncio.sleep(0.05)
         async with aiomqtt.Client(
-            **parse_mqtt_url(broker.url("cp", "s3cret")).client_kwargs()
+            **parse_mqtt_url(broker.url("s1", "s1-secret")).client_kwargs()
         ) as c:  # type: ignore[arg-type]
             await c.subscribe("edgeplex/v1/sites/s1/desired", qos=1)
             message = await asyncio.wait_for(anext(aiter(c.messages)), 10)
