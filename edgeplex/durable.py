@@ -8,7 +8,7 @@ new one, or a temporary file that `sweep_temporary` removes at the next start;
 never an empty or half-written file.
 
 `crash_point(name)` is the test hook: with EDGEPLEX_CRASH_AT=name in its
-environment, a process kills itself there (tests/test_durable.py drives each point).
+environment, a process kills itself there (tests/agent/test_crash_safety.py drives them).
 """
 
 from __future__ import annotations

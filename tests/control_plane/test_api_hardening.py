@@ -1,0 +1,156 @@
+"""The control plane's API under misuse: roles, site addresses it could be sent to,
+reports that are not reports, streams that outlive their credential, and binds
+beyond loopback without TLS."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from edgeplex.control_plane.site_identity import Refused, check_address
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, join_token
+
+pytestmark = pytest.mark.slow
+
+BATCH, READ = "test-batch-token", "test-read-token"
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    workdir = tmp_path_factory.mktemp("api")
+    r, m = RedisServer(workdir), Mosquitto(workdir)
+    r.start()
+    m.start()
+    plane = ControlPlane(
+        workdir, r, m.url(), EDGEPLEX_CP_BATCH_TOKEN=BATCH, EDGEPLEX_CP_READ_TOKEN=READ
+    )
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+        m.stop()
+        r.stop()
+
+
+def code(call, request, token: str) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    try:
+        call(request, metadata=(("authorization", f"Bearer {token}"),), timeout=10)
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def test_each_role_may_make_its_calls_only(cp: ControlPlane) -> None:
+    with grpc.insecure_channel(cp.address) as channel:
+        admin = pb_grpc.AdminServiceStub(channel)
+        model = pb.CatalogModel(name="m", artifact_uri="https://x/m.onnx", sha256="0" * 64)
+        site = pb.AddSiteRequest(site_id="s9", region="a")
+        assert code(admin.ListModels, pb.ListModelsRequest(), READ) == grpc.StatusCode.OK
+        assert code(admin.ListSites, pb.ListSitesRequest(), READ) == grpc.StatusCode.OK
+        assert code(admin.ListBatches, pb.ListBatchesRequest(), BATCH) == grpc.StatusCode.OK
+        for token in (READ, BATCH):
+            assert code(admin.AddModel, model, token) == grpc.StatusCode.PERMISSION_DENIED
+            assert code(admin.AddSite, site, token) == grpc.StatusCode.PERMISSION_DENIED
+        submit = pb.BatchSubmit(model="m", inputs=['{"inputs": []}'])
+        assert code(admin.SubmitBatch, submit, READ) == grpc.StatusCode.PERMISSION_DENIED
+        assert code(admin.SubmitBatch, submit, BATCH) != grpc.StatusCode.PERMISSION_DENIED
+        assert code(admin.ListModels, pb.ListModelsRequest(), "made-up") == (
+            grpc.StatusCode.UNAUTHENTICATED
+        )
+        assert code(admin.AddSite, site, TOKEN) == grpc.StatusCode.OK
+
+
+def test_site_addresses_the_control_plane_must_not_be_sent_to() -> None:
+    for address in ("169.254.169.254:80", "[fe80::1]:80", "224.0.0.1:80", "[ff02::1]:80",
+                    "255.255.255.255:80", "[::ffff:169.254.169.254]:80"):  # fmt: skip
+        with pytest.raises(Refused):
+            check_address("address", address, required=True)
+    for address in ("127.0.0.1:8001", "[::1]:8001", "localhost:8001"):
+        check_address("address", address, required=True)  # a control plane on loopback
+        with pytest.raises(Refused, match="loopback"):
+            check_address("address", address, required=True, allow_loopback=False)
+    check_address("address", "10.1.2.3:8001", required=True, allow_loopback=False)
+
+
+def test_a_report_that_is_not_one_is_refused(cp: ControlPlane) -> None:
+    token = join_token(cp, "s1", "a")
+    metadata = (("authorization", f"Bearer {token}"),)
+    with grpc.insecure_channel(cp.address) as channel:
+        agents = pb_grpc.AgentServiceStub(channel)
+        agents.Register(
+            pb.RegisterRequest(site_id="s1", region="a", address="127.0.0.1:9"),
+            metadata=metadata,
+            timeout=10,
+        )
+        bad = pb.LoadReport(
+            site_id="s1", models=[pb.ModelLoad(name="m", rate_by_region={"a": float("inf")})]
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            agents.Report(iter([bad]), metadata=metadata, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is not a rate" in (err.value.details() or "")
+
+
+def test_a_rotated_join_token_ends_the_open_report_stream(cp: ControlPlane) -> None:
+    token = join_token(cp, "s2", "a")
+    metadata = (("authorization", f"Bearer {token}"),)
+    outbox: queue.Queue[pb.LoadReport | None] = queue.Queue()
+
+    def reports() -> Iterator[pb.LoadReport]:
+        while (report := outbox.get()) is not None:
+            yield report
+
+    def feed() -> None:
+        for _ in range(100):  # 10 s of reports at most
+            outbox.put(pb.LoadReport(site_id="s2"))
+            time.sleep(0.1)
+        outbox.put(None)
+
+    with grpc.insecure_channel(cp.address) as channel:
+        agents = pb_grpc.AgentServiceStub(channel)
+        agents.Register(
+            pb.RegisterRequest(site_id="s2", region="a", address="127.0.0.1:9"),
+            metadata=metadata,
+            timeout=10,
+        )
+        threading.Thread(target=feed, daemon=True).start()
+        result: list[grpc.StatusCode] = []
+
+        def stream() -> None:
+            try:
+                agents.Report(reports(), metadata=metadata, timeout=30)
+                result.append(grpc.StatusCode.OK)
+            except grpc.RpcError as err:
+                result.append(err.code())
+
+        thread = threading.Thread(target=stream)
+        thread.start()
+        time.sleep(1.0)
+        rotated = time.monotonic()
+        join_token(cp, "s2", "a")  # `site add` again: a new token, the old one revoked
+        thread.join(15)
+        assert result == [grpc.StatusCode.UNAUTHENTICATED]
+        assert time.monotonic() - rotated < 5
+
+
+def test_the_control_plane_refuses_clear_text_beyond_loopback(tmp_path: Path) -> None:
+    env = {**os.environ, "EDGEPLEX_ADMIN_TOKEN": TOKEN}
+    result = subprocess.run(
+        [sys.executable, "-m", "edgeplex", "control-plane", "--grpc-host", "0.0.0.0",
+         "--redis", "redis://127.0.0.1:1/0"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "without TLS" in result.stdout + result.stderr
