@@ -97,7 +97,9 @@ class FleetSettings(BaseModel):
         "Register and Report need it unless an mTLS certificate names the site.",
     )
     tls_ca: Path | None = Field(
-        default=None, description="PEM CA of the control plane's certificate; set: TLS is on."
+        default=None,
+        description="PEM CA of the control plane's certificate (and of the broker's, with "
+        "mqtts://); set: TLS is on.",
     )
     allow_plaintext: bool = Field(
         default=False,

@@ -135,6 +135,11 @@ class ControlPlaneSettings(FileSettings):
         description="PEM CA bundle; when set, clients must present a certificate it signed "
         "(mTLS for the agent link).",
     )
+    mqtt_tls_ca: Path | None = Field(
+        default=None,
+        description="PEM CA of the broker's certificate, for an mqtts:// mqtt_url. Unset: "
+        "the system's CAs.",
+    )
     mqtt_password_file: Path | None = Field(
         default=None,
         description="The broker's password file, when this control plane manages it: "

@@ -33,7 +33,7 @@ def rotate(settings: ControlPlaneSettings, new_file: Path) -> Signer:
     sealed = current.seal(ROLLOVER, "fleet", time.time_ns() // 1000, payload, ROLLOVER_TTL_S)
 
     async def publish() -> None:
-        kwargs = parse_mqtt_url(settings.mqtt_url).client_kwargs()
+        kwargs = parse_mqtt_url(settings.mqtt_url).client_kwargs(settings.mqtt_tls_ca)
         async with aiomqtt.Client(**kwargs) as client:  # type: ignore[arg-type]
             await client.publish(key_topic(), sealed, qos=1, retain=True)
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiomqtt
 
@@ -34,8 +35,11 @@ class Outgoing:
 
 
 class Publisher:
-    def __init__(self, url: str, client_id: str, signer: Signer, ttl_s: float) -> None:
+    def __init__(
+        self, url: str, client_id: str, signer: Signer, ttl_s: float, ca: Path | None = None
+    ) -> None:
         self._target = parse_mqtt_url(url)
+        self._ca = ca
         self._client_id = client_id
         self._signer = signer
         self._ttl_s = ttl_s
@@ -82,7 +86,7 @@ class Publisher:
             try:
                 async with aiomqtt.Client(
                     identifier=self._client_id,
-                    **self._target.client_kwargs(),  # type: ignore[arg-type]
+                    **self._target.client_kwargs(self._ca),  # type: ignore[arg-type]
                 ) as client:
                     self.connected = True
                     backoff.reset()

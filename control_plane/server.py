@@ -88,7 +88,11 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
         base64.b64encode(signer.public).decode(),
     )
     publisher = Publisher(
-        settings.mqtt_url, f"edgeplex-cp-{settings.replica_id}", signer, settings.message_ttl_s
+        settings.mqtt_url,
+        f"edgeplex-cp-{settings.replica_id}",
+        signer,
+        settings.message_ttl_s,
+        settings.mqtt_tls_ca,
     )
     planner = Planner(settings, store, publisher, lease)
     sink = ReportSink(store)

@@ -7,6 +7,7 @@ import random
 import ssl
 import urllib.parse
 from dataclasses import dataclass
+from pathlib import Path
 
 TOPIC_ROOT = "edgeplex/v1"
 
@@ -36,13 +37,15 @@ class MqttTarget:
     password: str | None
     tls: bool
 
-    def client_kwargs(self) -> dict[str, object]:
+    def client_kwargs(self, ca: Path | None = None) -> dict[str, object]:
+        """aiomqtt.Client's arguments; with mqtts://, the broker's certificate is
+        verified against `ca` (a PEM file) or else the system's CAs."""
         kwargs: dict[str, object] = {"hostname": self.host, "port": self.port}
         if self.username is not None:
             kwargs["username"] = self.username
             kwargs["password"] = self.password
         if self.tls:
-            kwargs["tls_context"] = ssl.create_default_context()
+            kwargs["tls_context"] = ssl.create_default_context(cafile=ca)
         return kwargs
 
 

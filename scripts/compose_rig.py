@@ -43,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "compose"
 CONTEXT = ROOT / "build" / "compose"
+PKI = CONTEXT / "pki"  # the compose file mounts its folders
 COMPOSE_FILE = ROOT / "deploy" / "compose" / "docker-compose.yml"
 PROJECT = "edgeplex-rig"
 BASE_IMAGE = "edgeplex-base:bookworm"
@@ -58,7 +59,8 @@ def log(message: str) -> None:
 
 
 def run(*command: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, check=True, text=True, **kw)  # type: ignore[call-overload,no-any-return]
+    kw.setdefault("check", True)
+    return subprocess.run(command, text=True, **kw)  # type: ignore[call-overload,no-any-return]
 
 
 def engine_answers() -> bool:
@@ -223,10 +225,27 @@ def build_image() -> None:
     log(f"{IMAGE} built in {time.monotonic() - started:.0f} s")
 
 
-def compose(*args: str, token: str = "unused", **kw: object) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "EDGEPLEX_ADMIN_TOKEN": token}
+def compose(
+    *args: str, token: str = "unused", redis_password: str = "unused", **kw: object
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EDGEPLEX_ADMIN_TOKEN": token, "EDGEPLEX_REDIS_PASSWORD": redis_password}
     command = ["docker-compose", "-p", PROJECT, "-f", str(COMPOSE_FILE), *args]
     return run(*command, env=env, **kw)
+
+
+def make_pki() -> None:
+    """The rig's CA and the control plane's and broker's certificates (kept across
+    runs), readable by the image's user: its containers run as `edgeplex`."""
+    from edgeplex.rig.certs import issue
+
+    issue(PKI, "cp", ["172.28.0.20", "127.0.0.1"])  # also as the host reaches it
+    issue(PKI, "broker", ["172.28.0.11"])
+    ask = ("docker", "run", "--rm", "--network", "none", "--entrypoint", "id", IMAGE)
+    ids = run(*ask, "-u", capture_output=True).stdout.strip()
+    gid = run(*ask, "-g", capture_output=True).stdout.strip()
+    for name in ("cp", "broker", "trust"):
+        for path in (PKI / name, *(PKI / name).iterdir()):
+            os.chown(path, int(ids), int(gid))
 
 
 def down() -> None:
@@ -272,7 +291,8 @@ def smoke(token: str) -> dict[str, object]:
 
     started = time.monotonic()
     auth = (("authorization", f"Bearer {token}"),)
-    channel = grpc.insecure_channel("127.0.0.1:7070")
+    creds = grpc.ssl_channel_credentials((PKI / "trust" / "ca.pem").read_bytes())
+    channel = grpc.secure_channel("127.0.0.1:7070", creds)  # TLS, as every agent
     admin = pb_grpc.AdminServiceStub(channel)
 
     def sites_up() -> bool:
@@ -318,6 +338,12 @@ def smoke(token: str) -> dict[str, object]:
         in_region_s = time.monotonic() - started
         holder = next(s for s in ("r0s0", "r0s1") if served_at(s) == s)
         wait_for(lambda: served_at("r2s0") == holder, 60, "a call at r2s0 forwarded to r0")
+    # Redis is on the control plane's loopback only: an agent's container cannot reach it.
+    probe = "import socket; socket.create_connection(('172.28.0.20', 6379), 3)"
+    reached = compose(
+        "exec", "-T", "agent-r0s0", "python3", "-c", probe, check=False, capture_output=True
+    )
+    assert reached.returncode != 0, "an agent's container reached Redis"
     return {
         "sites_joined_s": round(joined_s, 1),
         "served_in_region_s": round(in_region_s, 1),
@@ -341,11 +367,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         build_base()
         build_image()
+        make_pki()
         if args.build_only:
             return 0
-        token = secrets.token_hex(16)
+        token, redis_password = secrets.token_hex(16), secrets.token_hex(16)
         log("docker-compose up")
-        compose("up", "-d", "--no-build", token=token)
+        compose("up", "-d", "--no-build", token=token, redis_password=redis_password)
         try:
             figures = smoke(token)
         except BaseException:

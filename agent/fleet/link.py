@@ -286,7 +286,7 @@ class FleetLink:
                 async with aiomqtt.Client(
                     identifier=f"edgeplex-agent-{self._site}",
                     will=will,
-                    **self._mqtt.client_kwargs(),  # type: ignore[arg-type]
+                    **self._mqtt.client_kwargs(self._settings.fleet.tls_ca),  # type: ignore[arg-type]
                 ) as client:
                     backoff.reset()
                     await client.publish(presence_topic(self._site), b"online", qos=1, retain=True)

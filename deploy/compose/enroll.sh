@@ -9,7 +9,7 @@ for item in $EDGEPLEX_SITES; do
     region=${item#*=}
     [ -s "/enroll/$site.env" ] && continue
     tries=0
-    until edgeplex admin --insecure site add "$site" --region "$region" \
+    until edgeplex admin --tls-ca /pki/ca.pem site add "$site" --region "$region" \
         --env-file "/enroll/$site.env" --mqtt-url "$EDGEPLEX_BROKER_URL"; do
         tries=$((tries + 1))
         [ "$tries" -lt 60 ] || exit 1

@@ -21,18 +21,28 @@ class Broker:
         self.acl = state_dir / "mosquitto.acl"
         self.pid = state_dir / "mosquitto.pid"
 
-    def configure(self, host: str, advertise: str | None = None, port: int = 1883) -> str:
-        """Write the broker's files for a listener on `host`; returns the control
-        plane's MQTT URL (to `advertise`, by default `host`)."""
+    def configure(
+        self, host: str, advertise: str | None = None, port: int = 1883, tls: Path | None = None
+    ) -> str:
+        """Write the broker's files for a listener on `host` (TLS with the ca.pem,
+        cert.pem and key.pem in `tls`, when given); returns the control plane's MQTT
+        URL (to `advertise`, by default `host`)."""
         self.passwords.unlink(missing_ok=True)
         password = set_password(self.passwords, CP_USER)
         self.acl.write_text(acl_text({}))
+        listener = f"listener {port} {host}\n"
+        if tls is not None:
+            listener += (
+                f"cafile {tls / 'ca.pem'}\ncertfile {tls / 'cert.pem'}\n"
+                f"keyfile {tls / 'key.pem'}\ntls_version tlsv1.2\n"
+            )
         self.conf.write_text(
-            f"listener {port} {host}\nallow_anonymous false\nuse_username_as_clientid true\n"
+            f"{listener}allow_anonymous false\nuse_username_as_clientid true\n"
             f"password_file {self.passwords}\nacl_file {self.acl}\npid_file {self.pid}\n"
             + ("user root\n" if os.geteuid() == 0 else "")
         )
-        return f"mqtt://{CP_USER}:{password}@{advertise or host}:{port}"
+        scheme = "mqtts" if tls is not None else "mqtt"
+        return f"{scheme}://{CP_USER}:{password}@{advertise or host}:{port}"
 
     def control_plane_env(self) -> dict[str, str]:
         return {
@@ -50,12 +60,13 @@ def main() -> None:
     parser.add_argument("--listen", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=1883)
     parser.add_argument("--advertise", required=True, help="the broker's address for clients")
+    parser.add_argument("--tls", type=Path, help="folder of ca.pem, cert.pem, key.pem: mqtts")
     args = parser.parse_args()
     broker = Broker(args.dir)
     env = args.dir / "cp.env"
     if broker.passwords.exists() and env.exists():
         return
-    url = broker.configure(args.listen, args.advertise, args.port)
+    url = broker.configure(args.listen, args.advertise, args.port, args.tls)
     fd = os.open(env, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(f"EDGEPLEX_CP_MQTT_URL={url}\n")
