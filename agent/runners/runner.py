@@ -42,7 +42,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgeplex import logs
-from edgeplex.agent.runners import framing, ipc, shm
+from edgeplex.agent.runners import framing, ipc, sessions, shm
 from edgeplex.agent.runners.crew import Crew, Model
 from edgeplex.agent.runners.idle_spin import IdleSpin
 from edgeplex.agent.runners.prepack import prepack
@@ -402,6 +402,7 @@ def main(
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, _: os._exit(128 + signum))
     logs.configure(log_level, log_format, runner=runner_id)
+    sessions.HOST_PID = pid or os.getpid()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(socket_path)
     hello = ipc.Hello(runner_id, pid or os.getpid(), sandbox or {}, sandbox_us or {})

@@ -185,9 +185,12 @@ class Sandbox:
         self._pivot(".", "old")
         new = "/new"
         _mount(libc, new, new, None, _MS_BIND | _MS_REC)
-        # A private /tmp first: binds of paths under the host's /tmp go on top of it.
-        os.makedirs(new + "/tmp")
-        _mount(libc, "tmpfs", new + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m")
+        # A private /tmp and /dev/shm first (CUDA's runtime uses the latter): binds of
+        # paths under the host's go on top of them.
+        for private in ("/tmp", "/dev/shm"):
+            os.makedirs(new + private)
+            flags = _MS_NOSUID | _MS_NODEV
+            _mount(libc, "tmpfs", new + private, "tmpfs", flags, "mode=1777,size=64m")
         for path in self._ro:
             self._bind(path, new + path, writable=False)
         for path in self._rw:
@@ -276,7 +279,9 @@ class Sandbox:
         rw = landlock.all_fs_rights(landlock.abi())
         paths = [(p, landlock.READ_ONLY) for p in self._ro]
         paths += [(p, rw) for p in self._rw]
-        paths += [(p, rw) for p in (*DEV_NODES, *self.request.devices, "/tmp")]
+        paths += [(p, rw) for p in (*DEV_NODES, *self.request.devices)]
+        if self.layers.get("mount_view") == ON:  # private ones; never the host's
+            paths += [("/tmp", rw), ("/dev/shm", rw)]
         paths += [("/proc", landlock.READ_ONLY), (CPU_TOPOLOGY, landlock.READ_ONLY)]
         version = landlock.restrict(paths)
         return ON if version >= 4 else f"on (ABI {version}: files only, TCP not covered)"

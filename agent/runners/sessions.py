@@ -10,8 +10,8 @@ import contextlib
 import ctypes
 import logging
 import os
+import secrets
 import shutil
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,11 @@ def no_cuda(model: str) -> str:
     )
 
 
+# This process's pid as the host sees it (NVML names processes so), set by the
+# runner at start: in its own PID namespace os.getpid() is 1.
+HOST_PID = 0
+
+
 def device_bytes() -> int:
     """This process's memory on its GPU (NVML), or resident memory without NVML."""
     try:
@@ -99,7 +104,7 @@ def device_bytes() -> int:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             used += pynvml.nvmlDeviceGetMemoryInfo(handle).used
             for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if proc.pid == os.getpid() and proc.usedGpuMemory:
+                if proc.pid == (HOST_PID or os.getpid()) and proc.usedGpuMemory:
                     total += proc.usedGpuMemory
         # In a PID namespace NVML may not list us: fall back to the device-wide
         # reading, exact when this agent is the card's only user.
@@ -152,7 +157,9 @@ def stage_model(
             pass
     stages["read"] = ms_since(started)
     started = time.perf_counter()
-    tmp = staged.with_name(f"{staged.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    # Random: in its own PID namespace every runner is pid 1, and forked alike, its
+    # threads can have the same idents as another runner's.
+    tmp = staged.with_name(f"{staged.name}.tmp-{secrets.token_hex(8)}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     options = ort.SessionOptions()
