@@ -3,11 +3,13 @@ took over its runner could still do (each attempt fails)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +19,9 @@ from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.runners import framing, ipc, sandbox
 from edgeplex.agent.runners.view import runner_view
 from edgeplex.agent.runners.zygote_client import runner_environment
+from edgeplex.net import free_ports
 from tests.agent.residency.test_overcommit import infer_http, status
-from tests.conftest import start_agent
+from tests.conftest import AgentProcess, agent_command, start_agent
 
 pytestmark = pytest.mark.slow
 
@@ -147,3 +150,59 @@ def test_a_model_that_takes_over_its_runner_reaches_nothing(tmp_path: Path) -> N
         assert outcomes[what].startswith("refused"), (what, outcomes[what])
     assert outcomes[f"read {masked}"] == "allowed: 0"  # masked: an empty file
     assert outcomes["pids_visible"] == "allowed: ['1']"  # alone in its PID namespace
+
+
+def _without_user_namespaces(command: list[str]) -> list[str]:
+    """`command` on a host that gives no new user namespaces (as in a container with
+    Docker's default seccomp profile): a user namespace whose limit is 0."""
+    script = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"'
+    return ["unshare", "--user", "--map-root-user", "sh", "-c", script, "sh", *command]
+
+
+def test_a_missing_layer_is_reported_or_refused_as_the_mode_says(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    demo.make_mlp(repo / "m", width=64, layers=2, in_width=64)
+    env = {
+        **os.environ,
+        "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN": "t",
+        "EDGEPLEX_AGENT_RUNNER__SANDBOX": "required",
+    }
+    refused = subprocess.run(
+        _without_user_namespaces(agent_command(repo, 0, 0)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    said = refused.stdout + refused.stderr
+    assert "runner.sandbox is required, but this host cannot provide: namespaces" in said
+
+    grpc_port, http_port = free_ports(2)
+    log = (tmp_path / "agent.log").open("wb")
+    env["EDGEPLEX_AGENT_RUNNER__SANDBOX"] = "best_effort"
+    process = subprocess.Popen(
+        _without_user_namespaces(agent_command(repo, grpc_port, http_port)),
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    agent = AgentProcess(process, grpc_port, http_port, tmp_path / "agent.log")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if agent.http_get("/v2/health/ready")[0] == 200:
+                    break
+            time.sleep(0.1)
+        assert infer_http(agent, "m")[0] == 200
+        sandbox = json.loads(agent.http_get("/edgeplex/v1/memory")[1])["sandbox"]
+        layers = sandbox["runners"]["shared-0"]
+        assert "clone into new namespaces" in layers["namespaces"], layers
+        assert layers["mount_view"] != "on"
+        assert layers["seccomp"] == layers["landlock"] == layers["no_new_privs"] == "on"
+        metrics = agent.http_get("/metrics")[1].decode()
+        assert 'edgeplex_runner_sandbox_layer{layer="namespaces"} 0.0' in metrics
+        assert "runner sandbox without: namespaces" in agent.log()
+    finally:
+        assert agent.stop() == 0, agent.log()
