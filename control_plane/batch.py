@@ -259,7 +259,7 @@ class BatchRunner:
                 async with self._http.post(
                     url, data=body, headers={"Content-Type": "application/json"}
                 ) as reply:
-                    raw = await reply.content.read(MAX_OUTPUT_BYTES + 1)
+                    raw = await _read_at_most(reply.content, MAX_OUTPUT_BYTES + 1)
                     text = raw.decode(errors="replace")
                     if reply.status == 200 and len(raw) > MAX_OUTPUT_BYTES:
                         too_big = f"the result exceeds {MAX_OUTPUT_BYTES} bytes, the most kept"
@@ -299,6 +299,18 @@ class BatchRunner:
         )
         await self._store.update_batch(job)
         log.info("batch %s done: %d items, %d failed", job.job_id, job.items, job.items_failed)
+
+
+async def _read_at_most(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body, or its first `limit` bytes when it is longer (never more in memory)."""
+    chunks, size = [], 0
+    while size < limit:
+        chunk = await stream.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _error_text(text: str, status: int) -> str:

@@ -178,3 +178,67 @@ def test_batch_list_cancel_and_wait(batch_fleet, tmp_path: Path) -> None:  # typ
     again = subprocess.run([*cli, "cancel", done["job_id"]], env=env, capture_output=True,
                            text=True)  # fmt: skip
     assert again.returncode == 1 and "already done" in again.stderr
+
+
+def test_results_are_capped_and_expire_with_their_job(tmp_path: Path) -> None:
+    """A result beyond MAX_OUTPUT_BYTES is recorded as an error in its place, and a
+    job that ended RESULTS_TTL_S ago goes with everything it stored (real Redis, a
+    real HTTP site)."""
+    import asyncio
+
+    from aiohttp import web
+
+    from edgeplex.control_plane import batch
+    from edgeplex.control_plane.store import ShardLease, Store
+    from tests.services import RedisServer
+
+    redis_server = RedisServer(tmp_path)
+    redis_server.start()
+
+    async def infer(request: web.Request) -> web.Response:
+        item = json.loads(await request.read())["inputs"][0]["data"][0]
+        size = batch.MAX_OUTPUT_BYTES + 1 if item == 0 else 10
+        return web.json_response({"outputs": [{"data": "x" * size}]})
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_post("/v2/models/m/infer", infer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        http_site = web.TCPSite(runner, "127.0.0.1", 0)
+        await http_site.start()
+        port = http_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        store = Store(redis_server.url)
+        try:
+            job, shards = batch.make_job("m", [body(0), body(1)], 2)
+            await store.put_batch(job, shards)
+            runs = batch.BatchRunner(store, None, {})  # type: ignore[arg-type]
+            import aiohttp
+
+            runs._http = aiohttp.ClientSession()
+            runs._busy["s1"] = 1
+            where = batch.SiteLoad("s1", "a", f"127.0.0.1:{port}", True, False, 0.0, frozenset())
+            lease = ShardLease("s1", time.time() + 60, 1)
+            await store.lease_batch_shard(job.job_id, 0, "", lease)
+            await runs._run_shard(job, 0, where, lease)
+            await runs._http.close()
+            (raw,) = (await store.batch_outputs(job.job_id)).values()
+            first, second = json.loads(raw)
+            assert "exceeds" in json.loads(first)["error"]
+            assert json.loads(second)["outputs"][0]["data"] == "x" * 10
+            job.state, job.finished_at = "DONE", time.time() - batch.RESULTS_TTL_S - 1
+            await store.update_batch(job)
+            fresh, fresh_shards = batch.make_job("m", [body(1)], 1)
+            fresh.state, fresh.finished_at = "DONE", time.time()
+            await store.put_batch(fresh, fresh_shards)
+            await runs._tick()
+            assert await store.get_batch(job.job_id) is None
+            assert await store.batch_outputs(job.job_id) == {}
+            assert await store.get_batch(fresh.job_id) is not None
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        redis_server.stop()
