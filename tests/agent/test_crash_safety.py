@@ -142,3 +142,18 @@ def test_names_and_versions_that_would_leave_the_repository_are_refused(tmp_path
     with pytest.raises(ValueError, match="leaves"):
         (repo / "link").symlink_to(tmp_path)
         path_under(repo, "link", "1")
+
+
+def test_a_repository_scan_takes_only_versions_that_are_numbers(tmp_path: Path) -> None:
+    from edgeplex.agent.config import ModelConfig
+    from edgeplex.agent.repository import scan_versions
+
+    repo = tmp_path / "repo"
+    demo.make_mlp(repo / "m", width=64, layers=2, in_width=64)
+    for odd in ("01", "0", "1x", "-2", ".3.old"):
+        (repo / "m" / odd).mkdir()
+        (repo / "m" / odd / "model.onnx").write_bytes(
+            (repo / "m" / "1" / "model.onnx").read_bytes()
+        )
+    assert [v.version for v in scan_versions(repo, "m", ModelConfig())] == ["1"]
+    assert scan_versions(repo, "..", ModelConfig()) == []
