@@ -109,8 +109,11 @@ def clone() -> int:
 class Sandbox:
     """Applies the layers to this child process, per its SpawnRunner request."""
 
-    def __init__(self, request: ipc.SpawnRunner, uid: int, gid: int) -> None:
+    def __init__(
+        self, request: ipc.SpawnRunner, uid: int, gid: int, seccomp_program: bytes | None = None
+    ) -> None:
         self.request = request
+        self.seccomp_program = seccomp_program  # compiled by the zygote, once
         self._uid, self._gid = uid, gid  # the zygote's, read before the clone
         self._libc = _libc()
         self.layers: dict[str, str] = {}
@@ -149,7 +152,7 @@ class Sandbox:
         self._layer("rlimits", self._rlimits)
         self._layer("no_new_privs", self._no_new_privs)
         self._layer("landlock", self._landlock)
-        self._layer("seccomp", seccomp.install)
+        self._layer("seccomp", lambda: seccomp.install(self.seccomp_program))
         return self.layers
 
     def _layer(self, name: str, step: object) -> None:
@@ -287,7 +290,7 @@ class Sandbox:
         return ON if version >= 4 else f"on (ABI {version}: files only, TCP not covered)"
 
 
-def probe(request: ipc.SpawnRunner) -> dict[str, str]:
+def probe(request: ipc.SpawnRunner, seccomp_program: bytes | None = None) -> dict[str, str]:
     """What this host gives a runner: a child is cloned, applies every layer, reports
     and exits. Run by the zygote at start (single-threaded, like every clone)."""
     read, write = os.pipe()
@@ -302,7 +305,7 @@ def probe(request: ipc.SpawnRunner) -> dict[str, str]:
         os.close(read)
         code = 0
         try:
-            layers = Sandbox(request, uid, gid).apply(no_namespaces)
+            layers = Sandbox(request, uid, gid, seccomp_program).apply(no_namespaces)
             os.write(write, json.dumps(layers).encode())
         except BaseException:
             code = 1

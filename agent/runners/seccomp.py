@@ -18,6 +18,7 @@ import errno
 import os
 import socket
 
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _ACT_ALLOW = 0x7FFF0000
 _ACT_LOG = 0x7FFC0000
 _CMP_NE = 1
@@ -95,7 +96,7 @@ def _library() -> ctypes.CDLL:
         ctypes.c_uint,
         ctypes.c_void_p,
     ]
-    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
     return lib
 
@@ -122,10 +123,11 @@ def available() -> str:
     return ""
 
 
-def install(log_only: bool = False) -> None:
-    """Load the allow-list into this (single-threaded) process; every thread it starts
-    later inherits it. `log_only` logs what would be denied instead (for building the
-    list: the kernel's audit log names each call)."""
+def compile_filter(log_only: bool = False) -> bytes:
+    """The allow-list as a BPF program for this architecture (libseccomp builds it in
+    a few milliseconds: the zygote does it once, and each runner only loads it).
+    `log_only` makes one that logs what it would deny instead (for building the list:
+    the kernel's audit log names each call)."""
     lib = _library()
     default = _ACT_LOG if log_only else _errno_action(errno.EPERM)
     ctx = lib.seccomp_init(default)
@@ -153,8 +155,32 @@ def install(log_only: bool = False) -> None:
         rule("ioctl", _ACT_ALLOW, (1, _CMP_NE, _TIOCSTI, 0))
         for name in ("socket", "socketpair"):
             rule(name, _ACT_ALLOW, (0, _CMP_EQ, socket.AF_UNIX, 0))
-        rc = lib.seccomp_load(ctx)
-        if rc < 0:
-            raise Unavailable(f"seccomp_load failed: {os.strerror(-rc)}")
+        fd = os.memfd_create("edgeplex-seccomp")
+        try:
+            rc = lib.seccomp_export_bpf(ctx, fd)
+            if rc < 0:
+                raise Unavailable(f"seccomp_export_bpf failed: {os.strerror(-rc)}")
+            program = os.pread(fd, os.fstat(fd).st_size, 0)
+        finally:
+            os.close(fd)
     finally:
         lib.seccomp_release(ctx)
+    if not program or len(program) % 8:
+        raise Unavailable("libseccomp exported no filter")
+    return program
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install(program: bytes | None = None) -> None:
+    """Load `program` (compile_filter's; built here when None) into this process, which
+    has no_new_privs set; every thread it starts later inherits it."""
+    program = program or compile_filter()
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        code = ctypes.get_errno()
+        raise Unavailable(f"prctl(PR_SET_SECCOMP): {os.strerror(code)}")

@@ -37,7 +37,7 @@ import contextlib
 import numpy  # noqa: F401  (preloaded for the children)
 import onnxruntime  # noqa: F401
 
-from edgeplex.agent.runners import framing, ipc, runner, sandbox
+from edgeplex.agent.runners import framing, ipc, runner, sandbox, seccomp
 
 _PR_SET_PDEATHSIG = 1
 
@@ -57,6 +57,7 @@ class Zygote:
         self._uid, self._gid = os.geteuid(), os.getegid()
         # Why runners get no namespaces here ("" while they do): learnt once.
         self._no_namespaces = "" if sandbox_mode != "off" else "runner.sandbox is off"
+        self._seccomp: bytes | None = None  # the runners' filter, compiled once
         self._children: dict[int, str] = {}  # pid -> runner id
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -69,7 +70,10 @@ class Zygote:
         """Tell the agent, first thing, what a sandboxed runner gets on this host."""
         layers: dict[str, str] = {}
         if mode != "off":
-            layers = sandbox.probe(ipc.SpawnRunner("probe", "", "INFO", 0, sandbox="best_effort"))
+            with contextlib.suppress(seccomp.Unavailable):  # each runner says why not
+                self._seccomp = seccomp.compile_filter()
+            probe = ipc.SpawnRunner("probe", "", "INFO", 0, sandbox="best_effort")
+            layers = sandbox.probe(probe, self._seccomp)
             self._no_namespaces = "" if layers["namespaces"] == sandbox.ON else layers["namespaces"]
         framing.send_frame(self._control, ipc.SandboxReport(layers))
 
@@ -145,7 +149,7 @@ class Zygote:
         layers: dict[str, str] = {}
         timings: dict[str, int] = {}
         if request.sandbox != "off":
-            confined = sandbox.Sandbox(request, self._uid, self._gid)
+            confined = sandbox.Sandbox(request, self._uid, self._gid, self._seccomp)
             layers, timings = confined.apply(no_namespaces), confined.timings_us
         elif request.rlimit_as:
             resource.setrlimit(resource.RLIMIT_AS, (request.rlimit_as, request.rlimit_as))
