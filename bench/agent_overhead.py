@@ -36,7 +36,10 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))
 from common import Agent  # noqa: E402
+
+from tests.support.load import binary_body  # noqa: E402
 
 MODELS = {"mlp_small": (512, "~1 MB"), "mlp_medium": (1024, "~50 MB")}
 
@@ -134,20 +137,9 @@ def run_wrk(
         tensor = {"name": "input", "shape": [1, width], "datatype": "FP32",
                   "data": x.ravel().tolist()}  # fmt: skip
         return _wrk(http_url, model, concurrency, duration, json.dumps({"inputs": [tensor]}), "")
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "input",
-                    "shape": [1, width],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes},
-                }
-            ],
-            "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
-        }
-    )
-    return _wrk(http_url, model, concurrency, duration, header, x.tobytes())
+    data, headers = binary_body(x, binary_output=True)
+    split = int(headers["Inference-Header-Content-Length"])
+    return _wrk(http_url, model, concurrency, duration, data[:split].decode(), data[split:])
 
 
 def _wrk(

@@ -14,19 +14,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-
 from edgeplex.net import free_ports
 
 
 def free_port() -> int:
     return free_ports(1)[0]
-
-
-def zipf_weights(n: int, alpha: float = 1.0) -> np.ndarray:
-    """Request shares of `n` models by Zipf 1/rank**alpha, most requested first."""
-    w = 1.0 / np.arange(1, n + 1) ** alpha
-    return w / w.sum()
 
 
 class Agent:

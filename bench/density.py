@@ -30,10 +30,12 @@ import aiohttp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Agent, metric_sum, zipf_weights
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+from common import Agent, metric_sum
 
 from edgeplex.agent import demo
 from edgeplex.sizes import parse_size
+from tests.support.load import zipf_weights
 
 # (width, layers) -> approximate bytes: 4 * (64*width + (layers-1)*width^2)
 KINDS = {"small": (384, 3), "medium": (768, 4), "large": (1536, 4)}

@@ -53,14 +53,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import ab
-from common import Agent, metric_sum, zipf_weights
+from common import Agent, metric_sum
 
 from edgeplex.agent import demo
+from tests.support.load import binary_body, closed_loop, zipf_weights
 
 WIDTH, LAYERS, IN_WIDTH = 1024, 4, 64
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "bench-closed-loop"
@@ -106,53 +107,8 @@ def build_catalog(count: int, width: int = WIDTH, layers: int = LAYERS) -> Path:
 
 
 def request_body() -> tuple[bytes, dict[str, str]]:
-    x = np.full((1, IN_WIDTH), 0.5, np.float32)
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "input",
-                    "shape": [1, IN_WIDTH],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes},
-                }
-            ],
-            "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    headers = {
-        "Inference-Header-Content-Length": str(len(header)),
-        "Content-Type": "application/octet-stream",
-    }
-    return header + x.tobytes(), headers
-
-
-async def closed_loop(
-    http: str, models: list[str], clients: int, duration: float, seed: int
-) -> tuple[list[float], dict[int, int], float]:
-    weights = zipf_weights(len(models))
-    body, headers = request_body()
-    latencies: list[float] = []
-    codes: dict[int, int] = {}
-    connector = aiohttp.TCPConnector(limit=clients)
-    started = time.perf_counter()
-    stop = started + duration
-
-    async def caller(i: int, session: aiohttp.ClientSession) -> None:
-        rng = np.random.default_rng(seed * 100 + i)
-        picks = iter(rng.choice(len(models), 1_000_000, p=weights))
-        while time.perf_counter() < stop:
-            url = f"http://{http}/v2/models/{models[next(picks)]}/infer"
-            t0 = time.perf_counter()
-            async with session.post(url, data=body, headers=headers) as reply:
-                await reply.read()
-            latencies.append(time.perf_counter() - t0)
-            codes[reply.status] = codes.get(reply.status, 0) + 1
-
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await asyncio.gather(*(caller(i, session) for i in range(clients)))
-    return latencies, codes, time.perf_counter() - started
+    """One row, the tensor and the output in binary, as tritonclient sends them."""
+    return binary_body(np.full((1, IN_WIDTH), 0.5, np.float32), binary_output=True)
 
 
 def run_scenario(
@@ -184,9 +140,13 @@ def run_scenario(
                     break
                 time.sleep(0.5)
         before = agent.metrics()
-        latencies, codes, elapsed = asyncio.run(
-            closed_loop(agent.http, models, args.clients, args.duration, args.seed)
-        )
+        loop = asyncio.run(
+            closed_loop(
+                f"http://{agent.http}", models, args.clients, args.duration, args.seed,
+                request_body(),
+            )
+        )  # fmt: skip
+        latencies, codes, elapsed = loop.latencies, loop.codes, loop.elapsed
         after = agent.metrics()
         status = agent.status()
     finally:

@@ -1,5 +1,6 @@
-"""The two roles share names only through the `edgeplex` package: nothing under
-control_plane/ imports the agent."""
+"""What imports what: the two roles share names only through the `edgeplex`
+package (nothing under control_plane/ imports the agent), and tests share helpers
+only through their support modules."""
 
 from __future__ import annotations
 
@@ -27,3 +28,18 @@ def test_the_control_plane_never_imports_the_agent() -> None:
         for path in sorted((ROOT / "control_plane").rglob("*.py"))
     }
     assert {path: found for path, found in offenders.items() if found} == {}
+
+
+def test_no_test_module_or_bench_imports_a_test_module() -> None:
+    """Helpers the tests share live in tests/conftest.py, tests/services.py and
+    tests/support/, where benches import them too; a test module is only run."""
+    offenders = {}
+    for path in sorted([*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").glob("*.py")]):
+        found = sorted(
+            m
+            for m in imported_modules(path)
+            if m.startswith("tests.") and m.rsplit(".", 1)[-1].startswith("test_")
+        )
+        if found:
+            offenders[str(path.relative_to(ROOT))] = found
+    assert offenders == {}

@@ -23,8 +23,8 @@ from edgeplex.artifacts import ArtifactCache, FetchPolicy
 from edgeplex.names import path_under
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.signing import Signer, TrustStore
-from tests.agent.residency.test_overcommit import infer_http
 from tests.conftest import agent_command, start_agent
+from tests.support.agent import infer_http
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import pytest
 import tritonclient.grpc as tg
 
 from edgeplex.agent import demo
-from tests.agent.frontdoor.test_oip_grpc import inputs_for
-from tests.agent.residency.test_overcommit import status
 from tests.conftest import start_agent
+from tests.support.agent import status
+from tests.support.oip import inputs_for
 
 pytestmark = pytest.mark.slow
 

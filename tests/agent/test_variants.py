@@ -20,8 +20,8 @@ from edgeplex.agent.forms import Calibration, VariantGuard
 from edgeplex.agent.variants import build_variant, output_figures, sha256_of
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
-from tests.agent.residency.test_overcommit import infer_http, status
 from tests.conftest import AUTH, CACHE, start_agent
+from tests.support.agent import infer_http, status
 
 MiB = 1 << 20
 ANY = "variants: [int8, fp16]\nquality: any\nvariant_guard: {min_top1_agreement: 0.9}\n"

@@ -22,8 +22,8 @@ from edgeplex.control_plane.batch import SiteLoad, is_night, make_job, pick_site
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.conftest import AgentProcess
-from tests.control_plane.test_fleet import wait_until
 from tests.services import TOKEN, ControlPlane, running_fleet
+from tests.support.fleet import wait_until
 
 AUTH = [("authorization", f"Bearer {TOKEN}")]
 

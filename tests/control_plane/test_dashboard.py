@@ -20,8 +20,8 @@ from edgeplex.artifacts import sha256_of
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.conftest import free_port
-from tests.control_plane.test_fleet import wait_until
 from tests.services import TOKEN, ControlPlane, running_fleet
+from tests.support.fleet import wait_until
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 

@@ -19,8 +19,8 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.signing import DESIRED, Signer, TrustStore
 from tests.conftest import start_agent
-from tests.control_plane.test_fleet import wait_until
 from tests.services import ControlPlane, Mosquitto, RedisServer
+from tests.support.fleet import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -162,7 +162,7 @@ def test_agents_serve_tls_and_forward_to_peers_over_it(pki: Path, tmp_path: Path
     import urllib.request
 
     from edgeplex.agent import demo
-    from tests.control_plane.test_fleet import Fleet, agent_tier
+    from tests.support.fleet import Fleet, agent_tier
 
     r, m = RedisServer(tmp_path), Mosquitto(tmp_path)
     r.start()

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
-from tests.agent.frontdoor.test_oip_grpc import inputs_for
+from tests.support.oip import inputs_for
 
 
 @pytest.fixture(scope="module")

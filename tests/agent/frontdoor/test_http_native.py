@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from tests.conftest import start_agent
+from tests.support.http1 import closed, read_response
 
 BODY = json.dumps(
     {
@@ -38,39 +39,11 @@ def connect(agent) -> socket.socket:
     return sock
 
 
-def read_response(sock: socket.socket, buffer: bytearray) -> tuple[int, dict[str, str], bytes]:
-    """One response from `buffer` plus whatever the socket sends next."""
-    while b"\r\n\r\n" not in buffer:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise EOFError("closed before a response")
-        buffer += chunk
-    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    length = int(headers.get("content-length", "0"))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise EOFError("closed mid-body")
-        rest += chunk
-    buffer[:] = rest[length:]
-    return status, headers, rest[:length]
-
-
 def post(path: str, body: bytes, extra: str = "") -> bytes:
     return (
         f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode()
         + body
     )
-
-
-def closed(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
 
 
 def test_pipelined_requests_are_answered_in_order_on_one_connection(agent):

@@ -16,8 +16,8 @@ from edgeplex.agent.errors import InvalidInput, Overloaded
 from edgeplex.agent.frontdoor.connections import ConnectionLimiter
 from edgeplex.agent.frontdoor.gate import InflightGate
 from edgeplex.agent.frontdoor.oip_body import MAX_JSON_DEPTH, json_depth, load_json
-from tests.agent.frontdoor.test_http_native import closed, read_response
 from tests.conftest import start_agent
+from tests.support.http1 import closed, read_response
 
 HEADER_CAP = 4096
 MAX_HEADERS = 10

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 
-from tests.agent.frontdoor.test_oip_grpc import DTYPES, direct, silero_feeds
 from tests.conftest import AUTH, running_agent
+from tests.support.oip import DTYPES, direct, silero_feeds
 
 
 def inputs_for(feeds, binary=True):

@@ -5,7 +5,6 @@ or poisoned batches end with only the request at fault failing."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -16,65 +15,24 @@ import numpy as np
 import pytest
 
 from edgeplex.agent import demo
-from tests.agent.residency.test_overcommit import post, status
 from tests.conftest import start_agent
+from tests.support.agent import post, status
+from tests.support.load import binary_body, closed_loop
 
 pytestmark = pytest.mark.slow
 WIDTH = 512  # ~3.2 MB per model
 
 
-def binary_body(x: np.ndarray, timeout_us: int | None = None) -> tuple[bytes, dict[str, str]]:
-    """A single-row request with its tensor in the binary extension, as tritonclient
-    sends it."""
-    doc: dict[str, object] = {
-        "inputs": [
-            {
-                "name": "input",
-                "shape": list(x.shape),
-                "datatype": "FP32",
-                "parameters": {"binary_data_size": x.nbytes},
-            }
-        ]
-    }
-    if timeout_us is not None:
-        doc["parameters"] = {"timeout": timeout_us}
-    header = json.dumps(doc).encode()
-    headers = {
-        "Inference-Header-Content-Length": str(len(header)),
-        "Content-Type": "application/octet-stream",
-    }
-    return header + x.tobytes(), headers
-
-
-async def closed_loop(
+def closed_loop_codes(
     url: str, models: list[str], clients: int, duration: float, seed: int
 ) -> dict[int, int]:
-    """`clients` callers that never pause, each picking a model by Zipf 1/rank."""
-    weights = 1.0 / np.arange(1, len(models) + 1)
-    weights /= weights.sum()
-    body, headers = binary_body(np.full((1, 64), 0.5, np.float32))
-    codes: dict[int, int] = {}
-    errors: list[str] = []
-    stop = time.monotonic() + duration
-
-    async def caller(i: int, session: aiohttp.ClientSession) -> None:
-        rng = np.random.default_rng(seed + i)
-        while time.monotonic() < stop:
-            model = models[rng.choice(len(models), p=weights)]
-            async with session.post(
-                f"{url}/v2/models/{model}/infer", data=body, headers=headers
-            ) as reply:
-                await reply.read()
-                codes[reply.status] = codes.get(reply.status, 0) + 1
-                if reply.status != 200 and len(errors) < 5:
-                    errors.append(f"{model}: {reply.status} {await reply.text()}")
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        await asyncio.gather(*(caller(i, session) for i in range(clients)))
-    codes[-1] = len(errors)
-    if errors:
-        print("\n".join(errors))
-    return codes
+    """The statuses a closed loop got (tests/support/load.py); -1 counts the non-200
+    answers it kept, which are printed."""
+    body = binary_body(np.full((1, 64), 0.5, np.float32))
+    result = asyncio.run(closed_loop(url, models, clients, duration, seed, body))
+    if result.errors:
+        print("\n".join(result.errors))
+    return result.codes | {-1: len(result.errors)}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +64,7 @@ def test_closed_loop_zipf_over_commit_loses_no_request(catalog, tmp_path, factor
     )
     try:
         models = [f"z{i:02d}" for i in range(count)]
-        codes = asyncio.run(closed_loop(f"http://{agent.http_url}", models, 8, 6.0, seed=factor))
+        codes = closed_loop_codes(f"http://{agent.http_url}", models, 8, 6.0, seed=factor)
         served = codes.get(200, 0)
         assert served > 500, codes
         assert set(codes) <= {200, 429, -1}, codes  # refused before admission, never lost

@@ -3,10 +3,8 @@ pins, demotion, and loads that cannot fit."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -14,8 +12,9 @@ import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent import demo
-from tests.agent.frontdoor.test_oip_grpc import inputs_for
-from tests.conftest import ADMIN_TOKEN, AUTH, start_agent
+from tests.conftest import ADMIN_TOKEN, start_agent
+from tests.support.agent import infer_http, memory, post, status
+from tests.support.oip import inputs_for
 
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
@@ -53,45 +52,6 @@ def agent(catalog, tmp_path_factory):
     )
     yield proc
     assert proc.stop() == 0, proc.log()
-
-
-def status(agent) -> dict[str, dict]:
-    return {m["name"]: m for m in json.loads(agent.http_get("/edgeplex/v1/status")[1])}
-
-
-def memory(agent) -> dict:
-    return json.loads(agent.http_get("/edgeplex/v1/memory")[1])
-
-
-def post(agent, path: str, body: dict | None = None) -> int:
-    data = json.dumps(body).encode() if body is not None else b""
-    request = urllib.request.Request(
-        f"http://{agent.http_url}{path}", data=data, method="POST", headers=AUTH
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
-def infer_http(agent, model: str) -> tuple[int, dict[str, str], dict]:
-    x = np.ones((1, 64), np.float32)
-    body = json.dumps(
-        {
-            "inputs": [
-                {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}
-            ]
-        }
-    ).encode()
-    request = urllib.request.Request(
-        f"http://{agent.http_url}/v2/models/{model}/infer", data=body, method="POST"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status, dict(r.headers), json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), json.loads(exc.read())
 
 
 def loaded_bytes(agent) -> int:

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from edgeplex.agent import demo
-from tests.agent.residency.test_overcommit import infer_http, memory, post, status
 from tests.conftest import start_agent
+from tests.support.agent import infer_http, memory, post, status
 
 pytestmark = pytest.mark.slow
 MODELS = [f"s{i}" for i in range(5)]

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from edgeplex.agent import demo
-from tests.agent.residency.test_overcommit import infer_http, status
 from tests.conftest import start_agent
+from tests.support.agent import infer_http, status
 
 pytestmark = pytest.mark.slow
 

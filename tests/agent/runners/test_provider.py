@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 
 from edgeplex.agent import demo
-from tests.agent.residency.test_overcommit import infer_http, status
 from tests.conftest import start_agent
+from tests.support.agent import infer_http, status
 
 pytestmark = pytest.mark.skipif(
     "CUDAExecutionProvider" in ort.get_available_providers(),

@@ -15,8 +15,8 @@ import pytest
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
-from tests.agent.frontdoor.test_oip_grpc import inputs_for
 from tests.conftest import start_agent
+from tests.support.oip import inputs_for
 
 pytestmark = pytest.mark.slow
 

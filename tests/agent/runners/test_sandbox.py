@@ -20,8 +20,8 @@ from edgeplex.agent.runners import framing, ipc, sandbox
 from edgeplex.agent.runners.view import runner_view
 from edgeplex.agent.runners.zygote_client import runner_environment
 from edgeplex.net import free_ports
-from tests.agent.residency.test_overcommit import infer_http, status
 from tests.conftest import AgentProcess, agent_command, start_agent
+from tests.support.agent import infer_http, status
 
 pytestmark = pytest.mark.slow
 

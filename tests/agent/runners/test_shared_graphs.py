@@ -15,7 +15,7 @@ from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.sessions import STAGED_MODEL, STAGED_WEIGHTS, stage_model
 from edgeplex.agent.runners.shared_graphs import SharedGraphs, WithWeights, session_for
 from edgeplex.agent.runners.staged_weights import StagedWeights
-from tests.agent.runners.test_staged_weights import options
+from tests.support.sessions import options
 
 CPU = ["CPUExecutionProvider"]
 

@@ -19,8 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent import demo
 from edgeplex.agent.runners import framing, ipc, shm
-from tests.agent.frontdoor.test_oip_grpc import inputs_for
 from tests.conftest import start_agent
+from tests.support.oip import inputs_for
 
 # --- the rings ------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import pytest
 from edgeplex.agent import demo, graph
 from edgeplex.agent.runners.sessions import STAGED_MODEL, STAGED_WEIGHTS, stage_model
 from edgeplex.agent.runners.staged_weights import StagedWeights, Unusable, WeightMaps
+from tests.support.sessions import options
 
 CPU = ["CPUExecutionProvider"]
 
@@ -26,13 +27,6 @@ def staged(tmp_path_factory):
     staged = root / "staged"
     stage_model(root / "mlp" / "1" / "model.onnx", staged, {}, CPU)
     return staged
-
-
-def options() -> ort.SessionOptions:
-    o = ort.SessionOptions()
-    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    o.add_session_config_entry("session.disable_prepacking", "1")
-    return o
 
 
 def test_the_reader_finds_each_external_initializer_where_onnx_says(staged):

@@ -1,0 +1,1 @@
+"""Helpers the tests share (and benches import): nothing here is a test."""

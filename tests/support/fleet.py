@@ -1,0 +1,129 @@
+"""A fleet for tests: Redis, mosquitto, a control plane and agents, the admin calls
+made on it, and waiting for it to settle."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import redis
+
+from edgeplex.artifacts import sha256_of
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from tests.conftest import AgentProcess, start_agent
+from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, fleet_env
+
+AUTH = [("authorization", f"Bearer {TOKEN}")]
+
+
+def loaded_sets(placement: pb.Placement) -> dict[str, set[str]]:
+    return {s.site_id: set(s.loaded) for s in placement.sites}  # type: ignore[attr-defined]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except (grpc.RpcError, OSError, redis.RedisError) as exc:
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what or predicate}: last {last!r}")
+
+
+@dataclass
+class Fleet:
+    workdir: Path
+    redis: RedisServer
+    mqtt: Mosquitto
+    cp: ControlPlane
+    standby: ControlPlane | None = None
+    agents: dict[str, AgentProcess] = field(default_factory=dict)
+    artifacts: dict[str, Path] = field(default_factory=dict)
+
+    def admin(self, cp: ControlPlane | None = None) -> pb_grpc.AdminServiceStub:
+        channel = grpc.insecure_channel((cp or self.cp).address)
+        return pb_grpc.AdminServiceStub(channel)
+
+    def call(self, method: str, request: object, cp: ControlPlane | None = None) -> object:
+        return getattr(self.admin(cp), method)(request, metadata=AUTH, timeout=10)
+
+    def add_model(self, name: str, path: Path, sha: str | None = None, **kw: object) -> None:
+        self.call(
+            "AddModel",
+            pb.CatalogModel(
+                name=name, artifact_uri=path.as_uri(), sha256=sha or sha256_of(path), **kw
+            ),
+        )
+
+    def model(self, name: str) -> pb.ModelDetail:
+        return self.call("GetModel", pb.ModelName(name=name))  # type: ignore[return-value]
+
+    def placement(self) -> pb.Placement:
+        return self.call("GetPlacement", pb.PlacementRequest())  # type: ignore[return-value]
+
+    def settled_placement(self, timeout: float = 20.0) -> pb.Placement:
+        """The placement once two rounds in a row leave it unchanged.
+
+        A round can leave work for the next (a minimum replica kept where it was
+        while the region with demand gains its own copy, dropped a round later),
+        so a test comparing placements across an event starts from a settled one.
+        """
+        deadline = time.monotonic() + timeout
+        last = loaded_sets(self.placement())
+        while time.monotonic() < deadline:
+            time.sleep(2.2)  # two placement rounds
+            placement = self.placement()
+            now = loaded_sets(placement)
+            if now == last:
+                return placement
+            last = now
+        raise AssertionError(f"placement did not settle within {timeout} s: {last}")
+
+    def loaded_at(self, site: str) -> set[str]:
+        for sp in self.placement().sites:
+            if sp.site_id == site:
+                return set(sp.loaded)
+        return set()
+
+    def start_agent(
+        self,
+        site: str,
+        region: str,
+        extra_env: dict[str, str] | None = None,
+        tls_ca: Path | None = None,
+    ) -> AgentProcess:
+        repo = self.workdir / f"repo-{site}"
+        repo.mkdir(exist_ok=True)
+        agent = start_agent(
+            repo,
+            self.workdir,
+            env={
+                **fleet_env(self.cp, self.mqtt.url(), site, region),
+                "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": ",".join(
+                    cp.address for cp in (self.cp, self.standby) if cp is not None
+                ),
+                "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "256MiB",
+                "EDGEPLEX_AGENT_PRESTAGE": "false",
+                **(extra_env or {}),
+            },
+            tls_ca=tls_ca,
+        )
+        self.agents[site] = agent
+        return agent
+
+
+def agent_tier(agent: AgentProcess, model: str) -> str:
+    _status, body = agent.http_get("/edgeplex/v1/status")
+    for entry in json.loads(body):
+        if entry["name"] == model:
+            return str(entry["tier"])
+    return ""
