@@ -102,7 +102,7 @@ def _run_demo_repo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
-    from edgeplex.agent.demo import build_demo_repo
+    from edgeplex.agent.catalog.demo import build_demo_repo
 
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn())
     made = [0]

@@ -15,10 +15,18 @@ from typing import Any
 import numpy as np
 
 from edgeplex import __version__
-from edgeplex.agent import views
 from edgeplex.agent.batching.policy import Request, batch_key
+from edgeplex.agent.catalog.repository import ModelSource, scan_repository_versions, scan_versions
+from edgeplex.agent.catalog.triton_config import config_json
 from edgeplex.agent.config import AgentSettings
-from edgeplex.agent.errors import (
+from edgeplex.agent.fleet.forward import NO_ROUTE_RETRY_S, Peer, Router
+from edgeplex.agent.fleet.load_window import LoadWindow
+from edgeplex.agent.fleet.routing import Local, Where, choose_route
+from edgeplex.agent.frontdoor.gate import InflightGate
+from edgeplex.agent.frontdoor.overload import OverloadWatch
+from edgeplex.agent.observability import views
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.oip.errors import (
     DeadlineExceeded,
     InvalidInput,
     ModelFailed,
@@ -28,19 +36,11 @@ from edgeplex.agent.errors import (
     ServeError,
     Unavailable,
 )
-from edgeplex.agent.fleet.forward import NO_ROUTE_RETRY_S, Peer, Router
-from edgeplex.agent.fleet.load_window import LoadWindow
-from edgeplex.agent.fleet.routing import Local, Where, choose_route
-from edgeplex.agent.frontdoor.gate import InflightGate
-from edgeplex.agent.frontdoor.overload import OverloadWatch
-from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.repository import ModelSource, scan_repository_versions, scan_versions
-from edgeplex.agent.requests import InferInput, validate
+from edgeplex.agent.oip.requests import InferInput, validate
 from edgeplex.agent.residency.effects import RunnerEffects
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.state import ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
-from edgeplex.agent.triton_config import config_json
 from edgeplex.names import valid_name
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgeplex import logs, systemd
-from edgeplex.agent.access_log import ACCESS
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet.forward import Router
@@ -32,6 +31,8 @@ from edgeplex.agent.fleet.link import FleetLink, check_first_contact
 from edgeplex.agent.frontdoor.auth import Credentials, check_binds, tls_credentials
 from edgeplex.agent.frontdoor.grpc import start_grpc_server
 from edgeplex.agent.frontdoor.http import start_http_server
+from edgeplex.agent.observability.access_log import ACCESS
+from edgeplex.agent.observability.tracing import Spans
 from edgeplex.agent.residency.contract import Limits
 from edgeplex.agent.residency.effects import RunnerEffects
 from edgeplex.agent.residency.owner import Residency
@@ -40,7 +41,6 @@ from edgeplex.agent.runners import leftovers
 from edgeplex.agent.runners.shm import shm_dir
 from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.agent.runners.view import runner_view, shared_runner_limit
-from edgeplex.agent.tracing import Spans
 from edgeplex.eviction import make_policy
 
 log = logging.getLogger("edgeplex.agent")

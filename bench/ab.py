@@ -33,7 +33,7 @@ from common import Agent  # noqa: E402
 from profile_agent import WIDTH, grpc_load  # noqa: E402
 from shm_transport import body as tensor_body  # noqa: E402
 
-from edgeplex.agent import demo  # noqa: E402
+from edgeplex.agent.catalog import demo  # noqa: E402
 
 IMAGE = 3 * 224 * 224  # FP32 values per row of the identity model
 

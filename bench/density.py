@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from common import Agent, metric_sum
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.sizes import parse_size
 from tests.support.load import zipf_weights
 

@@ -60,7 +60,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import ab
 from common import Agent, metric_sum
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from tests.support.load import binary_body, closed_loop, zipf_weights
 
 WIDTH, LAYERS, IN_WIDTH = 1024, 4, 64

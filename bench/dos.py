@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attacks import ATTACKS, Victim, cpu_seconds, rss_bytes, run_attack
 from common import Agent
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 
 # What each attack is run with: (options, door).
 PLAN: dict[str, dict[str, object]] = {

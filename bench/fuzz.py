@@ -33,7 +33,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Agent
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 
 WIDTH = 16
 

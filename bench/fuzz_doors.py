@@ -36,14 +36,14 @@ from google.protobuf import message  # noqa: F401
 with atheris.instrument_imports(include=["edgeplex"]):
     from google.protobuf.message import DecodeError
 
-    from edgeplex.agent.door_settings import DoorSettings
-    from edgeplex.agent.errors import InvalidInput
     from edgeplex.agent.frontdoor import http_native
     from edgeplex.agent.frontdoor.auth import Access
     from edgeplex.agent.frontdoor.gate import InflightGate
     from edgeplex.agent.frontdoor.grpc_body import decode_inputs
     from edgeplex.agent.frontdoor.http import Route
     from edgeplex.agent.frontdoor.oip_body import decode_content, parse_infer_body
+    from edgeplex.agent.frontdoor.settings import DoorSettings
+    from edgeplex.agent.oip.errors import InvalidInput
     from edgeplex.proto import inference_pb2 as pb
 
 CAP = 1 << 20

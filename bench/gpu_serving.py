@@ -34,7 +34,7 @@ from agent_overhead import run_direct
 from common import Agent
 from density_closed_loop import IN_WIDTH, request_body
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 
 
 def _client(args: tuple[str, int, float]) -> tuple[list[float], float]:

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from agent_overhead import run_direct, run_wrk  # noqa: E402
 from common import Agent  # noqa: E402
 
-from edgeplex.agent import demo  # noqa: E402
+from edgeplex.agent.catalog import demo  # noqa: E402
 from edgeplex.net import free_ports  # noqa: E402
 
 MLSERVER = ROOT / ".cache" / "peers" / "mlserver"

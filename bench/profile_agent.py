@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE.parent))
 from agent_overhead import run_wrk  # noqa: E402
 from common import Agent  # noqa: E402
 
-from edgeplex.agent import demo  # noqa: E402
+from edgeplex.agent.catalog import demo  # noqa: E402
 
 WIDTH = 512
 CONCURRENCY = 8

@@ -102,7 +102,7 @@ def main() -> None:
         # Made in a child, so this process forks runners before any ORT thread exists.
         pid = os.fork()
         if pid == 0:
-            from edgeplex.agent import demo
+            from edgeplex.agent.catalog import demo
 
             demo.make_mlp(model_dir / "mlp", width=args.width, layers=3, in_width=args.width)
             os._exit(0)

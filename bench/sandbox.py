@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from density_closed_loop import build_catalog, run_scenario
 
 from edgeplex.agent.config import AgentSettings
-from edgeplex.agent.runner_settings import RunnerSettings
 from edgeplex.agent.runners.sandbox import LAYERS
+from edgeplex.agent.runners.settings import RunnerSettings
 from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.agent.runners.view import runner_view
 

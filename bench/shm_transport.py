@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 from agent_overhead import _wrk  # noqa: E402
 from common import Agent, metric_sum  # noqa: E402
 
-from edgeplex.agent import demo  # noqa: E402
+from edgeplex.agent.catalog import demo  # noqa: E402
 
 
 def body(width: int) -> tuple[str, bytes]:

@@ -47,7 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgeplex.agent import demo  # noqa: E402
+from edgeplex.agent.catalog import demo  # noqa: E402
 from edgeplex.artifacts import sha256_of  # noqa: E402
 from edgeplex.control_plane.sim.engine import SimConfig, simulate  # noqa: E402
 from edgeplex.control_plane.sim.spec import (  # noqa: E402

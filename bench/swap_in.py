@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Agent
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 
 # name: (width, layers) of the generated MLP. "2GB" stays just under protobuf's 2 GiB
 # limit on one model file.

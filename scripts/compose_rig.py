@@ -284,7 +284,7 @@ def smoke(token: str) -> dict[str, object]:
     AssertionError or TimeoutError naming what did not happen."""
     import grpc
 
-    from edgeplex.agent import demo
+    from edgeplex.agent.catalog import demo
     from edgeplex.artifacts import sha256_of
     from edgeplex.proto import edgeplex_control_pb2 as pb
     from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc

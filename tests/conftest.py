@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.net import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ def test_admin_agent_verbs(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
     import os
 
-    from edgeplex.agent import demo
+    from edgeplex.agent.catalog import demo
     from tests.conftest import ADMIN_TOKEN, start_agent
 
     demo.make_add_sub(tmp_path / "repo" / "add_sub")

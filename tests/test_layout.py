@@ -43,3 +43,32 @@ def test_no_test_module_or_bench_imports_a_test_module() -> None:
         if found:
             offenders[str(path.relative_to(ROOT))] = found
     assert offenders == {}
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """What `path` imports when it runs (not under `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    return {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and id(node) not in typing_only
+    }
+
+
+def test_the_agents_parts_never_import_its_top() -> None:
+    """agent/ holds only its top (server, core, config, cli); every folder below it
+    depends downward: none imports the top at run time."""
+    agent = ROOT / "agent"
+    top = {f"edgeplex.agent.{p.stem}" for p in agent.glob("*.py") if p.stem != "__init__"}
+    assert top == {f"edgeplex.agent.{m}" for m in ("cli", "config", "core", "server")}
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(runtime_imports(path) & top)
+        for path in sorted(agent.glob("*/**/*.py"))
+    }
+    assert {path: found for path, found in offenders.items() if found} == {}

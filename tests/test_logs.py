@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from tests.conftest import start_agent
 
 

@@ -9,8 +9,8 @@ import re
 import pytest
 import yaml
 
-from edgeplex.agent.metrics import METRICS as AGENT
-from edgeplex.agent.triton_metrics import _COUNTERS as TRITON
+from edgeplex.agent.observability.metrics import METRICS as AGENT
+from edgeplex.agent.observability.triton_metrics import _COUNTERS as TRITON
 from edgeplex.control_plane.metrics import METRICS as CONTROL_PLANE
 from tests.conftest import ROOT
 
@@ -64,7 +64,7 @@ def test_every_metric_named_exists(where: str, expr: str) -> None:
 def test_gpu_gauges_render_as_triton_names_them() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from edgeplex.agent.triton_metrics import render_gpus
+    from edgeplex.agent.observability.triton_metrics import render_gpus
 
     assert render_gpus([]) == ""  # no NVML or no GPU: nothing, not zeros
     text = render_gpus([("GPU-1234", 0.25, 3 << 30, 141 << 30)])

@@ -33,15 +33,15 @@ from typing import Any
 import numpy as np
 
 from edgeplex.agent.batching.policy import Request, batched_size, take_batch
-from edgeplex.agent.errors import (
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.observability.stats import ModelStats
+from edgeplex.agent.oip.errors import (
     DeadlineExceeded,
     InferenceFailed,
     QueueFull,
     RunnerLost,
     ServeError,
 )
-from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.stats import ModelStats
 
 # The result of a batch: (outputs, compute_ns, the form that ran them).
 Outcome = Awaitable[tuple[dict[str, np.ndarray], int, str]]

@@ -14,12 +14,12 @@ from collections.abc import Awaitable
 import numpy as np
 
 from edgeplex.agent.batching.batcher import Batcher
-from edgeplex.agent.errors import InferenceFailed, InvalidInput, RunnerLost
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.observability.stats import ModelStats
+from edgeplex.agent.oip.errors import InferenceFailed, InvalidInput, RunnerLost
 from edgeplex.agent.residency.state import ModelRecord
 from edgeplex.agent.runners import framing, ipc
 from edgeplex.agent.runners.supervisor import RunnerPool, RunnerProcess
-from edgeplex.agent.stats import ModelStats
 
 log = logging.getLogger("edgeplex.agent.batching")
 

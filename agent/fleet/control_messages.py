@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.fleet import desired_topic, key_topic, routes_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.signing import (

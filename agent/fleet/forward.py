@@ -32,8 +32,8 @@ from typing import TypeVar
 import aiohttp
 import grpc
 
-from edgeplex.agent.errors import ServeError, StaleRoute, Unavailable
 from edgeplex.agent.fleet.routing import PeerOption
+from edgeplex.agent.oip.errors import ServeError, StaleRoute, Unavailable
 from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as cpb
 from edgeplex.proto import inference_pb2 as pb

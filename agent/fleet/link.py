@@ -34,17 +34,17 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiomqtt
 import grpc
 
 from edgeplex import __version__
-from edgeplex.agent.config import AgentSettings, FleetSettings
-from edgeplex.agent.core import Agent
+from edgeplex.agent.catalog.forms import guard_summary
 from edgeplex.agent.fleet.control_messages import ControlMessages
 from edgeplex.agent.fleet.on_demand import OnDemand
 from edgeplex.agent.fleet.reconcile import Reconciler
-from edgeplex.agent.forms import guard_summary
+from edgeplex.agent.fleet.settings import FleetSettings
 from edgeplex.agent.residency.state import Phase
 from edgeplex.artifacts import ArtifactCache, FetchPolicy
 from edgeplex.fleet import Backoff, parse_mqtt_url, presence_topic
@@ -53,6 +53,10 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.settings import state_dir
 from edgeplex.signing import TrustStore
+
+if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run time
+    from edgeplex.agent.config import AgentSettings
+    from edgeplex.agent.core import Agent
 
 log = logging.getLogger("edgeplex.agent.fleet")
 

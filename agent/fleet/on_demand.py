@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 import grpc
 from google.protobuf.message import DecodeError
 
-from edgeplex.agent.errors import ModelFailed, ModelNotFound, Unavailable
-from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.repository import scan_model
+from edgeplex.agent.catalog.repository import scan_model
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.oip.errors import ModelFailed, ModelNotFound, Unavailable
 from edgeplex.artifacts import ArtifactError
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc

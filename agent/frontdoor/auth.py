@@ -22,8 +22,8 @@ from pathlib import Path
 
 import grpc
 
-from edgeplex.agent.config import SecuritySettings
-from edgeplex.agent.errors import PermissionDenied, Unauthenticated
+from edgeplex.agent.frontdoor.settings import SecuritySettings
+from edgeplex.agent.oip.errors import PermissionDenied, Unauthenticated
 from edgeplex.durable import create_atomic, sweep_temporary
 from edgeplex.net import bearer_token, is_loopback
 from edgeplex.settings import state_dir

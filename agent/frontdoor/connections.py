@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from typing import Protocol
 
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.observability.metrics import METRICS
 
 
 class Closable(Protocol):

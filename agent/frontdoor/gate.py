@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from edgeplex.agent.errors import Overloaded
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.oip.errors import Overloaded
 
 
 class Pass:

@@ -12,22 +12,24 @@ import importlib
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from edgeplex.agent.access_log import ACCESS, REQUEST_ID, TRACEPARENT, AccessEntry
-from edgeplex.agent.core import Agent
-from edgeplex.agent.errors import Overloaded, ServeError
 from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, peer_error, via_peers
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_bytes, request_timeout_s
-from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.tensors import oip_datatype, to_raw
+from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT, AccessEntry
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.oip.errors import Overloaded, ServeError
+from edgeplex.agent.oip.tensors import oip_datatype, to_raw
 from edgeplex.proto import edgeplex_agent_pb2 as ctl
 from edgeplex.proto import edgeplex_agent_pb2_grpc as ctl_grpc
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run time
+    from edgeplex.agent.core import Agent
 
 log = logging.getLogger("edgeplex.agent.grpc")
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import grpc
 
-from edgeplex.agent.errors import InvalidInput
-from edgeplex.agent.requests import InferInput
-from edgeplex.agent.tensors import (
+from edgeplex.agent.oip.errors import InvalidInput
+from edgeplex.agent.oip.requests import InferInput
+from edgeplex.agent.oip.tensors import (
     CONTENTS_FIELD,
     OIP_TO_NUMPY,
     check_payload_cap,

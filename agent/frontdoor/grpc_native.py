@@ -46,8 +46,6 @@ from typing import Any
 
 import grpc
 
-from edgeplex.agent.door_settings import DoorSettings
-from edgeplex.agent.errors import ServeError
 from edgeplex.agent.frontdoor._nghttp2 import HTTP2Error, Session  # type: ignore[import-not-found]
 from edgeplex.agent.frontdoor.connections import ConnectionLimiter
 from edgeplex.agent.frontdoor.gate import InflightGate, Pass
@@ -62,7 +60,9 @@ from edgeplex.agent.frontdoor.grpc_wire import (
     parse_timeout,
     status_trailers,
 )
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.frontdoor.settings import DoorSettings
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.oip.errors import ServeError
 
 log = logging.getLogger("edgeplex.agent.grpc")
 

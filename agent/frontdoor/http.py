@@ -17,15 +17,11 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from ssl import SSLContext
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from edgeplex.agent import triton_metrics
-from edgeplex.agent.access_log import ACCESS, REQUEST_ID, TRACEPARENT, AccessEntry
-from edgeplex.agent.core import Agent
-from edgeplex.agent.errors import InvalidInput, Overloaded, ServeError
 from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, via_peers
 from edgeplex.agent.frontdoor import openapi
 from edgeplex.agent.frontdoor.auth import Access, Credentials
@@ -38,8 +34,14 @@ from edgeplex.agent.frontdoor.oip_body import (
     parse_infer_body,
 )
 from edgeplex.agent.frontdoor.oip_response import encode_infer_response
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.observability import triton_metrics
+from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT, AccessEntry
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.oip.errors import InvalidInput, Overloaded, ServeError
 from edgeplex.sizes import parse_size
+
+if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run time
+    from edgeplex.agent.core import Agent
 
 log = logging.getLogger("edgeplex.agent.http")
 

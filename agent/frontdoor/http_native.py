@@ -44,14 +44,14 @@ import httptools
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from edgeplex.agent.door_settings import DoorSettings
-from edgeplex.agent.errors import ServeError
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.connections import ConnectionLimiter
 from edgeplex.agent.frontdoor.gate import InflightGate, Pass
 from edgeplex.agent.frontdoor.http import Handler, Route, error_response
 from edgeplex.agent.frontdoor.oip_response import Buffer, TensorResponse
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.frontdoor.settings import DoorSettings
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.oip.errors import ServeError
 
 log = logging.getLogger("edgeplex.agent.http")
 

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from edgeplex.agent.errors import InvalidInput
-from edgeplex.agent.requests import InferInput
-from edgeplex.agent.tensors import check_payload_cap, from_list, from_raw
+from edgeplex.agent.oip.errors import InvalidInput
+from edgeplex.agent.oip.requests import InferInput
+from edgeplex.agent.oip.tensors import check_payload_cap, from_list, from_raw
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_JSON_DEPTH = 32  # object/array nesting; a tensor of rank 8 in a request needs 12

@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from edgeplex.agent.frontdoor.oip_body import HEADER_LENGTH, InferBody
-from edgeplex.agent.tensors import oip_datatype, raw_view, text_values
+from edgeplex.agent.oip.tensors import oip_datatype, raw_view, text_values
 
 Buffer = bytes | memoryview
 

@@ -15,7 +15,7 @@ import contextlib
 import time
 from pathlib import Path
 
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.observability.metrics import METRICS
 
 TICK_S = 0.05
 MEMORY_EVERY = 10  # ticks

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from edgeplex.agent.graph import GraphError, read_interface
-from edgeplex.agent.repository import ModelSource
+from edgeplex.agent.catalog.graph import GraphError, read_interface
+from edgeplex.agent.catalog.repository import ModelSource
+from edgeplex.agent.oip.tensors import TensorSpec
 from edgeplex.agent.residency.state import DEFAULT_MAX_BATCH_SIZE, ModelRecord, Phase
-from edgeplex.agent.tensors import TensorSpec
 
 UNSUPPORTED = ("BF16",)
 log = logging.getLogger("edgeplex.agent")

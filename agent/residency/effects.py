@@ -16,15 +16,16 @@ import contextlib
 import logging
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgeplex.agent.batching.batcher import Batcher
 from edgeplex.agent.batching.dispatch import make_batcher
 from edgeplex.agent.batching.policy import scale_target
-from edgeplex.agent.config import AgentSettings
-from edgeplex.agent.errors import RunnerLost, ServeError, Unavailable
-from edgeplex.agent.forms import ORIGINAL
-from edgeplex.agent.metrics import METRICS
-from edgeplex.agent.repository import ModelSource
+from edgeplex.agent.catalog.forms import ORIGINAL
+from edgeplex.agent.catalog.repository import ModelSource
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.observability.stats import ModelStats
+from edgeplex.agent.oip.errors import RunnerLost, ServeError, Unavailable
 from edgeplex.agent.residency.contract import Loaded
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.promotions import Promotions
@@ -33,7 +34,9 @@ from edgeplex.agent.residency.state import SHARED_RUNNER, ModelKey, ModelRecord,
 from edgeplex.agent.residency.variant_requests import build_variants
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.supervisor import RunnerPool
-from edgeplex.agent.stats import ModelStats
+
+if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run time
+    from edgeplex.agent.config import AgentSettings
 
 log = logging.getLogger("edgeplex.agent.residency")
 

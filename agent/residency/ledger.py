@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgeplex.agent.forms import ORIGINAL
+from edgeplex.agent.catalog.forms import ORIGINAL
 from edgeplex.agent.residency.planner import QueuedLoad, Slot, candidate
 from edgeplex.agent.residency.state import HOLDS_DEVICE, ModelKey, ModelRecord, Phase, Tier
 from edgeplex.eviction import Candidate

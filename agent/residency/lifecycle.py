@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from edgeplex.agent.errors import ModelFailed, NoRoom, Unavailable
-from edgeplex.agent.forms import ORIGINAL
-from edgeplex.agent.repository import ModelSource
+from edgeplex.agent.catalog.forms import ORIGINAL
+from edgeplex.agent.catalog.repository import ModelSource
+from edgeplex.agent.oip.errors import ModelFailed, NoRoom, Unavailable
 from edgeplex.agent.residency.contract import Effects, Limits
 from edgeplex.agent.residency.hot_set import recent_requests
 from edgeplex.agent.residency.ledger import Ledger

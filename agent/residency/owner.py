@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
-from edgeplex.agent.errors import (
+from edgeplex.agent.catalog.repository import ModelSource
+from edgeplex.agent.oip.errors import (
     ModelFailed,
     ModelNotFound,
     NoRoom,
     QueueFull,
     Unavailable,
 )
-from edgeplex.agent.repository import ModelSource
 from edgeplex.agent.residency.contract import Effects, Limits, Loaded
 from edgeplex.agent.residency.describe import describe
 from edgeplex.agent.residency.hot_set import demand, hot_set

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from edgeplex.agent.forms import ORIGINAL
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.catalog.forms import ORIGINAL
+from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.residency.state import ModelKey, ModelRecord
 from edgeplex.agent.runners import ipc
 

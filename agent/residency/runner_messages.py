@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeplex.agent.residency.state import ModelRecord
-from edgeplex.agent.runner_settings import RunnerSettings
 from edgeplex.agent.runners import ipc
+from edgeplex.agent.runners.settings import RunnerSettings
 
 ARENAS = {"same_as_requested": "kSameAsRequested", "next_power_of_two": "kNextPowerOfTwo"}
 

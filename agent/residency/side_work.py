@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from edgeplex.agent.forms import ORIGINAL, VariantReport
+from edgeplex.agent.catalog.forms import ORIGINAL, VariantReport
 from edgeplex.agent.residency.contract import Effects, Loaded
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.lifecycle import CALM_S, Lifecycle

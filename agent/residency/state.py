@@ -32,10 +32,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from edgeplex.agent.config import ModelConfig
-from edgeplex.agent.forms import ORIGINAL, VariantReport
-from edgeplex.agent.repository import ModelSource
-from edgeplex.agent.tensors import TensorSpec
+from edgeplex.agent.catalog.forms import ORIGINAL, VariantReport
+from edgeplex.agent.catalog.model_config import ModelConfig
+from edgeplex.agent.catalog.repository import ModelSource
+from edgeplex.agent.oip.tensors import TensorSpec
 
 if TYPE_CHECKING:  # tickets.py imports this module
     from edgeplex.agent.residency.tickets import Ticket

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from edgeplex.agent.errors import ServeError
+from edgeplex.agent.oip.errors import ServeError
 from edgeplex.agent.residency.state import ModelKey
 
 

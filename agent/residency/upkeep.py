@@ -7,7 +7,7 @@ The owner applies what they return; nothing here writes a record.
 
 from __future__ import annotations
 
-from edgeplex.agent.errors import NoRoom, Overloaded, ServeError
+from edgeplex.agent.oip.errors import NoRoom, Overloaded, ServeError
 from edgeplex.agent.residency.contract import Limits
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.planner import Slot, movable, victims_for

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from edgeplex.agent.config import AgentSettings
-from edgeplex.agent.errors import RunnerLost, ServeError
-from edgeplex.agent.forms import VariantReport
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.catalog.forms import VariantReport
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.oip.errors import RunnerLost, ServeError
 from edgeplex.agent.residency.state import SHARED_RUNNER, ModelRecord
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.supervisor import RunnerPool
+
+if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run time
+    from edgeplex.agent.config import AgentSettings
 
 log = logging.getLogger("edgeplex.agent.residency")
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 
-from edgeplex.agent.errors import InvalidInput
+from edgeplex.agent.oip.errors import InvalidInput
+from edgeplex.agent.oip.tensors import BYTES, byte_view, decode_bytes, encode_bytes
 from edgeplex.agent.runners.ipc import (
     FRAME_HEAD,
     MAX_HEADER_BYTES,
@@ -29,7 +30,6 @@ from edgeplex.agent.runners.ipc import (
     ProtocolError,
     message_from_header,
 )
-from edgeplex.agent.tensors import BYTES, byte_view, decode_bytes, encode_bytes
 
 if TYPE_CHECKING:
     from edgeplex.agent.runners.idle_spin import IdleSpin

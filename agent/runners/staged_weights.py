@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from edgeplex.agent import graph
+from edgeplex.agent.catalog import graph
 from edgeplex.agent.runners import ipc
 
 log = logging.getLogger("edgeplex.runner")

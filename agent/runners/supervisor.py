@@ -31,14 +31,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from edgeplex.agent.config import RunnerSettings
-from edgeplex.agent.errors import RunnerLost, Unavailable
-from edgeplex.agent.metrics import METRICS
+from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.oip.errors import RunnerLost, Unavailable
 from edgeplex.agent.runners import ipc, leftovers, shm
 from edgeplex.agent.runners.awake import AwakeWaits
 from edgeplex.agent.runners.connection import RunnerConnection, drop
 from edgeplex.agent.runners.limits import MemoryLimiter
 from edgeplex.agent.runners.sandbox import ON
+from edgeplex.agent.runners.settings import RunnerSettings
 from edgeplex.agent.runners.view import RunnerView
 from edgeplex.agent.runners.zygote_client import ZygoteClient
 

@@ -1,19 +1,19 @@
 """Quantized variants built in a runner, on its stager thread: each form of a
-model converted and checked against the original (agent/variants.py), with a
+model converted and checked against the original (agent/runners/variants.py), with a
 report per form. A form that cannot be built is reported with why, not raised."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from edgeplex.agent.forms import Calibration, VariantGuard, VariantReport
+from edgeplex.agent.catalog.forms import Calibration, VariantGuard, VariantReport
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.sessions import scrub
 
 
 def build_variants(request: ipc.BuildVariants) -> ipc.Message:
     try:
-        from edgeplex.agent import variants
+        from edgeplex.agent.runners import variants
     except ImportError as exc:
         message = f"variants need the onnx package (pip install edgeplex[variants]): {exc}"
         return ipc.Failure(request.req_id, "internal", message)

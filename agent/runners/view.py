@@ -10,9 +10,12 @@ import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from edgeplex.agent.config import AgentSettings
 from edgeplex.settings import state_dir
+
+if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run time
+    from edgeplex.agent.config import AgentSettings
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from edgeplex.agent.errors import Unavailable
+from edgeplex.agent.oip.errors import Unavailable
 from edgeplex.agent.runners import framing, ipc
 
 log = logging.getLogger("edgeplex.agent.runners")

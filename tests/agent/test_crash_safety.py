@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.agent.fleet.reconcile import Reconciler
 from edgeplex.agent.runners.leftovers import sweep
 from edgeplex.agent.runners.shm import shm_dir
@@ -145,8 +145,8 @@ def test_names_and_versions_that_would_leave_the_repository_are_refused(tmp_path
 
 
 def test_a_repository_scan_takes_only_versions_that_are_numbers(tmp_path: Path) -> None:
+    from edgeplex.agent.catalog.repository import scan_versions
     from edgeplex.agent.config import ModelConfig
-    from edgeplex.agent.repository import scan_versions
 
     repo = tmp_path / "repo"
     demo.make_mlp(repo / "m", width=64, layers=2, in_width=64)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from tests.conftest import start_agent
 from tests.support.agent import status
 from tests.support.oip import inputs_for

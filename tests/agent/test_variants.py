@@ -15,9 +15,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edgeplex.agent import demo
-from edgeplex.agent.forms import Calibration, VariantGuard
-from edgeplex.agent.variants import build_variant, output_figures, sha256_of
+from edgeplex.agent.catalog import demo
+from edgeplex.agent.catalog.forms import Calibration, VariantGuard
+from edgeplex.agent.runners.variants import build_variant, output_figures, sha256_of
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
 from tests.conftest import AUTH, CACHE, start_agent

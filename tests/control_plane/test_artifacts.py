@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.artifacts import (
     ArtifactCache,
     ArtifactError,

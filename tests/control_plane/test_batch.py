@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.artifacts import sha256_of
 from edgeplex.control_plane.batch import SiteLoad, is_night, make_job, pick_site
 from edgeplex.proto import edgeplex_control_pb2 as pb

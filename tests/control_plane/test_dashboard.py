@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.artifacts import sha256_of
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc

@@ -28,7 +28,7 @@ import pytest
 import redis
 import tritonclient.grpc as triton
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.artifacts import sha256_of
 from edgeplex.fleet import parse_mqtt_url, presence_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb

@@ -25,7 +25,7 @@ import redis
 import tritonclient.http as triton_http
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.fleet import desired_topic, parse_mqtt_url, routes_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc

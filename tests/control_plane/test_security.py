@@ -161,7 +161,7 @@ def test_agents_serve_tls_and_forward_to_peers_over_it(pki: Path, tmp_path: Path
     import ssl
     import urllib.request
 
-    from edgeplex.agent import demo
+    from edgeplex.agent.catalog import demo
     from tests.support.fleet import Fleet, agent_tier
 
     r, m = RedisServer(tmp_path), Mosquitto(tmp_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.artifacts import sha256_of
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc

@@ -9,8 +9,8 @@ import pytest
 
 from edgeplex.agent.batching.batcher import Batcher
 from edgeplex.agent.batching.policy import Request, batch_key
-from edgeplex.agent.errors import InferenceFailed, QueueFull, RunnerLost, Unavailable
-from edgeplex.agent.stats import ModelStats
+from edgeplex.agent.observability.stats import ModelStats
+from edgeplex.agent.oip.errors import InferenceFailed, QueueFull, RunnerLost, Unavailable
 
 
 def make_request(

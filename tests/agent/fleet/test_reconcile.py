@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edgeplex.agent.catalog.model_config import ModelConfig, load_model_config
 from edgeplex.agent.fleet.reconcile import Reconciler
-from edgeplex.agent.model_config import ModelConfig, load_model_config
 from edgeplex.artifacts import ANYWHERE, ArtifactCache
 from edgeplex.proto import edgeplex_control_pb2 as pb
 

@@ -15,10 +15,10 @@ import grpc
 import pytest
 from aiohttp import web
 
-from edgeplex.agent.errors import NotHere
 from edgeplex.agent.fleet.forward import SERVED_BY, Peer, Router, via_peers
 from edgeplex.agent.frontdoor.grpc import _serve_errors
 from edgeplex.agent.frontdoor.http import error_response
+from edgeplex.agent.oip.errors import NotHere
 from edgeplex.proto import edgeplex_control_pb2 as cpb
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc

@@ -11,9 +11,9 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
-from edgeplex.agent.errors import InvalidInput
+from edgeplex.agent.oip.errors import InvalidInput
+from edgeplex.agent.oip.tensors import decode_bytes, encode_bytes, from_list
 from edgeplex.agent.runners import framing
-from edgeplex.agent.tensors import decode_bytes, encode_bytes, from_list
 from tests.conftest import start_agent
 
 WORDS = np.array([["héllo", "wörld", ""], ["a", "bb", "ccc"]], dtype=object)

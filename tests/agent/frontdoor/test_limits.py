@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from edgeplex.agent.door_settings import DoorSettings
-from edgeplex.agent.errors import InvalidInput, Overloaded
 from edgeplex.agent.frontdoor.connections import ConnectionLimiter
 from edgeplex.agent.frontdoor.gate import InflightGate
 from edgeplex.agent.frontdoor.oip_body import MAX_JSON_DEPTH, json_depth, load_json
+from edgeplex.agent.frontdoor.settings import DoorSettings
+from edgeplex.agent.oip.errors import InvalidInput, Overloaded
 from tests.conftest import start_agent
 from tests.support.http1 import closed, read_response
 

@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from tests.conftest import start_agent
 from tests.support.agent import post, status
 from tests.support.load import binary_body, closed_loop

@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from tests.conftest import ADMIN_TOKEN, start_agent
 from tests.support.agent import infer_http, memory, post, status
 from tests.support.oip import inputs_for

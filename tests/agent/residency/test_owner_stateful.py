@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
+from edgeplex.agent.catalog.forms import VariantReport
+from edgeplex.agent.catalog.repository import scan_repository
 from edgeplex.agent.config import ModelConfig
-from edgeplex.agent.errors import ModelFailed, ServeError
-from edgeplex.agent.forms import VariantReport
-from edgeplex.agent.repository import scan_repository
+from edgeplex.agent.oip.errors import ModelFailed, ServeError
 from edgeplex.agent.residency.contract import Limits, Loaded
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.state import (

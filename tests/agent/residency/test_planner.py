@@ -114,7 +114,7 @@ def test_a_staged_models_promotion_is_estimated_from_the_sites_rate() -> None:
     any peer, however far)."""
     from pathlib import Path
 
-    from edgeplex.agent.repository import ModelSource
+    from edgeplex.agent.catalog.repository import ModelSource
     from edgeplex.agent.residency.ledger import Ledger
     from edgeplex.agent.residency.state import ModelRecord
 

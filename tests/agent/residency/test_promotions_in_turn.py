@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from tests.conftest import start_agent
 
 pytestmark = pytest.mark.slow

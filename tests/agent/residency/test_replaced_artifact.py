@@ -10,7 +10,7 @@ import urllib.request
 
 import numpy as np
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from tests.conftest import AUTH, start_agent
 
 

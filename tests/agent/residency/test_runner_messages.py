@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgeplex.agent.model_config import ModelConfig
-from edgeplex.agent.repository import ModelSource
+from edgeplex.agent.catalog.model_config import ModelConfig
+from edgeplex.agent.catalog.repository import ModelSource
 from edgeplex.agent.residency.runner_messages import load_message, stage_message, staged_dir
 from edgeplex.agent.residency.state import ModelKey, ModelRecord
-from edgeplex.agent.runner_settings import RunnerSettings
+from edgeplex.agent.runners.settings import RunnerSettings
 
 
 def record(**config: object) -> ModelRecord:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from tests.conftest import start_agent
 from tests.support.agent import infer_http, status
 

@@ -10,7 +10,7 @@ import time
 import onnxruntime as ort
 import pytest
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from tests.conftest import start_agent
 from tests.support.agent import infer_http, status
 

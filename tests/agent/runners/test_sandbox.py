@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.runners import framing, ipc, sandbox
 from edgeplex.agent.runners.view import runner_view

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from edgeplex.agent import demo, graph
+from edgeplex.agent.catalog import demo, graph
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.sessions import STAGED_MODEL, STAGED_WEIGHTS, stage_model
 from edgeplex.agent.runners.shared_graphs import SharedGraphs, WithWeights, session_for

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
 from edgeplex.agent.runners import framing, ipc, shm
 from tests.conftest import start_agent
 from tests.support.oip import inputs_for

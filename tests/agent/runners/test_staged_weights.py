@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from edgeplex.agent import demo, graph
+from edgeplex.agent.catalog import demo, graph
 from edgeplex.agent.runners.sessions import STAGED_MODEL, STAGED_WEIGHTS, stage_model
 from edgeplex.agent.runners.staged_weights import StagedWeights, Unusable, WeightMaps
 from tests.support.sessions import options

@@ -1,5 +1,5 @@
 """A model's forms: the one it ships as, and the quantized variants edgeplex may build
-of it (agent/variants.py builds them; residency chooses among them)."""
+of it (agent/runners/variants.py builds them; residency chooses among them)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from edgeplex.agent.tracing import Spans
+    from edgeplex.agent.observability.tracing import Spans
 
 log = logging.getLogger("edgeplex.access")
 

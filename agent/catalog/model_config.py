@@ -8,7 +8,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from edgeplex.agent.forms import Calibration, Form, VariantGuard
+from edgeplex.agent.catalog.forms import Calibration, Form, VariantGuard
 from edgeplex.sizes import parse_size
 
 

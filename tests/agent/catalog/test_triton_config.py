@@ -12,10 +12,10 @@ import pytest
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
-from edgeplex.agent import demo
+from edgeplex.agent.catalog import demo
+from edgeplex.agent.catalog.repository import scan_model
+from edgeplex.agent.catalog.triton_config import PbtxtError, parse_pbtxt, read_triton_config
 from edgeplex.agent.config import ModelConfig
-from edgeplex.agent.repository import scan_model
-from edgeplex.agent.triton_config import PbtxtError, parse_pbtxt, read_triton_config
 from tests.conftest import start_agent
 
 TRITON_ADD_SUB = """

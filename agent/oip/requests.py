@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgeplex.agent.errors import InvalidInput
+from edgeplex.agent.oip.errors import InvalidInput
+from edgeplex.agent.oip.tensors import check_against_spec
 from edgeplex.agent.residency.state import ModelRecord
-from edgeplex.agent.tensors import check_against_spec
 
 
 @dataclass

@@ -12,7 +12,7 @@ from math import prod
 
 import numpy as np
 
-from edgeplex.agent.errors import InvalidInput
+from edgeplex.agent.oip.errors import InvalidInput
 
 # OIP datatype -> numpy dtype (little-endian, as the protocol requires).
 OIP_TO_NUMPY: dict[str, np.dtype] = {

@@ -41,7 +41,7 @@ import onnx
 import onnx.version_converter
 import onnxruntime as ort
 
-from edgeplex.agent.forms import Calibration, VariantGuard, VariantReport
+from edgeplex.agent.catalog.forms import Calibration, VariantGuard, VariantReport
 
 _NUMPY = {
     "tensor(float)": np.float32,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from edgeplex.agent.stats import ModelStats
+from edgeplex.agent.observability.stats import ModelStats
 
 # (name, help, value of a model's statistics)
 _COUNTERS = (

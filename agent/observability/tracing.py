@@ -15,9 +15,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from edgeplex.agent.access_log import AccessEntry
+    from edgeplex.agent.observability.access_log import AccessEntry
 
-log = logging.getLogger("edgeplex.agent.tracing")
+log = logging.getLogger("edgeplex.agent.observability.tracing")
 
 
 class Spans:

@@ -1,4 +1,5 @@
-"""The limits of the agent's network doors: deadlines, caps and flood defences.
+"""The settings of the agent's network doors: their limits (deadlines, caps and
+flood defences, `doors.*`) and who may use them (`security.*`).
 
 Every default is one a public edge can run with; nginx's and Envoy's served as
 the reference (docs/security.md, "Denial of service", says when to change
@@ -8,9 +9,10 @@ apply what their libraries offer (named per field).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from edgeplex.sizes import KiB, MiB, parse_size
 
@@ -169,3 +171,36 @@ class DoorSettings(BaseModel):
     @classmethod
     def _size(cls, value: Any) -> Any:
         return parse_size(value)
+
+
+class SecuritySettings(BaseModel):
+    """Who may command this agent, and how its ports are exposed (docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token of the mutating verbs (repository load and unload, pin, "
+        "unpin, demote; HTTP and gRPC). Unset: read from admin_token_file, generated there "
+        "at first start.",
+    )
+    admin_token_file: Path | None = Field(
+        default=None,
+        description="Where the generated admin token lives (mode 0600). Unset: "
+        "`admin-token` in the state directory ($STATE_DIRECTORY under systemd, else "
+        "$XDG_STATE_HOME/edgeplex or ~/.local/state/edgeplex).",
+    )
+    inference_api_key: SecretStr | None = Field(
+        default=None,
+        description="If set, inference and model routes need `Authorization: Bearer <key>` "
+        "too (health, metadata and /metrics stay open).",
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="PEM certificate of both OIP ports; set: they serve TLS."
+    )
+    tls_key: Path | None = Field(default=None, description="PEM key of tls_cert.")
+    insecure: bool = Field(
+        default=False,
+        description="Allow binding a non-loopback address without TLS (a private network "
+        "or a test rig). Without it such a bind is refused at start.",
+    )

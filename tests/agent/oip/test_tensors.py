@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeplex.agent.errors import InvalidInput
-from edgeplex.agent.tensors import (
+from edgeplex.agent.oip.errors import InvalidInput
+from edgeplex.agent.oip.tensors import (
     OIP_TO_NUMPY,
     TensorSpec,
     check_against_spec,

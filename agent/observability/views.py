@@ -3,13 +3,15 @@ model's forms (the variant serving, each variant's guard figures)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edgeplex.agent.config import AgentSettings
-from edgeplex.agent.forms import report_dict
+from edgeplex.agent.catalog.forms import report_dict
 from edgeplex.agent.residency.effects import RunnerEffects
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.state import ModelRecord, Phase
+
+if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run time
+    from edgeplex.agent.config import AgentSettings
 
 
 def status(residency: Residency, effects: RunnerEffects) -> list[dict[str, Any]]:

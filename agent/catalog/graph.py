@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from edgeplex.agent.tensors import TensorSpec
+from edgeplex.agent.oip.tensors import TensorSpec
 
 # TensorProto.DataType -> OIP datatype (onnx.proto3).
 ONNX_TO_OIP = {

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgeplex.agent.config import ModelConfig, load_model_config
-from edgeplex.agent.triton_config import PBTXT_FILE, DeclaredTensor, read_triton_config
+from edgeplex.agent.catalog.model_config import ModelConfig, load_model_config
+from edgeplex.agent.catalog.triton_config import PBTXT_FILE, DeclaredTensor, read_triton_config
 from edgeplex.names import valid_name, valid_version
 
 MODEL_FILE = "model.onnx"

@@ -1,0 +1,2 @@
+"""The Open Inference Protocol's requests, tensors and errors, shared by every part
+of the agent."""
