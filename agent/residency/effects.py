@@ -33,7 +33,7 @@ from edgeplex.agent.residency.runner_messages import load_message, stage_message
 from edgeplex.agent.residency.state import SHARED_RUNNER, ModelKey, ModelRecord, Phase
 from edgeplex.agent.residency.variant_requests import build_variants
 from edgeplex.agent.runners import ipc
-from edgeplex.agent.runners.supervisor import RunnerPool
+from edgeplex.agent.runners.supervisor import RunnerPool, RunnerState
 
 if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run time
     from edgeplex.agent.config import AgentSettings
@@ -82,7 +82,7 @@ class RunnerEffects:
 
     def runner_pid(self, record: ModelRecord) -> int | None:
         runner = self._pool.get(record.runner_id)
-        return runner.pid if runner.state == "ready" else None
+        return runner.pid if runner.state == RunnerState.READY else None
 
     def limit_mechanism(self) -> str:
         return self._pool.limiter.mechanism
@@ -96,7 +96,8 @@ class RunnerEffects:
     def runners_can_serve(self) -> bool:
         """False while every runner that was started is down (restarting)."""
         runners = self._pool.runners()
-        return not runners or any(r.state in ("ready", "stopped") for r in runners)
+        serving = (RunnerState.READY, RunnerState.STOPPED)
+        return not runners or any(r.state in serving for r in runners)
 
     def disk_bytes(self, records: list[ModelRecord]) -> int:
         total = 0
@@ -110,7 +111,7 @@ class RunnerEffects:
     def load(self, record: ModelRecord, generation: int, fast: bool) -> None:
         runner = self._pool.get(record.runner_id)
         sent = None
-        if runner.state == "ready":  # (a memory limit applies when a runner starts)
+        if runner.state == RunnerState.READY:  # (a memory limit applies when a runner starts)
             # Written in this step: the load does not wait for its task to start.
             with contextlib.suppress(RunnerLost):
                 sent = runner.send(self._load_message(record, record.form, fast))
@@ -257,7 +258,7 @@ class RunnerEffects:
         closing = Unavailable(f"model '{record.name}' is unloading")
         if queue is not None:  # empty: the model had no leases left
             await queue.close(closing, drain=True)
-        if runner.state == "ready":
+        if runner.state == RunnerState.READY:
             with contextlib.suppress(RunnerLost, TimeoutError):
                 await asyncio.wait_for(runner.call(unload), 30)
         if record.runner_id != SHARED_RUNNER:
@@ -272,7 +273,7 @@ class RunnerEffects:
         model's next promotion (under over-commit a model comes and goes many times a
         second)."""
         runner = self._pool.get(record.runner_id)
-        if runner.state != "ready":
+        if runner.state != RunnerState.READY:
             self._spawn(self._unload(record, generation))
             return
         owner = self.owner

@@ -5,11 +5,15 @@ and every RunnerProcess; the model table (models.py) is told about runners
 going down and coming back through the two callbacks it passes in, and never
 touches processes itself.
 
-A RunnerProcess is a small state machine:
+A RunnerProcess is a small state machine (RunnerState, its moves in TRANSITIONS):
 
-    stopped --ensure_ready--> starting --hello--> ready --EOF--> restarting
-       ^                          |                                   |
-       +------ closed <-- stop ---+----------- backoff ---------------+
+    stopped --ensure_ready--> starting --hello--> ready --lost--> restarting
+                                                    ^                 |
+                                                    +-- backoff, hello+
+    any state --stop/retire--> closed (final)
+
+A start that fails stays where it is (starting, restarting) and retries after a
+backoff.
 
 Callers never check-then-act: they `await ensure_ready()` and `await call()`
 (or `send()`, which writes the frame before it returns and hands back the
@@ -29,6 +33,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 
 from edgeplex.agent.observability.metrics import METRICS
@@ -43,6 +48,24 @@ from edgeplex.agent.runners.view import RunnerView
 from edgeplex.agent.runners.zygote_client import ZygoteClient
 
 log = logging.getLogger("edgeplex.agent.runners")
+
+
+class RunnerState(StrEnum):
+    STOPPED = "stopped"  # never started
+    STARTING = "starting"  # spawned (or retrying), its Hello awaited
+    READY = "ready"  # serving
+    RESTARTING = "restarting"  # lost; a new process is on its way, after a backoff
+    CLOSED = "closed"  # the agent is stopping, or no model needs it any more
+
+
+# Every move a runner makes; anything else is a bug (RunnerProcess._enter raises).
+TRANSITIONS: dict[RunnerState, frozenset[RunnerState]] = {
+    RunnerState.STOPPED: frozenset({RunnerState.STARTING, RunnerState.CLOSED}),
+    RunnerState.STARTING: frozenset({RunnerState.READY, RunnerState.CLOSED}),
+    RunnerState.READY: frozenset({RunnerState.RESTARTING, RunnerState.CLOSED}),
+    RunnerState.RESTARTING: frozenset({RunnerState.READY, RunnerState.CLOSED}),
+    RunnerState.CLOSED: frozenset(),
+}
 HELLO_TIMEOUT_S = 10.0  # a connection on the runners' socket must say who it is by then
 
 
@@ -51,7 +74,7 @@ class RunnerProcess:
 
     def __init__(self, runner_id: str, pool: RunnerPool) -> None:
         self.runner_id = runner_id
-        self.state = "stopped"
+        self.state = RunnerState.STOPPED
         self.pid: int | None = None
         self.restarts = 0
         self._pool = pool
@@ -71,10 +94,10 @@ class RunnerProcess:
 
     async def ensure_ready(self) -> None:
         """Start the runner if it is stopped and wait until it serves."""
-        if self.state == "closed":
+        if self.state == RunnerState.CLOSED:
             raise Unavailable("the agent is shutting down")
-        if self.state == "stopped":
-            self.state = "starting"
+        if self.state == RunnerState.STOPPED:
+            self._enter(RunnerState.STARTING)
             self._task = asyncio.create_task(self._start_loop(0.0), name=f"start-{self.runner_id}")
         await self._ready.wait()
 
@@ -98,7 +121,7 @@ class RunnerProcess:
     ) -> asyncio.Future[tuple[ipc.Message, memoryview]]:
         """Write a request carrying `req_id` now; the future resolves with its reply, or
         RunnerLost if the runner dies first. Raises RunnerLost if it is not serving."""
-        if self.state != "ready":
+        if self.state != RunnerState.READY:
             raise RunnerLost(self.runner_id)
         return self._send(message, buffers)
 
@@ -127,13 +150,14 @@ class RunnerProcess:
     def abandon(self, reason: str) -> None:
         """The runner is hung: kill it and treat it as lost now, before its connection
         closes, so no batch is sent to it in between (the model pauses at once)."""
-        if self.state != "ready":
+        if self.state != RunnerState.READY:
             return
         self.kill()
         self._lost(reason)
 
     async def stop(self) -> None:
-        self.state = "closed"
+        if self.state != RunnerState.CLOSED:
+            self._enter(RunnerState.CLOSED)
         if self._task is not None:
             self._task.cancel()
         self._detach()
@@ -181,9 +205,14 @@ class RunnerProcess:
 
     # --- internals ------------------------------------------------------------------------
 
+    def _enter(self, state: RunnerState) -> None:
+        if state not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"runner {self.runner_id}: {self.state} -> {state} is not a move")
+        self.state = state
+
     async def _start_loop(self, delay: float) -> None:
         settings = self._pool.settings
-        while self.state != "closed":
+        while self.state != RunnerState.CLOSED:
             if delay:
                 await asyncio.sleep(delay)
             try:
@@ -212,7 +241,7 @@ class RunnerProcess:
             self._detach()
             raise RunnerLost(f"runner did not start: {exc or type(exc).__name__}") from None
         self._channel = channel
-        self.state = "ready"
+        self._enter(RunnerState.READY)
         self._started_at = time.monotonic()
         self._ready.set()
         log.info("runner %s ready (pid %d)", self.runner_id, self.pid)
@@ -259,7 +288,7 @@ class RunnerProcess:
             future.set_result((message, payload))
 
     def _on_lost(self, reason: str) -> None:
-        if self.state == "ready":
+        if self.state == RunnerState.READY:
             self._lost(reason)
         else:  # while starting: the start fails (its calls raise RunnerLost)
             self._fail_pending()
@@ -272,7 +301,7 @@ class RunnerProcess:
             METRICS.runner_oom_kills.labels(runner=self.runner_id).inc()
         self.last_loss = reason
         log.error("runner %s (pid %s) lost: %s", self.runner_id, self.pid, reason)
-        self.state = "restarting"
+        self._enter(RunnerState.RESTARTING)
         self._ready.clear()
         self._detach()
         self._close_channel()
