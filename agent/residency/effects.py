@@ -30,7 +30,7 @@ from edgeplex.agent.residency.contract import Loaded
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.promotions import Promotions
 from edgeplex.agent.residency.runner_messages import load_message, stage_message, staged_dir
-from edgeplex.agent.residency.state import SHARED_RUNNER, ModelKey, ModelRecord, Phase
+from edgeplex.agent.residency.state import SHARED_RUNNER, Chore, ModelKey, ModelRecord, Phase
 from edgeplex.agent.residency.variant_requests import build_variants
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.supervisor import RunnerPool, RunnerState
@@ -181,7 +181,7 @@ class RunnerEffects:
         )
         if target == queue.instances or (target > queue.instances and not room):
             return
-        record.side_work = "scale"
+        record.chore = Chore.SCALE
         self._spawn(self._scale(record, queue, target))
 
     def build_variants(self, record: ModelRecord, forms: list[str]) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from edgeplex.agent.catalog.forms import ORIGINAL
 from edgeplex.agent.residency.planner import QueuedLoad, Slot, candidate
-from edgeplex.agent.residency.state import HOLDS_DEVICE, ModelKey, ModelRecord, Phase, Tier
+from edgeplex.agent.residency.state import HOLDS_DEVICE, Chore, ModelKey, ModelRecord, Phase, Tier
 from edgeplex.eviction import Candidate
 
 
@@ -188,14 +188,14 @@ class Ledger:
             frequency=record.usage.frequency,
             credit=record.usage.credit,
             promote_s=record.usage.promote_s + record.usage.setup_s,
-            leaving=record.device_bytes if record.side_work == "reform" else 0,
+            leaving=record.device_bytes if record.chore == Chore.REFORM else 0,
             **self._smaller(record),
         )
 
     @staticmethod
     def _smaller(record: ModelRecord) -> dict[str, Any]:
         """A serving original's smaller usable variant, for the planner to swap to."""
-        if not record.variants or record.phase != Phase.READY or record.form or record.side_work:
+        if not record.variants or record.phase != Phase.READY or record.form or record.chore:
             return {}
         form = record.smaller_form()
         if form is None:

@@ -18,7 +18,7 @@ from edgeplex.agent.residency.contract import Effects, Limits
 from edgeplex.agent.residency.hot_set import recent_requests
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.planner import plan_room, victims_for
-from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase
+from edgeplex.agent.residency.state import Chore, Intent, ModelKey, ModelRecord, Phase
 from edgeplex.agent.residency.upkeep import budget_cut, host_budget_drops
 from edgeplex.eviction import EvictionPolicy
 
@@ -120,11 +120,11 @@ class Lifecycle:
             # Still on its way out: reloaded for the requests it owes, then it drains;
             # those that arrived meanwhile bring it back after that.
             record.intent = Intent.STAGED
-        if record.side_work.startswith("prepack") or record.side_work == "reform":
+        if record.chore.prepacking or record.chore == Chore.REFORM:
             record.reserved_bytes = 0  # the transient copy died with the runner
         record.reserved_bytes = max(record.device_bytes, record.reserved_bytes)
         record.device_bytes = 0
-        record.side_work = ""
+        record.chore = Chore.NONE
         record.generation += 1
         record.enter(Phase.RECOVERING)
         record.reason = f"runner restarting{because}"
@@ -133,7 +133,7 @@ class Lifecycle:
     def swap(self, record: ModelRecord, form: str) -> None:
         """Move a serving model to `form` in place: the runner builds the new session
         beside the old one, so both are held until the swap (`SideWork.reformed`)."""
-        record.side_work = "reform"
+        record.chore = Chore.REFORM
         record.reserved_bytes = record.device_bytes + record.estimate_bytes(form)
         self._effects.reform(record, record.generation, form)
 
@@ -264,14 +264,14 @@ class Lifecycle:
                     victim = self._ledger.by_key[slot.key]
                     victim.intent = Intent.STAGED
                     self.retreat(victim)
-        record.side_work = "prepack-wait"
+        record.chore = Chore.PREPACK_WAIT
         record.reserved_bytes = record.device_bytes + need
 
     def start_upgrades(self) -> None:
         budget = self.limits.device_budget
         for record in self._ledger.all_records():
-            if record.side_work != "prepack-wait":
+            if record.chore != Chore.PREPACK_WAIT:
                 continue
             if budget is None or self._ledger.device_bytes() <= budget:
-                record.side_work = "prepack"
+                record.chore = Chore.PREPACK
                 self._effects.prepack(record, record.generation)

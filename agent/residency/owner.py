@@ -32,7 +32,7 @@ from edgeplex.agent.residency.hot_set import demand, hot_set
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.lifecycle import Lifecycle
 from edgeplex.agent.residency.side_work import SideWork
-from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase, Tier
+from edgeplex.agent.residency.state import Chore, Intent, ModelKey, ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
 from edgeplex.agent.residency.upkeep import (
     may_stage,
@@ -260,7 +260,7 @@ class Residency:
             return bool(record and record.staged_bytes)
         if not may_stage(record, self.ledger, self.limits):
             return False
-        record.side_work = "stage"
+        record.chore = Chore.STAGE
         self._effects.stage(record)
         return True
 
@@ -376,7 +376,7 @@ class Residency:
         budget = self.limits.device_budget
         room = budget is None or self.device_bytes() < 0.95 * budget
         for record in self.ledger.by_key.values():
-            ready = record.phase == Phase.READY and not record.side_work
+            ready = record.phase == Phase.READY and not record.chore
             if ready and record.config.max_instances is not None:
                 self._effects.autoscale(record, room)
         hot = hot_set(demand(self.ledger.all_records(), now), budget, self.limits.hot_share)

@@ -22,7 +22,7 @@ from edgeplex.agent.catalog.forms import ORIGINAL, VariantReport
 from edgeplex.agent.residency.contract import Effects, Loaded
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.lifecycle import CALM_S, Lifecycle
-from edgeplex.agent.residency.state import Intent, ModelKey, ModelRecord, Phase
+from edgeplex.agent.residency.state import Chore, Intent, ModelKey, ModelRecord, Phase
 
 
 class SideWork:
@@ -41,7 +41,7 @@ class SideWork:
         record = self._ledger.by_key.get(key)
         if record is None:
             return
-        record.side_work = ""
+        record.chore = Chore.NONE
         if form:
             record.staged_variant_bytes = max(record.staged_variant_bytes, staged_bytes)
         elif staged_bytes and record.phase not in (Phase.READY, Phase.DRAINING):
@@ -53,7 +53,7 @@ class SideWork:
         record = self._ledger.by_key.get(key)
         if record is None:
             return
-        record.side_work = ""
+        record.chore = Chore.NONE
         if record.generation != generation or record.phase != Phase.READY:
             return
         record.reserved_bytes = 0  # the transient copy is gone
@@ -64,8 +64,8 @@ class SideWork:
 
     def scaled(self, key: ModelKey) -> None:
         record = self._ledger.by_key.get(key)
-        if record is not None and record.side_work == "scale":
-            record.side_work = ""
+        if record is not None and record.chore == Chore.SCALE:
+            record.chore = Chore.NONE
 
     # --- variants -------------------------------------------------------------------------
 
@@ -87,16 +87,16 @@ class SideWork:
             missing: list[str] = [f for f in config.variants if f not in record.variants]
             if not missing:
                 self._wanting.discard(key)
-            elif not record.side_work and record.phase != Phase.FAILED:
-                record.side_work = "variants"
+            elif not record.chore and record.phase != Phase.FAILED:
+                record.chore = Chore.VARIANTS
                 self._effects.build_variants(record, missing)
 
     def variants_built(self, key: ModelKey, digest: str, reports: list[VariantReport]) -> None:
         record = self._ledger.by_key.get(key)
         if record is None:
             return
-        if record.side_work == "variants":
-            record.side_work = ""
+        if record.chore == Chore.VARIANTS:
+            record.chore = Chore.NONE
         if record.source.digest != digest:  # replaced meanwhile: the tick builds anew
             record.variants.clear()
             return
@@ -109,8 +109,8 @@ class SideWork:
         """Stage the variant a model would load as, like its original, so that a load
         as the variant is a staged promotion; once, when no other side work runs."""
         smaller = record.smaller_form()
-        if smaller and not record.staged_variant_bytes and not record.side_work:
-            record.side_work = "stage"
+        if smaller and not record.staged_variant_bytes and not record.chore:
+            record.chore = Chore.STAGE
             self._effects.stage(record, smaller)
 
     # --- forms ----------------------------------------------------------------------------
@@ -122,12 +122,12 @@ class SideWork:
         if now - self._life.pressed_at < CALM_S or self._ledger.queued():
             return
         records = self._ledger.all_records()
-        if any(r.side_work == "reform" for r in records):
+        if any(r.chore == Chore.REFORM for r in records):
             return
         waiting = [
             r
             for r in records
-            if r.phase == Phase.READY and r.form and not r.side_work and r.intent == Intent.NONE
+            if r.phase == Phase.READY and r.form and not r.chore and r.intent == Intent.NONE
         ]
         budget = self._life.limits.device_budget
         for record in sorted(waiting, key=lambda r: -r.usage.frequency):
@@ -141,8 +141,8 @@ class SideWork:
         record = self._ledger.by_key.get(key)
         if record is None:
             return
-        if record.side_work == "reform":
-            record.side_work = ""
+        if record.chore == Chore.REFORM:
+            record.chore = Chore.NONE
         if record.generation == generation and record.phase == Phase.READY:
             record.reserved_bytes = 0  # the old session is gone, or the new one never came
             if loaded is not None:

@@ -87,6 +87,23 @@ class Intent(StrEnum):
     RETIRE = "retire"  # an older version: drop it entirely once drained
 
 
+class Chore(StrEnum):
+    """Background work in flight on a model beside its phase (one at a time); NONE is
+    falsy, so `not record.chore` reads "nothing in flight"."""
+
+    NONE = ""
+    STAGE = "stage"  # a staged copy being written (or a variant's)
+    SCALE = "scale"  # its instances being changed
+    PREPACK_WAIT = "prepack-wait"  # a prepacked rebuild waiting for room
+    PREPACK = "prepack"  # a prepacked rebuild beside the serving session
+    VARIANTS = "variants"  # its variants being built
+    REFORM = "reform"  # swapping to another form beside the serving session
+
+    @property
+    def prepacking(self) -> bool:
+        return self in (Chore.PREPACK_WAIT, Chore.PREPACK)
+
+
 class Tier(StrEnum):
     LOADED = "loaded"
     STAGED = "staged"
@@ -146,8 +163,7 @@ class ModelRecord:
     explicit: bool = False  # the queued load was asked for (admin, placement), not a request
     load_crashes: int = 0
     prepacked: bool = False
-    # "scale" | "prepack" | "stage" | "variants" | "reform" while one is in flight
-    side_work: str = ""
+    chore: Chore = Chore.NONE
     usage: Usage = field(default_factory=Usage)
     queued_at: int = 0  # order among queued loads (FIFO)
 

@@ -46,7 +46,7 @@ def may_stage(record: ModelRecord, ledger: Ledger, limits: Limits) -> bool:
     budget = limits.host_budget
     return (
         record.phase == Phase.ABSENT
-        and not record.side_work
+        and not record.chore
         and record.source.config is not None
         and record.runner_id == SHARED_RUNNER
         and (budget is None or ledger.host_bytes() + record.estimate_bytes() <= budget)
@@ -76,14 +76,14 @@ def prepack_choice(
     if not limits.prepack or now - last_prepack < PREPACK_INTERVAL_S:
         return None
     records = ledger.all_records()
-    if any(r.side_work.startswith("prepack") for r in records):
+    if any(r.chore.prepacking for r in records):
         return None
     eligible = [
         r
         for r in records
         if r.phase == Phase.READY
         and not r.prepacked
-        and not r.side_work
+        and not r.chore
         and (r.hot or now - r.usage.loaded_at >= limits.prepack_after_s)
     ]
     return max(eligible, key=lambda r: r.usage.frequency, default=None)

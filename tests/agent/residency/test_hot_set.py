@@ -8,7 +8,7 @@ from dataclasses import replace
 from edgeplex.agent.residency.contract import Limits
 from edgeplex.agent.residency.hot_set import Demand, hot_set, recent_requests
 from edgeplex.agent.residency.planner import QueuedLoad, Slot, plan_room, victims_for
-from edgeplex.agent.residency.state import ModelKey, Phase, Usage
+from edgeplex.agent.residency.state import Chore, ModelKey, Phase, Usage
 from edgeplex.eviction import GreedyDualSizeFrequency
 
 MB = 1 << 20
@@ -107,7 +107,7 @@ def test_hot_models_are_rebuilt_prepacked_without_waiting():
     class Record:  # the fields prepack_choice reads
         def __init__(self, name: str, hot: bool, freq: float) -> None:
             self.key = key(name)
-            self.phase, self.prepacked, self.side_work, self.hot = Phase.READY, False, "", hot
+            self.phase, self.prepacked, self.chore, self.hot = Phase.READY, False, Chore.NONE, hot
             self.usage = Usage(loaded_at=99.0, frequency=freq)
 
     ledger = Ledger()
