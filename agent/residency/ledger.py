@@ -29,6 +29,15 @@ class Ledger:
         # whether it comes only from loads that did more than a promotion.
         self.promote_s_per_byte: float | None = None
         self._rate_provisional = False
+        self._queue_seq = 0  # the order of queued loads (FIFO)
+        # When room was last short enough that a load started as a variant, or a
+        # model had to leave for another: originals come back only after a calm.
+        self.pressed_at = float("-inf")
+
+    def next_in_queue(self) -> int:
+        """The place of a load queued now, after every one queued before."""
+        self._queue_seq += 1
+        return self._queue_seq
 
     def track(self, record: ModelRecord) -> None:
         self.by_key[record.key] = record

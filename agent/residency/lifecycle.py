@@ -41,16 +41,11 @@ class Lifecycle:
         self._policy = policy
         self._effects = effects
         self._clock = clock
-        self._queue_seq = 0
-        # When room was last short enough that a load started as a variant, or a
-        # model had to leave for another: originals come back only after a calm.
-        self.pressed_at = float("-inf")
 
     def want(self, record: ModelRecord) -> None:
         """Queue a load of `record` unless one is queued, in flight or it serves."""
         if record.phase == Phase.ABSENT:
-            self._queue_seq += 1
-            record.queued_at = self._queue_seq
+            record.queued_at = self._ledger.next_in_queue()
             record.enter(Phase.QUEUED)
         elif record.phase in (Phase.DRAINING, Phase.UNLOADING) and record.intent != Intent.RETIRE:
             record.intent = Intent.SERVE
@@ -167,10 +162,10 @@ class Lifecycle:
             self._policy,
             self._clock(),
             self.limits.max_promotions,
-            pressed=self._clock() - self.pressed_at < CALM_S,
+            pressed=self._clock() - self._ledger.pressed_at < CALM_S,
         )
         if plan.unload or plan.drain or plan.demote:
-            self.pressed_at = self._clock()
+            self._ledger.pressed_at = self._clock()
         for key, form in plan.demote.items():
             self.swap(self._ledger.by_key[key], form)
         for key in plan.unload:
@@ -197,7 +192,7 @@ class Lifecycle:
             record.generation += 1
             record.form = plan.forms.get(key, ORIGINAL)
             if record.form:
-                self.pressed_at = self._clock()
+                self._ledger.pressed_at = self._clock()
             record.reserved_bytes = self._ledger.load_bytes(record, budget)
             record.enter(Phase.LOADING)
             fast = bool(record.waiters) and not record.explicit

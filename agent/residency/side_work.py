@@ -119,7 +119,7 @@ class SideWork:
         """Swap the most used model serving a variant back to its original, when room
         has been calm long enough and the original fits beside everything held."""
         now = self._clock()
-        if now - self._life.pressed_at < CALM_S or self._ledger.queued():
+        if now - self._ledger.pressed_at < CALM_S or self._ledger.queued():
             return
         records = self._ledger.all_records()
         if any(r.chore == Chore.REFORM for r in records):
