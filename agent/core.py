@@ -16,6 +16,7 @@ import numpy as np
 
 from edgeplex import __version__
 from edgeplex.agent.batching.policy import Request, batch_key
+from edgeplex.agent.batching.queues import Queues
 from edgeplex.agent.catalog.repository import ModelSource, scan_repository_versions, scan_versions
 from edgeplex.agent.catalog.triton_config import config_json
 from edgeplex.agent.config import AgentSettings
@@ -37,10 +38,11 @@ from edgeplex.agent.oip.errors import (
     Unavailable,
 )
 from edgeplex.agent.oip.requests import InferInput, validate
-from edgeplex.agent.residency.effects import RunnerEffects
 from edgeplex.agent.residency.owner import Residency
+from edgeplex.agent.residency.promotions import Promotions
 from edgeplex.agent.residency.state import ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
+from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.names import valid_name
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]
@@ -63,11 +65,18 @@ class InferResult:
 
 class Agent:
     def __init__(
-        self, settings: AgentSettings, residency: Residency, effects: RunnerEffects
+        self,
+        settings: AgentSettings,
+        residency: Residency,
+        queues: Queues,
+        runners: RunnerPool,
+        promotions: Promotions,
     ) -> None:
         self.settings = settings
         self.residency = residency
-        self.effects = effects
+        self.queues = queues
+        self.runners = runners
+        self.promotions = promotions
         self.draining = False
         self.started = False
         self._inflight = 0
@@ -91,7 +100,7 @@ class Agent:
     def ready(self) -> bool:
         """Serving: started, not draining, and some runner can serve (or none is
         needed yet)."""
-        return self.started and not self.draining and self.effects.runners_can_serve()
+        return self.started and not self.draining and self.runners.can_serve()
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "edgeplex", "version": __version__, "extensions": EXTENSIONS}
@@ -137,7 +146,7 @@ class Agent:
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         entries = [self.entry(name, version)] if name else self.residency.records()
-        return [self.effects.stats(e).to_json(e.name, e.version) for e in entries]
+        return [self.queues.stats(e.name).to_json(e.name, e.version) for e in entries]
 
     # --- repository ---------------------------------------------------------------------------
 
@@ -188,10 +197,10 @@ class Agent:
             raise ticket.error
 
     def status(self) -> list[dict[str, Any]]:
-        return views.status(self.residency, self.effects)
+        return views.status(self.residency, self.queues, self.runners, self.promotions)
 
     def memory(self) -> dict[str, Any]:
-        return views.memory(self.settings, self.residency, self.effects)
+        return views.memory(self.settings, self.residency, self.runners)
 
     def set_device_budget(self, budget: int | None) -> None:
         """A new device budget, at run time (a GPU shared anew, an operator's change):
@@ -291,7 +300,7 @@ class Agent:
                     )
             if ticket.error is not None:
                 raise ticket.error
-            queue = self.effects.queue(ticket.key)
+            queue = self.queues.get(ticket.key)
             assert queue is not None, "a lease always has a queue"
             request = Request(
                 inputs=given,
@@ -320,7 +329,7 @@ class Agent:
                 METRICS.refused.labels(model=label).inc()
             METRICS.failures.labels(model=label, code=exc.grpc_code.name).inc()
             if record is not None:
-                self.effects.stats(record).record_failure(loop.time() - arrived)
+                self.queues.stats(record.name).record_failure(loop.time() - arrived)
             raise
         finally:
             if ticket is not None:

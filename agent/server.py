@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgeplex import logs, systemd
+from edgeplex.agent.batching.queues import Queues
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.core import Agent
 from edgeplex.agent.fleet.forward import Router
@@ -72,9 +73,10 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     )
     try:
         await pool.start()
-        effects = RunnerEffects(settings, pool, staging)
+        queues = Queues(pool)
+        effects = RunnerEffects(settings, pool, queues, staging)
         residency = build_residency(settings, effects)
-        agent = Agent(settings, residency, effects)
+        agent = Agent(settings, residency, queues, pool, effects.promotions)
         names = agent.discover()
         if settings.fleet.control_plane:
             ca = settings.fleet.peer_tls_ca
@@ -168,6 +170,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     # of the drain time; stop() returns as soon as they are done.
     await grpc_server.stop(grace=max(1.0, settings.drain_timeout_s))
     await http_runner.cleanup()
+    await queues.stop()
     await effects.stop()
     await pool.stop()
     if settings.staging_dir is None:

@@ -72,3 +72,18 @@ def test_the_agents_parts_never_import_its_top() -> None:
         for path in sorted(agent.glob("*/**/*.py"))
     }
     assert {path: found for path, found in offenders.items() if found} == {}
+
+
+def test_residency_and_batching_do_not_import_each_other() -> None:
+    """Residency decides which model is where; batching runs each model's queue. They
+    meet through residency/contract.py's protocols, wired by the server."""
+    agent = ROOT / "agent"
+    found = {
+        f"{part} -> {other}": sorted(
+            str(path.relative_to(ROOT))
+            for path in (agent / part).glob("*.py")
+            if any(m.startswith(f"edgeplex.agent.{other}") for m in imported_modules(path))
+        )
+        for part, other in (("residency", "batching"), ("batching", "residency"))
+    }
+    assert found == {"residency -> batching": [], "batching -> residency": []}

@@ -1,7 +1,7 @@
 """How a model's batches reach its runner: the batcher's `execute` over IPC.
 
-Called by the residency effects when a model first becomes READY; the batcher
-then lives as long as the model is loaded (across runner restarts).
+Made by the queues (queues.py) when a model first serves; the batcher then lives
+as long as the model is loaded (across runner restarts).
 """
 
 from __future__ import annotations
@@ -9,23 +9,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Hashable
+from typing import Protocol
 
 import numpy as np
 
 from edgeplex.agent.batching.batcher import Batcher
+from edgeplex.agent.catalog.model_config import ModelConfig
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.oip.errors import InferenceFailed, InvalidInput, RunnerLost
-from edgeplex.agent.residency.state import ModelRecord
 from edgeplex.agent.runners import framing, ipc
 from edgeplex.agent.runners.supervisor import RunnerPool, RunnerProcess
 
 log = logging.getLogger("edgeplex.agent.batching")
 
 
+class Served(Protocol):
+    """What the batcher needs to know of a model (a residency record is one)."""
+
+    @property
+    def key(self) -> Hashable: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def runner_id(self) -> str: ...
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def max_batch_size(self) -> int: ...
+
+
 def make_batcher(
-    entry: ModelRecord, pool: RunnerPool, ready: asyncio.Event, stats: ModelStats
+    entry: Served, pool: RunnerPool, ready: asyncio.Event, stats: ModelStats
 ) -> Batcher:
     """The model's queue and batcher, executing each batch on the model's runner."""
     config = entry.config

@@ -1,8 +1,7 @@
 """What a batch is, as pure functions over the queue: unit-tested without processes.
 
-`take_batch` decides which queued requests run together, `scale_target` how
-many instances a model runs; the batcher (batcher.py) is the mechanism that
-applies them.
+`take_batch` decides which queued requests run together; the batcher
+(batcher.py) is the mechanism that applies it.
 """
 
 from __future__ import annotations
@@ -68,27 +67,6 @@ def take_batch(queue: deque[Request], max_batch_size: int) -> list[Request]:
             kept.append(request)
     queue.extendleft(reversed(kept))
     return batch
-
-
-def scale_target(
-    *,
-    depth: int,
-    instances: int,
-    minimum: int,
-    maximum: int,
-    max_batch_size: int,
-    idle_s: float,
-    scale_down_idle_s: float,
-) -> int:
-    """Elastic instances, as a pure decision: one more instance while the queue holds
-    more than the running instances can take in one round (a full batch each), back
-    to `minimum` once the queue has been empty for `scale_down_idle_s`."""
-    per_round = instances * max(1, max_batch_size)
-    if depth > per_round and instances < maximum:
-        return instances + 1
-    if depth == 0 and idle_s >= scale_down_idle_s and instances > minimum:
-        return minimum
-    return instances
 
 
 def batched_size(queue: deque[Request], key: BatchKey) -> int:

@@ -233,8 +233,8 @@ class FleetLink:
         busy_ns = 0
         for entry in agent.residency.records():
             w = window.get(entry.name)
-            stats = agent.effects.stats(entry)
-            queue = agent.effects.queue(entry.key)
+            stats = agent.queues.stats(entry.name)
+            queue = agent.queues.get(entry.key)
             busy_ns += stats.compute_infer.ns
             report.models.append(
                 pb.ModelLoad(

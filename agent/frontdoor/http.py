@@ -295,7 +295,7 @@ class HttpApi:
     async def metrics(self, request: web.Request) -> web.Response:
         agent = self.agent
         triton = triton_metrics.render(
-            (e.name, e.version, agent.effects.stats(e)) for e in agent.residency.records()
+            (e.name, e.version, agent.queues.stats(e.name)) for e in agent.residency.records()
         ) + triton_metrics.render_gpus(triton_metrics.gpu_readings())
         return web.Response(
             body=generate_latest(METRICS.registry) + triton.encode(),

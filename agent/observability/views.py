@@ -3,23 +3,28 @@ model's forms (the variant serving, each variant's guard figures)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
+from edgeplex.agent.batching.queues import Queues
 from edgeplex.agent.catalog.forms import report_dict
-from edgeplex.agent.residency.effects import RunnerEffects
 from edgeplex.agent.residency.owner import Residency
+from edgeplex.agent.residency.promotions import Promotions
 from edgeplex.agent.residency.state import ModelRecord, Phase
+from edgeplex.agent.runners.supervisor import RunnerPool
 
 if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run time
     from edgeplex.agent.config import AgentSettings
 
 
-def status(residency: Residency, effects: RunnerEffects) -> list[dict[str, Any]]:
+def status(
+    residency: Residency, queues: Queues, runners: RunnerPool, promotions: Promotions
+) -> list[dict[str, Any]]:
     out = []
     for e in residency.records():
         # (a model that left keeps its queue, paused, for its next promotion)
         serving = e.phase in (Phase.READY, Phase.DRAINING, Phase.RECOVERING)
-        queue = effects.queue(e.key) if serving else None
+        queue = queues.get(e.key) if serving else None
         out.append(
             {
                 "name": e.name,
@@ -29,13 +34,13 @@ def status(residency: Residency, effects: RunnerEffects) -> list[dict[str, Any]]
                 "intent": str(e.intent),
                 "reason": e.reason,
                 "runner": e.runner_id,
-                "runner_pid": effects.runner_pid(e),
+                "runner_pid": runners.pid_of(e.runner_id),
                 "memory_bytes": e.device_bytes,
                 "tier": str(e.tier),
                 "staged_bytes": e.staged_bytes,
                 "leases": e.leases,
                 "waiting": len(e.waiters),
-                "last_promotion": effects.promotions.last.get(e.key, {}),
+                "last_promotion": promotions.last.get(e.key, {}),
                 "max_batch_size": e.max_batch_size,
                 "instances": queue.instances if queue else 0,
                 "prepacked": e.prepacked if e.phase == Phase.READY else None,
@@ -51,12 +56,12 @@ def status(residency: Residency, effects: RunnerEffects) -> list[dict[str, Any]]
     return out
 
 
-def memory(settings: AgentSettings, residency: Residency, effects: RunnerEffects) -> dict[str, Any]:
+def memory(settings: AgentSettings, residency: Residency, runners: RunnerPool) -> dict[str, Any]:
     s = settings
     return {
         "policy": s.eviction_policy,
-        "runner_memory_limits": effects.limit_mechanism(),
-        "sandbox": effects.sandbox(),
+        "runner_memory_limits": runners.limiter.mechanism,
+        "sandbox": runners.sandbox_status(),
         "pending_loads": residency.ledger.pending_loads(),
         "tiers": {
             "loaded": {
@@ -68,11 +73,20 @@ def memory(settings: AgentSettings, residency: Residency, effects: RunnerEffects
                 "budget": s.host_memory_budget,
             },
             "cached": {
-                "bytes": effects.disk_bytes(residency.records()),
+                "bytes": disk_bytes(residency.records()),
                 "budget": s.disk_cache_budget,
             },
         },
     }
+
+
+def disk_bytes(records: list[ModelRecord]) -> int:
+    """What the models' files take on disk (the cached tier)."""
+    total = 0
+    for record in records:
+        with contextlib.suppress(OSError):
+            total += record.source.path.stat().st_size
+    return total
 
 
 def forms(record: ModelRecord) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """What the residency owner and its surroundings exchange: the effects it asks
-for, the limits it keeps, and what a finished load reports.
+for, the queues those effects drive, the limits it keeps, and what a finished
+load reports.
 
 `Effects` is implemented by `effects.RunnerEffects` (runner processes) and by
 the tests' fake sink; every effect reports back through an owner event.
@@ -7,9 +8,11 @@ the tests' fake sink; every effect reports back through an owner event.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
+from edgeplex.agent.oip.errors import ServeError
 from edgeplex.agent.residency.state import ModelRecord
 
 
@@ -23,9 +26,42 @@ class Effects(Protocol):
     def stage(self, record: ModelRecord, form: str = "") -> None: ...
     def drop_staged(self, record: ModelRecord) -> None: ...
     def prepack(self, record: ModelRecord, generation: int) -> None: ...
-    def autoscale(self, record: ModelRecord, room: bool) -> None: ...
+    def queue_load(self, record: ModelRecord) -> QueueLoad | None: ...  # None: no queue
+    def scale(self, record: ModelRecord, instances: int) -> None: ...  # -> side.scaled
     def build_variants(self, record: ModelRecord, forms: list[str]) -> None: ...
     def reform(self, record: ModelRecord, generation: int, form: str) -> None: ...  # swap
+
+
+class Queue(Protocol):
+    """A serving model's queue, as the effects read it."""
+
+    @property
+    def depth(self) -> int: ...
+    @property
+    def instances(self) -> int: ...
+    @property
+    def last_queued(self) -> float: ...  # time.monotonic() it last held a request
+
+
+class Queues(Protocol):
+    """Every serving model's queue (batching/queues.py): what the effects open, hold,
+    resize and close as the owner decides."""
+
+    def get(self, key: Hashable) -> Queue | None: ...
+    def open(self, model: ModelRecord, source: object, instances: int) -> None: ...
+    def hold(self, key: Hashable, name: str) -> None: ...
+    def set_instances(self, key: Hashable, name: str, instances: int) -> None: ...
+    def close(self, key: Hashable, error: ServeError, drain: bool) -> None: ...
+    async def closed(self, key: Hashable, error: ServeError) -> None: ...
+
+
+@dataclass(frozen=True)
+class QueueLoad:
+    """What a serving model's queue holds now (the scaling decision reads it)."""
+
+    depth: int
+    instances: int
+    idle_s: float  # since the queue was last non-empty
 
 
 @dataclass(frozen=True)

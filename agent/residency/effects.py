@@ -1,12 +1,11 @@
-"""The residency owner's effects, carried out: runner calls, queues, staged files.
+"""The residency owner's effects, carried out: runner calls, staged files, and
+the models' queues opened and closed (batching/queues.py holds them).
 
-`RunnerEffects` implements owner.Effects. Each effect starts a task (or acts
+`RunnerEffects` implements contract.Effects. Each effect starts a task (or acts
 at once when it is only bookkeeping of mechanism: a queue opened or paused)
 and reports its result back to the owner as an event, tagged with the
-generation the owner gave it. Nothing here decides anything about residency.
-
-It also holds each serving model's queue (a Batcher, keyed like the records)
-and the `ready` event its batcher waits on while a runner restarts.
+generation the owner gave it. Nothing here decides anything, and nothing here
+writes a record: the owner does both.
 """
 
 from __future__ import annotations
@@ -15,22 +14,18 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgeplex.agent.batching.batcher import Batcher
-from edgeplex.agent.batching.dispatch import make_batcher
-from edgeplex.agent.batching.policy import scale_target
 from edgeplex.agent.catalog.forms import ORIGINAL
-from edgeplex.agent.catalog.repository import ModelSource
 from edgeplex.agent.observability.metrics import METRICS
-from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.oip.errors import RunnerLost, ServeError, Unavailable
-from edgeplex.agent.residency.contract import Loaded
+from edgeplex.agent.residency.contract import Loaded, QueueLoad, Queues
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.promotions import Promotions
 from edgeplex.agent.residency.runner_messages import load_message, stage_message, staged_dir
-from edgeplex.agent.residency.state import SHARED_RUNNER, Chore, ModelKey, ModelRecord, Phase
+from edgeplex.agent.residency.state import SHARED_RUNNER, ModelKey, ModelRecord, Phase
 from edgeplex.agent.residency.variant_requests import build_variants
 from edgeplex.agent.runners import ipc
 from edgeplex.agent.runners.supervisor import RunnerPool, RunnerState
@@ -44,17 +39,16 @@ Reply = asyncio.Future[tuple[ipc.Message, memoryview]]
 
 
 class RunnerEffects:
-    def __init__(self, settings: AgentSettings, pool: RunnerPool, staging_root: Path) -> None:
+    def __init__(
+        self, settings: AgentSettings, pool: RunnerPool, queues: Queues, staging_root: Path
+    ) -> None:
         self._settings = settings
         self._pool = pool
+        self._queues = queues
         self._staging = staging_root
         self.owner: Residency | None = None  # set once, by attach
-        self._queues: dict[ModelKey, Batcher] = {}
-        self._ready: dict[ModelKey, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._stats: dict[str, ModelStats] = {}
         self._staged_dirs: dict[tuple[ModelKey, str, str], Path] = {}
-        self._made_from: dict[ModelKey, ModelSource] = {}  # what each queue was made for
         self.promotions = Promotions(settings.runner.execution_provider)
 
     def attach(self, owner: Residency) -> None:
@@ -66,10 +60,7 @@ class RunnerEffects:
         METRICS.tier_bytes.labels(tier="staged").set_function(owner.ledger.host_bytes)
         METRICS.hot_models.set_function(owner.ledger.hot_models)
 
-    # --- what the front of the agent reads ---------------------------------------------------
-
-    def queue(self, key: ModelKey) -> Batcher | None:
-        return self._queues.get(key)
+    # --- where things are ------------------------------------------------------------------
 
     def staged_dir(self, record: ModelRecord, form: str = ORIGINAL) -> Path:
         """Where a form's staged copy lies (asked on every promotion: remembered)."""
@@ -79,32 +70,6 @@ class RunnerEffects:
             provider = self._settings.runner.execution_provider
             path = self._staged_dirs[key] = staged_dir(self._staging, record, form, provider)
         return path
-
-    def runner_pid(self, record: ModelRecord) -> int | None:
-        runner = self._pool.get(record.runner_id)
-        return runner.pid if runner.state == RunnerState.READY else None
-
-    def limit_mechanism(self) -> str:
-        return self._pool.limiter.mechanism
-
-    def sandbox(self) -> dict[str, object]:
-        return self._pool.sandbox_status()
-
-    def stats(self, record: ModelRecord) -> ModelStats:
-        return self._stats.setdefault(record.name, ModelStats())
-
-    def runners_can_serve(self) -> bool:
-        """False while every runner that was started is down (restarting)."""
-        runners = self._pool.runners()
-        serving = (RunnerState.READY, RunnerState.STOPPED)
-        return not runners or any(r.state in serving for r in runners)
-
-    def disk_bytes(self, records: list[ModelRecord]) -> int:
-        total = 0
-        for record in records:
-            with contextlib.suppress(OSError):
-                total += record.source.path.stat().st_size
-        return total
 
     # --- owner.Effects ----------------------------------------------------------------------
 
@@ -126,31 +91,13 @@ class RunnerEffects:
             self._spawn(self._unload(record, generation))
 
     def serve(self, record: ModelRecord) -> None:
-        ready = self._ready.setdefault(record.key, asyncio.Event())
-        queue = self._queues.get(record.key)
-        if queue is not None and self._made_from.get(record.key) is not record.source:
-            # Kept from before its last unload, but its config has changed since.
-            self._spawn(queue.close(Unavailable(f"model '{record.name}' changed"), drain=True))
-            queue = None
-        if queue is None:
-            self._queues[record.key] = make_batcher(record, self._pool, ready, self.stats(record))
-            self._made_from[record.key] = record.source
-        else:  # a reload starts over at the configured instance count
-            queue.set_instances(record.config.instance_count)
-        METRICS.instances.labels(model=record.name).set(record.config.instance_count)
-        METRICS.model_ready.labels(model=record.name).set(1)
-        ready.set()
+        self._queues.open(record, record.source, record.config.instance_count)
 
     def pause(self, record: ModelRecord) -> None:
-        ready = self._ready.get(record.key)
-        if ready is not None:
-            ready.clear()
-        METRICS.model_ready.labels(model=record.name).set(0)
+        self._queues.hold(record.key, record.name)
         if record.phase == Phase.FAILED:
-            queue = self._queues.pop(record.key, None)
-            if queue is not None:
-                error = Unavailable(f"model '{record.name}' failed: {record.reason}")
-                self._spawn(queue.close(error, drain=False))
+            error = Unavailable(f"model '{record.name}' failed: {record.reason}")
+            self._queues.close(record.key, error, drain=False)
 
     def stage(self, record: ModelRecord, form: str = ORIGINAL) -> None:
         self._spawn(self._stage(record, form))
@@ -165,24 +112,15 @@ class RunnerEffects:
     def prepack(self, record: ModelRecord, generation: int) -> None:
         self._spawn(self._prepack(record, generation))
 
-    def autoscale(self, record: ModelRecord, room: bool) -> None:
+    def queue_load(self, record: ModelRecord) -> QueueLoad | None:
         queue = self._queues.get(record.key)
-        config = record.config
-        if queue is None or config.max_instances is None:
-            return
-        target = scale_target(
-            depth=queue.depth,
-            instances=queue.instances,
-            minimum=config.instance_count,
-            maximum=max(config.max_instances, config.instance_count),
-            max_batch_size=record.max_batch_size,
-            idle_s=asyncio.get_running_loop().time() - queue.last_queued,
-            scale_down_idle_s=config.scale_down_idle_s,
-        )
-        if target == queue.instances or (target > queue.instances and not room):
-            return
-        record.chore = Chore.SCALE
-        self._spawn(self._scale(record, queue, target))
+        if queue is None:
+            return None
+        idle_s = time.monotonic() - queue.last_queued
+        return QueueLoad(queue.depth, queue.instances, idle_s)
+
+    def scale(self, record: ModelRecord, instances: int) -> None:
+        self._spawn(self._scale(record, instances))
 
     def build_variants(self, record: ModelRecord, forms: list[str]) -> None:
         self._spawn(self._build_variants(record, forms))
@@ -253,11 +191,8 @@ class RunnerEffects:
         _count_eviction(record)
         runner = self._pool.get(record.runner_id)
         unload = ipc.UnloadModel(self._pool.next_req_id(), str(record.key))
-        queue = self._queues.pop(record.key, None)
-        self._ready.pop(record.key, None)
-        closing = Unavailable(f"model '{record.name}' is unloading")
-        if queue is not None:  # empty: the model had no leases left
-            await queue.close(closing, drain=True)
+        # Empty: the model had no leases left.
+        await self._queues.closed(record.key, Unavailable(f"model '{record.name}' is unloading"))
         if runner.state == RunnerState.READY:
             with contextlib.suppress(RunnerLost, TimeoutError):
                 await asyncio.wait_for(runner.call(unload), 30)
@@ -279,17 +214,12 @@ class RunnerEffects:
         owner = self.owner
         assert owner is not None
         _count_eviction(record)
-        ready = self._ready.get(record.key)
-        if ready is not None:
-            ready.clear()
+        self._queues.hold(record.key, record.name)
         with contextlib.suppress(RunnerLost):
             runner.post(ipc.UnloadModel(self._pool.next_req_id(), str(record.key)))
         owner.unload_done(record.key, generation)
         if owner.ledger.by_key.get(record.key) is not record:  # retired: nothing comes back
-            self._ready.pop(record.key, None)
-            queue = self._queues.pop(record.key, None)
-            if queue is not None:
-                self._spawn(queue.close(Unavailable(f"model '{record.name}' was replaced"), True))
+            self._queues.close(record.key, Unavailable(f"model '{record.name}' was replaced"), True)
 
     async def _stage(self, record: ModelRecord, form: str) -> None:
         owner = self.owner
@@ -370,7 +300,7 @@ class RunnerEffects:
             )
         owner.side.reformed(record.key, generation, form, loaded)
 
-    async def _scale(self, record: ModelRecord, queue: Batcher, target: int) -> None:
+    async def _scale(self, record: ModelRecord, target: int) -> None:
         owner = self.owner
         assert owner is not None
         try:
@@ -381,9 +311,8 @@ class RunnerEffects:
             reply = None
         owner.side.scaled(record.key)
         if isinstance(reply, ipc.InstancesSet) and reply.instances:
-            log.info("model %s: %d -> %d instances", record.key, queue.instances, reply.instances)
-            METRICS.instances.labels(model=record.name).set(reply.instances)
-            queue.set_instances(reply.instances)
+            log.info("model %s: %d instances", record.key, reply.instances)
+            self._queues.set_instances(record.key, record.name, reply.instances)
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -393,8 +322,6 @@ class RunnerEffects:
         task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
-        for queue in self._queues.values():
-            await queue.close(Unavailable("the agent is shutting down"), drain=False)
         for task in list(self._tasks):
             task.cancel()
 

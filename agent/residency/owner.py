@@ -31,6 +31,7 @@ from edgeplex.agent.residency.describe import describe
 from edgeplex.agent.residency.hot_set import demand, hot_set
 from edgeplex.agent.residency.ledger import Ledger
 from edgeplex.agent.residency.lifecycle import Lifecycle
+from edgeplex.agent.residency.scaling import scale_target
 from edgeplex.agent.residency.side_work import SideWork
 from edgeplex.agent.residency.state import Chore, Intent, ModelKey, ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
@@ -354,6 +355,28 @@ class Residency:
             if record.runner_id == runner_id and record.phase == Phase.RECOVERING:
                 self._life.reload(record)
 
+    def _scale(self, record: ModelRecord, room: bool) -> None:
+        """Elastic instances: one more while its queue is deeper than a round, back to
+        the configured count once idle (scaling.py); up only while there is room."""
+        load = self._effects.queue_load(record)
+        if load is None:
+            return
+        config = record.config
+        assert config.max_instances is not None
+        target = scale_target(
+            depth=load.depth,
+            instances=load.instances,
+            minimum=config.instance_count,
+            maximum=max(config.max_instances, config.instance_count),
+            max_batch_size=record.max_batch_size,
+            idle_s=load.idle_s,
+            scale_down_idle_s=config.scale_down_idle_s,
+        )
+        if target == load.instances or (target > load.instances and not room):
+            return
+        record.chore = Chore.SCALE
+        self._effects.scale(record, target)
+
     def set_device_budget(self, budget: int | None) -> None:
         """A new device budget (an operator's change, or a device shared anew). When it
         shrinks, models leave until the rest fit: lease-free ones at once, the others
@@ -378,7 +401,7 @@ class Residency:
         for record in self.ledger.by_key.values():
             ready = record.phase == Phase.READY and not record.chore
             if ready and record.config.max_instances is not None:
-                self._effects.autoscale(record, room)
+                self._scale(record, room)
         hot = hot_set(demand(self.ledger.all_records(), now), budget, self.limits.hot_share)
         for record in self.ledger.by_key.values():
             record.hot = record.key in hot

@@ -450,6 +450,18 @@ class RunnerPool:
     def runners(self) -> list[RunnerProcess]:
         return list(self._runners.values())
 
+    def pid_of(self, runner_id: str) -> int | None:
+        """The pid of a serving runner (None while it is not serving)."""
+        runner = self._runners.get(runner_id)
+        return runner.pid if runner is not None and runner.state == RunnerState.READY else None
+
+    def can_serve(self) -> bool:
+        """False while every runner that was started is down (restarting): the agent
+        is then not ready."""
+        serving = (RunnerState.READY, RunnerState.STOPPED)
+        runners = self._runners.values()
+        return not runners or any(r.state in serving for r in runners)
+
     def _hello(self, conn: RunnerConnection, message: ipc.Message) -> None:
         """The first frame of a connection: a spawned runner accepts it, or it closes."""
         runner = self._runners.get(getattr(message, "runner_id", ""))

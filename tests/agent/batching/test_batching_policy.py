@@ -90,14 +90,3 @@ def test_request_future_type_is_asyncio():
     # Requests made by the agent carry real asyncio futures; the fake above only
     # mirrors the one method the policy uses.
     assert hasattr(asyncio.Future, "done")
-
-
-def test_scale_target_grows_under_a_deep_queue_and_shrinks_when_idle():
-    from edgeplex.agent.batching.policy import scale_target
-
-    common = {"minimum": 1, "maximum": 4, "max_batch_size": 2, "scale_down_idle_s": 5.0}
-    assert scale_target(depth=5, instances=2, idle_s=0, **common) == 3
-    assert scale_target(depth=4, instances=2, idle_s=0, **common) == 2  # one round absorbs it
-    assert scale_target(depth=50, instances=4, idle_s=0, **common) == 4  # at the maximum
-    assert scale_target(depth=0, instances=3, idle_s=6, **common) == 1
-    assert scale_target(depth=0, instances=3, idle_s=1, **common) == 3
