@@ -69,6 +69,7 @@ log = logging.getLogger("edgeplex.agent.grpc")
 MAX_FRAME = 1024 * 1024
 CANCEL, NO_ERROR, ENHANCE_YOUR_CALM = 0x8, 0x0, 0xB  # HTTP/2 error codes
 TICK_S = 1.0  # how often a connection checks its deadlines
+LINGER_S = 1.0  # reading and dropping after a GOAWAY for abuse, before the socket closes
 MAX_PING_STRIKES = 2
 SMALL_MESSAGE = 1024 * 1024  # the cap of every method's message but inference's
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -188,7 +189,7 @@ class GrpcProtocol(asyncio.Protocol):
             log.debug("HTTP/2 error from %s: %s", self._peer, exc)
             METRICS.door_refusals.labels(door="grpc", reason="protocol_error").inc()
             self._flush()
-            self.close()
+            self.close(linger=True)
             return
         except Exception:  # a bug of ours: this connection ends, the door serves on
             log.exception("gRPC connection from %s failed", self._peer)
@@ -197,7 +198,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._flush()
         if self._session.done():  # nghttp2 ended the session (its own flood limits)
             self._door.limiter.penalise(self._client, "session_ended")
-            self.close()
+            self.close(linger=True)
 
     def close_idle(self) -> None:
         """The door needs the room this connection holds (it has no call open)."""
@@ -364,7 +365,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._door.limiter.penalise(self._client, reason)
         self._session.goaway(ENHANCE_YOUR_CALM, debug)
         self._flush()
-        self.close()
+        self.close(linger=True)
 
     def _on_tick(self) -> None:
         """Once a second: uploads past their deadline are refused, and a connection
@@ -554,10 +555,20 @@ class GrpcProtocol(asyncio.Protocol):
         self._session.goaway(NO_ERROR)
         self._flush()
 
-    def close(self) -> None:
+    def close(self, linger: bool = False) -> None:
+        """End the connection. With `linger`, after a GOAWAY: the write side is shut
+        (the client reads the GOAWAY, then the end) and what the client still sends is
+        read and dropped for LINGER_S before the socket closes; closing at once would
+        answer those bytes with a reset that can destroy the GOAWAY unread."""
         self._closing = True
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is None:
+            return
+        if linger and not transport.is_closing() and transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+            return
+        transport.close()
 
 
 class NativeGrpcDoor:
