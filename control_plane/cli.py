@@ -8,6 +8,7 @@ the gRPC status and message on one line and exit 1 (2 for usage errors).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -178,6 +179,12 @@ def _admin_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     parser.add_argument(
         "--json", action="store_true", default=default(False), help="print replies as JSON"
     )
+    parser.add_argument(
+        "--wait-s",
+        type=float,
+        default=default(10.0),
+        help="how long to wait for a control plane that is not listening yet (10)",
+    )
 
 
 def _run_control_plane(args: argparse.Namespace) -> int:
@@ -235,6 +242,10 @@ def _run_admin(args: argparse.Namespace) -> int:
         channel = grpc.insecure_channel(args.control_plane)
     stub = pb_grpc.AdminServiceStub(channel)
     metadata = [("authorization", f"Bearer {token}")] if token else []
+    # A control plane started a moment ago (`control-plane &` in a script) gets a
+    # few seconds to listen before the call fails as unreachable.
+    with contextlib.suppress(grpc.FutureTimeoutError):
+        grpc.channel_ready_future(channel).result(timeout=args.wait_s)
 
     def call(method: str, request: Any) -> Any:
         return getattr(stub, method)(request, metadata=metadata, timeout=30)

@@ -62,9 +62,19 @@ log = logging.getLogger("edgeplex.agent.fleet")
 
 
 def check_first_contact(fleet: FleetSettings) -> None:
-    """ValueError for a first contact in clear text beyond this host: gRPC without
-    tls_ca, or mqtt://, to a non-loopback address, unless fleet.allow_plaintext."""
-    if fleet.allow_plaintext or not fleet.control_plane or not fleet.mqtt_url:
+    """ValueError for a join that cannot work or must not happen: a join token given
+    but empty (the `admin site add` that should have filled it failed), or a first
+    contact in clear text beyond this host (gRPC without tls_ca, or mqtt://, to a
+    non-loopback address) unless fleet.allow_plaintext."""
+    if not fleet.control_plane or not fleet.mqtt_url:
+        return
+    if fleet.join_token is not None and not fleet.join_token.get_secret_value().strip():
+        raise ValueError(
+            "fleet.join_token is set but empty: the `edgeplex admin site add` meant to "
+            "issue it failed (was the control plane listening yet?); run it again and "
+            "pass the token it prints"
+        )
+    if fleet.allow_plaintext:
         return
     targets = [t.strip() for t in fleet.control_plane.split(",") if t.strip()]
     mqtt = parse_mqtt_url(fleet.mqtt_url)

@@ -66,3 +66,11 @@ def test_the_agent_refuses_to_start_and_says_why(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "refusing to join the fleet in clear text" in result.stdout + result.stderr
     assert "192.0.2.1:7070" in result.stdout + result.stderr
+
+
+def test_an_empty_join_token_stops_the_agent_saying_why() -> None:
+    with pytest.raises(ValueError, match="join_token is set but empty"):
+        check_first_contact(
+            fleet(control_plane="127.0.0.1:7070", mqtt_url="mqtt://127.0.0.1", join_token="")
+        )
+    check_first_contact(fleet(control_plane="127.0.0.1:7070", mqtt_url="mqtt://127.0.0.1"))
