@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from edgeplex.rig.rig import Rig  # noqa: E402
 from edgeplex.rig.topology import build  # noqa: E402
-from tests.support.fleet import wait_until  # noqa: E402
 from tests.support.rig import RigHandle  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

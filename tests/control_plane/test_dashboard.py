@@ -21,7 +21,7 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.conftest import free_port
 from tests.services import TOKEN, ControlPlane, running_fleet
-from tests.support.fleet import wait_until
+from tests.support.waiting import wait_until
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 

@@ -36,7 +36,8 @@ from edgeplex.proto import inference_pb2 as ipb
 from edgeplex.proto import inference_pb2_grpc as ipb_grpc
 from tests.conftest import AgentProcess, free_port
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer
-from tests.support.fleet import Fleet, agent_tier, loaded_sets, wait_until
+from tests.support.fleet import Fleet, agent_tier, loaded_sets
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,8 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.signing import DESIRED, ROUTES, Signer, key_id, region_audience, site_audience
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, join_token
-from tests.support.fleet import Fleet, agent_tier, wait_until
+from tests.support.fleet import Fleet, agent_tier
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

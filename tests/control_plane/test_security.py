@@ -20,7 +20,7 @@ from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.signing import DESIRED, Signer, TrustStore
 from tests.conftest import start_agent
 from tests.services import ControlPlane, Mosquitto, RedisServer
-from tests.support.fleet import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ import pytest
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.rig.rig import Rig, alive, leftovers
 from edgeplex.rig.topology import build
-from tests.support.fleet import wait_until
 from tests.support.rig import RigHandle
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.slow,

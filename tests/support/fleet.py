@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import redis
 
 from edgeplex.artifacts import sha256_of
 from edgeplex.proto import edgeplex_control_pb2 as pb
@@ -23,20 +21,6 @@ AUTH = [("authorization", f"Bearer {TOKEN}")]
 
 def loaded_sets(placement: pb.Placement) -> dict[str, set[str]]:
     return {s.site_id: set(s.loaded) for s in placement.sites}  # type: ignore[attr-defined]
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except (grpc.RpcError, OSError, redis.RedisError) as exc:
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what or predicate}: last {last!r}")
 
 
 @dataclass

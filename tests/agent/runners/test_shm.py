@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from edgeplex.agent.catalog import demo
 from edgeplex.agent.runners import framing, ipc, shm
 from tests.conftest import start_agent
 from tests.support.oip import inputs_for
+from tests.support.waiting import wait_until
 
 # --- the rings ------------------------------------------------------------------------------
 
@@ -155,11 +155,12 @@ def test_large_tensors_bit_for_bit_through_full_rings_and_a_killed_runner(wide_a
     for thread in threads:
         thread.start()
     try:
-        time.sleep(2)
+        wait_until(lambda: served[0] >= 20, 30, what="calls served before the kill")
         _, body = wide_agent.http_get("/edgeplex/v1/status")
         pid = {m["name"]: m["runner_pid"] for m in json.loads(body)}["wide"]
         os.kill(pid, signal.SIGKILL)  # mid-batch: whatever it was writing is never read
-        time.sleep(3)
+        before = served[0]
+        wait_until(lambda: served[0] >= before + 40, 60, what="calls served after the kill")
     finally:
         stop.set()
         for thread in threads:
