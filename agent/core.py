@@ -260,14 +260,17 @@ class Agent:
         outputs: list[str] | None,
         timeout_s: float | None,
         origin: str = "",
+        arrived: float | None = None,
     ) -> InferResult:
         """Validate, admit, wait for the model if it is promoted, queue, and wait for
         the batch result; all within one deadline from arrival (the earliest of the
-        caller's and the model's). Raises ServeError subclasses. `origin` is the
+        caller's and the model's). `arrived` is the loop.time() the door had the
+        request's headers (now when the door cannot tell): reading and decoding the
+        body count against the deadline. Raises ServeError subclasses. `origin` is the
         region the request came from (a forwarder's header); the agent's own region
         when empty. It feeds the demand the control plane sees."""
         loop = asyncio.get_running_loop()
-        arrived = loop.time()
+        arrived = loop.time() if arrived is None else arrived
         record: ModelRecord | None = None
         ticket: Ticket | None = None
         self._inflight += 1

@@ -212,6 +212,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             wanted,
             request_timeout_s(request, context),
             origin,
+            arrived=getattr(context, "received", None),  # the native door's; grpcio: now
         )
         trailers = []
         if result.cold_start:

@@ -5,6 +5,7 @@ of grpc.aio's ServicerContext the servicers use.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import struct
@@ -74,6 +75,8 @@ class Context:
         self._peer = peer
         self.trailers: tuple[tuple[str, str | bytes], ...] = ()
         self.admitted: Pass | None = None  # the gate's pass, taken by the door
+        # loop.time() the call's headers arrived: its deadline's start
+        self.received = asyncio.get_running_loop().time()
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         return self._metadata

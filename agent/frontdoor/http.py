@@ -275,8 +275,9 @@ class HttpApi:
         if body is not raw:
             held.grow(len(raw) + len(body))  # the decompressed body is held as well
         result = await self.agent.infer(
-            model, version, parsed.inputs, parsed.outputs, parsed.timeout_s, origin
-        )
+            model, version, parsed.inputs, parsed.outputs, parsed.timeout_s, origin,
+            arrived=getattr(request, "received", None),  # the native door's; aiohttp: now
+        )  # fmt: skip
         response = encode_infer_response(
             parsed, result.entry.name, result.entry.version, result.outputs, self.buffers
         )

@@ -66,10 +66,11 @@ class Request:
     """What the handlers read of a request (the part of aiohttp's they use)."""
 
     __slots__ = ("_body", "admitted", "content_length", "headers", "match_info", "method",
-                 "path_qs")  # fmt: skip
+                 "path_qs", "received")  # fmt: skip
 
     def __init__(self, method: str, path_qs: str, headers: CIMultiDictProxy[str],
-                 match_info: dict[str, str], admitted: Pass | None) -> None:  # fmt: skip
+                 match_info: dict[str, str], admitted: Pass | None,
+                 received: float) -> None:  # fmt: skip
         self.method = method
         self.path_qs = path_qs
         self.headers = headers
@@ -77,6 +78,7 @@ class Request:
         length = headers.get("Content-Length")
         self.content_length = int(length) if length and length.isdigit() else None
         self.admitted = admitted  # the gate's pass, taken from the headers
+        self.received = received  # loop.time() its headers were complete: its deadline's start
         self._body: bytes | bytearray = b""
 
     async def read(self) -> bytes | bytearray:
@@ -316,6 +318,7 @@ class Connection(asyncio.Protocol):
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        self.received = asyncio.get_running_loop().time()
         headers = self.headers = CIMultiDictProxy(CIMultiDict(self.header_list))
         length = headers.get("Content-Length", "")
         chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
@@ -360,7 +363,7 @@ class Connection(asyncio.Protocol):
             self.waiting.append((self.refusal or plain(400, "400: Bad Request"), not keep_alive))
         else:
             request = Request(self.method, self.url.decode("latin-1"), self.headers,
-                              self.match_info, self.admitted)  # fmt: skip
+                              self.match_info, self.admitted, self.received)  # fmt: skip
             if self.body is not None:
                 request._body = self.body
             self.waiting.append((request, self.route.handler, self.path, keep_alive))
