@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 
@@ -122,3 +123,26 @@ def test_http10_and_connection_close_end_the_connection(agent):
         sock.sendall(request)
         assert read_response(sock, buffer)[0] == 200
         assert closed(sock)
+
+
+def test_the_deadline_starts_when_the_headers_arrive(agent):
+    """A body that arrives after the request's own timeout has passed (counted from
+    its headers) is answered 504, not served as if it had just come."""
+    doc = json.loads(BODY)
+    doc["parameters"] = {"timeout": 200_000}  # µs
+    body = json.dumps(doc).encode()
+    request = post(INFER, body)
+    head, tail = (
+        request[: request.index(b"\r\n\r\n") + 4],
+        request[request.index(b"\r\n\r\n") + 4 :],
+    )
+    with connect(agent) as sock:
+        sock.sendall(head)
+        time.sleep(0.4)  # the body comes late: twice the request's timeout
+        sock.sendall(tail)
+        status, _, payload = read_response(sock, bytearray())
+    assert status == 504, payload
+    with connect(agent) as sock:  # the same body, sent at once, is served
+        sock.sendall(request)
+        status, _, payload = read_response(sock, bytearray())
+    assert status == 200, payload
