@@ -104,7 +104,7 @@ class GreedyDualSizeFrequency(_OnDemand):
         # The cost of a miss grows faster than the promotion time: a promotion well
         # under the SLO costs (almost) nothing, a long one misses the SLO for the
         # request and for every request that queues behind it. Squaring the time
-        # protects the models whose promotions are long (measured: docs/benchmarks.md).
+        # protects the models whose promotions are long (measured: docs/lab-notebook.md).
         cost = max(c.promote_s, 1e-4) ** 2 * (2.0**c.priority)
         return c.credit + max(c.frequency, 1.0) * cost / max(c.bytes, 1) * 1e9
 

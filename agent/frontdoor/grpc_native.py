@@ -5,7 +5,7 @@ event loop.
 grpcio's asyncio server runs its C core beside the event loop with a poller
 thread of its own; under inference load on a small box that thread competes
 with the runners for the CPUs, and a pure-Python HTTP/2 stack costs more than
-it saves (docs/benchmarks.md). Here a connection is an asyncio protocol whose
+it saves (docs/lab-notebook.md). Here a connection is an asyncio protocol whose
 frames nghttp2 parses and writes; a call is a task on the agent's loop, and
 the responses that complete in one loop iteration leave in one write.
 

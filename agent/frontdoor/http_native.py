@@ -7,7 +7,7 @@ headers, content_length, path_qs, read) and returns a `web.Response`, whose
 status, headers and body are written here in one write (binary outputs as
 views of the output arrays: oip_response.py). What aiohttp adds per request
 (its request and response objects, its router, a task per request) is left
-out: one request costs about 30 µs less (docs/benchmarks.md).
+out: one request costs about 30 µs less (docs/lab-notebook.md).
 
 Everything is decided from the request line and headers, before a body byte is
 buffered: the route (404, 405 with `Allow`), the caller's credential (401,
