@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,7 +20,15 @@ from edgeplex.agent.batching.queues import Queues
 from edgeplex.agent.catalog.repository import ModelSource, scan_repository_versions, scan_versions
 from edgeplex.agent.catalog.triton_config import config_json
 from edgeplex.agent.config import AgentSettings
-from edgeplex.agent.fleet.forward import NO_ROUTE_RETRY_S, Peer, Router
+from edgeplex.agent.fleet.forward import (
+    NO_ROUTE_RETRY_S,
+    Forwarded,
+    GrpcForward,
+    HttpForward,
+    Peer,
+    Router,
+    via_peers,
+)
 from edgeplex.agent.fleet.load_window import LoadWindow
 from edgeplex.agent.fleet.routing import Local, Where, choose_route
 from edgeplex.agent.frontdoor.gate import InflightGate
@@ -61,6 +69,18 @@ class InferResult:
     # or "" when it was loaded already.
     cold_start: str
     variant: str = ""  # the variant that served it; "" as shipped
+    served_by: str = ""  # this site's id, in fleet mode
+
+
+class Decoded(Protocol):
+    """A request body, decoded by its door: what the core needs of it."""
+
+    @property
+    def inputs(self) -> list[InferInput]: ...
+    @property
+    def outputs(self) -> list[str] | None: ...
+    @property
+    def timeout_s(self) -> float | None: ...
 
 
 class Agent:
@@ -251,6 +271,45 @@ class Agent:
         raise error
 
     # --- inference ----------------------------------------------------------------------------
+
+    async def handle(
+        self,
+        name: str,
+        version: str,
+        header: Callable[[str], str | None],
+        forward: HttpForward | GrpcForward,
+        decode: Callable[[], Awaitable[Decoded]],
+        traceparent: str = "",
+        arrived: float | None = None,
+    ) -> InferResult | Forwarded:
+        """The one entry point of an inference request, for both doors. The route is
+        decided once (here, or the peers to try, as received: `forward`); a request
+        served here is decoded (`decode`, the door's) and served by `infer`.
+        `header` reads the request's headers (its hop headers count only from fleet
+        peers); `arrived` is when the door had them."""
+        router = self.router
+        if router is not None:
+            forwarded, origin = router.hop(header)
+            reply = await via_peers(
+                lambda: self.route(name, forwarded, origin),
+                lambda peers: router.forward(forward, peers, origin, traceparent),
+            )
+            if reply is not None:
+                return Forwarded(reply)
+        else:
+            origin = ""
+        body = await decode()
+        result = await self.infer(
+            name, version, body.inputs, body.outputs, body.timeout_s, origin, arrived
+        )
+        if router is not None:
+            result.served_by = router.site_id
+        return result
+
+    def tier_of(self, name: str) -> str:
+        """The tier `name` is in now ("" for a model this site does not know)."""
+        record = self.residency.get(name)
+        return str(record.tier) if record is not None else ""
 
     async def infer(
         self,

@@ -66,6 +66,37 @@ HTTP_RESPONSE_HEADERS = frozenset(
 
 
 @dataclass(frozen=True)
+class HttpForward:
+    """An HTTP inference request to pass on to a peer as received (still encoded)."""
+
+    model: str
+    path: str
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class GrpcForward:
+    """A gRPC ModelInfer request to pass on to a peer, with the deadline it has left."""
+
+    request: pb.ModelInferRequest
+    timeout_s: float | None
+
+
+# What a peer answered, in the protocol the request came in: (status, body,
+# headers) over HTTP, (response, trailers with the serving site first) over gRPC.
+HttpReply = tuple[int, bytes, dict[str, str]]
+GrpcReply = tuple[pb.ModelInferResponse, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """A request a peer served: its reply, in the request's own protocol."""
+
+    reply: HttpReply | GrpcReply
+
+
+@dataclass(frozen=True)
 class Peer:
     site_id: str
     address: str
@@ -145,6 +176,21 @@ class Router:
         self._down_until[peer.site_id] = time.monotonic() + PEER_BACKOFF_S
 
     # --- the two proxies ------------------------------------------------------------------
+
+    async def forward(
+        self, call: HttpForward | GrpcForward, peers: list[Peer], origin: str, traceparent: str
+    ) -> HttpReply | GrpcReply:
+        """Pass `call` on to the first of `peers` that holds its model, in its own
+        protocol. Raises StaleRoute when every peer tried said it does not hold it,
+        and a peer's gRPC error as a ServeError with the same status."""
+        if isinstance(call, HttpForward):
+            return await self.forward_http(
+                call.model, call.path, call.body, call.headers, peers, origin, traceparent
+            )
+        try:
+            return await self.forward_grpc(call.request, peers, origin, call.timeout_s, traceparent)
+        except grpc.aio.AioRpcError as exc:
+            raise peer_error(exc) from None
 
     async def forward_grpc(
         self,

@@ -12,16 +12,18 @@ import importlib
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, peer_error, via_peers
+from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, GrpcForward
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_bytes, request_timeout_s
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT, AccessEntry
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import Overloaded, ServeError
+from edgeplex.agent.oip.requests import InferInput
 from edgeplex.agent.oip.tensors import oip_datatype, to_raw
 from edgeplex.proto import edgeplex_agent_pb2 as ctl
 from edgeplex.proto import edgeplex_agent_pb2_grpc as ctl_grpc
@@ -78,6 +80,15 @@ def _requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., An
         return wrapper
 
     return decorate
+
+
+@dataclass(frozen=True)
+class Body:
+    """A ModelInfer request decoded: what the core serves from it."""
+
+    inputs: list[InferInput]
+    outputs: list[str] | None
+    timeout_s: float | None
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -161,12 +172,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _serve(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-        record = self.agent.residency.get(request.model_name)
         access = ACCESS.start(
             "grpc",
             request.model_name,
             request.model_version,
-            str(record.tier) if record is not None else "",
+            self.agent.tier_of(request.model_name),
             metadata.get(TRACEPARENT),
             metadata.get(REQUEST_ID) or request.id,
         )
@@ -185,43 +195,35 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         metadata: dict[str, str],
         access: AccessEntry,
     ) -> pb.ModelInferResponse:
-        router = self.agent.router
-        forwarded, origin = router.hop(metadata.get) if router else (False, "")
-        if router is not None:
-            try:  # the deadline left, at each attempt
-                forwarded_reply = await via_peers(
-                    lambda: self.agent.route(request.model_name, forwarded, origin),
-                    lambda peers: router.forward_grpc(
-                        request, peers, origin, request_timeout_s(request, context),
-                        access.traceparent,
-                    ),
-                )  # fmt: skip
-            except grpc.aio.AioRpcError as exc:
-                raise peer_error(exc) from None
-            if forwarded_reply is not None:
-                reply, passed = forwarded_reply  # served-by first
-                access.forwarded_to = passed[0][1]
-                context.set_trailing_metadata(passed)
-                return reply
-        inputs = decode_inputs(request, self.agent.settings.max_payload_bytes)
-        wanted = [o.name for o in request.outputs] or None
-        result = await self.agent.infer(
+        timeout_s = request_timeout_s(request, context)  # the deadline left
+
+        async def decode() -> Body:
+            inputs = decode_inputs(request, self.agent.settings.max_payload_bytes)
+            return Body(inputs, [o.name for o in request.outputs] or None, timeout_s)
+
+        outcome = await self.agent.handle(
             request.model_name,
             request.model_version,
-            inputs,
-            wanted,
-            request_timeout_s(request, context),
-            origin,
+            metadata.get,
+            GrpcForward(request, timeout_s),
+            decode,
+            access.traceparent,
             arrived=getattr(context, "received", None),  # the native door's; grpcio: now
         )
+        if isinstance(outcome, Forwarded):
+            reply, passed = outcome.reply  # type: ignore[misc]  # gRPC: served-by first
+            access.forwarded_to = passed[0][1]
+            context.set_trailing_metadata(passed)
+            return reply  # type: ignore[return-value]
+        result = outcome
         trailers = []
         if result.cold_start:
             trailers.append((COLD_START, result.cold_start))
             access.cold_start = result.cold_start
         if result.variant:
             trailers.append((VARIANT, result.variant))
-        if router is not None:
-            trailers.append((SERVED_BY, router.site_id))
+        if result.served_by:
+            trailers.append((SERVED_BY, result.served_by))
         if trailers:
             context.set_trailing_metadata(tuple(trailers))
         response = pb.ModelInferResponse(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, via_peers
+from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, HttpForward
 from edgeplex.agent.frontdoor import openapi
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.gate import Pass
@@ -221,12 +221,11 @@ class HttpApi:
         try:
             admitted = getattr(request, "admitted", None)  # by the native door, from its headers
             with self.agent.gate.hold(request.content_length or 0, admitted) as held:
-                record = self.agent.residency.get(model)
                 access = ACCESS.start(
                     "http",
                     model,
                     version,
-                    str(record.tier) if record is not None else "",
+                    self.agent.tier_of(model),
                     request.headers.get(TRACEPARENT),
                     request.headers.get(REQUEST_ID),
                 )
@@ -244,40 +243,39 @@ class HttpApi:
     async def _infer_logged(
         self, request: web.Request, model: str, version: str, held: Pass, access: AccessEntry
     ) -> web.Response:
-        router = self.agent.router
-        forwarded, origin = router.hop(request.headers.get) if router else (False, "")
         raw = await request.read()
         held.grow(len(raw))
-        if router is not None:  # forwarded as received, still encoded
-            reply = await via_peers(
-                lambda: self.agent.route(model, forwarded, origin),
-                lambda peers: router.forward_http(
-                    model, request.path_qs, raw, dict(request.headers), peers, origin,
-                    access.traceparent,
-                ),
-            )  # fmt: skip
-            if reply is not None:
-                status, payload, headers = reply
-                access.forwarded_to = headers.get(SERVED_BY, "")
-                return web.Response(status=status, body=payload, headers=headers)
         settings = self.agent.settings
         encoding = request.headers.get("Content-Encoding", "")
         split = request.headers.get(HEADER_LENGTH)
+        decoded: list[InferBody] = []
 
-        def decode() -> tuple[bytes, InferBody]:
+        def decode_now() -> tuple[bytes, InferBody]:
             body = decode_content(raw, encoding, 2 * settings.max_payload_bytes)
             return body, parse_infer_body(
                 body, split, settings.max_json_bytes, settings.max_payload_bytes
             )
 
-        # Large bodies are decoded on a worker thread, so the loop keeps serving.
-        body, parsed = decode() if len(raw) <= OFFLOAD_BYTES else await asyncio.to_thread(decode)
-        if body is not raw:
-            held.grow(len(raw) + len(body))  # the decompressed body is held as well
-        result = await self.agent.infer(
-            model, version, parsed.inputs, parsed.outputs, parsed.timeout_s, origin,
+        async def decode() -> InferBody:
+            # Large bodies are decoded on a worker thread, so the loop keeps serving.
+            small = len(raw) <= OFFLOAD_BYTES
+            body, parsed = decode_now() if small else await asyncio.to_thread(decode_now)
+            if body is not raw:
+                held.grow(len(raw) + len(body))  # the decompressed body is held as well
+            decoded.append(parsed)
+            return parsed
+
+        # Forwarded as received, still encoded, when the core routes it to a peer.
+        forward = HttpForward(model, request.path_qs, raw, dict(request.headers))
+        outcome = await self.agent.handle(
+            model, version, request.headers.get, forward, decode, access.traceparent,
             arrived=getattr(request, "received", None),  # the native door's; aiohttp: now
         )  # fmt: skip
+        if isinstance(outcome, Forwarded):
+            status, payload, headers = outcome.reply  # type: ignore[misc]
+            access.forwarded_to = headers.get(SERVED_BY, "")
+            return web.Response(status=status, body=payload, headers=headers)
+        result, (parsed,) = outcome, decoded
         response = encode_infer_response(
             parsed, result.entry.name, result.entry.version, result.outputs, self.buffers
         )
@@ -286,8 +284,8 @@ class HttpApi:
             access.cold_start = result.cold_start
         if result.variant:
             response.headers[VARIANT] = result.variant
-        if router is not None:
-            response.headers[SERVED_BY] = router.site_id
+        if result.served_by:
+            response.headers[SERVED_BY] = result.served_by
         return response
 
     async def openapi(self, request: web.Request) -> web.Response:
