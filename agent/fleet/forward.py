@@ -25,7 +25,7 @@ from __future__ import annotations
 import hmac
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -72,7 +72,7 @@ class HttpForward:
     model: str
     path: str
     body: bytes
-    headers: dict[str, str]
+    headers: Mapping[str, str]  # as received (copied only when passed on)
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ class Router:
         model: str,
         path: str,
         body: bytes,
-        headers: dict[str, str],
+        headers: Mapping[str, str],
         peers: list[Peer],
         origin: str,
         traceparent: str = "",

@@ -266,7 +266,7 @@ class HttpApi:
             return parsed
 
         # Forwarded as received, still encoded, when the core routes it to a peer.
-        forward = HttpForward(model, request.path_qs, raw, dict(request.headers))
+        forward = HttpForward(model, request.path_qs, raw, request.headers)
         outcome = await self.agent.handle(
             model, version, request.headers.get, forward, decode, access.traceparent,
             arrived=getattr(request, "received", None),  # the native door's; aiohttp: now
