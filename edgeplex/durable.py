@@ -59,7 +59,7 @@ def sweep_temporary(directory: Path, name: str) -> int:
     with contextlib.suppress(OSError):
         for entry in directory.glob(f".{name}.*.tmp"):
             pid = entry.name[len(name) + 2 :].split(".", 1)[0]
-            if pid.isdigit() and _alive(int(pid)):
+            if pid.isdigit() and alive(int(pid)):
                 continue
             with contextlib.suppress(OSError):
                 entry.unlink()
@@ -67,7 +67,10 @@ def sweep_temporary(directory: Path, name: str) -> int:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (a dead writer's leftovers may be swept)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

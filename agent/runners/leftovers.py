@@ -19,6 +19,8 @@ import shutil
 import time
 from pathlib import Path
 
+from edgeplex.durable import alive
+
 log = logging.getLogger("edgeplex.agent.runners")
 
 # Each followed by the agent's pid and a random part.
@@ -59,7 +61,7 @@ def sweep(parents: list[Path]) -> list[Path]:
 def _abandoned(entry: Path) -> bool:
     match = _RING_FILE.match(entry.name)
     if match is not None:
-        return not _alive(int(match.group(1)))
+        return not alive(int(match.group(1)))
     if not entry.name.startswith(PREFIXES) or not entry.is_dir() or entry.is_symlink():
         return False
     try:
@@ -68,7 +70,7 @@ def _abandoned(entry: Path) -> bool:
         fd = os.open(entry / LOCK, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         with contextlib.suppress(OSError):  # an earlier version's, or one being made
-            return time.time() - entry.stat().st_mtime > GRACE_S and not _alive(_pid(entry))
+            return time.time() - entry.stat().st_mtime > GRACE_S and not alive(_pid(entry))
         return False
     except OSError:
         return False
@@ -84,15 +86,3 @@ def _abandoned(entry: Path) -> bool:
 def _pid(entry: Path) -> int:
     digits = entry.name.split("-")[2] if entry.name.count("-") >= 3 else ""
     return int(digits) if digits.isdigit() else 0
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
