@@ -1,8 +1,10 @@
 """What both front doors serve: the protocol-neutral agent API.
 
-grpc_api.py and http_api.py decode wire requests into calls on `Agent` and
-encode what it returns; neither touches models or runners directly. All
-methods run on the agent's event loop.
+The doors (frontdoor/grpc.py, frontdoor/http.py) turn wire requests into calls
+on `Agent` and encode what it returns; an inference request enters through one
+method, `Agent.handle`, which routes it once and serves or forwards it. Neither
+door touches models, runners or routes. All methods run on the agent's event
+loop.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from inspect import isawaitable
 from typing import Any, Protocol
 
 import numpy as np
@@ -278,7 +281,7 @@ class Agent:
         version: str,
         header: Callable[[str], str | None],
         forward: HttpForward | GrpcForward,
-        decode: Callable[[], Awaitable[Decoded]],
+        decode: Callable[[], Decoded | Awaitable[Decoded]],
         traceparent: str = "",
         arrived: float | None = None,
     ) -> InferResult | Forwarded:
@@ -298,7 +301,8 @@ class Agent:
                 return Forwarded(reply)
         else:
             origin = ""
-        body = await decode()
+        decoded = decode()
+        body = await decoded if isawaitable(decoded) else decoded
         result = await self.infer(
             name, version, body.inputs, body.outputs, body.timeout_s, origin, arrived
         )

@@ -197,7 +197,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         timeout_s = request_timeout_s(request, context)  # the deadline left
 
-        async def decode() -> Body:
+        def decode() -> Body:
             inputs = decode_inputs(request, self.agent.settings.max_payload_bytes)
             return Body(inputs, [o.name for o in request.outputs] or None, timeout_s)
 

@@ -256,14 +256,19 @@ class HttpApi:
                 body, split, settings.max_json_bytes, settings.max_payload_bytes
             )
 
-        async def decode() -> InferBody:
-            # Large bodies are decoded on a worker thread, so the loop keeps serving.
-            small = len(raw) <= OFFLOAD_BYTES
-            body, parsed = decode_now() if small else await asyncio.to_thread(decode_now)
+        def settle(body: bytes, parsed: InferBody) -> InferBody:
             if body is not raw:
                 held.grow(len(raw) + len(body))  # the decompressed body is held as well
             decoded.append(parsed)
             return parsed
+
+        async def decode_off_loop() -> InferBody:
+            return settle(*await asyncio.to_thread(decode_now))
+
+        def decode() -> InferBody | Awaitable[InferBody]:
+            # Large bodies are decoded on a worker thread, so the loop keeps serving;
+            # small ones at once (no coroutine per request).
+            return decode_off_loop() if len(raw) > OFFLOAD_BYTES else settle(*decode_now())
 
         # Forwarded as received, still encoded, when the core routes it to a peer.
         forward = HttpForward(model, request.path_qs, raw, request.headers)
