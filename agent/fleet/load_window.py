@@ -12,8 +12,6 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from edgeplex.names import valid_name
-
 RESERVOIR = 1024
 MAX_MODELS = 10_000  # distinct names per interval; beyond it new names are not counted
 
@@ -37,8 +35,9 @@ class LoadWindow:
         self._started = time.monotonic()
 
     def record(self, model: str, region: str, seconds: float) -> None:
-        if not (valid_name(model) and valid_name(region)):
-            return  # the control plane refuses a report naming either
+        """`model` and `region` are names already (the control plane refuses a report
+        naming anything else): a repository's model or one checked by the caller, and
+        this site's region (checked in its settings) or a peer's checked hop header."""
         w = self._models.get(model)
         if w is None:
             if len(self._models) >= MAX_MODELS:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from edgeplex.names import NAME_RULE, valid_name
 from edgeplex.settings import ArtifactDeadline, ArtifactFileRoots, ArtifactSchemes
 from edgeplex.sizes import parse_size
 
@@ -86,6 +87,14 @@ class FleetSettings(BaseModel):
         description="PEM CA of the fleet's OIP certificates (security.tls_cert). Set: requests "
         "are forwarded to peers over TLS (https, secure gRPC) verified against it.",
     )
+
+    @field_validator("site_id", "region")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        """Checked once here, so nothing on the request path checks them again."""
+        if value and not valid_name(value):
+            raise ValueError(f"{value[:64]!r} is not a name: {NAME_RULE}")
+        return value
 
     @field_validator("max_artifact_bytes", mode="before")
     @classmethod
