@@ -27,6 +27,8 @@ import logging
 import os
 from pathlib import Path
 
+from edgeplex.durable import alive
+
 log = logging.getLogger("edgeplex.agent.runners.limits")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -151,7 +153,7 @@ def sweep_dead_groups(hierarchy: Path) -> None:
     once their runners are gone too)."""
     for base in hierarchy.glob("edgeplex-*"):
         pid = base.name.removeprefix("edgeplex-")
-        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+        if not pid.isdigit() or alive(int(pid)):
             continue
         for group in [g for g in base.iterdir() if g.is_dir()] + [base]:
             with contextlib.suppress(OSError):
