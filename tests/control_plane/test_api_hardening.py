@@ -84,16 +84,23 @@ def test_site_addresses_the_control_plane_must_not_be_sent_to() -> None:
     check_address("address", "10.1.2.3:8001", required=True, allow_loopback=False)
 
 
+def registered(
+    cp: ControlPlane, channel: grpc.Channel, site: str
+) -> tuple[pb_grpc.AgentServiceStub, tuple[tuple[str, str], ...]]:
+    """A site added, registered in region a: its AgentService stub and credentials."""
+    metadata = (("authorization", f"Bearer {join_token(cp, site, 'a')}"),)
+    agents = pb_grpc.AgentServiceStub(channel)
+    agents.Register(
+        pb.RegisterRequest(site_id=site, region="a", address="127.0.0.1:9"),
+        metadata=metadata,
+        timeout=10,
+    )
+    return agents, metadata
+
+
 def test_a_report_that_is_not_one_is_refused(cp: ControlPlane) -> None:
-    token = join_token(cp, "s1", "a")
-    metadata = (("authorization", f"Bearer {token}"),)
     with grpc.insecure_channel(cp.address) as channel:
-        agents = pb_grpc.AgentServiceStub(channel)
-        agents.Register(
-            pb.RegisterRequest(site_id="s1", region="a", address="127.0.0.1:9"),
-            metadata=metadata,
-            timeout=10,
-        )
+        agents, metadata = registered(cp, channel, "s1")
         bad = pb.LoadReport(
             site_id="s1", models=[pb.ModelLoad(name="m", rate_by_region={"a": float("inf")})]
         )
@@ -104,8 +111,6 @@ def test_a_report_that_is_not_one_is_refused(cp: ControlPlane) -> None:
 
 
 def test_a_rotated_join_token_ends_the_open_report_stream(cp: ControlPlane) -> None:
-    token = join_token(cp, "s2", "a")
-    metadata = (("authorization", f"Bearer {token}"),)
     outbox: queue.Queue[pb.LoadReport | None] = queue.Queue()
 
     def reports() -> Iterator[pb.LoadReport]:
@@ -119,12 +124,7 @@ def test_a_rotated_join_token_ends_the_open_report_stream(cp: ControlPlane) -> N
         outbox.put(None)
 
     with grpc.insecure_channel(cp.address) as channel:
-        agents = pb_grpc.AgentServiceStub(channel)
-        agents.Register(
-            pb.RegisterRequest(site_id="s2", region="a", address="127.0.0.1:9"),
-            metadata=metadata,
-            timeout=10,
-        )
+        agents, metadata = registered(cp, channel, "s2")
         threading.Thread(target=feed, daemon=True).start()
         result: list[grpc.StatusCode] = []
 

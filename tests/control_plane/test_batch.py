@@ -186,11 +186,13 @@ def test_results_are_capped_and_expire_with_their_job(tmp_path: Path) -> None:
     real HTTP site)."""
     import asyncio
 
+    import aiohttp
     from aiohttp import web
 
     from edgeplex.control_plane import batch
     from edgeplex.control_plane.store import ShardLease, Store
     from tests.services import RedisServer
+    from tests.support.fake_site import fake_infer_site
 
     redis_server = RedisServer(tmp_path)
     redis_server.start()
@@ -201,27 +203,17 @@ def test_results_are_capped_and_expire_with_their_job(tmp_path: Path) -> None:
         return web.json_response({"outputs": [{"data": "x" * size}]})
 
     async def scenario() -> None:
-        app = web.Application()
-        app.router.add_post("/v2/models/m/infer", infer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        http_site = web.TCPSite(runner, "127.0.0.1", 0)
-        await http_site.start()
-        port = http_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         store = Store(redis_server.url)
-        try:
+        async with fake_infer_site(infer) as port, aiohttp.ClientSession() as session:
             job, shards = batch.make_job("m", [body(0), body(1)], 2)
             await store.put_batch(job, shards)
             runs = batch.BatchRunner(store, None, {})  # type: ignore[arg-type]
-            import aiohttp
-
-            runs._http = aiohttp.ClientSession()
+            runs._http = session
             runs._busy["s1"] = 1
             where = batch.SiteLoad("s1", "a", f"127.0.0.1:{port}", True, False, 0.0, frozenset())
             lease = ShardLease("s1", time.time() + 60, 1)
             await store.lease_batch_shard(job.job_id, 0, "", lease)
             await runs._run_shard(job, 0, where, lease)
-            await runs._http.close()
             (raw,) = (await store.batch_outputs(job.job_id)).values()
             first, second = json.loads(raw)
             assert "exceeds" in json.loads(first)["error"]
@@ -235,8 +227,7 @@ def test_results_are_capped_and_expire_with_their_job(tmp_path: Path) -> None:
             assert await store.get_batch(job.job_id) is None
             assert await store.batch_outputs(job.job_id) == {}
             assert await store.get_batch(fresh.job_id) is not None
-        finally:
-            await runner.cleanup()
+        await store.close()
 
     try:
         asyncio.run(scenario())

@@ -16,6 +16,7 @@ from edgeplex.control_plane.leader import LeaderLease
 from edgeplex.control_plane.store import ShardLease, Store
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from tests.services import RedisServer
+from tests.support.fake_site import fake_infer_site
 
 pytestmark = pytest.mark.slow
 
@@ -113,13 +114,10 @@ def test_a_deposed_leader_stops_its_runs_and_the_new_leader_finishes_them(
         return web.json_response({"outputs": [{"name": "y", "data": [len(calls)]}]})
 
     async def scenario() -> list[str]:
-        app = web.Application()
-        app.router.add_post("/v2/models/m/infer", infer)
-        web_runner = web.AppRunner(app)
-        await web_runner.setup()
-        site = web.TCPSite(web_runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        async with fake_infer_site(infer) as port:
+            return await run(port)
+
+    async def run(port: int) -> list[str]:
         store = Store(redis_url)
         await store.redis.flushdb()  # no sites or jobs from the tests before
         replicas = []
@@ -158,7 +156,6 @@ def test_a_deposed_leader_stops_its_runs_and_the_new_leader_finishes_them(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await store.close()
-            await web_runner.cleanup()
 
     outputs = asyncio.run(scenario())
     assert [json.loads(o)["outputs"][0]["data"] for o in outputs] == [[2]]
