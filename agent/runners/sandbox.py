@@ -37,7 +37,7 @@ import platform
 import resource
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from edgeplex.agent.runners import ipc, landlock, seccomp
 
@@ -106,6 +106,15 @@ def clone() -> int:
     return int(pid)
 
 
+def clone_or_fork() -> tuple[int, str]:
+    """clone() where the host allows new namespaces, else a plain fork: (the pid as
+    fork returns it, "" or why the child has no namespaces of its own)."""
+    try:
+        return clone(), ""
+    except (OSError, SandboxError) as exc:
+        return os.fork(), str(exc)
+
+
 class Sandbox:
     """Applies the layers to this child process, per its SpawnRunner request."""
 
@@ -155,10 +164,10 @@ class Sandbox:
         self._layer("seccomp", lambda: seccomp.install(self.seccomp_program))
         return self.layers
 
-    def _layer(self, name: str, step: object) -> None:
+    def _layer(self, name: str, step: Callable[[], object]) -> None:
         started = time.perf_counter_ns()
         try:
-            outcome = step()  # type: ignore[operator]
+            outcome = step()
             self.layers[name] = outcome if isinstance(outcome, str) and outcome else ON
         except (OSError, SandboxError, landlock.Unavailable, seccomp.Unavailable) as exc:
             self.layers[name] = str(exc) or type(exc).__name__
@@ -295,12 +304,7 @@ def probe(request: ipc.SpawnRunner, seccomp_program: bytes | None = None) -> dic
     and exits. Run by the zygote at start (single-threaded, like every clone)."""
     read, write = os.pipe()
     uid, gid = os.geteuid(), os.getegid()
-    no_namespaces = ""
-    try:
-        pid = clone()
-    except (OSError, SandboxError) as exc:
-        no_namespaces = str(exc)
-        pid = os.fork()
+    pid, no_namespaces = clone_or_fork()
     if pid == 0:
         os.close(read)
         code = 0

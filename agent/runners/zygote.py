@@ -100,16 +100,10 @@ class Zygote:
 
     def _spawn(self, request: ipc.SpawnRunner) -> None:
         go_read, go_write = os.pipe()  # the child waits on it until it is in its groups
-        no_namespaces = self._no_namespaces or "runner.sandbox is off"
-        if request.sandbox != "off" and not self._no_namespaces:
-            try:
-                pid = sandbox.clone()
-                no_namespaces = ""
-            except OSError as exc:
-                pid = os.fork()
-                no_namespaces = str(exc)
+        if request.sandbox == "off" or self._no_namespaces:
+            pid, no_namespaces = os.fork(), self._no_namespaces or "runner.sandbox is off"
         else:
-            pid = os.fork()
+            pid, no_namespaces = sandbox.clone_or_fork()
         if pid == 0:
             code = 0
             try:
