@@ -17,6 +17,7 @@ from edgeplex.control_plane.publisher import Publisher
 from edgeplex.fleet import parse_mqtt_url
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
+from edgeplex.rig.certs import issue
 from edgeplex.signing import DESIRED, Signer, TrustStore
 from tests.conftest import start_agent
 from tests.services import ControlPlane, Mosquitto, RedisServer
@@ -25,23 +26,13 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    """A CA (trust/ca.pem), a server certificate for 127.0.0.1 (server/) and a client
+    certificate naming the site tls1 (tls1/), made as the compose rig makes its own."""
     d = tmp_path_factory.mktemp("pki")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-            "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
-    for name, san in (("server", "IP:127.0.0.1,DNS:localhost"), ("client", "DNS:tls1")):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
-        (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
-                "-out", f"{name}.pem", cwd=d)  # fmt: skip
+    issue(d, "server", ["127.0.0.1", "localhost"])
+    issue(d, "tls1", ["tls1"])
     return d
 
 
@@ -52,9 +43,9 @@ def test_agent_link_with_mutual_tls(pki: Path, tmp_path: Path) -> None:
     m.start()
     cp = ControlPlane(
         tmp_path, r, m.url(),
-        EDGEPLEX_CP_TLS_CERT=str(pki / "server.pem"),
-        EDGEPLEX_CP_TLS_KEY=str(pki / "server.key"),
-        EDGEPLEX_CP_TLS_CLIENT_CA=str(pki / "ca.pem"),
+        EDGEPLEX_CP_TLS_CERT=str(pki / "server" / "cert.pem"),
+        EDGEPLEX_CP_TLS_KEY=str(pki / "server" / "key.pem"),
+        EDGEPLEX_CP_TLS_CLIENT_CA=str(pki / "trust" / "ca.pem"),
     )  # fmt: skip
     cp.start()
     repo = tmp_path / "repo"
@@ -63,7 +54,7 @@ def test_agent_link_with_mutual_tls(pki: Path, tmp_path: Path) -> None:
     try:
         register = pb.RegisterRequest(site_id="x1", region="a", address="127.0.0.1:1")
         # Without a client certificate the handshake fails.
-        creds = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+        creds = grpc.ssl_channel_credentials((pki / "trust" / "ca.pem").read_bytes())
         with grpc.secure_channel(cp.address, creds) as channel:
             with pytest.raises(grpc.RpcError) as info:
                 pb_grpc.AgentServiceStub(channel).Register(register, timeout=5)
@@ -79,9 +70,9 @@ def test_agent_link_with_mutual_tls(pki: Path, tmp_path: Path) -> None:
                 "EDGEPLEX_AGENT_FLEET__SITE_ID": "tls1",
                 "EDGEPLEX_AGENT_FLEET__REGION": "a",
                 "EDGEPLEX_AGENT_FLEET__MQTT_URL": m.url(),
-                "EDGEPLEX_AGENT_FLEET__TLS_CA": str(pki / "ca.pem"),
-                "EDGEPLEX_AGENT_FLEET__TLS_CERT": str(pki / "client.pem"),
-                "EDGEPLEX_AGENT_FLEET__TLS_KEY": str(pki / "client.key"),
+                "EDGEPLEX_AGENT_FLEET__TLS_CA": str(pki / "trust" / "ca.pem"),
+                "EDGEPLEX_AGENT_FLEET__TLS_CERT": str(pki / "tls1" / "cert.pem"),
+                "EDGEPLEX_AGENT_FLEET__TLS_KEY": str(pki / "tls1" / "key.pem"),
             },
         )
         client = redis.Redis.from_url(r.url)
@@ -171,13 +162,13 @@ def test_agents_serve_tls_and_forward_to_peers_over_it(pki: Path, tmp_path: Path
     cp.start()
     fleet = Fleet(tmp_path, r, m, cp)
     tls = {
-        "EDGEPLEX_AGENT_SECURITY__TLS_CERT": str(pki / "server.pem"),
-        "EDGEPLEX_AGENT_SECURITY__TLS_KEY": str(pki / "server.key"),
-        "EDGEPLEX_AGENT_FLEET__PEER_TLS_CA": str(pki / "ca.pem"),
+        "EDGEPLEX_AGENT_SECURITY__TLS_CERT": str(pki / "server" / "cert.pem"),
+        "EDGEPLEX_AGENT_SECURITY__TLS_KEY": str(pki / "server" / "key.pem"),
+        "EDGEPLEX_AGENT_FLEET__PEER_TLS_CA": str(pki / "trust" / "ca.pem"),
     }
     try:
-        a1 = fleet.start_agent("a1", "a", tls, tls_ca=pki / "ca.pem")
-        b1 = fleet.start_agent("b1", "b", tls, tls_ca=pki / "ca.pem")
+        a1 = fleet.start_agent("a1", "a", tls, tls_ca=pki / "trust" / "ca.pem")
+        b1 = fleet.start_agent("b1", "b", tls, tls_ca=pki / "trust" / "ca.pem")
         demo.make_mlp(tmp_path / "src" / "b_only", width=64, layers=2, in_width=32)
         fleet.add_model(
             "b_only",
@@ -186,7 +177,7 @@ def test_agents_serve_tls_and_forward_to_peers_over_it(pki: Path, tmp_path: Path
             min_replicas=1,
         )
         wait_until(lambda: agent_tier(b1, "b_only") == "loaded", 40, what="b_only at b1")
-        context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        context = ssl.create_default_context(cafile=str(pki / "trust" / "ca.pem"))
         body = json.dumps(
             {"inputs": [{"name": "input", "shape": [1, 32], "datatype": "FP32", "data": [1] * 32}]}
         ).encode()
@@ -199,7 +190,7 @@ def test_agents_serve_tls_and_forward_to_peers_over_it(pki: Path, tmp_path: Path
         assert wait_until(lambda: served_by() == "b1", 40, what="a1 forwards to b1 over TLS")
         with pytest.raises(OSError):  # clear text is not served
             urllib.request.urlopen(f"http://{a1.http_url}/v2/health/ready", timeout=5)
-        creds = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+        creds = grpc.ssl_channel_credentials((pki / "trust" / "ca.pem").read_bytes())
         with grpc.secure_channel(a1.grpc_url, creds) as channel:
             from edgeplex.proto import inference_pb2 as ipb
             from edgeplex.proto import inference_pb2_grpc as ipb_grpc
