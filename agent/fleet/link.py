@@ -76,9 +76,10 @@ def check_first_contact(fleet: FleetSettings) -> None:
         )
     if fleet.allow_plaintext:
         return
-    targets = [t.strip() for t in fleet.control_plane.split(",") if t.strip()]
     mqtt = parse_mqtt_url(fleet.mqtt_url)
-    clear = [t for t in targets if fleet.tls_ca is None and not is_loopback(_host(t))]
+    clear = [
+        t for t in fleet.control_plane_targets if fleet.tls_ca is None and not is_loopback(_host(t))
+    ]
     if not mqtt.tls and not is_loopback(mqtt.host):
         clear.append(f"mqtt://{mqtt.host}:{mqtt.port}")
     if clear:
@@ -105,7 +106,7 @@ class FleetLink:
         self._http_address = fleet.advertise_http_address or f"{settings.http_host}:{http_port}"
         self._mqtt = parse_mqtt_url(fleet.mqtt_url)
         # Replicas of the control plane: the first that answers; the next on failure.
-        self._targets = [t.strip() for t in (fleet.control_plane or "").split(",") if t.strip()]
+        self._targets = fleet.control_plane_targets
         check_first_contact(fleet)
         self._target_ix = 0
         artifact_dir = fleet.artifact_dir or settings.model_repo / ".artifacts"

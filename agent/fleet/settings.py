@@ -88,6 +88,11 @@ class FleetSettings(BaseModel):
         "are forwarded to peers over TLS (https, secure gRPC) verified against it.",
     )
 
+    @property
+    def control_plane_targets(self) -> list[str]:
+        """The control plane's replicas (host:port), in the order they are tried."""
+        return [t.strip() for t in (self.control_plane or "").split(",") if t.strip()]
+
     @field_validator("site_id", "region")
     @classmethod
     def _name(cls, value: str) -> str:
