@@ -178,9 +178,11 @@ def _wrk(
         return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     return {
         "rps": rps,
+        "requests": requests,
         "p50_ms": ms("50%"),
         "p99_ms": ms("99%"),
         "errors": int(non2xx.group(1)) if non2xx else 0,

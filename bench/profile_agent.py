@@ -49,7 +49,9 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
-def grpc_load(url: str, duration: float, in_flight: int = CONCURRENCY) -> dict[str, float]:
+def grpc_load(
+    url: str, duration: float, in_flight: int = CONCURRENCY, model: str = "mlp"
+) -> dict[str, float]:
     import tritonclient.grpc.aio as grpcclient
 
     async def main() -> int:
@@ -63,7 +65,7 @@ def grpc_load(url: str, duration: float, in_flight: int = CONCURRENCY) -> dict[s
         async def worker() -> None:
             nonlocal done
             while time.perf_counter() < stop:
-                await client.infer("mlp", inputs)
+                await client.infer(model, inputs)
                 done += 1
 
         await asyncio.gather(*(worker() for _ in range(in_flight)))
@@ -71,7 +73,7 @@ def grpc_load(url: str, duration: float, in_flight: int = CONCURRENCY) -> dict[s
         return done
 
     served = asyncio.run(main())
-    return {"rps": served / duration}
+    return {"rps": served / duration, "requests": served}
 
 
 def summarise(folded: Path, expected: float) -> tuple[str, dict[str, float]]:
