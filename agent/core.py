@@ -10,9 +10,9 @@ loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from inspect import isawaitable
+from inspect import iscoroutine
 from typing import Any, Protocol
 
 import numpy as np
@@ -96,6 +96,9 @@ class Agent:
         promotions: Promotions,
     ) -> None:
         self.settings = settings
+        # Held, not looked up per request: asyncio.get_running_loop() costs a getpid()
+        # system call on every call (its fork check).
+        self.loop = asyncio.get_running_loop()
         self.residency = residency
         self.queues = queues
         self.runners = runners
@@ -215,7 +218,7 @@ class Agent:
         await self._settled(self.residency.unload(name))
 
     async def _settled(self, ticket: Ticket) -> None:
-        await ticket.wait(asyncio.get_running_loop())
+        await ticket.wait(self.loop)
         if ticket.error is not None:
             raise ticket.error
 
@@ -281,59 +284,35 @@ class Agent:
         version: str,
         header: Callable[[str], str | None],
         forward: HttpForward | GrpcForward,
-        decode: Callable[[], Decoded | Awaitable[Decoded]],
-        traceparent: str = "",
+        decode: Callable[[], Decoded | Coroutine[Any, Any, Decoded]],
+        traceparent: Callable[[], str] = str,
         arrived: float | None = None,
     ) -> InferResult | Forwarded:
-        """The one entry point of an inference request, for both doors. The route is
-        decided once (here, or the peers to try, as received: `forward`); a request
-        served here is decoded (`decode`, the door's) and served by `infer`.
+        """The one entry point of an inference request, for both doors.
+
+        The route is decided once: here, or the peers to try, with the request as
+        received (`forward`). A request served here is decoded (`decode`, the
+        door's), validated, admitted through residency (a lease, or a wait for the
+        model's promotion), queued, and awaited; all within one deadline that starts
+        at `arrived`, the loop.time() the door had the request's headers (now when
+        the door cannot tell), and is the earliest of the caller's and the model's.
         `header` reads the request's headers (its hop headers count only from fleet
-        peers); `arrived` is when the door had them."""
+        peers); `traceparent` gives the header a forward carries (this hop's span
+        id is drawn only when one is made). Raises ServeError subclasses."""
+        loop = self.loop
+        arrived = loop.time() if arrived is None else arrived
         router = self.router
+        origin = ""
         if router is not None:
             forwarded, origin = router.hop(header)
             reply = await via_peers(
                 lambda: self.route(name, forwarded, origin),
-                lambda peers: router.forward(forward, peers, origin, traceparent),
+                lambda peers: router.forward(forward, peers, origin, traceparent()),
             )
             if reply is not None:
                 return Forwarded(reply)
-        else:
-            origin = ""
         decoded = decode()
-        body = await decoded if isawaitable(decoded) else decoded
-        result = await self.infer(
-            name, version, body.inputs, body.outputs, body.timeout_s, origin, arrived
-        )
-        if router is not None:
-            result.served_by = router.site_id
-        return result
-
-    def tier_of(self, name: str) -> str:
-        """The tier `name` is in now ("" for a model this site does not know)."""
-        record = self.residency.get(name)
-        return str(record.tier) if record is not None else ""
-
-    async def infer(
-        self,
-        name: str,
-        version: str,
-        inputs: list[InferInput],
-        outputs: list[str] | None,
-        timeout_s: float | None,
-        origin: str = "",
-        arrived: float | None = None,
-    ) -> InferResult:
-        """Validate, admit, wait for the model if it is promoted, queue, and wait for
-        the batch result; all within one deadline from arrival (the earliest of the
-        caller's and the model's). `arrived` is the loop.time() the door had the
-        request's headers (now when the door cannot tell): reading and decoding the
-        body count against the deadline. Raises ServeError subclasses. `origin` is the
-        region the request came from (a forwarder's header); the agent's own region
-        when empty. It feeds the demand the control plane sees."""
-        loop = asyncio.get_running_loop()
-        arrived = loop.time() if arrived is None else arrived
+        body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
         record: ModelRecord | None = None
         ticket: Ticket | None = None
         self._inflight += 1
@@ -342,19 +321,14 @@ class Agent:
             if self.draining:
                 raise Unavailable("the agent is shutting down")
             if self.on_demand is not None and self.residency.get(name) is None and valid_name(name):
-                wait_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+                wait_s = DEFAULT_TIMEOUT_S if body.timeout_s is None else body.timeout_s
                 await self.on_demand(name, version, origin or self.region, wait_s)
             record = self.entry(name, version)
             METRICS.of_model(name).requests.inc()
-            limit = record.config.timeout_ms / 1000 if record.source.config else DEFAULT_TIMEOUT_S
-            if timeout_s is not None:
-                if timeout_s <= 0:
-                    raise DeadlineExceeded(f"model '{name}': request arrived past its deadline")
-                limit = min(limit, timeout_s)
-            deadline = arrived + limit
+            deadline = arrived + self._time_limit(record, body.timeout_s)
             if record.phase == Phase.FAILED:  # no interface to validate against
                 raise ModelFailed(f"model '{name}' failed to load: {record.reason}")
-            given, batch = validate(record, inputs, outputs)  # before anything is promoted
+            given, batch = validate(record, body.inputs, body.outputs)  # before any promotion
             ticket = self.residency.admit(name, version, deadline)
             if not ticket.settled:
                 waited = await ticket.wait(loop)
@@ -370,7 +344,7 @@ class Agent:
             assert queue is not None, "a lease always has a queue"
             request = Request(
                 inputs=given,
-                outputs=outputs,
+                outputs=body.outputs,
                 batch_size=batch,
                 key=batch_key(given, record.max_batch_size > 0),
                 deadline=deadline,
@@ -381,12 +355,13 @@ class Agent:
             # batcher skips requests whose future is already done.
             timer = loop.call_at(deadline, _time_out, request.future, name)
             try:
-                result = await request.future
+                outputs = await request.future
             finally:
                 timer.cancel()
             if request.form:
                 METRICS.variant_requests.labels(model=name, variant=request.form).inc()
-            return InferResult(record, result, ticket.cold_start, request.form)
+            served_by = router.site_id if router is not None else ""
+            return InferResult(record, outputs, ticket.cold_start, request.form, served_by)
         except ServeError as exc:
             # Series exist only for models in the repository: an unknown name counts
             # under the empty label, so a client cannot mint series.
@@ -410,6 +385,21 @@ class Agent:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+
+    @staticmethod
+    def _time_limit(record: ModelRecord, timeout_s: float | None) -> float:
+        """Seconds the request may take: the earliest of the caller's and the model's."""
+        limit = record.config.timeout_ms / 1000 if record.source.config else DEFAULT_TIMEOUT_S
+        if timeout_s is not None:
+            if timeout_s <= 0:
+                raise DeadlineExceeded(f"model '{record.name}': request arrived past its deadline")
+            limit = min(limit, timeout_s)
+        return limit
+
+    def tier_of(self, name: str) -> str:
+        """The tier `name` is in now ("" for a model this site does not know)."""
+        record = self.residency.get(name)
+        return str(record.tier) if record is not None else ""
 
     # --- lifecycle ------------------------------------------------------------------------
 

@@ -121,6 +121,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples a second")
     parser.add_argument("--in-flight", type=int, default=CONCURRENCY, help="calls in flight")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="sample C frames too (py-spy --native; pauses the agent "
+        "for each sample, which overstates system calls)",
+    )
     parser.add_argument("--out", type=Path, default=Path(".cache/profile"))
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -135,7 +141,9 @@ def main() -> None:
             agent.post("/v2/repository/models/mlp/load")
             (zygote,) = children(agent.proc.pid)
             runners = children(zygote)
-            targets = {"agent": agent.proc.pid, **{f"runner-{p}": p for p in runners[:1]}}
+            targets = {"agent": agent.proc.pid}
+            if not args.native:  # py-spy cannot unwind a sandboxed runner's C frames
+                targets |= {f"runner-{p}": p for p in runners[:1]}
             spies = {
                 name: subprocess.Popen(
                     [
@@ -149,7 +157,8 @@ def main() -> None:
                         str(int(args.duration)),
                         "--format",
                         "raw",
-                        "--nonblocking",
+                        # Native stacks need the process paused for each sample.
+                        "--native" if args.native else "--nonblocking",
                         "--threads",
                         "--output",
                         str(args.out / f"{name}.folded"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -44,9 +45,11 @@ from edgeplex.agent.oip.errors import (
 )
 
 # The result of a batch: (outputs, compute_ns, the form that ran them).
-Outcome = Awaitable[tuple[dict[str, np.ndarray], int, str]]
-# execute(inputs, output_names): called when the batch starts; awaited for its result.
-Execute = Callable[[dict[str, np.ndarray], list[str] | None], Outcome]
+BatchResult = tuple[dict[str, np.ndarray], int, str]
+# execute(inputs, output_names): called when the batch starts; what it returns is
+# awaited, then given to `read` for the batch's result (or its error).
+Execute = Callable[[dict[str, np.ndarray], list[str] | None], Awaitable[Any]]
+Read = Callable[["asyncio.Future[Any]"], BatchResult]
 
 
 class Batcher:
@@ -60,6 +63,7 @@ class Batcher:
         instance_count: int,
         execute: Execute,
         ready: asyncio.Event,
+        read: Read | None = None,
         stats: ModelStats,
     ) -> None:
         self.model = model
@@ -67,16 +71,17 @@ class Batcher:
         self.max_queue_delay_s = max_queue_delay_us / 1e6
         self.max_queue_size = max_queue_size
         self._execute = execute
+        self._read: Read = read or _result
         self._ready = ready  # set by the model table while the model can serve
         self._stats = stats
         self._queue: deque[Request] = deque()
-        self._arrived = asyncio.Event()
+        self._arrived = Wakeup()
         self.instances = instance_count
         self._free_slots = instance_count  # batches that may start now
         self.last_queued = time.monotonic()  # when the queue was last non-empty
         self._running = 0  # requests in batches that have started
-        self._slot_freed = asyncio.Event()
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._slot_freed = Wakeup()
+        self._inflight: set[asyncio.Future[Any]] = set()  # batches sent, not answered
         self._closed: ServeError | None = None
         self._suspects = 0  # group ids of split batches
         self._task = asyncio.create_task(self._run(), name=f"batcher-{model}")
@@ -152,7 +157,7 @@ class Batcher:
             self._expire(loop.time())
             if not self._queue:
                 self._arrived.clear()
-                await self._arrived.wait()
+                await self._arrived.wait(loop)
                 continue
             if not await self._ready_or_expire(loop):
                 continue
@@ -170,7 +175,8 @@ class Batcher:
 
     def _start(self, batch: list[Request]) -> None:
         """Hand the batch to `execute` now (an idle runner starts on it within this
-        loop iteration); a task waits for its result."""
+        loop iteration); its result is taken by a callback (no task per batch when
+        `execute` returns a future, as the runner dispatch does)."""
         self._free_slots -= 1
         self._running += len(batch)
         started = time.monotonic()
@@ -182,11 +188,14 @@ class Batcher:
         assembled = time.monotonic()
         try:
             outcome = self._execute(inputs, wanted)
+            result = (
+                outcome if isinstance(outcome, asyncio.Future) else asyncio.ensure_future(outcome)
+            )
         except Exception as exc:  # raised before the batch left: handled as if after
-            outcome = _raise(exc)
-        task = asyncio.create_task(self._dispatch(batch, outcome, started, assembled))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+            result = asyncio.get_running_loop().create_future()
+            result.set_exception(exc)
+        self._inflight.add(result)
+        result.add_done_callback(functools.partial(self._finished, batch, started, assembled))
 
     async def _ready_or_expire(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait for the model to serve, at most until the earliest queued deadline."""
@@ -204,8 +213,7 @@ class Batcher:
         """Wait for a running batch to finish, at most until the earliest deadline."""
         self._slot_freed.clear()
         earliest = min((r.deadline for r in self._queue), default=loop.time() + 1.0)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._slot_freed.wait(), max(0.0, earliest - loop.time()))
+        await self._slot_freed.wait(loop, earliest)
 
     async def _gather_more(self, loop: asyncio.AbstractEventLoop) -> None:
         head = self._queue[0]
@@ -215,8 +223,7 @@ class Batcher:
             if remaining <= 0:
                 return
             self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+            await self._arrived.wait(loop, until)
 
     def _expire(self, now: float) -> None:
         if not any(r.deadline <= now for r in self._queue):
@@ -235,22 +242,25 @@ class Batcher:
         self._queue = keep
         self._depth.set(len(keep))
 
-    async def _dispatch(
-        self, batch: list[Request], outcome: Outcome, started: float, assembled: float
+    def _finished(
+        self, batch: list[Request], started: float, assembled: float, result: asyncio.Future[Any]
     ) -> None:
+        """A batch's result is in (or its error): answer its requests, free its slot."""
+        self._inflight.discard(result)
         try:
-            await self._execute_batch(batch, outcome, started, assembled)
+            if not result.cancelled():
+                self._answer(batch, result, started, assembled)
         finally:
             self._free_slots += 1
             self._running -= len(batch)
             self._slot_freed.set()
 
-    async def _execute_batch(
-        self, batch: list[Request], outcome: Outcome, started: float, assembled: float
+    def _answer(
+        self, batch: list[Request], result: asyncio.Future[Any], started: float, assembled: float
     ) -> None:
         batching = self.max_batch_size > 0
         try:
-            outputs, compute_ns, form = await outcome
+            outputs, compute_ns, form = self._read(result)
         except RunnerLost:
             self._redispatch_or_fail(batch)
             return
@@ -323,10 +333,47 @@ def _union_outputs(batch: list[Request]) -> list[str] | None:
     return list(names)
 
 
+def _result(done: asyncio.Future[Any]) -> BatchResult:
+    """What an `execute` without its own `read` returned: the batch's result."""
+    return done.result()  # type: ignore[no-any-return]
+
+
 def _fail(request: Request, error: Any) -> None:
     if not request.future.done():
         request.future.set_exception(error)
 
 
-async def _raise(exc: Exception) -> tuple[dict[str, np.ndarray], int, str]:
-    raise exc
+class Wakeup:
+    """The batcher loop's wake-up: `set` wakes its one waiter, or `wait` returns at
+    `until` (loop time). An asyncio.Event with wait_for would make a task per wait."""
+
+    __slots__ = ("_is_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._is_set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._is_set = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._is_set = False
+
+    async def wait(self, loop: asyncio.AbstractEventLoop, until: float | None = None) -> None:
+        if self._is_set:
+            return
+        waiter = self._waiter = loop.create_future()
+        timer = None if until is None else loop.call_at(until, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

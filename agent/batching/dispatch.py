@@ -9,18 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Hashable
+from collections.abc import Hashable
 from typing import Protocol
 
 import numpy as np
 
-from edgeplex.agent.batching.batcher import Batcher
+from edgeplex.agent.batching.batcher import Batcher, BatchResult
 from edgeplex.agent.catalog.model_config import ModelConfig
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.oip.errors import InferenceFailed, InvalidInput, RunnerLost
 from edgeplex.agent.runners import framing, ipc
-from edgeplex.agent.runners.supervisor import RunnerPool, RunnerProcess
+from edgeplex.agent.runners.supervisor import RunnerPool
 
 log = logging.getLogger("edgeplex.agent.batching")
 
@@ -51,26 +51,36 @@ def make_batcher(
 
     def execute(
         inputs: dict[str, np.ndarray], outputs: list[str] | None
-    ) -> Awaitable[tuple[dict[str, np.ndarray], int, str]]:
-        """Write the batch to the runner now; the awaitable is its result."""
+    ) -> asyncio.Future[tuple[ipc.Message, memoryview]]:
+        """Write the batch to the runner now; the future is the runner's reply, which
+        the batcher reads with `read` (in the callback that answers the batch: no
+        task and no second future per batch)."""
         descs, buffers = framing.pack_tensors(inputs)
         runner = pool.get(entry.runner_id)
         infer = ipc.Infer(pool.next_req_id(), model_id, outputs, descs)
         infer.lone = not pool.awake.in_flight
         reply = runner.send(infer, buffers)
         pool.awake.sent(reply, recent_round_trip_s)
-        return result(runner, reply, time.perf_counter())
-
-    async def result(
-        runner: RunnerProcess, reply: asyncio.Future[tuple[ipc.Message, memoryview]], sent: float
-    ) -> tuple[dict[str, np.ndarray], int, str]:
-        nonlocal recent_round_trip_s
+        loop = reply.get_loop()
+        sent = time.perf_counter()
         # A timer on the reply itself, not wait_for: no task between the runner's
         # answer and the batch.
-        timer = asyncio.get_running_loop().call_later(timeout_s, _hung, reply)
+        timer = loop.call_later(timeout_s, _hung, reply)
+
+        def answered(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> None:
+            nonlocal recent_round_trip_s
+            timer.cancel()
+            pool.awake.answered()
+            if not reply.cancelled() and reply.exception() is None:
+                recent_round_trip_s = time.perf_counter() - sent
+
+        reply.add_done_callback(answered)
+        return reply
+
+    def read(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> BatchResult:
+        """The batch's outputs from the runner's reply, or the error it stands for."""
         try:
-            message, payload = await reply
-            recent_round_trip_s = time.perf_counter() - sent
+            message, payload = reply.result()
         except TimeoutError:
             # Hung: a stuck kernel or a poison input. Killing the runner is the only
             # way to get the worker back; the batcher runs the batch again.
@@ -81,11 +91,8 @@ def make_batcher(
                 entry.runner_id,
             )
             METRICS.hung_batches.labels(model=entry.name).inc()
-            runner.abandon(f"a batch of {entry.name} hung")
+            pool.get(entry.runner_id).abandon(f"a batch of {entry.name} hung")
             raise RunnerLost(entry.runner_id) from None
-        finally:
-            timer.cancel()
-            pool.awake.answered()
         if isinstance(message, ipc.InferResult):
             outputs = framing.unpack_tensors(message.tensors, payload)
             return outputs, message.compute_ns, message.form
@@ -103,6 +110,7 @@ def make_batcher(
         max_queue_size=config.max_queue_size,
         instance_count=config.instance_count,
         execute=execute,
+        read=read,
         ready=ready,
         stats=stats,
     )

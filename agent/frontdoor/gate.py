@@ -13,8 +13,7 @@ Called from the event loop only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import Overloaded
@@ -78,16 +77,11 @@ class InflightGate:
         self.bytes += declared_bytes
         return Pass(self, declared_bytes)
 
-    @contextmanager
-    def hold(self, declared_bytes: int, admitted: Pass | None = None) -> Iterator[Pass]:
-        """Hold one request for the block; a request a door admitted already
-        (`admitted`) is not counted twice, and its door releases it."""
-        if admitted is not None:
-            admitted.grow(declared_bytes)
-            yield admitted
-            return
-        held = self.admit(declared_bytes)
-        try:
-            yield held
-        finally:
-            held.release()
+    def hold(self, declared_bytes: int, admitted: Pass | None = None) -> Pass:
+        """The pass of one request: `admitted`, the one its door took from the
+        headers, grown to `declared_bytes`; else a new one. The caller releases it
+        when the request is over (a second release, the door's, does nothing)."""
+        if admitted is None:
+            return self.admit(declared_bytes)
+        admitted.grow(declared_bytes)
+        return admitted

@@ -160,35 +160,38 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._infer(request, context)
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        """One inference call: held by the in-flight gate, logged, and served by the
+        core's one entry point (one coroutine on the call's way)."""
+        agent = self.agent
         try:
             # The native door admitted unary calls already (their message's length).
             admitted = getattr(context, "admitted", None)
             declared = 0 if admitted is not None else request_bytes(request)
-            with self.agent.gate.hold(declared, admitted):
-                return await self._serve(request, context)
+            held = agent.gate.hold(declared, admitted)
         except Overloaded:
-            METRICS.refused.labels(model=self.agent.metric_label(request.model_name)).inc()
+            METRICS.refused.labels(model=agent.metric_label(request.model_name)).inc()
             raise
-
-    async def _serve(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-        access = ACCESS.start(
-            "grpc",
-            request.model_name,
-            request.model_version,
-            self.agent.tier_of(request.model_name),
-            metadata.get(TRACEPARENT),
-            metadata.get(REQUEST_ID) or request.id,
-        )
         try:
-            response = await self._serve_logged(request, context, metadata, access)
-        except ServeError as exc:
-            ACCESS.finish(access, exc.grpc_code.name, failed=True)
-            raise
-        ACCESS.finish(access, "OK", failed=False)
-        return response
+            metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+            access = ACCESS.start(
+                "grpc",
+                request.model_name,
+                request.model_version,
+                agent.tier_of(request.model_name),
+                metadata.get(TRACEPARENT),
+                metadata.get(REQUEST_ID) or request.id,
+            )
+            try:
+                response = await self._serve(request, context, metadata, access)
+            except ServeError as exc:
+                ACCESS.finish(access, exc.grpc_code.name, failed=True)
+                raise
+            ACCESS.finish(access, "OK", failed=False)
+            return response
+        finally:
+            held.release()
 
-    async def _serve_logged(
+    async def _serve(
         self,
         request: pb.ModelInferRequest,
         context: Any,
@@ -207,7 +210,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             metadata.get,
             GrpcForward(request, timeout_s),
             decode,
-            access.traceparent,
+            access.forward_traceparent,
             arrived=getattr(context, "received", None),  # the native door's; grpcio: now
         )
         if isinstance(outcome, Forwarded):

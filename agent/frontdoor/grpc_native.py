@@ -134,6 +134,7 @@ class GrpcProtocol(asyncio.Protocol):
 
     def __init__(self, door: NativeGrpcDoor) -> None:
         self._door = door
+        self._loop = asyncio.get_running_loop()  # held: each lookup is a getpid() call
         limits = self._limits = door.limits
         self._streams: dict[int, _Stream] = {}
         self._transport: Any = None
@@ -165,7 +166,7 @@ class GrpcProtocol(asyncio.Protocol):
             transport.abort()  # type: ignore[attr-defined]
             return
         self._door.connections.add(self)
-        self._tick = asyncio.get_running_loop().call_later(TICK_S, self._on_tick)
+        self._tick = self._loop.call_later(TICK_S, self._on_tick)
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -236,7 +237,7 @@ class GrpcProtocol(asyncio.Protocol):
         gated = path == INFER
         cap = self._door.max_message if gated or handler.request_streaming else SMALL_MESSAGE
         upload = time.monotonic() + self._limits.body_timeout_s
-        context = Context(tuple(metadata), deadline, self._peer)
+        context = Context(tuple(metadata), deadline, self._peer, self._loop.time())
         stream = _Stream(handler, context, gated, cap, upload)
         self._streams[stream_id] = stream
         if handler.request_streaming:
@@ -389,7 +390,7 @@ class GrpcProtocol(asyncio.Protocol):
             self.goaway()
             self.close()
             return
-        self._tick = asyncio.get_running_loop().call_later(TICK_S, self._on_tick)
+        self._tick = self._loop.call_later(TICK_S, self._on_tick)
 
     def _forget(self, stream_id: int) -> _Stream | None:
         """The stream leaves the connection's books: its bytes and gate pass go back."""
@@ -538,7 +539,7 @@ class GrpcProtocol(asyncio.Protocol):
         """Responses finished in this loop iteration leave in one write."""
         if not self._flush_due:
             self._flush_due = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_due = False
@@ -566,7 +567,7 @@ class GrpcProtocol(asyncio.Protocol):
             return
         if linger and not transport.is_closing() and transport.can_write_eof():
             transport.write_eof()
-            asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+            self._loop.call_later(LINGER_S, transport.close)
             return
         transport.close()
 
@@ -588,16 +589,18 @@ class NativeGrpcDoor:
         self.connections: set[GrpcProtocol] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def spawn(self, call: Any) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(call)
+        assert self._loop is not None, "calls arrive only once the door listens"
+        task = self._loop.create_task(call)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
     async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> int:
         """Listen; with `ssl` (its ALPN offering h2) the door serves gRPC over TLS."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: GrpcProtocol(self), host, port, ssl=ssl, backlog=1024
         )

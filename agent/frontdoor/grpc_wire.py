@@ -5,7 +5,6 @@ of grpc.aio's ServicerContext the servicers use.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import struct
@@ -69,14 +68,13 @@ class Context:
     """The part of grpc.aio.ServicerContext the servicers use."""
 
     def __init__(self, metadata: tuple[tuple[str, str | bytes], ...], deadline: float | None,
-                 peer: str) -> None:  # fmt: skip
+                 peer: str, received: float) -> None:  # fmt: skip
         self._metadata = metadata
         self._deadline = deadline
         self._peer = peer
         self.trailers: tuple[tuple[str, str | bytes], ...] = ()
         self.admitted: Pass | None = None  # the gate's pass, taken by the door
-        # loop.time() the call's headers arrived: its deadline's start
-        self.received = asyncio.get_running_loop().time()
+        self.received = received  # loop.time() its headers arrived: its deadline's start
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         return self._metadata

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,7 +25,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, HttpForward
 from edgeplex.agent.frontdoor import openapi
 from edgeplex.agent.frontdoor.auth import Access, Credentials
-from edgeplex.agent.frontdoor.gate import Pass
 from edgeplex.agent.frontdoor.oip_body import (
     HEADER_LENGTH,
     InferBody,
@@ -35,7 +34,7 @@ from edgeplex.agent.frontdoor.oip_body import (
 )
 from edgeplex.agent.frontdoor.oip_response import encode_infer_response
 from edgeplex.agent.observability import triton_metrics
-from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT, AccessEntry
+from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import InvalidInput, Overloaded, ServeError
 from edgeplex.sizes import parse_size
@@ -61,7 +60,7 @@ class Route:
 
     method: str
     path: str
-    handler: Handler  # ServeErrors answered; the access check is the door's
+    handler: Handler  # may raise ServeError: the door answers it; the access check is the door's
     access: Access
     what: str  # named in refusals
     max_body: int
@@ -147,7 +146,7 @@ class HttpApi:
         infer = handler == self.infer
         what = handler.__name__.replace("_", " ")
         cap = max_body if infer else SMALL_JSON
-        return Route(method, path, _answer_errors(handler), access, what, cap, infer)
+        return Route(method, path, handler, access, what, cap, infer)
 
     def routes(self, max_body: int) -> list[web.RouteDef]:
         """The table as aiohttp routes, each behind its access check."""
@@ -156,9 +155,10 @@ class HttpApi:
     def _checked(self, route: Route) -> Handler:
         """The route's handler behind its access check (one wrapper, not a middleware:
         one coroutine fewer on every request)."""
+        handler = _answer_errors(route.handler)
         if route.access == Access.OPEN:
-            return route.handler
-        check, handler = self.credentials.check, route.handler
+            return handler
+        check = self.credentials.check
         access, what = route.access, route.what
 
         async def checked(request: web.Request) -> web.StreamResponse:
@@ -216,81 +216,80 @@ class HttpApi:
         return web.Response(status=200)
 
     async def infer(self, request: web.Request) -> web.Response:
+        """One inference request: held by the in-flight gate, logged, and served by
+        the core's one entry point (one coroutine on the request's way)."""
         mi = request.match_info
         model, version = mi["model"], mi.get("version", "")
+        headers = request.headers
+        agent = self.agent
         try:
-            admitted = getattr(request, "admitted", None)  # by the native door, from its headers
-            with self.agent.gate.hold(request.content_length or 0, admitted) as held:
-                access = ACCESS.start(
-                    "http",
-                    model,
-                    version,
-                    self.agent.tier_of(model),
-                    request.headers.get(TRACEPARENT),
-                    request.headers.get(REQUEST_ID),
-                )
-                try:
-                    response = await self._infer_logged(request, model, version, held, access)
-                except ServeError as exc:
-                    ACCESS.finish(access, exc.http_status, failed=True)
-                    raise
-                ACCESS.finish(access, response.status, failed=response.status >= 400)
-                return response
+            # The native door admitted the request from its headers already.
+            held = agent.gate.hold(request.content_length or 0, getattr(request, "admitted", None))
         except Overloaded:
-            METRICS.refused.labels(model=self.agent.metric_label(model)).inc()
+            METRICS.refused.labels(model=agent.metric_label(model)).inc()
             raise
+        access = ACCESS.start("http", model, version, agent.tier_of(model),
+                              headers.get(TRACEPARENT), headers.get(REQUEST_ID))  # fmt: skip
+        try:
+            raw = await request.read()
+            try:
+                held.grow(len(raw))
+            except Overloaded:  # the gate's refusal (the core counts its own)
+                METRICS.refused.labels(model=agent.metric_label(model)).inc()
+                raise
+            settings = agent.settings
+            encoding = headers.get("Content-Encoding", "")
+            split = headers.get(HEADER_LENGTH)
+            decoded: list[InferBody] = []
 
-    async def _infer_logged(
-        self, request: web.Request, model: str, version: str, held: Pass, access: AccessEntry
-    ) -> web.Response:
-        raw = await request.read()
-        held.grow(len(raw))
-        settings = self.agent.settings
-        encoding = request.headers.get("Content-Encoding", "")
-        split = request.headers.get(HEADER_LENGTH)
-        decoded: list[InferBody] = []
+            def decode_now() -> tuple[bytes, InferBody]:
+                body = decode_content(raw, encoding, 2 * settings.max_payload_bytes)
+                return body, parse_infer_body(
+                    body, split, settings.max_json_bytes, settings.max_payload_bytes
+                )
 
-        def decode_now() -> tuple[bytes, InferBody]:
-            body = decode_content(raw, encoding, 2 * settings.max_payload_bytes)
-            return body, parse_infer_body(
-                body, split, settings.max_json_bytes, settings.max_payload_bytes
-            )
+            def settle(body: bytes, parsed: InferBody) -> InferBody:
+                if body is not raw:
+                    held.grow(len(raw) + len(body))  # the decompressed body is held as well
+                decoded.append(parsed)
+                return parsed
 
-        def settle(body: bytes, parsed: InferBody) -> InferBody:
-            if body is not raw:
-                held.grow(len(raw) + len(body))  # the decompressed body is held as well
-            decoded.append(parsed)
-            return parsed
+            async def decode_off_loop() -> InferBody:
+                return settle(*await asyncio.to_thread(decode_now))
 
-        async def decode_off_loop() -> InferBody:
-            return settle(*await asyncio.to_thread(decode_now))
+            def decode() -> InferBody | Coroutine[Any, Any, InferBody]:
+                # Large bodies are decoded on a worker thread, so the loop keeps serving;
+                # small ones at once (no coroutine per request).
+                return decode_off_loop() if len(raw) > OFFLOAD_BYTES else settle(*decode_now())
 
-        def decode() -> InferBody | Awaitable[InferBody]:
-            # Large bodies are decoded on a worker thread, so the loop keeps serving;
-            # small ones at once (no coroutine per request).
-            return decode_off_loop() if len(raw) > OFFLOAD_BYTES else settle(*decode_now())
-
-        # Forwarded as received, still encoded, when the core routes it to a peer.
-        forward = HttpForward(model, request.path_qs, raw, request.headers)
-        outcome = await self.agent.handle(
-            model, version, request.headers.get, forward, decode, access.traceparent,
-            arrived=getattr(request, "received", None),  # the native door's; aiohttp: now
-        )  # fmt: skip
-        if isinstance(outcome, Forwarded):
-            status, payload, headers = outcome.reply  # type: ignore[misc]
-            access.forwarded_to = headers.get(SERVED_BY, "")
-            return web.Response(status=status, body=payload, headers=headers)
-        result, (parsed,) = outcome, decoded
-        response = encode_infer_response(
-            parsed, result.entry.name, result.entry.version, result.outputs, self.buffers
-        )
-        if result.cold_start:
-            response.headers[COLD_START] = result.cold_start
-            access.cold_start = result.cold_start
-        if result.variant:
-            response.headers[VARIANT] = result.variant
-        if result.served_by:
-            response.headers[SERVED_BY] = result.served_by
+            # Forwarded as received, still encoded, when the core routes it to a peer.
+            forward = HttpForward(model, request.path_qs, raw, headers)
+            outcome = await agent.handle(
+                model, version, headers.get, forward, decode, access.forward_traceparent,
+                arrived=getattr(request, "received", None),  # the native door's; aiohttp: now
+            )  # fmt: skip
+            if isinstance(outcome, Forwarded):
+                status, payload, reply_headers = outcome.reply  # type: ignore[misc]
+                access.forwarded_to = reply_headers.get(SERVED_BY, "")
+                response = web.Response(status=status, body=payload, headers=reply_headers)
+            else:
+                result, (parsed,) = outcome, decoded
+                response = encode_infer_response(
+                    parsed, result.entry.name, result.entry.version, result.outputs, self.buffers
+                )
+                if result.cold_start:
+                    response.headers[COLD_START] = result.cold_start
+                    access.cold_start = result.cold_start
+                if result.variant:
+                    response.headers[VARIANT] = result.variant
+                if result.served_by:
+                    response.headers[SERVED_BY] = result.served_by
+        except ServeError as exc:
+            ACCESS.finish(access, exc.http_status, failed=True)
+            raise
+        finally:
+            held.release()
+        ACCESS.finish(access, response.status, failed=response.status >= 400)
         return response
 
     async def openapi(self, request: web.Request) -> web.Response:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
-import re
 import time
 from collections import deque
 from ssl import SSLContext
@@ -86,27 +85,60 @@ class Request:
 
 
 class Routes:
-    """Route definitions matched as aiohttp matches them: `{name}` is one path
-    segment, percent-decoded. The patterns are anchored and have no nested
-    repetition, so matching is linear in the path."""
+    """Route definitions matched as aiohttp matches them: `{name}` is one non-empty
+    path segment, percent-decoded; where several match, the first in the table
+    wins. A tree of path segments, walked once per request: a literal segment is
+    tried before a parameter, and the walk ends where the tree does, so matching is
+    linear in the path whatever its length."""
 
     def __init__(self, table: list[Route]) -> None:
-        self._routes: list[tuple[re.Pattern[str], Route]] = []
-        for route in table:
-            pattern = re.sub(r"\\{(\w+)\\}", r"(?P<\1>[^/]+)", re.escape(route.path))
-            self._routes.append((re.compile(pattern + "$"), route))
+        self._root = _Node()
+        for order, route in enumerate(table):
+            node, names = self._root, []
+            for segment in route.path.split("/")[1:]:
+                if segment.startswith("{") and segment.endswith("}"):
+                    names.append(segment[1:-1])
+                    node.param = node.param or _Node()
+                    node = node.param
+                else:
+                    node = node.literal.setdefault(segment, _Node())
+            node.routes.append((order, route, tuple(names)))
 
     def resolve(self, method: str, path: str) -> tuple[Route | None, dict[str, str], list[str]]:
         """(route, match_info, []) or (None, {}, the methods the path allows)."""
-        allowed = []
-        for pattern, route in self._routes:
-            m = pattern.match(path)
-            if m is None:
-                continue
+        segments = path.split("/")
+        found: list[tuple[int, Route, dict[str, str]]] = []
+        if segments[0] == "":
+            _walk(self._root, segments, 1, [], found)
+        found.sort(key=lambda f: f[0])
+        for _, route, match_info in found:
             if route.method == method or (method == "HEAD" and route.method == "GET"):
-                return route, m.groupdict(), []
-            allowed.append(route.method)
-        return None, {}, allowed
+                return route, match_info, []
+        return None, {}, [route.method for _, route, _ in found]
+
+
+class _Node:
+    __slots__ = ("literal", "param", "routes")
+
+    def __init__(self) -> None:
+        self.literal: dict[str, _Node] = {}
+        self.param: _Node | None = None
+        self.routes: list[tuple[int, Route, tuple[str, ...]]] = []
+
+
+def _walk(node: _Node, segments: list[str], i: int, values: list[str],
+          found: list[tuple[int, Route, dict[str, str]]]) -> None:  # fmt: skip
+    """Every route matching segments[i:] below `node`, with its match_info."""
+    if i == len(segments):
+        found.extend((order, route, dict(zip(names, values, strict=True)))
+                     for order, route, names in node.routes)  # fmt: skip
+        return
+    segment = segments[i]
+    below = node.literal.get(segment)
+    if below is not None:
+        _walk(below, segments, i + 1, values, found)
+    if node.param is not None and segment:
+        _walk(node.param, segments, i + 1, [*values, segment], found)
 
 
 def encode(response: web.StreamResponse, keep_alive: bool, head: bool) -> list[Buffer]:
@@ -200,6 +232,8 @@ class Door:
     async def handle(handler: Handler, request: Request, path: str) -> web.StreamResponse:
         try:
             return await handler(request)  # type: ignore[arg-type]
+        except ServeError as exc:
+            return error_response(exc)
         except Exception:  # a bug answers 500 and leaves the connection serving
             log.exception("%s %s failed", request.method, path)
             return plain(500, "500 Internal Server Error")
@@ -215,6 +249,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, door: Door) -> None:
         self.door = door
+        self.loop = asyncio.get_running_loop()  # held: each lookup is a getpid() call
         self.limits = door.limits
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
@@ -270,7 +305,7 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         """The client does not read its answers: answer no more until it does."""
-        self.drained = asyncio.get_running_loop().create_future()
+        self.drained = self.loop.create_future()
         self._pause_reading()
 
     def resume_writing(self) -> None:
@@ -310,7 +345,9 @@ class Connection(asyncio.Protocol):
         self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value))
+        self.head_bytes += len(name) + len(value)  # _count, inline: a call per header
+        if self.head_bytes > self.limits.max_header_bytes:
+            raise _Refused(plain(431, "431: Request Header Fields Too Large"), linger=False)
         if len(self.header_list) >= self.limits.max_headers:
             raise _Refused(
                 plain(431, f"431: more than {self.limits.max_headers} header fields"), linger=False
@@ -318,7 +355,7 @@ class Connection(asyncio.Protocol):
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        self.received = asyncio.get_running_loop().time()
+        self.received = self.loop.time()
         headers = self.headers = CIMultiDictProxy(CIMultiDict(self.header_list))
         length = headers.get("Content-Length", "")
         chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
@@ -380,7 +417,7 @@ class Connection(asyncio.Protocol):
     def _start_serving(self) -> None:
         if not self.busy:
             self.busy = True
-            asyncio.get_running_loop().create_task(self._serve())
+            self.loop.create_task(self._serve())
 
     async def _serve(self) -> None:
         try:

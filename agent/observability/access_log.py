@@ -16,8 +16,8 @@ span with the same ids (tracing.py), whatever the line rate.
 from __future__ import annotations
 
 import logging
+import random
 import re
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -34,13 +34,25 @@ SUMMARY_EVERY_S = 10.0
 
 
 def trace_of(traceparent: str | None) -> tuple[str, str, str]:
-    """(trace id, parent span id, flags) of a valid W3C traceparent; a new trace
-    with no parent when it is absent or invalid (all-zero ids and version ff are
-    invalid)."""
-    m = _TRACEPARENT.match((traceparent or "").strip().lower())
+    """(trace id, parent span id, flags) of a valid W3C traceparent; no trace id
+    (one is drawn when first needed) and no parent when it is absent or invalid
+    (all-zero ids and version ff are invalid)."""
+    if not traceparent:
+        return "", "", "01"
+    m = _TRACEPARENT.match(traceparent.strip().lower())
     if m and m.group(1) != "ff" and set(m.group(2)) != {"0"} and set(m.group(3)) != {"0"}:
         return m.group(2), m.group(3), m.group(4)
-    return secrets.token_hex(16), "", "01"
+    return "", "", "01"
+
+
+def _random_id(bits: int) -> str:
+    """A random, non-zero trace or span id in hex. Mersenne Twister, as
+    OpenTelemetry's SDK draws them: ids must be unique, not secret, and a
+    getrandom() call per request cost the agent about a tenth of its CPU. Python
+    reseeds the generator in a forked child."""
+    while not (value := random.getrandbits(bits)):
+        pass
+    return f"{value:0{bits // 4}x}"
 
 
 @dataclass(slots=True)
@@ -48,8 +60,8 @@ class AccessEntry:
     door: str
     model: str
     version: str
-    request_id: str
-    trace_id: str
+    _request_id: str  # the caller's; "" when it gave none (the trace id stands in)
+    _trace_id: str  # the caller's trace; "" until one is drawn (trace_id)
     flags: str
     tier: str  # at arrival: loaded, staged, cached; "" when not in the repository
     parent_span_id: str = ""  # the caller's span; "" when the trace started here
@@ -59,15 +71,25 @@ class AccessEntry:
     forwarded_to: str = ""
 
     @property
-    def span_id(self) -> str:
-        """This hop's span id: drawn only for a forward or an exported span, not on
-        every request (it costs a getrandom call)."""
-        if not self._span_id:
-            self._span_id = secrets.token_hex(8)
-        return self._span_id
+    def trace_id(self) -> str:
+        """The caller's trace, or a new one: drawn only for a line written, a span
+        exported or a forward, not on every request."""
+        if not self._trace_id:
+            self._trace_id = _random_id(128)
+        return self._trace_id
 
     @property
-    def traceparent(self) -> str:
+    def request_id(self) -> str:
+        return self._request_id or self.trace_id
+
+    @property
+    def span_id(self) -> str:
+        """This hop's span id: drawn only for a forward or an exported span."""
+        if not self._span_id:
+            self._span_id = _random_id(64)
+        return self._span_id
+
+    def forward_traceparent(self) -> str:
         """The traceparent a forward carries: same trace, this hop as the parent."""
         return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
 
@@ -94,7 +116,7 @@ class AccessLog:
         request_id: str | None,
     ) -> AccessEntry:
         trace_id, parent, flags = trace_of(traceparent)
-        rid = (request_id or "")[:128] or trace_id
+        rid = request_id[:128] if request_id else ""
         return AccessEntry(door, model, version, rid, trace_id, flags, tier, parent)
 
     def finish(self, access: AccessEntry, status: int | str, failed: bool) -> None:

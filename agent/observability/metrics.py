@@ -7,9 +7,15 @@ thing happens (batcher, runners); http_api serves METRICS.registry at /metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from edgeplex.agent.observability.loop_metrics import (
+    CounterChild,
+    HistogramChild,
+    LoopCounter,
+    LoopHistogram,
+)
 
 _LATENCY_BUCKETS = (
     0.0001,
@@ -36,11 +42,11 @@ class AgentMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "edgeplex_agent_requests_total",
             "Inference requests received, per model.",
             ["model"],
-            registry=r,
+            r,
         )
         self.failures = Counter(
             "edgeplex_agent_request_failures_total",
@@ -48,33 +54,33 @@ class AgentMetrics:
             ["model", "code"],
             registry=r,
         )
-        self.request_duration = Histogram(
+        self.request_duration = LoopHistogram(
             "edgeplex_agent_request_duration_seconds",
-            "Time from a request entering the model's queue to its result.",
+            "Time from a request's headers arriving to its result or error.",
             ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
+            r,
         )
-        self.queue_duration = Histogram(
+        self.queue_duration = LoopHistogram(
             "edgeplex_agent_queue_duration_seconds",
             "Time a request waited in its model's queue before its batch was dispatched.",
             ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
+            r,
         )
-        self.compute_duration = Histogram(
+        self.compute_duration = LoopHistogram(
             "edgeplex_agent_compute_duration_seconds",
             "ONNX Runtime execution time of one batch, measured in the runner.",
             ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
+            r,
         )
-        self.batch_size = Histogram(
+        self.batch_size = LoopHistogram(
             "edgeplex_agent_batch_size_requests",
             "Requests per executed batch.",
             ["model"],
-            buckets=_BATCH_BUCKETS,
-            registry=r,
+            _BATCH_BUCKETS,
+            r,
         )
         self.queue_depth = Gauge(
             "edgeplex_agent_queue_depth_requests",
@@ -291,11 +297,11 @@ class AgentMetrics:
 
 @dataclass(frozen=True, slots=True)
 class ModelSeries:
-    requests: Any
-    request_duration: Any
-    batch_size: Any
-    compute_duration: Any
-    queue_duration: Any
+    requests: CounterChild
+    request_duration: HistogramChild
+    batch_size: HistogramChild
+    compute_duration: HistogramChild
+    queue_duration: HistogramChild
 
 
 METRICS = AgentMetrics()

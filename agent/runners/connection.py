@@ -47,8 +47,8 @@ class RunnerConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        loop = asyncio.get_running_loop()
-        self._hello_timer = loop.call_later(self._hello_timeout_s, self.close)
+        self.loop = asyncio.get_running_loop()  # held: each lookup is a getpid() call
+        self._hello_timer = self.loop.call_later(self._hello_timeout_s, self.close)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._big is not None:

@@ -130,9 +130,7 @@ class RunnerProcess:
     ) -> asyncio.Future[tuple[ipc.Message, memoryview]]:
         if self._conn is None:
             raise RunnerLost(self.runner_id)
-        future: asyncio.Future[tuple[ipc.Message, memoryview]] = (
-            asyncio.get_running_loop().create_future()
-        )
+        future: asyncio.Future[tuple[ipc.Message, memoryview]] = self._conn.loop.create_future()
         if isinstance(message, ipc.Infer):
             buffers = buffers or []
             size = sum(b.nbytes for b in buffers)
