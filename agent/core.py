@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edgeplex import __version__
-from edgeplex.agent.batching.policy import Request, batch_key
+from edgeplex.agent.batching.policy import Request
 from edgeplex.agent.batching.queues import Queues
 from edgeplex.agent.catalog.repository import ModelSource, scan_repository_versions, scan_versions
 from edgeplex.agent.catalog.triton_config import config_json
@@ -340,17 +340,8 @@ class Agent:
                     )
             if ticket.error is not None:
                 raise ticket.error
-            queue = self.queues.get(ticket.key)
-            assert queue is not None, "a lease always has a queue"
-            request = Request(
-                inputs=given,
-                outputs=body.outputs,
-                batch_size=batch,
-                key=batch_key(given, record.max_batch_size > 0),
-                deadline=deadline,
-                future=loop.create_future(),
-            )
-            queue.submit(request)
+            request = Request(given, body.outputs, batch, deadline, loop.create_future())
+            self.queues.submit(ticket.key, request)
             # A timer, not wait_for: one fewer task and loop hop on the hot path. The
             # batcher skips requests whose future is already done.
             timer = loop.call_at(deadline, _time_out, request.future, name)

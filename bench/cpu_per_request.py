@@ -1,7 +1,7 @@
 """The agent process's CPU per request, this checkout against another revision,
 side by side in one run.
 
-    python bench/cpu_per_request.py --base <git revision> [--rounds 3] [--duration 8]
+    python bench/cpu_per_request.py --base <git revision> [--rounds 5] [--duration 5]
 
 One agent of each revision (the base is installed once under .cache/ab, as
 bench/ab.py does) serves `mlp_small` (512 in, 320 wide, 2 layers), resident.
@@ -59,8 +59,8 @@ def measured(agent: Agent, drive: Callable[[Agent], dict]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="a git revision to compare against")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--workloads", help="a comma-separated subset (default: all)")
     args = parser.parse_args()

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeplex.agent.batching.policy import Request, batched_size, take_batch
+from edgeplex.agent.batching.policy import Request, batch_key, batched_size, take_batch
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.oip.errors import (
@@ -99,6 +99,7 @@ class Batcher:
     def submit(self, request: Request) -> None:
         if self._closed is not None:
             raise self._closed
+        request.key = batch_key(request.inputs, self.max_batch_size > 0)
         if len(self._queue) >= self.max_queue_size:
             raise QueueFull(
                 f"model '{self.model}': queue is full ({self.max_queue_size} requests waiting)"

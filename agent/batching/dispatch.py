@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Hashable
 from typing import Protocol
 
@@ -47,7 +46,6 @@ def make_batcher(
     config = entry.config
     model_id = str(entry.key)
     timeout_s = config.execution_timeout_ms / 1000
-    recent_round_trip_s = 0.0  # the last batch's, sent to answered
 
     def execute(
         inputs: dict[str, np.ndarray], outputs: list[str] | None
@@ -56,26 +54,7 @@ def make_batcher(
         the batcher reads with `read` (in the callback that answers the batch: no
         task and no second future per batch)."""
         descs, buffers = framing.pack_tensors(inputs)
-        runner = pool.get(entry.runner_id)
-        infer = ipc.Infer(pool.next_req_id(), model_id, outputs, descs)
-        infer.lone = not pool.awake.in_flight
-        reply = runner.send(infer, buffers)
-        pool.awake.sent(reply, recent_round_trip_s)
-        loop = reply.get_loop()
-        sent = time.perf_counter()
-        # A timer on the reply itself, not wait_for: no task between the runner's
-        # answer and the batch.
-        timer = loop.call_later(timeout_s, _hung, reply)
-
-        def answered(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> None:
-            nonlocal recent_round_trip_s
-            timer.cancel()
-            pool.awake.answered()
-            if not reply.cancelled() and reply.exception() is None:
-                recent_round_trip_s = time.perf_counter() - sent
-
-        reply.add_done_callback(answered)
-        return reply
+        return pool.run_batch(entry.runner_id, model_id, outputs, descs, buffers, timeout_s)
 
     def read(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> BatchResult:
         """The batch's outputs from the runner's reply, or the error it stands for."""
@@ -114,8 +93,3 @@ def make_batcher(
         ready=ready,
         stats=stats,
     )
-
-
-def _hung(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> None:
-    if not reply.done():
-        reply.set_exception(TimeoutError())

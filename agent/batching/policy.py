@@ -23,9 +23,9 @@ class Request:
     inputs: dict[str, np.ndarray]
     outputs: list[str] | None
     batch_size: int
-    key: BatchKey
     deadline: float  # loop.time()
     future: asyncio.Future[dict[str, np.ndarray]]
+    key: BatchKey = ()  # set by the batcher it joins (batch_key)
     enqueued: float = field(default_factory=time.monotonic)
     attempts: int = 0
     # Non-zero while the request is a suspect in a batch that lost its runner

@@ -2,7 +2,7 @@
 the model is not ready (loading again, or its runner restarting).
 
 Residency's effects open, pause and close queues as the owner decides; the core
-reads one on every request (`get`). Mechanism only: nothing here decides when a
+queues every admitted request here (`submit`). Mechanism only: nothing here decides when a
 model serves. Runs on the agent's event loop.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Hashable
 
 from edgeplex.agent.batching.batcher import Batcher
 from edgeplex.agent.batching.dispatch import Served, make_batcher
+from edgeplex.agent.batching.policy import Request
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.oip.errors import ServeError, Unavailable
@@ -30,6 +31,11 @@ class Queues:
 
     def get(self, key: Hashable) -> Batcher | None:
         return self._queues.get(key)
+
+    def submit(self, key: Hashable, request: Request) -> None:
+        """Queue an admitted request on its model's batcher (a lease always has one).
+        Raises QueueFull, or the error the queue was closed with."""
+        self._queues[key].submit(request)
 
     def stats(self, name: str) -> ModelStats:
         """The OIP statistics of a model name (all its versions)."""

@@ -20,7 +20,7 @@ import grpc
 from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, GrpcForward
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_bytes, request_timeout_s
-from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT, AccessEntry
+from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import Overloaded, ServeError
 from edgeplex.agent.oip.requests import InferInput
@@ -163,66 +163,56 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """One inference call: held by the in-flight gate, logged, and served by the
         core's one entry point (one coroutine on the call's way)."""
         agent = self.agent
+        name = request.model_name
         try:
             # The native door admitted unary calls already (their message's length).
             admitted = getattr(context, "admitted", None)
             declared = 0 if admitted is not None else request_bytes(request)
             held = agent.gate.hold(declared, admitted)
         except Overloaded:
-            METRICS.refused.labels(model=agent.metric_label(request.model_name)).inc()
+            METRICS.refused.labels(model=agent.metric_label(name)).inc()
             raise
         try:
             metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-            access = ACCESS.start(
-                "grpc",
-                request.model_name,
-                request.model_version,
-                agent.tier_of(request.model_name),
-                metadata.get(TRACEPARENT),
-                metadata.get(REQUEST_ID) or request.id,
-            )
+            request_id = metadata.get(REQUEST_ID) or request.id
+            traceparent = metadata.get(TRACEPARENT)
+            access = ACCESS.start("grpc", name, request.model_version, traceparent, request_id)
+            timeout_s = request_timeout_s(request, context)  # the deadline left
+
+            def decode() -> Body:
+                inputs = decode_inputs(request, agent.settings.max_payload_bytes)
+                return Body(inputs, [o.name for o in request.outputs] or None, timeout_s)
+
             try:
-                response = await self._serve(request, context, metadata, access)
+                outcome = await agent.handle(
+                    name,
+                    request.model_version,
+                    metadata.get,
+                    GrpcForward(request, timeout_s),
+                    decode,
+                    access.forward_traceparent,
+                    arrived=getattr(context, "received", None),  # the native door's; grpcio: now
+                )
             except ServeError as exc:
+                access.tier = agent.tier_of(name)
                 ACCESS.finish(access, exc.grpc_code.name, failed=True)
                 raise
-            ACCESS.finish(access, "OK", failed=False)
-            return response
         finally:
             held.release()
-
-    async def _serve(
-        self,
-        request: pb.ModelInferRequest,
-        context: Any,
-        metadata: dict[str, str],
-        access: AccessEntry,
-    ) -> pb.ModelInferResponse:
-        timeout_s = request_timeout_s(request, context)  # the deadline left
-
-        def decode() -> Body:
-            inputs = decode_inputs(request, self.agent.settings.max_payload_bytes)
-            return Body(inputs, [o.name for o in request.outputs] or None, timeout_s)
-
-        outcome = await self.agent.handle(
-            request.model_name,
-            request.model_version,
-            metadata.get,
-            GrpcForward(request, timeout_s),
-            decode,
-            access.forward_traceparent,
-            arrived=getattr(context, "received", None),  # the native door's; grpcio: now
-        )
         if isinstance(outcome, Forwarded):
             reply, passed = outcome.reply  # type: ignore[misc]  # gRPC: served-by first
             access.forwarded_to = passed[0][1]
+            access.tier = agent.tier_of(name)
+            ACCESS.finish(access, "OK", failed=False)
             context.set_trailing_metadata(passed)
             return reply  # type: ignore[return-value]
         result = outcome
+        access.tier = result.cold_start or "loaded"
+        access.cold_start = result.cold_start
+        ACCESS.finish(access, "OK", failed=False)
         trailers = []
         if result.cold_start:
             trailers.append((COLD_START, result.cold_start))
-            access.cold_start = result.cold_start
         if result.variant:
             trailers.append((VARIANT, result.variant))
         if result.served_by:

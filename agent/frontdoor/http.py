@@ -228,8 +228,9 @@ class HttpApi:
         except Overloaded:
             METRICS.refused.labels(model=agent.metric_label(model)).inc()
             raise
-        access = ACCESS.start("http", model, version, agent.tier_of(model),
-                              headers.get(TRACEPARENT), headers.get(REQUEST_ID))  # fmt: skip
+        access = ACCESS.start(
+            "http", model, version, headers.get(TRACEPARENT), headers.get(REQUEST_ID)
+        )
         try:
             raw = await request.read()
             try:
@@ -271,12 +272,14 @@ class HttpApi:
             if isinstance(outcome, Forwarded):
                 status, payload, reply_headers = outcome.reply  # type: ignore[misc]
                 access.forwarded_to = reply_headers.get(SERVED_BY, "")
+                access.tier = agent.tier_of(model)
                 response = web.Response(status=status, body=payload, headers=reply_headers)
             else:
                 result, (parsed,) = outcome, decoded
                 response = encode_infer_response(
                     parsed, result.entry.name, result.entry.version, result.outputs, self.buffers
                 )
+                access.tier = result.cold_start or "loaded"
                 if result.cold_start:
                     response.headers[COLD_START] = result.cold_start
                     access.cold_start = result.cold_start
@@ -285,6 +288,7 @@ class HttpApi:
                 if result.served_by:
                     response.headers[SERVED_BY] = result.served_by
         except ServeError as exc:
+            access.tier = agent.tier_of(model)
             ACCESS.finish(access, exc.http_status, failed=True)
             raise
         finally:

@@ -63,8 +63,11 @@ class AccessEntry:
     _request_id: str  # the caller's; "" when it gave none (the trace id stands in)
     _trace_id: str  # the caller's trace; "" until one is drawn (trace_id)
     flags: str
-    tier: str  # at arrival: loaded, staged, cached; "" when not in the repository
     parent_span_id: str = ""  # the caller's span; "" when the trace started here
+    # At arrival: loaded, staged, cached ("" when not in the repository). Set by the
+    # door when the request ends: a served one's tier is known from its cold start,
+    # so no lookup is made on the way in.
+    tier: str = ""
     _span_id: str = ""  # this hop's, drawn when first needed (span_id)
     started: float = field(default_factory=time.perf_counter)
     cold_start: str = ""
@@ -111,13 +114,12 @@ class AccessLog:
         door: str,
         model: str,
         version: str,
-        tier: str,
         traceparent: str | None,
         request_id: str | None,
     ) -> AccessEntry:
         trace_id, parent, flags = trace_of(traceparent)
         rid = request_id[:128] if request_id else ""
-        return AccessEntry(door, model, version, rid, trace_id, flags, tier, parent)
+        return AccessEntry(door, model, version, rid, trace_id, flags, parent)
 
     def finish(self, access: AccessEntry, status: int | str, failed: bool) -> None:
         if self.spans is not None:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import RunnerLost, Unavailable
@@ -360,6 +361,7 @@ class RunnerPool:
         self._req_ids = itertools.count(1)
         self.limiter = MemoryLimiter()
         self.awake = AwakeWaits(settings.reply_spin_us)
+        self._round_trips: dict[str, float] = {}  # each model's last batch, sent to answered
         # Host memory limits of dedicated runners, set by the model table before
         # it first asks for the runner.
         self.memory_limits: dict[str, int] = {}
@@ -367,6 +369,34 @@ class RunnerPool:
 
     def next_req_id(self) -> int:
         return next(self._req_ids)
+
+    def run_batch(
+        self, runner_id: str, model: str, outputs: list[str] | None, tensors: list[list[Any]],
+        buffers: list[memoryview], timeout_s: float,
+    ) -> asyncio.Future[tuple[ipc.Message, memoryview]]:  # fmt: skip
+        """Send one batch of `model` to its runner now. The future is the runner's
+        reply; RunnerLost when the runner is not serving or dies first; TimeoutError
+        past `timeout_s` (what a hung batch means is the caller's to decide). While
+        this is the only batch in flight and the model answered its last one within
+        runner.reply_spin_us, the loop polls for the reply (awake.py)."""
+        infer = ipc.Infer(next(self._req_ids), model, outputs, tensors)
+        infer.lone = not self.awake.in_flight
+        reply = self.get(runner_id).send(infer, buffers)
+        self.awake.sent(reply, self._round_trips.get(model, 0.0))
+        loop = reply.get_loop()
+        sent = time.perf_counter()
+        # A timer on the reply itself, not wait_for: no task between the answer and
+        # the batch.
+        timer = loop.call_later(timeout_s, _time_out, reply)
+
+        def answered(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> None:
+            timer.cancel()
+            self.awake.answered()
+            if not reply.cancelled() and reply.exception() is None:
+                self._round_trips[model] = time.perf_counter() - sent
+
+        reply.add_done_callback(answered)
+        return reply
 
     def limit_of(self, runner_id: str) -> int:
         """The host memory limit of a runner in bytes (0: none): a dedicated runner's
@@ -493,3 +523,8 @@ class RunnerPool:
 def _unheard(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> None:
     if not reply.cancelled():
         reply.exception()  # retrieved, so asyncio does not log it as never retrieved
+
+
+def _time_out(reply: asyncio.Future[tuple[ipc.Message, memoryview]]) -> None:
+    if not reply.done():
+        reply.set_exception(TimeoutError())
