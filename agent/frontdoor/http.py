@@ -32,7 +32,7 @@ from edgeplex.agent.frontdoor.oip_body import (
     load_json,
     parse_infer_body,
 )
-from edgeplex.agent.frontdoor.oip_response import encode_infer_response
+from edgeplex.agent.frontdoor.oip_response import TensorResponse, encode_infer_response
 from edgeplex.agent.observability import triton_metrics
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
@@ -50,7 +50,10 @@ SMALL_JSON = 64 * 1024  # the cap of the JSON bodies of the admin routes
 # tier it came from ("staged" or "cached").
 COLD_START = "edgeplex-cold-start"
 VARIANT = "edgeplex-variant"  # a quantized variant served it (absent: as shipped)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# What a handler answers: an aiohttp response, or (the native door's) tensor parts.
+Reply = web.StreamResponse | TensorResponse
+Handler = Callable[[web.Request], Awaitable[Reply]]
+AioHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]  # aiohttp's door
 
 
 @dataclass(frozen=True)
@@ -78,12 +81,17 @@ def error_response(exc: ServeError) -> web.Response:
     return web.json_response({"error": exc.message}, status=exc.http_status, headers=headers)
 
 
-def _answer_errors(handler: Handler) -> Handler:
+def _answer_errors(handler: Handler) -> AioHandler:
+    """`handler` for aiohttp's door: a ServeError answered (the native door answers
+    them itself). That door's API makes no TensorResponse (`buffers` off)."""
+
     async def answered(request: web.Request) -> web.StreamResponse:
         try:
-            return await handler(request)
+            response = await handler(request)
         except ServeError as exc:
             return error_response(exc)
+        assert isinstance(response, web.StreamResponse)
+        return response
 
     answered.__name__ = handler.__name__
     return answered
@@ -152,7 +160,7 @@ class HttpApi:
         """The table as aiohttp routes, each behind its access check."""
         return [web.route(r.method, r.path, self._checked(r)) for r in self.table(max_body)]
 
-    def _checked(self, route: Route) -> Handler:
+    def _checked(self, route: Route) -> AioHandler:
         """The route's handler behind its access check (one wrapper, not a middleware:
         one coroutine fewer on every request)."""
         handler = _answer_errors(route.handler)
@@ -215,7 +223,7 @@ class HttpApi:
         await self.agent.unload(request.match_info["model"])
         return web.Response(status=200)
 
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: web.Request) -> Reply:
         """One inference request: held by the in-flight gate, logged, and served by
         the core's one entry point (one coroutine on the request's way)."""
         mi = request.match_info
@@ -273,7 +281,7 @@ class HttpApi:
                 status, payload, reply_headers = outcome.reply  # type: ignore[misc]
                 access.forwarded_to = reply_headers.get(SERVED_BY, "")
                 access.tier = agent.tier_of(model)
-                response = web.Response(status=status, body=payload, headers=reply_headers)
+                response: Reply = web.Response(status=status, body=payload, headers=reply_headers)
             else:
                 result, (parsed,) = outcome, decoded
                 response = encode_infer_response(

@@ -46,7 +46,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.connections import ConnectionLimiter
 from edgeplex.agent.frontdoor.gate import InflightGate, Pass
-from edgeplex.agent.frontdoor.http import Handler, Route, error_response
+from edgeplex.agent.frontdoor.http import Handler, Reply, Route, error_response
 from edgeplex.agent.frontdoor.oip_response import Buffer, TensorResponse
 from edgeplex.agent.frontdoor.settings import DoorSettings
 from edgeplex.agent.observability.metrics import METRICS
@@ -56,6 +56,8 @@ log = logging.getLogger("edgeplex.agent.http")
 
 LINGER_S = 2.0  # after a refusal that left a body unread (see Connection._stop)
 SWEEP_S = 0.5  # how often the door checks its connections' deadlines
+
+KNOWN_PATHS, KNOWN_PATH_LENGTH = 512, 256  # paths whose route the door keeps (Routes)
 
 # What a connection is doing, for its deadline (checked by the door's sweep).
 IDLE, HEAD, BODY, SERVING, LINGER = range(5)
@@ -92,6 +94,7 @@ class Routes:
     linear in the path whatever its length."""
 
     def __init__(self, table: list[Route]) -> None:
+        self._known: dict[tuple[str, str], tuple[Route | None, dict[str, str], list[str]]] = {}
         self._root = _Node()
         for order, route in enumerate(table):
             node, names = self._root, []
@@ -105,7 +108,20 @@ class Routes:
             node.routes.append((order, route, tuple(names)))
 
     def resolve(self, method: str, path: str) -> tuple[Route | None, dict[str, str], list[str]]:
-        """(route, match_info, []) or (None, {}, the methods the path allows)."""
+        """(route, match_info, []) or (None, {}, the methods the path allows). The
+        answers for the last few hundred paths matched are kept (clients repeat
+        theirs); the match_info handed out is a copy."""
+        known = self._known.get((method, path))
+        if known is None:
+            known = self._resolve(method, path)
+            if len(path) <= KNOWN_PATH_LENGTH:
+                if len(self._known) >= KNOWN_PATHS:
+                    self._known.clear()  # bounded, whatever paths clients send
+                self._known[(method, path)] = known
+        route, match_info, allowed = known
+        return route, dict(match_info), allowed
+
+    def _resolve(self, method: str, path: str) -> tuple[Route | None, dict[str, str], list[str]]:
         segments = path.split("/")
         found: list[tuple[int, Route, dict[str, str]]] = []
         if segments[0] == "":
@@ -141,23 +157,23 @@ def _walk(node: _Node, segments: list[str], i: int, values: list[str],
         _walk(node.param, segments, i + 1, [*values, segment], found)
 
 
-def encode(response: web.StreamResponse, keep_alive: bool, head: bool) -> list[Buffer]:
+def encode(response: Reply, keep_alive: bool, head: bool
+           ) -> list[Buffer]:  # fmt: skip
     """A whole response as the buffers to write: status line and headers, then the
     body (one buffer, or a TensorResponse's parts as they are)."""
-    assert isinstance(response, web.Response)
     if isinstance(response, TensorResponse):
         parts, length = response.parts, response.body_bytes
     else:
+        assert isinstance(response, web.Response)
         body = response.body if isinstance(response.body, bytes) else b""
         parts, length = [body], len(body)
-    lines = [f"HTTP/1.1 {response.status} {response.reason}"]
-    lines += [f"{k}: {v}" for k, v in response.headers.items() if k.lower() != "content-length"]
-    lines.append(f"Content-Length: {length}")
-    lines.append(f"Date: {_date()}")
-    lines.append("Server: edgeplex")
-    if not keep_alive:
-        lines.append("Connection: close")
-    head_bytes = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
+    text = f"HTTP/1.1 {response.status} {response.reason}\r\n"
+    for name, value in response.headers.items():
+        if name.lower() != "content-length":
+            text += f"{name}: {value}\r\n"
+    text += f"Content-Length: {length}\r\nDate: {_date()}\r\nServer: edgeplex\r\n"
+    text += "\r\n" if keep_alive else "Connection: close\r\n\r\n"
+    head_bytes = text.encode("latin-1", "replace")
     if head:
         return [head_bytes]
     if len(parts) == 1 and isinstance(parts[0], bytes):
@@ -229,9 +245,9 @@ class Door:
         return route, match_info, admitted
 
     @staticmethod
-    async def handle(handler: Handler, request: Request, path: str) -> web.StreamResponse:
+    async def handle(handler: Handler, request: Request, path: str) -> Reply:
         try:
-            return await handler(request)  # type: ignore[arg-type]
+            return await handler(request)  # type: ignore[arg-type]  # the part it reads
         except ServeError as exc:
             return error_response(exc)
         except Exception:  # a bug answers 500 and leaves the connection serving
@@ -361,7 +377,11 @@ class Connection(asyncio.Protocol):
         chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
         self.declared = int(length) if length.isdigit() and not chunked else -1
         self.method = self.parser.get_method().decode("ascii", "replace")
-        self.path = unquote(httptools.parse_url(self.url).path.decode("latin-1"))
+        url = self.url
+        if url[:1] == b"/" and not any(c in url for c in (b"?", b"#", b"%")):
+            self.path = url.decode("latin-1")  # a plain path, as most are: nothing to undo
+        else:
+            self.path = unquote(httptools.parse_url(url).path.decode("latin-1"))
         decision = self.door.decide(self.method, self.path, headers, max(self.declared, 0))
         if isinstance(decision, web.Response):
             if chunked or self.declared > 0:  # a body announced: it stays unread
@@ -453,7 +473,7 @@ class Connection(asyncio.Protocol):
         self._write(response, keep_alive, request.method == "HEAD")
         return keep_alive
 
-    def _write(self, response: web.StreamResponse, keep_alive: bool, head: bool) -> None:
+    def _write(self, response: Reply, keep_alive: bool, head: bool) -> None:
         assert self.transport is not None
         try:
             data = encode(response, keep_alive, head)
