@@ -13,7 +13,7 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
@@ -46,16 +46,22 @@ def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return await method(self, request, context)
         except ServeError as exc:
-            retry = exc.retry_after_s
-            trailers: tuple[tuple[str, str], ...] = (
-                () if retry is None else (("retry-after", f"{retry:g}"),)
-            )
-            trailers += ((NOT_HERE, "1"),) if exc.not_here else ()
-            if trailers:
-                context.set_trailing_metadata(trailers)
-            await context.abort(exc.grpc_code, exc.message)
+            await _abort(context, exc)
 
     return wrapper
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: ServeError) -> NoReturn:
+    """End the call with the error's status, Retry-After and not-here trailers."""
+    retry = exc.retry_after_s
+    trailers: tuple[tuple[str, str], ...] = (
+        () if retry is None else (("retry-after", f"{retry:g}"),)
+    )
+    trailers += ((NOT_HERE, "1"),) if exc.not_here else ()
+    if trailers:
+        context.set_trailing_metadata(trailers)
+    await context.abort(exc.grpc_code, exc.message)
+    raise AssertionError("context.abort raises")  # typed as returning
 
 
 def authorization(context: grpc.aio.ServicerContext) -> str | None:
@@ -152,12 +158,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             )
         )
 
-    @_serve_errors
-    @_requires(Access.CLIENT)
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
-        return await self._infer(request, context)
+        # As _serve_errors and _requires(Access.CLIENT) would, without their two
+        # coroutines on every call.
+        try:
+            self.credentials.check(Access.CLIENT, authorization(context), "ModelInfer")
+            return await self._infer(request, context)
+        except ServeError as exc:
+            await _abort(context, exc)
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         """One inference call: held by the in-flight gate, logged, and served by the
