@@ -2,43 +2,46 @@
 
 Read from the ONNX file when the model is found in the repository (graph.py),
 so a request can be validated, and refused, before anything is promoted.
-A model that cannot be served as configured is FAILED here with the reason.
+Pure: the owner writes what it finds into the record, or fails a model that
+cannot be served as configured with the reason given here.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 from edgeplex.agent.catalog.graph import GraphError, read_interface
 from edgeplex.agent.catalog.repository import ModelSource
 from edgeplex.agent.oip.tensors import TensorSpec
-from edgeplex.agent.residency.state import DEFAULT_MAX_BATCH_SIZE, ModelRecord, Phase
+from edgeplex.agent.residency.state import DEFAULT_MAX_BATCH_SIZE
 
 UNSUPPORTED = ("BF16",)
 log = logging.getLogger("edgeplex.agent")
 
 
-def describe(record: ModelRecord) -> None:
-    """Fill in `record`'s interface, or move it to FAILED with the reason. Called by
-    the owner when it first sees a source (no other writer)."""
-    source = record.source
+class Described(NamedTuple):
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+
+
+def describe(key: object, source: ModelSource) -> Described | str:
+    """The interface of the model `source` holds, or why it cannot be served as
+    configured. `key` names the model in the warnings logged."""
     for warning in source.warnings:  # also in the model's status
-        log.warning("model %s: %s", record.key, warning)
+        log.warning("model %s: %s", key, warning)
     if source.config is None:
-        _fail(record, source.config_error)
-        return
+        return source.config_error
     try:
         interface = read_interface(source.path)
     except GraphError as exc:
-        _fail(record, f"not a readable ONNX model ({exc})")
-        return
+        return f"not a readable ONNX model ({exc})"
     for spec in interface.inputs + interface.outputs:
         if spec.datatype in UNSUPPORTED or not spec.datatype.isupper():
-            _fail(record, f"tensor '{spec.name}' has type {spec.datatype}, not supported")
-            return
+            return f"tensor '{spec.name}' has type {spec.datatype}, not supported"
     if not interface.outputs:
-        _fail(record, "the graph has no outputs")
-        return
+        return "the graph has no outputs"
     specs = interface.inputs + interface.outputs
     batchable = all(s.shape and s.shape[0] == -1 for s in specs)
     wanted = source.config.max_batch_size
@@ -46,21 +49,17 @@ def describe(record: ModelRecord) -> None:
         source, interface.outputs, "output", wanted
     )
     if mismatch:
-        _fail(record, mismatch)
-        return
+        return mismatch
     if wanted is None:
         max_batch = DEFAULT_MAX_BATCH_SIZE if batchable else 0
     elif wanted > 0 and not batchable:
-        _fail(
-            record,
+        return (
             f"max_batch_size {wanted} needs a dynamic leading dimension on every input"
-            " and output, and this model has none",
+            " and output, and this model has none"
         )
-        return
     else:
         max_batch = wanted
-    record.inputs, record.outputs = interface.inputs, interface.outputs
-    record.max_batch_size = max_batch
+    return Described(interface.inputs, interface.outputs, max_batch)
 
 
 def _declared_mismatch(
@@ -88,8 +87,3 @@ def _declared_mismatch(
                 f"do not match the graph's shape {list(spec.shape)}"
             )
     return ""
-
-
-def _fail(record: ModelRecord, reason: str) -> None:
-    record.enter(Phase.FAILED)
-    record.reason = reason

@@ -243,7 +243,7 @@ class RunnerEffects:
                 log.warning("staging %s failed: %s", record.key, getattr(reply, "message", ""))
         except (RunnerLost, ServeError):
             pass
-        owner.side.staged(record.key, staged, form)
+        owner.staged(record.key, staged, form)
 
     async def _prepack(self, record: ModelRecord, generation: int) -> None:
         owner = self.owner
@@ -260,7 +260,7 @@ class RunnerEffects:
             METRICS.promotion_stage_duration.labels(stage="prepack").observe(reply.ms / 1000)
         elif reply is not None:
             log.warning("prepacking %s failed: %s", record.key, getattr(reply, "message", ""))
-        owner.side.prepacked(record.key, generation, delta)
+        owner.prepacked(record.key, generation, delta)
         METRICS.model_memory.labels(model=record.name).set(record.device_bytes)
 
     async def _build_variants(self, record: ModelRecord, forms: list[str]) -> None:
@@ -268,7 +268,7 @@ class RunnerEffects:
         assert owner is not None
         digest = record.source.digest  # the one built from, whatever the scan finds meanwhile
         reports = await build_variants(self._pool, self._settings, record, forms)
-        owner.side.variants_built(record.key, digest, reports)
+        owner.variants_built(record.key, digest, reports)
 
     async def _reform(self, record: ModelRecord, generation: int, form: str) -> None:
         owner = self.owner
@@ -298,7 +298,7 @@ class RunnerEffects:
                 form or "original",
                 getattr(reply, "message", ""),
             )
-        owner.side.reformed(record.key, generation, form, loaded)
+        owner.reformed(record.key, generation, form, loaded)
 
     async def _scale(self, record: ModelRecord, target: int) -> None:
         owner = self.owner
@@ -309,7 +309,7 @@ class RunnerEffects:
             )
         except RunnerLost:
             reply = None
-        owner.side.scaled(record.key)
+        owner.scaled(record.key)
         if isinstance(reply, ipc.InstancesSet) and reply.instances:
             log.info("model %s: %d instances", record.key, reply.instances)
             self._queues.set_instances(record.key, record.name, reply.instances)

@@ -1,15 +1,26 @@
-"""The residency owner: the one writer of every model's state.
+"""The residency owner: every change of a model's state, in one class.
 
-Events are its methods, called on the agent's event loop: requests admitted,
-answered or past their deadline; loads, unloads, staging and prepacking
-finished; runners down or up; operator and placement verbs; the tick; a new
-budget. None awaits, so each is applied whole. Each ends by asking the pure
-planner where room comes from (`Lifecycle.pump`); slow work leaves as effects
-whose results come back as events tagged with a generation, so a stale one is
-ignored. docs/architecture.md ("Residency: one owner") states the guarantees:
-a model with leases is never unloaded, waiters get their leases in the step
-that makes the model READY, and what cannot be served is refused before it is
-admitted.
+`Residency`'s public methods are the events, called on the agent's event loop:
+models found in the repository; requests admitted, answered or past their
+deadline; operator and placement verbs; loads, unloads, staging, prepacking,
+variant builds and form swaps finished; runners down or up; the tick; a new
+budget. None awaits, so each is applied whole. The private methods below them
+are the transitions those events make (queue a load, retreat, drain, fail, drop
+a staged copy), and each event ends by asking the pure planner where room
+comes from (`_pump`). Slow work leaves as effects whose results come back as
+events tagged with a generation, so a stale one is ignored. Nothing else
+writes a record. docs/architecture.md ("Residency: one owner") states the
+guarantees: a model with leases is never unloaded, waiters get their leases in
+the step that makes the model READY, and what cannot be served is refused
+before it is admitted.
+
+Forms: a model that accepts variants (`quality: any`) loads as its smallest
+usable variant when its original would take room from others (the planner
+decides, `_pump` applies it). When the site has gone CALM_S without such
+pressure and no load waits, the most used model serving a variant is swapped
+back to its original, one at a time, provided the original fits beside
+everything held: the runner builds the new session while the old one serves,
+so both are reserved until the swap.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
+from edgeplex.agent.catalog.forms import ORIGINAL, VariantReport
 from edgeplex.agent.catalog.repository import ModelSource
 from edgeplex.agent.oip.errors import (
     ModelFailed,
@@ -28,14 +40,15 @@ from edgeplex.agent.oip.errors import (
 )
 from edgeplex.agent.residency.contract import Effects, Limits, Loaded
 from edgeplex.agent.residency.describe import describe
-from edgeplex.agent.residency.hot_set import demand, hot_set
+from edgeplex.agent.residency.hot_set import demand, hot_set, recent_requests
 from edgeplex.agent.residency.ledger import Ledger
-from edgeplex.agent.residency.lifecycle import Lifecycle
+from edgeplex.agent.residency.planner import plan_room, victims_for
 from edgeplex.agent.residency.scaling import scale_target
-from edgeplex.agent.residency.side_work import SideWork
 from edgeplex.agent.residency.state import Chore, Intent, ModelKey, ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
 from edgeplex.agent.residency.upkeep import (
+    budget_cut,
+    host_budget_drops,
     may_stage,
     prepack_choice,
     promotion_refusal,
@@ -43,6 +56,9 @@ from edgeplex.agent.residency.upkeep import (
 from edgeplex.eviction import EvictionPolicy
 
 NEVER = float("inf")
+# Seconds without an eviction or a load as a variant before room counts as
+# returned: loads start as originals again, and models serving a variant swap back.
+CALM_S = 5.0
 
 
 class Residency:
@@ -58,8 +74,7 @@ class Residency:
         self._effects = effects
         self._clock = clock
         self.ledger = Ledger()
-        self._life = Lifecycle(self.ledger, limits, policy, effects, clock)
-        self.side = SideWork(self.ledger, self._life, effects, clock)  # background work's events
+        self._wanting: set[ModelKey] = set()  # models whose variants are not all built
         self._last_prepack = -NEVER
 
     # --- reads (the ledger answers; nothing here writes) ------------------------------
@@ -87,7 +102,7 @@ class Residency:
             previous.pinned = False
         for other in [r for r in self.ledger.all_records() if r.name == source.name]:
             if other is not record and other.version not in keep and other.intent != Intent.RETIRE:
-                self._life.retire(other)
+                self._retire(other)
         return record
 
     def add_version(self, source: ModelSource) -> ModelRecord:
@@ -97,19 +112,19 @@ class Residency:
         if record is None:
             record = ModelRecord(key, source)
             self.ledger.track(record)
-            describe(record)
+            self._describe(record)
             record.pinned = bool(source.config and source.config.pin)
         elif record.source.digest != source.digest:
-            self._life.replace_artifact(record, source)
-            describe(record)
+            self._replace_artifact(record, source)
+            self._describe(record)
             record.variants.clear()  # built from the old artifact
         elif record.source != source and record.phase in (Phase.ABSENT, Phase.FAILED):
             record.source = source  # config.yaml changed; the next load reads it
             record.reason = ""
             if record.phase == Phase.FAILED:
                 record.enter(Phase.ABSENT)
-            describe(record)
-        self.side.wants_variants(record)
+            self._describe(record)
+        self._wants_variants(record)
         return record
 
     # --- requests ---------------------------------------------------------------------------
@@ -133,7 +148,7 @@ class Residency:
             raise QueueFull(
                 f"model '{name}': queue is full ({record.config.max_queue_size} requests waiting)"
             )
-        self._life.touch(record)
+        self._touch(record)
         if record.phase == Phase.READY:
             record.leases += 1
             return Ticket(record.key, deadline, granted=True)
@@ -142,8 +157,8 @@ class Residency:
             raise refusal
         ticket = Ticket(record.key, deadline, granted=False, cold_start=str(record.tier))
         record.waiters.append(ticket)
-        self._life.want(record)
-        refused = self._life.pump()
+        self._want(record)
+        refused = self._pump()
         if record.key in refused:  # refused in this same step: never admitted
             record.waiters.remove(ticket)
             if not record.waiters and record.phase == Phase.QUEUED:
@@ -165,8 +180,8 @@ class Residency:
         ticket.granted = False
         record.leases -= 1
         if record.phase == Phase.DRAINING and record.leases == 0:
-            self._life.begin_unload(record)
-            self._life.pump()
+            self._begin_unload(record)
+            self._pump()
 
     def abandon(self, ticket: Ticket) -> None:
         """A waiter's deadline passed before its model served: it leaves the queue."""
@@ -180,7 +195,7 @@ class Residency:
             record.waiters.remove(ticket)
         if record.phase == Phase.QUEUED and not record.waiters and not record.explicit:
             record.enter(Phase.ABSENT)
-            self._life.pump()
+            self._pump()
 
     # --- operator and placement verbs ---------------------------------------------------
 
@@ -196,7 +211,7 @@ class Residency:
                 record.load_crashes = 0
                 record.enter(Phase.ABSENT)
                 record.reason = ""
-                describe(record)  # a fault of its config or interface fails it again
+                self._describe(record)  # a fault of its config or interface fails it again
         ticket = Ticket(record.key, NEVER, granted=False, lease=False)
         if record.phase == Phase.READY:
             if record.intent in (Intent.STAGED, Intent.CACHED):
@@ -208,8 +223,8 @@ class Residency:
             return ticket
         record.waiters.append(ticket)
         record.explicit = True
-        self._life.want(record)
-        self._life.pump()
+        self._want(record)
+        self._pump()
         return ticket
 
     def unload(self, name: str) -> Ticket:
@@ -229,7 +244,7 @@ class Residency:
         intent = Intent.CACHED if tier == Tier.CACHED else Intent.STAGED
         if record.phase in (Phase.ABSENT, Phase.FAILED):
             if intent == Intent.CACHED and record.staged_bytes:
-                self._life.drop_staged(record)
+                self._drop_staged(record)
             ticket.settle(None)
             return ticket
         if record.phase == Phase.QUEUED and not record.waiters:
@@ -240,8 +255,8 @@ class Residency:
         record.explicit = False
         record.waiters.append(ticket)  # settled when the unload is done
         if record.phase == Phase.READY:
-            self._life.retreat(record)
-        self._life.pump()
+            self._retreat(record)
+        self._pump()
         return ticket
 
     def pin(self, name: str, pinned: bool) -> None:
@@ -250,8 +265,8 @@ class Residency:
             raise ModelNotFound(f"model '{name}' is not in the repository")
         record.pinned = pinned
         if not pinned:
-            self._life.fit_budget()  # what the pin held over a cut budget may leave now
-            self._life.pump()
+            self._fit_budget()  # what the pin held over a cut budget may leave now
+            self._pump()
 
     def stage(self, name: str) -> bool:
         """cached -> staged in the background if the host budget has room (shared
@@ -303,17 +318,17 @@ class Residency:
                 record.leases += 1
             ticket.settle(None)
         if record.intent in (Intent.STAGED, Intent.CACHED, Intent.RETIRE):
-            self._life.retreat(record)
-        self._life.fit_measured(record)
-        self._life.fit_host_budget()
-        self._life.pump()
+            self._retreat(record)
+        self._fit_measured(record)
+        self._fit_host_budget()
+        self._pump()
 
     def load_failed(self, key: ModelKey, generation: int, reason: str) -> None:
         record = self.ledger.by_key.get(key)
         if record is None or record.generation != generation:
             return
-        self._life.fail(record, reason)
-        self._life.pump()
+        self._fail(record, reason)
+        self._pump()
 
     def unload_done(self, key: ModelKey, generation: int) -> None:
         record = self.ledger.by_key.get(key)
@@ -323,7 +338,7 @@ class Residency:
         record.enter(Phase.ABSENT)
         intent, record.intent = record.intent, Intent.NONE
         if intent in (Intent.CACHED, Intent.RETIRE):
-            self._life.drop_staged(record)
+            self._drop_staged(record)
         if intent == Intent.RETIRE:
             for ticket in record.waiters:
                 ticket.settle(Unavailable(f"model '{record.name}' was replaced; retry"))
@@ -334,9 +349,9 @@ class Residency:
                 ticket.settle(None)
             record.waiters = [t for t in record.waiters if t not in leftover]
             if record.waiters or intent == Intent.SERVE:
-                self._life.want(record)  # requests arrived while it drained: bring it back
-        self._life.fit_host_budget()
-        self._life.pump()
+                self._want(record)  # requests arrived while it drained: bring it back
+        self._fit_host_budget()
+        self._pump()
 
     # --- runners ------------------------------------------------------------------------
 
@@ -347,13 +362,13 @@ class Residency:
         runner others share."""
         for record in self.ledger.all_records():
             if record.runner_id == runner_id:
-                self._life.lose_session(record, why)
-        self._life.pump()  # a failed load's room is free
+                self._lose_session(record, why)
+        self._pump()  # a failed load's room is free
 
     def runner_up(self, runner_id: str) -> None:
         for record in self.ledger.by_key.values():
             if record.runner_id == runner_id and record.phase == Phase.RECOVERING:
-                self._life.reload(record)
+                self._reload(record)
 
     def _scale(self, record: ModelRecord, room: bool) -> None:
         """Elastic instances: one more while its queue is deeper than a round, back to
@@ -381,9 +396,9 @@ class Residency:
         """A new device budget (an operator's change, or a device shared anew). When it
         shrinks, models leave until the rest fit: lease-free ones at once, the others
         after draining; pinned models and loads in flight stay."""
-        self.limits = self._life.limits = replace(self.limits, device_budget=budget)
-        self._life.fit_budget()
-        self._life.pump()
+        self.limits = replace(self.limits, device_budget=budget)
+        self._fit_budget()
+        self._pump()
 
     # --- timer --------------------------------------------------------------------------
 
@@ -395,7 +410,7 @@ class Residency:
             record = self.ledger.by_str(expired.name)
             if record is not None and record.phase == Phase.READY and not record.leases:
                 record.intent = Intent.STAGED
-                self._life.retreat(record)
+                self._retreat(record)
         budget = self.limits.device_budget
         room = budget is None or self.device_bytes() < 0.95 * budget
         for record in self.ledger.by_key.values():
@@ -407,9 +422,368 @@ class Residency:
             record.hot = record.key in hot
         chosen = prepack_choice(self.ledger, self.limits, now, self._last_prepack)
         if chosen is not None:
-            self._life.upgrade(chosen, now)
+            self._upgrade(chosen, now)
             self._last_prepack = now
-        self._life.start_upgrades()
-        self.side.want_variants()
-        self.side.restore_forms()
-        self._life.pump()
+        self._start_upgrades()
+        self._want_variants()
+        self._restore_forms()
+        self._pump()
+
+    # --- background work reported back: staging, prepacking, instances, forms -------
+
+    def staged(self, key: ModelKey, staged_bytes: int, form: str = ORIGINAL) -> None:
+        record = self.ledger.by_key.get(key)
+        if record is None:
+            return
+        record.chore = Chore.NONE
+        if form:
+            record.staged_variant_bytes = max(record.staged_variant_bytes, staged_bytes)
+        elif staged_bytes and record.phase not in (Phase.READY, Phase.DRAINING):
+            record.staged_bytes = staged_bytes
+        self._stage_smaller(record)
+        self._fit_host_budget()
+
+    def prepacked(self, key: ModelKey, generation: int, bytes_delta: int | None) -> None:
+        record = self.ledger.by_key.get(key)
+        if record is None:
+            return
+        record.chore = Chore.NONE
+        if record.generation != generation or record.phase != Phase.READY:
+            return
+        record.reserved_bytes = 0  # the transient copy is gone
+        record.prepacked = True  # also when it failed: do not retry a model that cannot be
+        if bytes_delta is not None:
+            record.measure(record.device_bytes + bytes_delta)
+            self._fit_measured(record)
+
+    def scaled(self, key: ModelKey) -> None:
+        record = self.ledger.by_key.get(key)
+        if record is not None and record.chore == Chore.SCALE:
+            record.chore = Chore.NONE
+
+    # --- variants -------------------------------------------------------------------------
+
+    def _wants_variants(self, record: ModelRecord) -> None:
+        """`record` is new, or its artifact or config changed: build what it lacks."""
+        if record.source.config is not None and record.source.config.variants:
+            self._wanting.add(record.key)
+
+    def _want_variants(self) -> None:
+        """Build the variants models' configs ask for and they do not have yet (on the
+        tick, so staging at start goes first; each model's build waits for its other
+        side work)."""
+        for key in list(self._wanting):
+            record = self.ledger.by_key.get(key)
+            config = record.source.config if record is not None else None
+            if record is None or config is None:
+                self._wanting.discard(key)
+                continue
+            missing: list[str] = [f for f in config.variants if f not in record.variants]
+            if not missing:
+                self._wanting.discard(key)
+            elif not record.chore and record.phase != Phase.FAILED:
+                record.chore = Chore.VARIANTS
+                self._effects.build_variants(record, missing)
+
+    def variants_built(self, key: ModelKey, digest: str, reports: list[VariantReport]) -> None:
+        record = self.ledger.by_key.get(key)
+        if record is None:
+            return
+        if record.chore == Chore.VARIANTS:
+            record.chore = Chore.NONE
+        if record.source.digest != digest:  # replaced meanwhile: the tick builds anew
+            record.variants.clear()
+            return
+        for report in reports:
+            record.variants[report.form] = report
+        self._stage_smaller(record)
+        self._pump()  # a queued load may start as a variant now
+
+    def _stage_smaller(self, record: ModelRecord) -> None:
+        """Stage the variant a model would load as, like its original, so that a load
+        as the variant is a staged promotion; once, when no other side work runs."""
+        smaller = record.smaller_form()
+        if smaller and not record.staged_variant_bytes and not record.chore:
+            record.chore = Chore.STAGE
+            self._effects.stage(record, smaller)
+
+    # --- forms ----------------------------------------------------------------------------
+
+    def _restore_forms(self) -> None:
+        """Swap the most used model serving a variant back to its original, when room
+        has been calm long enough and the original fits beside everything held."""
+        now = self._clock()
+        if now - self.ledger.pressed_at < CALM_S or self.ledger.queued():
+            return
+        records = self.ledger.all_records()
+        if any(r.chore == Chore.REFORM for r in records):
+            return
+        waiting = [
+            r
+            for r in records
+            if r.phase == Phase.READY and r.form and not r.chore and r.intent == Intent.NONE
+        ]
+        budget = self.limits.device_budget
+        for record in sorted(waiting, key=lambda r: -r.usage.frequency):
+            need = record.estimate_bytes(ORIGINAL)
+            if budget is None or self.ledger.device_bytes() + need <= budget:
+                self._swap(record, ORIGINAL)
+                return
+
+    def reformed(self, key: ModelKey, generation: int, form: str, loaded: Loaded | None) -> None:
+        """The runner swapped `key`'s session to `form` (`loaded`), or could not (None)."""
+        record = self.ledger.by_key.get(key)
+        if record is None:
+            return
+        if record.chore == Chore.REFORM:
+            record.chore = Chore.NONE
+        if record.generation == generation and record.phase == Phase.READY:
+            record.reserved_bytes = 0  # the old session is gone, or the new one never came
+            if loaded is not None:
+                if form:
+                    record.staged_variant_bytes = max(
+                        record.staged_variant_bytes, loaded.staged_bytes
+                    )
+                record.form = form
+                record.measure(loaded.bytes)
+                record.prepacked = loaded.prepacked
+                self._fit_measured(record)
+        self._pump()
+
+    # --- the transitions the events make (called only from the events above) ---------
+
+    def _describe(self, record: ModelRecord) -> None:
+        """The interface read from the model's file (describe.py), or FAILED with why."""
+        described = describe(record.key, record.source)
+        if isinstance(described, str):
+            record.enter(Phase.FAILED)
+            record.reason = described
+        else:
+            record.inputs, record.outputs, record.max_batch_size = described
+
+    def _want(self, record: ModelRecord) -> None:
+        """Queue a load of `record` unless one is queued, in flight or it serves."""
+        if record.phase == Phase.ABSENT:
+            record.queued_at = self.ledger.next_in_queue()
+            record.enter(Phase.QUEUED)
+        elif record.phase in (Phase.DRAINING, Phase.UNLOADING) and record.intent != Intent.RETIRE:
+            record.intent = Intent.SERVE
+
+    def _retreat(self, record: ModelRecord) -> None:
+        """A READY model leaves: at once without leases, else after draining them."""
+        if record.leases:
+            record.enter(Phase.DRAINING)
+        else:
+            self._begin_unload(record)
+
+    def _retire(self, record: ModelRecord) -> None:
+        record.intent = Intent.RETIRE
+        if record.phase in (Phase.ABSENT, Phase.FAILED, Phase.QUEUED):
+            self._drop_staged(record)
+            for ticket in record.waiters:
+                ticket.settle(Unavailable(f"model '{record.name}' was replaced; retry"))
+            self.ledger.forget(record.key)
+        elif record.phase == Phase.READY:
+            self._retreat(record)
+
+    def _replace_artifact(self, record: ModelRecord, source: ModelSource) -> None:
+        """The artifact changed under the same version: drop the staged copy of the old
+        one, and reload a serving model from the new one once its leases end."""
+        self._drop_staged(record)
+        record.source = source
+        if record.phase == Phase.FAILED:
+            record.enter(Phase.ABSENT)
+            record.reason = ""
+        elif record.phase == Phase.READY:
+            record.intent = Intent.SERVE
+            self._retreat(record)
+            self._pump()
+
+    def _begin_unload(self, record: ModelRecord) -> None:
+        record.generation += 1
+        record.enter(Phase.UNLOADING)
+        if record.intent == Intent.NONE:
+            record.intent = Intent.STAGED
+        self._effects.unload(record, record.generation)
+
+    def _fail(self, record: ModelRecord, reason: str) -> None:
+        record.generation += 1
+        record.reserved_bytes = record.device_bytes = 0
+        record.enter(Phase.FAILED)
+        record.reason = reason
+        record.explicit = False
+        error = ModelFailed(f"model '{record.name}' failed to load: {reason}")
+        waiters, record.waiters = record.waiters, []
+        for ticket in waiters:
+            ticket.settle(error)
+        self._effects.pause(record)
+
+    def _lose_session(self, record: ModelRecord, why: str = "") -> None:
+        """Its runner died (`why`, when known). A serving model keeps its leases and its
+        room and waits (RECOVERING) for the runner to come back; a load that crashes its
+        runner twice fails rather than crash-loop the runner others share."""
+        because = f": {why}" if why else ""
+        if record.phase == Phase.LOADING:
+            record.load_crashes += 1
+            if record.load_crashes >= 2:
+                self._fail(record, f"its runner crashed twice while loading it{because}")
+                return
+        if record.phase not in (Phase.LOADING, Phase.READY, Phase.DRAINING):
+            return
+        if record.phase == Phase.DRAINING and record.intent == Intent.SERVE:
+            # Still on its way out: reloaded for the requests it owes, then it drains;
+            # those that arrived meanwhile bring it back after that.
+            record.intent = Intent.STAGED
+        if record.chore.prepacking or record.chore == Chore.REFORM:
+            record.reserved_bytes = 0  # the transient copy died with the runner
+        record.reserved_bytes = max(record.device_bytes, record.reserved_bytes)
+        record.device_bytes = 0
+        record.chore = Chore.NONE
+        record.generation += 1
+        record.enter(Phase.RECOVERING)
+        record.reason = f"runner restarting{because}"
+        self._effects.pause(record)
+
+    def _swap(self, record: ModelRecord, form: str) -> None:
+        """Move a serving model to `form` in place: the runner builds the new session
+        beside the old one, so both are held until the swap (`SideWork.reformed`)."""
+        record.chore = Chore.REFORM
+        record.reserved_bytes = record.device_bytes + record.estimate_bytes(form)
+        self._effects.reform(record, record.generation, form)
+
+    def _reload(self, record: ModelRecord) -> None:
+        """Its runner is back: load it again into the room it kept (as the form it
+        served, unless that variant went with a replaced artifact)."""
+        if record.form not in record.variants:
+            record.form = ORIGINAL
+        record.generation += 1
+        record.enter(Phase.LOADING)
+        self._effects.load(record, record.generation, fast=True)
+
+    def _drop_staged(self, record: ModelRecord) -> None:
+        if record.staged_bytes or record.staged_variant_bytes:
+            record.staged_bytes = record.staged_variant_bytes = 0
+            self._effects.drop_staged(record)
+
+    def _pump(self) -> dict[ModelKey, str]:
+        """Ask the planner for room for the queued loads and act on its answer. Returns
+        the loads it refused: a load that admitted requests wait for stays queued
+        (a pin or a budget cut made after they were admitted may be undone before
+        their deadlines); any other is dropped."""
+        budget = self.limits.device_budget
+        queued = self.ledger.queued_loads(budget)
+        if not queued:
+            return {}
+        plan = plan_room(
+            self.ledger.slots(),
+            queued,
+            budget,
+            self.policy,
+            self._clock(),
+            self.limits.max_promotions,
+            pressed=self._clock() - self.ledger.pressed_at < CALM_S,
+        )
+        if plan.unload or plan.drain or plan.demote:
+            self.ledger.pressed_at = self._clock()
+        for key, form in plan.demote.items():
+            self._swap(self.ledger.by_key[key], form)
+        for key in plan.unload:
+            record = self.ledger.by_key[key]
+            record.intent = Intent.STAGED
+            self._begin_unload(record)
+        for key in plan.drain:
+            record = self.ledger.by_key[key]
+            record.intent = Intent.STAGED
+            record.enter(Phase.DRAINING)
+        for key, why in plan.refuse.items():
+            record = self.ledger.by_key[key]
+            if any(t.lease for t in record.waiters):
+                record.reason = f"waiting for room: {why}"
+                continue
+            record.enter(Phase.ABSENT)
+            record.explicit = False
+            error = NoRoom(f"model '{record.name}' {why}")
+            waiters, record.waiters = record.waiters, []
+            for ticket in waiters:
+                ticket.settle(error)
+        for key in plan.start:
+            record = self.ledger.by_key[key]
+            record.generation += 1
+            record.form = plan.forms.get(key, ORIGINAL)
+            if record.form:
+                self.ledger.pressed_at = self._clock()
+            record.reserved_bytes = self.ledger.load_bytes(record, budget)
+            record.enter(Phase.LOADING)
+            fast = bool(record.waiters) and not record.explicit
+            self._effects.load(record, record.generation, fast=fast)
+        return plan.refuse
+
+    def _fit_measured(self, record: ModelRecord) -> None:
+        """A session measured above its estimate: make room among the other serving
+        models at once, or send this one back (after its admitted requests)."""
+        budget = self.limits.device_budget
+        excess = 0 if budget is None else self.ledger.device_bytes() - budget
+        if excess <= 0:
+            return
+        others = self.ledger.slots(besides=record)
+        chosen = victims_for(others, excess, self.policy, self._clock())
+        if chosen is None:
+            record.reason = f"measured {record.device_bytes} bytes, more than the budget holds"
+            record.intent = Intent.STAGED
+            self._retreat(record)
+            return
+        for slot in chosen:
+            victim = self.ledger.by_key[slot.key]
+            victim.intent = Intent.STAGED
+            self._retreat(victim)
+
+    def _touch(self, record: ModelRecord) -> None:
+        """Recency, GDSF credit, and a frequency that halves every
+        hot_set.FREQUENCY_HALF_LIFE_S, so demand that moved away stops counting."""
+        usage = record.usage
+        now = self._clock()
+        usage.frequency = recent_requests(usage, now) + 1
+        usage.last_used = now
+        usage.credit = max(usage.credit, self.policy.stamp())
+
+    def _fit_host_budget(self) -> None:
+        for record in host_budget_drops(self.ledger, self.limits.host_budget):
+            self._drop_staged(record)
+
+    def _fit_budget(self) -> None:
+        for slot in budget_cut(self.ledger, self.limits.device_budget, self.policy, self._clock()):
+            victim = self.ledger.by_key[slot.key]
+            victim.intent = Intent.STAGED
+            self._retreat(victim)
+
+    def _upgrade(self, record: ModelRecord, now: float) -> None:
+        """Rebuild `record` with prepacked weights. The rebuild holds a second copy of
+        its weights until the swap, so that copy is reserved at once, like a load's
+        bytes, and made room for among colder models when the budget is full: a hot
+        model served 3x slower for want of a transient copy costs more than a cold
+        one's reload. The rebuild starts on a tick once the reservation fits."""
+        need = record.staged_bytes or record.device_bytes
+        budget = self.limits.device_budget
+        if budget is not None:
+            staying = self.ledger.device_bytes() - self.ledger.leaving_bytes()
+            missing = staying + need - budget
+            if missing > 0:
+                others = [s for s in self.ledger.slots() if s.key != record.key]
+                victims = victims_for(others, missing, self.policy, now)
+                if victims is None:
+                    return
+                for slot in victims:
+                    victim = self.ledger.by_key[slot.key]
+                    victim.intent = Intent.STAGED
+                    self._retreat(victim)
+        record.chore = Chore.PREPACK_WAIT
+        record.reserved_bytes = record.device_bytes + need
+
+    def _start_upgrades(self) -> None:
+        budget = self.limits.device_budget
+        for record in self.ledger.all_records():
+            if record.chore != Chore.PREPACK_WAIT:
+                continue
+            if budget is None or self.ledger.device_bytes() <= budget:
+                record.chore = Chore.PREPACK
+                self._effects.prepack(record, record.generation)

@@ -204,7 +204,7 @@ def test_random_events_keep_the_residency_invariants(sources):
             report = VariantReport(
                 form="int8", path=str(path), file_bytes=path.stat().st_size, usable=True
             )
-            self.owner.side.variants_built(key, record.source.digest, [report])
+            self.owner.variants_built(key, record.source.digest, [report])
             self._collect()
 
         @precondition(lambda self: self.effects.stages)
@@ -213,7 +213,7 @@ def test_random_events_keep_the_residency_invariants(sources):
             key, form = self.effects.stages.popitem()
             record = self._record(key)
             if record is not None:
-                self.owner.side.staged(key, record.estimate_bytes(form), form)
+                self.owner.staged(key, record.estimate_bytes(form), form)
 
         @precondition(lambda self: self.effects.reforms)
         @rule(fail=st.booleans())
@@ -222,7 +222,7 @@ def test_random_events_keep_the_residency_invariants(sources):
             record = self._record(key)
             size = record.estimate_bytes(form) if record else 1
             loaded = None if fail else Loaded(size, 0.01, size, False, "staged")
-            self.owner.side.reformed(key, generation, form, loaded)
+            self.owner.reformed(key, generation, form, loaded)
             self._collect()
 
         @precondition(lambda self: self.effects.unloads)
@@ -435,9 +435,9 @@ def test_a_model_loaded_as_a_variant_under_pressure_swaps_back_when_room_returns
         report = VariantReport(
             form="int8", path=str(path), file_bytes=path.stat().st_size, usable=True
         )
-        owner.side.variants_built(key, sources[key.name].digest, [report])
+        owner.variants_built(key, sources[key.name].digest, [report])
     for key, form in list(effects.stages.items()):
-        owner.side.staged(key, 1000, form)
+        owner.staged(key, 1000, form)
 
     def serve(name: str):
         ticket = owner.admit(name, "", now[0] + 5)
@@ -465,9 +465,7 @@ def test_a_model_loaded_as_a_variant_under_pressure_swaps_back_when_room_returns
     owner.tick()
     assert effects.reforms == {d.key: (d.generation, "")}
     generation, form = effects.reforms.pop(d.key)
-    owner.side.reformed(
-        d.key, generation, form, Loaded(size["d"], 0.01, size["d"], False, "staged")
-    )
+    owner.reformed(d.key, generation, form, Loaded(size["d"], 0.01, size["d"], False, "staged"))
     assert d.form == "" and d.device_bytes == size["d"] and d.reserved_bytes == 0
 
 
