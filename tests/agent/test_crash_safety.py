@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.signing import Signer, TrustStore
 from tests.conftest import agent_command, start_agent
 from tests.support.agent import infer_http
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -78,6 +78,15 @@ def test_a_kill_while_the_key_is_pinned_leaves_the_pin_absent_not_empty(tmp_path
     assert list(TrustStore.load(None, pin).keys) == [signer.key_id]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in map(int, children.read_text().split()):
+            found += [child, *descendants(child)]
+    return found
+
+
 def test_a_killed_agent_leaves_its_staged_tier_to_the_next_start(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     demo.make_mlp(repo / "m", width=64, layers=2, in_width=64)
@@ -89,9 +98,14 @@ def test_a_killed_agent_leaves_its_staged_tier_to_the_next_start(tmp_path: Path)
         *Path(tempfile.gettempdir()).glob(f"edgeplex-agent-{pid}-*"),
     ]
     assert len(mine) == 3, mine  # staged tier, rings, runner socket
+    family = descendants(pid)  # its zygote and runners
+    assert family
     first.process.send_signal(signal.SIGKILL)
     first.process.wait(30)
-    time.sleep(0.5)  # its zygote and runners die with it
+    wait_until(
+        lambda: not any(Path(f"/proc/{p}").exists() for p in family),
+        what="its zygote and runners to die with it",
+    )
     assert all(p.exists() for p in mine)
     second = start_agent(repo, tmp_path)
     try:

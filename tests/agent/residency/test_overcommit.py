@@ -15,6 +15,7 @@ from edgeplex.agent.catalog import demo
 from tests.conftest import ADMIN_TOKEN, start_agent
 from tests.support.agent import infer_http, memory, post, status
 from tests.support.oip import inputs_for
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
@@ -157,7 +158,7 @@ def test_loaded_models_never_wait_behind_a_slow_load(agent):
 
     thread = threading.Thread(target=hammer)
     thread.start()
-    time.sleep(0.2)
+    wait_until(lambda: calls, what="the hammer's first call")
     started = time.perf_counter()
     client.infer("slowload", feeds)  # cached -> staged -> loaded, in the same shared runner
     ended = time.perf_counter()

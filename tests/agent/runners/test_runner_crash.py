@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_agent
 from tests.support.oip import inputs_for
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -97,13 +98,16 @@ def test_sigkill_runner_under_load(crash_agent, victim, survivors):
     victim_pid = pids[victim]
     assert all(pids[s] != victim_pid for s in survivors)
     with Load(crash_agent, [victim, *survivors]) as load:
-        time.sleep(0.5)
+        wait_until(lambda: all(load.outcomes[m]["ok"] for m in load.outcomes), what="load")
         os.kill(victim_pid, signal.SIGKILL)
         killed_at = time.monotonic()
         time.sleep(0.05)
         recovery = wait_ready(client, victim, timeout=5.0)
         assert time.monotonic() - killed_at < 5.0
-        time.sleep(0.5)
+        served = {m: load.outcomes[m]["ok"] for m in survivors}
+        wait_until(  # the survivors go on serving after the victim is back
+            lambda: all(load.outcomes[m]["ok"] > served[m] for m in survivors), what="survivors"
+        )
     for model in survivors:
         assert load.outcomes[model]["error"] == 0, load.errors[model][:3]
         assert load.outcomes[model]["ok"] > 0
