@@ -38,6 +38,7 @@ from edgeplex.agent.frontdoor.gate import InflightGate
 from edgeplex.agent.frontdoor.overload import OverloadWatch
 from edgeplex.agent.observability import views
 from edgeplex.agent.observability.metrics import METRICS
+from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.oip.errors import (
     DeadlineExceeded,
     InvalidInput,
@@ -171,8 +172,25 @@ class Agent:
         return config_json(entry)
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
-        entries = [self.entry(name, version)] if name else self.residency.records()
-        return [self.queues.stats(e.name).to_json(e.name, e.version) for e in entries]
+        """OIP statistics of every version of every model, of every version of `name`,
+        or of that one version."""
+        if name and version:
+            entries = [self.entry(name, version)]
+        elif name:
+            self.entry(name)  # NOT_FOUND for an unknown model
+            entries = [e for e in self.residency.every_version() if e.name == name]
+        else:
+            entries = self.residency.every_version()
+        return [self.queues.stats(e.key).to_json(e.name, e.version) for e in entries]
+
+    def model_counts(self) -> list[tuple[str, str, ModelStats, int]]:
+        """Each model version's statistics and its pending requests (queued, or
+        waiting for the model's promotion), for Triton's metrics."""
+        queues = self.queues
+        return [
+            (e.name, e.version, queues.stats(e.key), queues.pending(e.key) + len(e.waiters))
+            for e in self.residency.every_version()
+        ]
 
     # --- repository ---------------------------------------------------------------------------
 
@@ -353,6 +371,10 @@ class Agent:
                 METRICS.variant_requests.labels(model=name, variant=request.form).inc()
             served_by = router.site_id if router is not None else ""
             return InferResult(record, outputs, ticket.cold_start, request.form, served_by)
+        except asyncio.CancelledError:  # the caller went away (Triton: CANCELED)
+            if record is not None:
+                self.queues.stats(record.key).record_failure(loop.time() - arrived, "CANCELED")
+            raise
         except ServeError as exc:
             # Series exist only for models in the repository: an unknown name counts
             # under the empty label, so a client cannot mint series.
@@ -361,7 +383,9 @@ class Agent:
                 METRICS.refused.labels(model=label).inc()
             METRICS.failures.labels(model=label, code=exc.grpc_code.name).inc()
             if record is not None:
-                self.queues.stats(record.name).record_failure(loop.time() - arrived)
+                self.queues.stats(record.key).record_failure(
+                    loop.time() - arrived, exc.failure_reason
+                )
             raise
         finally:
             if ticket is not None:

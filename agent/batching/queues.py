@@ -26,7 +26,7 @@ class Queues:
         self._queues: dict[Hashable, Batcher] = {}
         self._ready: dict[Hashable, asyncio.Event] = {}
         self._made_from: dict[Hashable, object] = {}  # the source each queue was made for
-        self._stats: dict[str, ModelStats] = {}
+        self._stats: dict[Hashable, ModelStats] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
     def get(self, key: Hashable) -> Batcher | None:
@@ -37,9 +37,14 @@ class Queues:
         Raises QueueFull, or the error the queue was closed with."""
         self._queues[key].submit(request)
 
-    def stats(self, name: str) -> ModelStats:
-        """The OIP statistics of a model name (all its versions)."""
-        return self._stats.setdefault(name, ModelStats())
+    def stats(self, key: Hashable) -> ModelStats:
+        """The OIP statistics of a model version (its key), kept across unloads."""
+        return self._stats.setdefault(key, ModelStats())
+
+    def pending(self, key: Hashable) -> int:
+        """Requests of a model version queued and not yet executing."""
+        queue = self._queues.get(key)
+        return queue.depth if queue is not None else 0
 
     def open(self, model: Served, source: object, instances: int) -> None:
         """`model` serves: its queue (made anew if its source changed since the queue
@@ -52,7 +57,7 @@ class Queues:
             self._close(queue, Unavailable(f"model '{model.name}' changed"), drain=True)
             queue = None
         if queue is None:
-            self._queues[key] = make_batcher(model, self._pool, ready, self.stats(model.name))
+            self._queues[key] = make_batcher(model, self._pool, ready, self.stats(model.key))
             self._made_from[key] = source
         else:  # a reload starts over at the configured instance count
             queue.set_instances(instances)

@@ -244,7 +244,7 @@ class FleetLink:
         busy_ns = 0
         for entry in agent.residency.records():
             w = window.get(entry.name)
-            stats = agent.queues.stats(entry.name)
+            stats = agent.queues.stats(entry.key)
             queue = agent.queues.get(entry.key)
             busy_ns += stats.compute_infer.ns
             report.models.append(

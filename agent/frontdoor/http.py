@@ -308,10 +308,8 @@ class HttpApi:
         return _json(openapi.document())
 
     async def metrics(self, request: web.Request) -> web.Response:
-        agent = self.agent
-        triton = triton_metrics.render(
-            (e.name, e.version, agent.queues.stats(e.name)) for e in agent.residency.records()
-        ) + triton_metrics.render_gpus(triton_metrics.gpu_readings())
+        triton = triton_metrics.render(self.agent.model_counts())
+        triton += triton_metrics.render_gpus(triton_metrics.gpu_readings())
         return web.Response(
             body=generate_latest(METRICS.registry) + triton.encode(),
             headers={"Content-Type": CONTENT_TYPE_LATEST},

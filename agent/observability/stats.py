@@ -1,4 +1,4 @@
-"""Cumulative per-model statistics, in the shape of OIP ModelStatistics.
+"""Cumulative statistics of each model version, in the shape of OIP ModelStatistics.
 
 Updated by the batcher on the event loop; read by the front doors.
 """
@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from edgeplex.agent.batching.policy import Request
+
+
+FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")  # as Triton lists them
 
 
 @dataclass
@@ -45,6 +48,8 @@ class ModelStats:
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStats] = field(default_factory=dict)
+    # Failures by the reason Triton labels them with (errors.py's failure_reason).
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
 
     def record_batch(
         self,
@@ -76,8 +81,9 @@ class ModelStats:
         self.compute_infer.add(n * compute, n)
         self.compute_output.add(n * (done - returned + ipc_overhead), n)
 
-    def record_failure(self, seconds: float) -> None:
+    def record_failure(self, seconds: float, reason: str = "OTHER") -> None:
         self.fail.add(seconds)
+        self.failures[reason] = self.failures.get(reason, 0) + 1
 
     def to_json(self, name: str, version: str) -> dict[str, object]:
         return {

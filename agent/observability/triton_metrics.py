@@ -1,9 +1,12 @@
 """Triton's metric names, next to edgeplex's own, so that dashboards and alerts
 written for Triton work on an agent unchanged.
 
-Rendered straight from the per-model statistics (stats.py) in Triton's shape:
-counters without a `_total` suffix, labelled `model` and `version`, durations
-as cumulative microseconds. Appended to `/metrics` after the `edgeplex_*`
+Rendered straight from each model version's statistics (stats.py) in Triton's
+shape: counters without a `_total` suffix, labelled `model` and `version`,
+durations as cumulative microseconds, failures by `reason` (OTHER, BACKEND,
+CANCELED, REJECTED), and `nv_inference_pending_request_count`, the requests
+queued or waiting for their model's promotion (the gauge autoscalers and
+inference gateways read). Appended to `/metrics` after the `edgeplex_*`
 families. Where NVML answers (nvidia-ml-py installed, a GPU present), the GPU
 gauges too: `nv_gpu_utilization` (0-1), `nv_gpu_memory_used_bytes` and
 `nv_gpu_memory_total_bytes`, labelled `gpu_uuid`.
@@ -14,14 +17,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from edgeplex.agent.observability.stats import ModelStats
+from edgeplex.agent.observability.stats import FAILURE_REASONS, ModelStats
+
+FAILURE = "nv_inference_request_failure"  # labelled by reason, as Triton does
+PENDING = "nv_inference_pending_request_count"  # queued or waiting for a promotion
 
 # (name, help, value of a model's statistics)
 _COUNTERS = (
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
      lambda s: s.success.count),
-    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
-     lambda s: s.fail.count),
     ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
      lambda s: s.inference_count),
     ("nv_inference_exec_count",
@@ -44,16 +48,32 @@ _COUNTERS = (
 )  # fmt: skip
 
 
-def render(models: Iterable[tuple[str, str, ModelStats]]) -> str:
-    """Prometheus text for every (model, version, statistics)."""
+def render(models: Iterable[tuple[str, str, ModelStats, int]]) -> str:
+    """Prometheus text for every (model, version, statistics, pending requests)."""
     rows = list(models)
     out: list[str] = []
     for name, text, value in _COUNTERS:
         out.append(f"# HELP {name} {text}\n# TYPE {name} counter\n")
-        for model, version, stats in rows:
-            out.append(f'{name}{{model="{_escape(model)}",version="{_escape(version)}"}} '
-                       f"{value(stats)}\n")  # fmt: skip
+        for model, version, stats, _ in rows:
+            out.append(f"{name}{{{_labels(model, version)}}} {value(stats)}\n")
+        if name == "nv_inference_request_success":  # Triton's order: failures next
+            out.append(f"# HELP {FAILURE} Number of failed inference requests, all batch sizes"
+                       f"\n# TYPE {FAILURE} counter\n")  # fmt: skip
+            for model, version, stats, _ in rows:
+                for reason in FAILURE_REASONS:
+                    labels = _labels(model, version, reason)
+                    out.append(f"{FAILURE}{{{labels}}} {stats.failures.get(reason, 0)}\n")
+    out.append(f"# HELP {PENDING} Instantaneous number of pending requests awaiting execution "
+               f"per-model.\n# TYPE {PENDING} gauge\n")  # fmt: skip
+    for model, version, _, pending in rows:
+        out.append(f"{PENDING}{{{_labels(model, version)}}} {pending}\n")
     return "".join(out)
+
+
+def _labels(model: str, version: str, reason: str = "") -> str:
+    """Triton's label order: model, reason (failures only), version."""
+    reason_label = f',reason="{reason}"' if reason else ""
+    return f'model="{_escape(model)}"{reason_label},version="{_escape(version)}"'
 
 
 def _escape(value: str) -> str:

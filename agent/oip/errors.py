@@ -17,6 +17,10 @@ class ServeError(Exception):
     http_status = 500
     retry_after_s: float | None = None
     not_here = False  # NotHere: marked on the wire for the forwarder
+    # The `reason` of Triton's nv_inference_request_failure: REJECTED (refused by
+    # the queue or past its deadline), BACKEND (the model's execution failed),
+    # CANCELED (the caller went away) or OTHER.
+    failure_reason = "OTHER"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -37,6 +41,7 @@ class QueueFull(ServeError):
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     http_status = 429
     retry_after_s = 1.0
+    failure_reason = "REJECTED"
 
 
 class Overloaded(ServeError):
@@ -46,6 +51,7 @@ class Overloaded(ServeError):
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     http_status = 429
     retry_after_s = 1.0
+    failure_reason = "REJECTED"
 
 
 class NoRoom(ServeError):
@@ -53,11 +59,13 @@ class NoRoom(ServeError):
 
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     http_status = 507
+    failure_reason = "REJECTED"
 
 
 class DeadlineExceeded(ServeError):
     grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
     http_status = 504
+    failure_reason = "REJECTED"
 
 
 class Unavailable(ServeError):
@@ -89,6 +97,7 @@ class InferenceFailed(ServeError):
 
     grpc_code = grpc.StatusCode.INTERNAL
     http_status = 500
+    failure_reason = "BACKEND"
 
 
 class Unauthenticated(ServeError):

@@ -83,7 +83,12 @@ class Residency:
         return self.ledger.get(name, version)
 
     def records(self) -> list[ModelRecord]:
+        """The version of each model that requests naming none reach."""
         return self.ledger.records()
+
+    def every_version(self) -> list[ModelRecord]:
+        """Every version known, by model and version."""
+        return sorted(self.ledger.all_records(), key=lambda r: (r.name, r.version))
 
     def device_bytes(self) -> int:
         return self.ledger.device_bytes()

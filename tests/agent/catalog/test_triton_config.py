@@ -195,3 +195,46 @@ def test_a_triton_repository_serves_through_tritonclient(triton_repo: Path, tmp_
         assert "model_warmup" in agent.log()  # logged too
     finally:
         assert agent.stop() == 0, agent.log()
+
+
+def test_each_version_counts_apart_in_statistics_and_tritons_metrics(
+    triton_repo: Path, tmp_path: Path
+) -> None:
+    """`two` serves versions 3 and 2 (version_policy latest 2): its statistics and
+    nv_* series are per version, failures carry Triton's reason, and the pending
+    gauge is there."""
+    agent = start_agent(triton_repo, tmp_path)
+    try:
+        client = th.InferenceServerClient(agent.http_url)
+        inputs = [th.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+        for version in ("", "3", "2"):  # 3 twice (the newest answers no version), 2 once
+            client.infer("two", inputs, model_version=version)
+        wrong = [th.InferInput("INPUT0", [1, 16], "FP32")]  # INPUT1 missing
+        wrong[0].set_data_from_numpy(np.ones((1, 16), np.float32))
+        with pytest.raises(InferenceServerException):
+            client.infer("two", wrong, model_version="2")
+        stats = client.get_inference_statistics("two")["model_stats"]
+        by_version = {s["version"]: s["inference_stats"] for s in stats}
+        assert set(by_version) == {"2", "3"}
+        assert by_version["3"]["success"]["count"] == 2
+        assert by_version["2"]["success"]["count"] == 1
+        one = client.get_inference_statistics("two", "2")["model_stats"]
+        assert [s["version"] for s in one] == ["2"]
+        text = agent.http_get("/metrics")[1].decode()
+        samples = {
+            line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+            for line in text.splitlines()
+            if line.startswith("nv_inference_") and 'model="two"' in line
+        }
+        assert samples['nv_inference_request_success{model="two",version="3"}'] == 2
+        assert samples['nv_inference_request_success{model="two",version="2"}'] == 1
+        for reason in ("OTHER", "BACKEND", "CANCELED", "REJECTED"):
+            series = f'nv_inference_request_failure{{model="two",reason="{reason}",version="2"}}'
+            # A request missing an input fails validation before any execution: OTHER.
+            assert samples[series] == (1 if reason == "OTHER" else 0), series
+        assert samples['nv_inference_pending_request_count{model="two",version="3"}'] == 0
+        assert "# TYPE nv_inference_pending_request_count gauge" in text
+    finally:
+        assert agent.stop() == 0, agent.log()
