@@ -13,6 +13,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     agent.add_argument("--http-port", type=int, help="OIP HTTP port and /metrics (8000)")
     agent.add_argument("--grpc-host", help="address the gRPC port binds (127.0.0.1)")
     agent.add_argument("--http-host", help="address the HTTP port binds (127.0.0.1)")
+    agent.add_argument("--metrics-port", type=int, help="a port serving /metrics alone (unset)")
     agent.add_argument("--config", type=Path, help="YAML file of agent settings")
     agent.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(INFO)")
     agent.add_argument(
@@ -68,6 +69,7 @@ def _run_agent(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         grpc_host=args.grpc_host,
         http_host=args.http_host,
+        metrics_port=args.metrics_port,
         log_level=args.log_level,
         log_format=args.log_format,
         device_memory_budget=args.device_memory_budget,

@@ -55,6 +55,17 @@ class AgentSettings(FileSettings):
     grpc_port: int = Field(default=8001, ge=0, le=65535, description="OIP gRPC port; 0 = any.")
     http_host: str = Field(default="127.0.0.1", description="Address of the OIP HTTP server.")
     http_port: int = Field(default=8000, ge=0, le=65535, description="OIP HTTP port; 0 = any.")
+    metrics_host: str = Field(
+        default="127.0.0.1", description="Address of the metrics port (`metrics_port`)."
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="A port serving GET /metrics alone, as Triton's --metrics-port (Prometheus "
+        "often scrapes a port of its own); 0 = any. Unset: /metrics is served on the HTTP "
+        "port only (it is there either way).",
+    )
     max_payload_bytes: int = Field(
         default=64 * MiB,
         description="Largest tensor payload of one request (size suffixes allowed); larger "

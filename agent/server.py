@@ -84,12 +84,19 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
                 settings.fleet.site_id, settings.fleet.region, ca.read_bytes() if ca else None
             )
         security = settings.security
-        check_binds(settings.grpc_host, settings.http_host, security)
+        metrics = [settings.metrics_host] if settings.metrics_port is not None else []
+        check_binds(settings.grpc_host, settings.http_host, *metrics, security=security)
         credentials = Credentials.from_settings(security)
         tls = tls_credentials(security)
         grpc_tls = (tls[1], tls[2]) if tls else None
         grpc_server, grpc_port = await start_grpc_server(agent, credentials, grpc_tls)
         http_runner, http_port = await start_http_server(agent, credentials, tls and tls[0])
+        metrics_runner = None
+        if settings.metrics_port is not None:
+            metrics_runner, metrics_port = await start_http_server(
+                agent, credentials, tls and tls[0], metrics_only=True
+            )
+            log.info("metrics: http %s:%d/metrics", settings.metrics_host, metrics_port)
     except BaseException:
         await pool.stop()
         if settings.staging_dir is None:
@@ -170,6 +177,8 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     # of the drain time; stop() returns as soon as they are done.
     await grpc_server.stop(grace=max(1.0, settings.drain_timeout_s))
     await http_runner.cleanup()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()
     await queues.stop()
     await effects.stop()
     await pool.stop()

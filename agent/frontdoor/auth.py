@@ -93,9 +93,9 @@ class Credentials:
         raise Unauthenticated(f"{what}: the token is not valid")
 
 
-def check_binds(grpc_host: str, http_host: str, security: SecuritySettings) -> None:
+def check_binds(*hosts: str, security: SecuritySettings) -> None:
     """Refuse to expose a port beyond loopback in clear text unless told `insecure`."""
-    exposed = [h or "*" for h in (grpc_host, http_host) if not is_loopback(h)]
+    exposed = [h or "*" for h in hosts if not is_loopback(h)]
     if exposed and security.tls_cert is None and not security.insecure:
         raise ValueError(
             f"refusing to serve {', '.join(sorted(set(exposed)))} without TLS: set "

@@ -365,11 +365,20 @@ class Stoppable(Protocol):
 
 
 async def start_http_server(
-    agent: Agent, credentials: Credentials, ssl: SSLContext | None = None
+    agent: Agent,
+    credentials: Credentials,
+    ssl: SSLContext | None = None,
+    metrics_only: bool = False,
 ) -> tuple[Stoppable, int]:
-    """The HTTP door the settings choose (`http_server`); (what stops it, its port)."""
+    """The HTTP door the settings choose (`http_server`); (what stops it, its port).
+    `metrics_only`: the door of `metrics_port`, serving GET /metrics alone (as
+    Triton's --metrics-port does)."""
     settings = agent.settings
     max_body = 2 * settings.max_payload_bytes + 1024 * 1024
+    host, port = settings.http_host, settings.http_port
+    if metrics_only:
+        assert settings.metrics_port is not None
+        host, port = settings.metrics_host, settings.metrics_port
     if settings.http_server != "aiohttp":
         try:
             from edgeplex.agent.frontdoor.http_native import start_native_http
@@ -378,12 +387,16 @@ async def start_http_server(
                 raise RuntimeError(f"http_server: native needs httptools ({exc})") from None
         else:
             table = HttpApi(agent, credentials, buffers=True).table(max_body)
+            if metrics_only:
+                table = [route for route in table if route.path == "/metrics"]
             return await start_native_http(
-                table, credentials, agent.gate, settings.doors, settings.http_host,
-                settings.http_port, ssl,
-            )  # fmt: skip
+                table, credentials, agent.gate, settings.doors, host, port, ssl
+            )
     app = web.Application(client_max_size=max_body)
-    app.add_routes(HttpApi(agent, credentials).routes(max_body))
+    routes = HttpApi(agent, credentials).routes(max_body)
+    if metrics_only:
+        routes = [route for route in routes if route.path == "/metrics"]  # type: ignore[attr-defined]
+    app.add_routes(routes)
     # The body is read as sent: parse_infer_body decodes Content-Encoding itself, once,
     # under its own cap, and a forwarded request keeps the encoding it came with.
     # aiohttp applies the doors' keep-alive timeout and header caps, not the rest.
@@ -394,8 +407,7 @@ async def start_http_server(
         max_line_size=doors.max_header_bytes, max_field_size=doors.max_header_bytes,
     )  # fmt: skip
     await runner.setup()
-    site = web.TCPSite(runner, settings.http_host, settings.http_port, ssl_context=ssl)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl)
     await site.start()
     sockets = getattr(site._server, "sockets", None) or []
-    port = sockets[0].getsockname()[1] if sockets else settings.http_port
-    return runner, port
+    return runner, sockets[0].getsockname()[1] if sockets else port

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from edgeplex.agent.catalog import demo
 from edgeplex.agent.catalog.repository import scan_model
 from edgeplex.agent.catalog.triton_config import PbtxtError, parse_pbtxt, read_triton_config
 from edgeplex.agent.config import ModelConfig
+from edgeplex.net import free_ports
 from tests.conftest import start_agent
 
 TRITON_ADD_SUB = """
@@ -236,5 +239,26 @@ def test_each_version_counts_apart_in_statistics_and_tritons_metrics(
             assert samples[series] == (1 if reason == "OTHER" else 0), series
         assert samples['nv_inference_pending_request_count{model="two",version="3"}'] == 0
         assert "# TYPE nv_inference_pending_request_count gauge" in text
+    finally:
+        assert agent.stop() == 0, agent.log()
+
+
+def test_a_metrics_port_serves_metrics_alone(triton_repo: Path, tmp_path: Path) -> None:
+    """As Triton's --metrics-port: GET /metrics there, nothing else; the HTTP port
+    keeps its /metrics."""
+    (metrics_port,) = free_ports(1)
+    env = {"EDGEPLEX_AGENT_METRICS_PORT": str(metrics_port)}
+    agent = start_agent(triton_repo, tmp_path, env=env)
+    try:
+        url = f"http://127.0.0.1:{metrics_port}"
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        assert 'nv_inference_request_success{model="add_sub",version="1"}' in text
+        assert "edgeplex_agent_requests_total" in text
+        for path in ("/v2/health/ready", "/v2/models/add_sub", "/v2/repository/index"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{url}{path}", timeout=10)
+            assert refused.value.code in (404, 405), path
+        assert agent.http_get("/metrics")[0] == 200
     finally:
         assert agent.stop() == 0, agent.log()
