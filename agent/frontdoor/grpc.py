@@ -20,6 +20,7 @@ import grpc
 from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, GrpcForward
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_bytes, request_timeout_s
+from edgeplex.agent.frontdoor.health import add_health_and_reflection
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import Overloaded, ServeError
@@ -34,6 +35,11 @@ if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run ti
     from edgeplex.agent.core import Agent
 
 log = logging.getLogger("edgeplex.agent.grpc")
+# The services of the gRPC port (health and reflection answer for them).
+SERVICES = [
+    pb.DESCRIPTOR.services_by_name["GRPCInferenceService"],
+    ctl.DESCRIPTOR.services_by_name["AgentControl"],
+]
 
 # Trailing metadata set when the request waited for its model's promotion.
 COLD_START = "edgeplex-cold-start"
@@ -440,6 +446,7 @@ async def start_grpc_server(
             InferenceServicer(agent, credentials), server
         )
         ctl_grpc.add_AgentControlServicer_to_server(ControlServicer(agent, credentials), server)
+        add_health_and_reflection(agent, SERVICES, server)
 
     if native_door(settings.grpc_server):
         from edgeplex.agent.frontdoor.grpc_native import NativeGrpcDoor
