@@ -141,10 +141,8 @@ class Agent:
         if record is None:
             serving = self.residency.get(name)
             if serving is not None and version:
-                raise ModelNotFound(
-                    f"model '{name}' has no version '{version}' (serving version {serving.version})"
-                )
-            raise ModelNotFound(f"model '{name}' is not in the repository")
+                raise ModelNotFound.unknown(name, version, f"serving version {serving.version}")
+            raise ModelNotFound.unknown(name)
         return record
 
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -208,7 +206,7 @@ class Agent:
         """OIP load: re-read the model from the repository and serve it."""
         versions = scan_versions(self.settings.model_repo, name, self.settings.model_defaults)
         if not versions:
-            raise ModelNotFound(f"model '{name}' is not in the repository")
+            raise ModelNotFound.unknown(name)
         self._know(versions)
         await self._settled(self.residency.load(name))
 

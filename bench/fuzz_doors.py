@@ -107,7 +107,7 @@ class _Credentials:
 
 async def _ok(request: Any) -> Any:
     body = await request.read()
-    return http_native.plain(200 if len(body) < 100 else 400, "ok")
+    return http_native.json_error(200 if len(body) < 100 else 400, "ok")
 
 
 _LOOP = asyncio.new_event_loop()

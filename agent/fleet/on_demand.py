@@ -80,7 +80,7 @@ class OnDemand:
         if self._not_found.get(name, 0.0) > time.monotonic():
             if self._reasons.get(name):
                 raise Unavailable(f"model '{name}' {self._reasons[name]}")
-            raise ModelNotFound(f"model '{name}' is not in the fleet's catalog")
+            raise ModelNotFound.unknown(name, detail="not in the fleet's catalog")
         task = self._running.get(name)
         if task is None:
             if len(self._running) >= MAX_LOOKUPS:
@@ -94,7 +94,7 @@ class OnDemand:
             raise Unavailable(f"model '{name}': still fetching its artifact") from None
         record = self._agent.residency.get(name)
         if version and (record is None or record.version != version):
-            raise ModelNotFound(f"model '{name}' has no version '{version}' in the catalog")
+            raise ModelNotFound.unknown(name, version, "not in the fleet's catalog")
 
     async def _install(self, name: str, origin: str) -> None:
         entry = await self._lookup(name, origin)
@@ -103,7 +103,7 @@ class OnDemand:
             self._remember_refusal(name, entry.reason)
             if entry.reason:
                 raise Unavailable(f"model '{name}' {entry.reason}")
-            raise ModelNotFound(f"model '{name}' is not in the fleet's catalog")
+            raise ModelNotFound.unknown(name, detail="not in the fleet's catalog")
         model = entry.model
         if model.name != name:
             raise Unavailable(f"model '{name}': the control plane answered for '{model.name}'")

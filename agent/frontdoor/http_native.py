@@ -40,6 +40,7 @@ from ssl import SSLContext
 from urllib.parse import unquote
 
 import httptools
+import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -192,8 +193,11 @@ def _date() -> str:
     return _dated[1]
 
 
-def plain(status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, text=text, headers=headers)
+def json_error(status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
+    """The door's own answer, as every HTTP error of the agent is: {"error": text},
+    so tritonclient and Triton's examples can read it."""
+    body = orjson.dumps({"error": text})
+    return web.Response(status=status, body=body, headers=headers, content_type="application/json")
 
 
 class Door:
@@ -232,10 +236,10 @@ class Door:
         if route is None:
             if allowed:
                 allow = ",".join(sorted(set(allowed)))
-                return plain(405, "405: Method Not Allowed", {"Allow": allow})
-            return plain(404, "404: Not Found")
+                return json_error(405, "405: Method Not Allowed", {"Allow": allow})
+            return json_error(404, "404: Not Found")
         if declared > route.max_body:
-            return plain(413, f"413: the body exceeds {route.max_body} bytes")
+            return json_error(413, f"413: the body exceeds {route.max_body} bytes")
         try:
             if route.access != Access.OPEN:
                 self.credentials.check(route.access, headers.get("Authorization"), route.what)
@@ -252,7 +256,7 @@ class Door:
             return error_response(exc)
         except Exception:  # a bug answers 500 and leaves the connection serving
             log.exception("%s %s failed", request.method, path)
-            return plain(500, "500 Internal Server Error")
+            return json_error(500, "500 Internal Server Error")
 
 
 # What a connection queues to answer in order: a request and its handler, or a
@@ -300,7 +304,7 @@ class Connection(asyncio.Protocol):
             refused = exc.__context__ if isinstance(exc.__context__, _Refused) else None
             if refused is None:
                 METRICS.door_refusals.labels(door="http", reason="bad_request").inc()
-                refused = _Refused(plain(400, "400: Bad Request"), linger=False)
+                refused = _Refused(json_error(400, "400: Bad Request"), linger=False)
             self._stop(refused.response, refused.linger)
             return
         if len(self.waiting) >= self.limits.max_pipelined:
@@ -363,10 +367,11 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.head_bytes += len(name) + len(value)  # _count, inline: a call per header
         if self.head_bytes > self.limits.max_header_bytes:
-            raise _Refused(plain(431, "431: Request Header Fields Too Large"), linger=False)
+            raise _Refused(json_error(431, "431: Request Header Fields Too Large"), linger=False)
         if len(self.header_list) >= self.limits.max_headers:
             raise _Refused(
-                plain(431, f"431: more than {self.limits.max_headers} header fields"), linger=False
+                json_error(431, f"431: more than {self.limits.max_headers} header fields"),
+                linger=False,
             )
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
@@ -404,7 +409,9 @@ class Connection(asyncio.Protocol):
         if self.declared < 0:  # chunked: counted before it is kept
             assert self.route is not None
             if self.body_bytes + n > self.route.max_body:
-                raise _Refused(plain(413, f"413: the body exceeds {self.route.max_body} bytes"))
+                raise _Refused(
+                    json_error(413, f"413: the body exceeds {self.route.max_body} bytes")
+                )
             if self.admitted is not None:
                 try:
                     self.admitted.grow(self.body_bytes + n)
@@ -417,7 +424,9 @@ class Connection(asyncio.Protocol):
         self.phase = SERVING
         keep_alive = self.parser.should_keep_alive()
         if self.refusal is not None or self.route is None:
-            self.waiting.append((self.refusal or plain(400, "400: Bad Request"), not keep_alive))
+            self.waiting.append(
+                (self.refusal or json_error(400, "400: Bad Request"), not keep_alive)
+            )
         else:
             request = Request(self.method, self.url.decode("latin-1"), self.headers,
                               self.match_info, self.admitted, self.received)  # fmt: skip
@@ -430,7 +439,7 @@ class Connection(asyncio.Protocol):
     def _count(self, n: int) -> None:
         self.head_bytes += n
         if self.head_bytes > self.limits.max_header_bytes:
-            raise _Refused(plain(431, "431: Request Header Fields Too Large"), linger=False)
+            raise _Refused(json_error(431, "431: Request Header Fields Too Large"), linger=False)
 
     # --- answering --------------------------------------------------------------------------
 
@@ -479,7 +488,10 @@ class Connection(asyncio.Protocol):
             data = encode(response, keep_alive, head)
         except Exception:  # a bug must not leave the client waiting
             log.exception("a response could not be written")
-            data, keep_alive = encode(plain(500, "500 Internal Server Error"), False, False), False
+            data, keep_alive = (
+                encode(json_error(500, "500 Internal Server Error"), False, False),
+                False,
+            )
         if len(data) == 1:
             self.transport.write(data[0])
         else:
@@ -529,13 +541,13 @@ class Connection(asyncio.Protocol):
         elif self.phase == HEAD:
             if late > limits.header_timeout_s:
                 METRICS.door_refusals.labels(door="http", reason="header_timeout").inc()
-                self._stop(plain(408, "408: the request's headers took too long"))
+                self._stop(json_error(408, "408: the request's headers took too long"))
         elif self.phase == BODY:
             # A declared size sets the time allowed; a chunked body earns it as it comes.
             size = self.declared if self.declared >= 0 else self.body_bytes
             if late > limits.body_timeout_s + size / limits.body_min_rate:
                 METRICS.door_refusals.labels(door="http", reason="body_timeout").inc()
-                self._stop(plain(408, "408: the request's body arrived too slowly"))
+                self._stop(json_error(408, "408: the request's body arrived too slowly"))
         elif self.phase == LINGER and late > LINGER_S:
             self.transport.close()
 

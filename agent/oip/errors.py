@@ -31,6 +31,15 @@ class ModelNotFound(ServeError):
     grpc_code = grpc.StatusCode.NOT_FOUND
     http_status = 404
 
+    @classmethod
+    def unknown(cls, name: str, version: str = "", detail: str = "") -> ModelNotFound:
+        """Worded as Triton words it (clients and Triton's examples match the start),
+        with what edgeplex knows more after it: "Request for unknown model: 'm'
+        version 2 is not found (serving version 3)"."""
+        shown = f" version {version}" if version else ""
+        more = f" ({detail})" if detail else ""
+        return cls(f"Request for unknown model: '{name}'{shown} is not found{more}")
+
 
 class InvalidInput(ServeError):
     grpc_code = grpc.StatusCode.INVALID_ARGUMENT

@@ -140,11 +140,7 @@ class Residency:
         READY (the lease is taken then) or when its load fails."""
         record = self.get(name, version)
         if record is None:
-            raise ModelNotFound(
-                f"model '{name}' has no version '{version}'"
-                if version
-                else f"model '{name}' is not in the repository"
-            )
+            raise ModelNotFound.unknown(name, version)
         if record.disabled:
             raise Unavailable(f"model '{name}' is unloaded; load it first")
         if record.phase == Phase.FAILED:
@@ -209,7 +205,7 @@ class Residency:
         ticket settles when it serves or fails; it holds no lease."""
         record = self.get(name)
         if record is None:
-            raise ModelNotFound(f"model '{name}' is not in the repository")
+            raise ModelNotFound.unknown(name)
         if explicit:
             record.disabled = False
             if record.phase == Phase.FAILED:
@@ -244,7 +240,7 @@ class Residency:
         """Move `name` down to `tier` once its admitted requests are answered."""
         record = self.get(name)
         if record is None:
-            raise ModelNotFound(f"model '{name}' is not in the repository")
+            raise ModelNotFound.unknown(name)
         ticket = Ticket(record.key, NEVER, granted=False, lease=False)
         intent = Intent.CACHED if tier == Tier.CACHED else Intent.STAGED
         if record.phase in (Phase.ABSENT, Phase.FAILED):
@@ -267,7 +263,7 @@ class Residency:
     def pin(self, name: str, pinned: bool) -> None:
         record = self.get(name)
         if record is None:
-            raise ModelNotFound(f"model '{name}' is not in the repository")
+            raise ModelNotFound.unknown(name)
         record.pinned = pinned
         if not pinned:
             self._fit_budget()  # what the pin held over a cut budget may leave now

@@ -164,6 +164,24 @@ def test_http_unknown_model_is_404(agent):
     assert status == 404 and "nope" in json.loads(body)["error"]
 
 
+def test_unknown_models_and_versions_are_named_in_tritons_words(agent, client):
+    """Triton's examples and users' scripts match the start of these messages."""
+    status, _, body = http_post(agent, "/v2/models/nope/infer", b'{"inputs": []}')
+    assert json.loads(body)["error"].startswith("Request for unknown model: 'nope' is not found")
+    status, _, body = http_post(agent, "/v2/models/add_sub/versions/99/infer", b'{"inputs": []}')
+    assert status == 404
+    message = json.loads(body)["error"]
+    assert message.startswith("Request for unknown model: 'add_sub' version 99 is not found")
+    with pytest.raises(InferenceServerException) as unknown:
+        client.get_model_metadata("nope")
+    assert unknown.value.message().startswith("Request for unknown model: 'nope' is not found")
+    # Every HTTP error body is JSON, the door's own refusals too.
+    status, body = agent.http_get("/v2/no/such/route")
+    assert status == 404 and json.loads(body) == {"error": "404: Not Found"}
+    status, _, body = http_post(agent, "/v2/health/live", b"")
+    assert status == 405 and "error" in json.loads(body)
+
+
 @pytest.mark.parametrize(
     "inputs,needle",
     [
