@@ -12,8 +12,9 @@ the responses that complete in one loop iteration leave in one write.
 What it speaks, as grpcio's clients and tritonclient use it: unary and
 bidirectional-streaming calls, `grpc-timeout`, metadata in (`-bin` keys
 base64-decoded) and trailing metadata out, `grpc-status`/`grpc-message`
-(percent-encoded) in trailers or a trailers-only response, identity encoding
-(a compressed message is refused with UNIMPLEMENTED), RST_STREAM cancelling
+(percent-encoded) in trailers or a trailers-only response, request messages
+compressed with gzip or deflate (`grpc-encoding`; decompressed off the loop,
+and only up to the method's cap: RESOURCE_EXHAUSTED past it), RST_STREAM cancelling
 the call's task, GOAWAY on stop; plaintext, or TLS with ALPN h2. The method
 table comes from the generated `add_*_to_server` functions, so both doors serve
 the same methods with the same (de)serializers.
@@ -50,12 +51,14 @@ from edgeplex.agent.frontdoor._nghttp2 import HTTP2Error, Session  # type: ignor
 from edgeplex.agent.frontdoor.connections import ConnectionLimiter
 from edgeplex.agent.frontdoor.gate import InflightGate, Pass
 from edgeplex.agent.frontdoor.grpc_wire import (
+    ENCODINGS,
     NOT_METADATA,
     PREFIX,
     RESPONSE_HEADERS,
     Abort,
     Context,
     MethodTable,
+    inflate,
     metadata_value,
     parse_timeout,
     status_trailers,
@@ -99,9 +102,11 @@ class _Stream:
         "admitted",
         "body",
         "cap",
+        "compressed",
         "context",
         "deadline",
         "declared",
+        "encoding",
         "gated",
         "handler",
         "held",
@@ -119,10 +124,12 @@ class _Stream:
         self.cap = cap  # the largest message this method takes
         self.deadline = deadline  # the request's message must be in by then (unary)
         self.body = bytearray()
+        self.encoding = ""  # the request's grpc-encoding: "", "gzip" or "deflate"
+        self.compressed = False  # the unary message's flag (streaming: per message)
         self.declared = -1  # the unary message's length, once its prefix is in
         self.held = 0  # bytes counted against the connection's max_connection_bytes
         self.admitted: Pass | None = None
-        self.inbox: asyncio.Queue[bytes | None] | None = None  # streaming requests
+        self.inbox: asyncio.Queue[tuple[bool, bytes] | None] | None = None  # streaming requests
         self.unconsumed = 0  # streaming: bytes received but not yet given back as window
         self.task: asyncio.Task[None] | None = None
         self.started = False  # response headers submitted
@@ -211,7 +218,7 @@ class GrpcProtocol(asyncio.Protocol):
     def on_headers(self, stream_id: int, headers: list[tuple[str, str]]) -> None:
         self._last_active = time.monotonic()
         self._door.limiter.busy(self)
-        path, content_type, deadline, metadata = "", "", None, []
+        path, content_type, deadline, metadata, encoding = "", "", None, [], ""
         for key, value in headers:
             if key == ":path":
                 path = value
@@ -221,9 +228,11 @@ class GrpcProtocol(asyncio.Protocol):
                 timeout = parse_timeout(value)
                 deadline = None if timeout is None else time.monotonic() + timeout
             elif key == "grpc-encoding" and value != "identity":
-                self._refuse(stream_id, grpc.StatusCode.UNIMPLEMENTED,
-                             f"grpc-encoding {value} is not supported")  # fmt: skip
-                return
+                if value not in ENCODINGS:
+                    refusal = f"grpc-encoding {value} is not supported (gzip, deflate)"
+                    self._refuse(stream_id, grpc.StatusCode.UNIMPLEMENTED, refusal)
+                    return
+                encoding = value
             elif not key.startswith(":") and key not in NOT_METADATA:
                 metadata.append((key, metadata_value(key, value)))
         if not content_type.startswith("application/grpc"):
@@ -239,6 +248,7 @@ class GrpcProtocol(asyncio.Protocol):
         upload = time.monotonic() + self._limits.body_timeout_s
         context = Context(tuple(metadata), deadline, self._peer, self._loop.time())
         stream = _Stream(handler, context, gated, cap, upload)
+        stream.encoding = encoding
         self._streams[stream_id] = stream
         if handler.request_streaming:
             stream.inbox = asyncio.Queue()
@@ -266,10 +276,11 @@ class GrpcProtocol(asyncio.Protocol):
         """The unary message's prefix is in: check its length against the method's cap,
         the connection's and (inference) the agent's gate, before its bytes are read."""
         compressed, length = PREFIX.unpack_from(stream.body, 0)
-        if compressed:
-            self._drop(stream_id, grpc.StatusCode.UNIMPLEMENTED,
-                       "compressed messages are not supported")  # fmt: skip
+        if compressed and not stream.encoding:
+            self._drop(stream_id, grpc.StatusCode.INTERNAL,
+                       "a compressed message without grpc-encoding")  # fmt: skip
             return False
+        stream.compressed = bool(compressed)
         if length > stream.cap:
             self._drop(stream_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
                        f"message of {length} bytes; the limit is {stream.cap}")  # fmt: skip
@@ -407,24 +418,36 @@ class GrpcProtocol(asyncio.Protocol):
 
     # --- requests -----------------------------------------------------------------------------
 
-    def _messages(self, stream_id: int, stream: _Stream) -> list[bytes] | None:
-        """Complete length-prefixed messages taken off the stream's buffer."""
+    def _messages(self, stream_id: int, stream: _Stream) -> list[tuple[bool, bytes]] | None:
+        """Complete length-prefixed messages taken off the stream's buffer, each with
+        its compressed flag."""
         out, body, at = [], stream.body, 0
         while len(body) - at >= PREFIX.size:
             compressed, length = PREFIX.unpack_from(body, at)
-            if compressed:
-                self._drop(stream_id, grpc.StatusCode.UNIMPLEMENTED,
-                           "compressed messages are not supported")  # fmt: skip
+            if compressed and not stream.encoding:
+                self._drop(stream_id, grpc.StatusCode.INTERNAL,
+                           "a compressed message without grpc-encoding")  # fmt: skip
                 return None
             if len(body) - at - PREFIX.size < length:
                 break
-            out.append(bytes(body[at + PREFIX.size : at + PREFIX.size + length]))
+            out.append(
+                (bool(compressed), bytes(body[at + PREFIX.size : at + PREFIX.size + length]))
+            )
             at += PREFIX.size + length
         del body[:at]
         return out
 
     async def _call_unary(self, stream_id: int, stream: _Stream, message: bytes) -> None:
         handler = stream.handler
+        if stream.compressed:
+            try:
+                message = await self._inflate(stream, message)
+            except Abort as exc:
+                self._finish(stream_id, stream, exc.code, exc.details)
+                return
+            except ServeError as exc:  # the gate: the decompressed bytes do not fit
+                self._finish(stream_id, stream, exc.grpc_code, exc.message)
+                return
         try:
             request = handler.request_deserializer(message)
         except Exception as exc:  # protobuf's DecodeError and friends
@@ -440,8 +463,11 @@ class GrpcProtocol(asyncio.Protocol):
         deserialize = stream.handler.request_deserializer
 
         async def requests() -> AsyncIterator[Any]:
-            while (message := await inbox.get()) is not None:
+            while (item := await inbox.get()) is not None:
                 self._took_message(stream_id, stream)
+                compressed, message = item
+                if compressed:
+                    message = await self._inflate(stream, message)
                 try:
                     request = deserialize(message)
                 except Exception as exc:  # protobuf's DecodeError and friends
@@ -450,6 +476,15 @@ class GrpcProtocol(asyncio.Protocol):
                 yield request
 
         await self._answer(stream_id, stream, None, requests())
+
+    async def _inflate(self, stream: _Stream, data: bytes) -> bytes:
+        """A compressed message, decompressed on a worker thread (a small message may
+        hold a large one) and never past the method's cap; an inference message's
+        decompressed bytes pass the agent's gate too."""
+        message = await asyncio.to_thread(inflate, data, stream.encoding, stream.cap)
+        if stream.admitted is not None:
+            stream.admitted.grow(len(data) + len(message))
+        return message
 
     async def _answer(self, stream_id: int, stream: _Stream, request: Any,
                       requests: AsyncIterator[Any] | None) -> None:  # fmt: skip

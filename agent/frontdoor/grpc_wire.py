@@ -10,6 +10,7 @@ import contextlib
 import struct
 import time
 import urllib.parse
+import zlib
 
 import grpc
 
@@ -20,7 +21,12 @@ TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e
 # Request headers that are HTTP/2 or gRPC plumbing, not the caller's metadata.
 NOT_METADATA = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding",
                           "grpc-accept-encoding", "content-length"})  # fmt: skip
-RESPONSE_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+ENCODINGS = ("gzip", "deflate")  # request compression the native door takes
+RESPONSE_HEADERS = [
+    (b":status", b"200"),
+    (b"content-type", b"application/grpc"),
+    (b"grpc-accept-encoding", b"identity,deflate,gzip"),
+]
 # grpc-message is percent-encoded: everything but printable ASCII and '%'.
 MESSAGE_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
@@ -105,3 +111,23 @@ def metadata_value(key: str, value: str) -> str | bytes:
         with contextlib.suppress(ValueError):
             return base64.b64decode(value + "=" * (-len(value) % 4))
     return value
+
+
+def inflate(data: bytes, encoding: str, cap: int) -> bytes:
+    """A message compressed with `encoding` (gzip or deflate), decompressed to at most
+    `cap` bytes: RESOURCE_EXHAUSTED past it, INTERNAL when it does not decompress
+    (as gRPC's compression spec says)."""
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(data, cap + 1)
+    except zlib.error as exc:
+        raise Abort(
+            grpc.StatusCode.INTERNAL, f"the message is not valid {encoding}: {exc}"
+        ) from None
+    if len(out) > cap:
+        raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the decompressed message exceeds {cap} bytes")  # fmt: skip
+    if not inflater.eof:
+        raise Abort(grpc.StatusCode.INTERNAL, f"the message is truncated {encoding}")
+    return out
