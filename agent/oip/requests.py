@@ -37,7 +37,7 @@ def validate(
             )
         if tensor.name in given:
             raise InvalidInput(f"input '{tensor.name}' is given twice")
-        check_against_spec(spec, tensor.datatype, tensor.shape)
+        check_against_spec(spec, tensor.datatype, tensor.shape, record.name)
         given[tensor.name] = tensor.array
     missing = [n for n in specs if n not in given]
     if missing:

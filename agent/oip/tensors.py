@@ -253,23 +253,29 @@ def text_values(array: np.ndarray) -> list[str]:
     ]
 
 
-def check_against_spec(spec: TensorSpec, datatype: str, shape: Sequence[int]) -> None:
-    """Raise InvalidInput when a request tensor does not fit the model's input."""
+def check_against_spec(
+    spec: TensorSpec, datatype: str, shape: Sequence[int], model: str = ""
+) -> None:
+    """Raise InvalidInput when a request tensor does not fit the model's input, worded
+    as Triton words it (its clients and examples match these texts)."""
     if datatype != spec.datatype:
         raise InvalidInput(
-            f"input '{spec.name}': datatype {datatype} does not match the model's {spec.datatype}"
+            f"inference input '{spec.name}' data-type is '{datatype}', but model '{model}' "
+            f"expects '{spec.datatype}'"
         )
-    if len(shape) != len(spec.shape):
+    fits = len(shape) == len(spec.shape) and all(
+        want < 0 or got == want for got, want in zip(shape, spec.shape, strict=True)
+    )
+    if not fits:
         raise InvalidInput(
-            f"input '{spec.name}': shape {list(shape)} has rank {len(shape)},"
-            f" the model expects {list(spec.shape)}"
+            f"unexpected shape for input '{spec.name}' for model '{model}'. "
+            f"Expected {_dims(spec.shape)}, got {_dims(shape)}"
         )
-    for got, want in zip(shape, spec.shape, strict=True):
-        if want >= 0 and got != want:
-            raise InvalidInput(
-                f"input '{spec.name}': shape {list(shape)} does not match the model's"
-                f" {list(spec.shape)}"
-            )
+
+
+def _dims(shape: Sequence[int]) -> str:
+    """Dimensions as Triton writes them: [-1,16]."""
+    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def oip_datatype(array: np.ndarray) -> str:

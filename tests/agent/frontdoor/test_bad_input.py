@@ -175,6 +175,25 @@ def test_unknown_models_and_versions_are_named_in_tritons_words(agent, client):
     with pytest.raises(InferenceServerException) as unknown:
         client.get_model_metadata("nope")
     assert unknown.value.message().startswith("Request for unknown model: 'nope' is not found")
+    wrong_type = [
+        tg.InferInput("INPUT0", [1, 16], "INT32"),
+        tg.InferInput("INPUT1", [1, 16], "FP32"),
+    ]
+    wrong_type[0].set_data_from_numpy(np.ones((1, 16), np.int32))
+    wrong_type[1].set_data_from_numpy(np.ones((1, 16), np.float32))
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("add_sub", wrong_type)
+    assert refused.value.message() == (
+        "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'"
+    )
+    wrong_shape = [tg.InferInput(n, [2, 8], "FP32") for n in ("INPUT0", "INPUT1")]
+    for tensor in wrong_shape:
+        tensor.set_data_from_numpy(np.ones((2, 8), np.float32))
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("add_sub", wrong_shape)
+    assert refused.value.message() == (
+        "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [2,8]"
+    )
     # Every HTTP error body is JSON, the door's own refusals too.
     status, body = agent.http_get("/v2/no/such/route")
     assert status == 404 and json.loads(body) == {"error": "404: Not Found"}
