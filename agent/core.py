@@ -156,13 +156,19 @@ class Agent:
         entry = self.entry(name, version)
         if not entry.outputs:
             raise Unavailable(f"model '{name}' is {entry.public_state()}: {entry.reason}")
+        # As Triton answers: every version the model serves when none is named.
+        versions = [entry.version] if version else self._versions(name)
         return {
             "name": entry.name,
-            "versions": [entry.version],
+            "versions": versions,
             "platform": "onnxruntime_onnx",
             "inputs": [t.to_json() for t in entry.inputs],
             "outputs": [t.to_json() for t in entry.outputs],
         }
+
+    def _versions(self, name: str) -> list[str]:
+        found = [e.version for e in self.residency.every_version() if e.name == name]
+        return sorted(found, key=lambda v: (len(v), v))  # numbers, as strings
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         entry = self.entry(name, version)

@@ -227,6 +227,8 @@ def test_each_version_counts_apart_in_statistics_and_tritons_metrics(
         assert set(by_version) == {"2", "3"}
         assert by_version["3"]["success"]["count"] == 2
         assert by_version["2"]["success"]["count"] == 1
+        assert client.get_model_metadata("two")["versions"] == ["2", "3"]
+        assert client.get_model_metadata("two", "2")["versions"] == ["2"]
         one = client.get_inference_statistics("two", "2")["model_stats"]
         assert [s["version"] for s in one] == ["2"]
         text = agent.http_get("/metrics")[1].decode()
