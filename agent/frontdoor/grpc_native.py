@@ -51,18 +51,18 @@ from edgeplex.agent.frontdoor._nghttp2 import HTTP2Error, Session  # type: ignor
 from edgeplex.agent.frontdoor.connections import ConnectionLimiter
 from edgeplex.agent.frontdoor.gate import InflightGate, Pass
 from edgeplex.agent.frontdoor.grpc_wire import (
-    ENCODINGS,
     NOT_METADATA,
     PREFIX,
     RESPONSE_HEADERS,
     Abort,
     Context,
     MethodTable,
-    inflate,
+    decompress,
     metadata_value,
     parse_timeout,
     status_trailers,
 )
+from edgeplex.agent.frontdoor.inflate import ENCODINGS
 from edgeplex.agent.frontdoor.settings import DoorSettings
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import ServeError
@@ -481,7 +481,7 @@ class GrpcProtocol(asyncio.Protocol):
         """A compressed message, decompressed on a worker thread (a small message may
         hold a large one) and never past the method's cap; an inference message's
         decompressed bytes pass the agent's gate too."""
-        message = await asyncio.to_thread(inflate, data, stream.encoding, stream.cap)
+        message = await asyncio.to_thread(decompress, data, stream.encoding, stream.cap)
         if stream.admitted is not None:
             stream.admitted.grow(len(data) + len(message))
         return message

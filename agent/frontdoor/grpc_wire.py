@@ -10,18 +10,17 @@ import contextlib
 import struct
 import time
 import urllib.parse
-import zlib
 
 import grpc
 
 from edgeplex.agent.frontdoor.gate import Pass
+from edgeplex.agent.frontdoor.inflate import Corrupt, TooLarge, inflate
 
 PREFIX = struct.Struct(">BI")  # compressed flag, message length
 TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 # Request headers that are HTTP/2 or gRPC plumbing, not the caller's metadata.
 NOT_METADATA = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding",
                           "grpc-accept-encoding", "content-length"})  # fmt: skip
-ENCODINGS = ("gzip", "deflate")  # request compression the native door takes
 RESPONSE_HEADERS = [
     (b":status", b"200"),
     (b"content-type", b"application/grpc"),
@@ -113,21 +112,14 @@ def metadata_value(key: str, value: str) -> str | bytes:
     return value
 
 
-def inflate(data: bytes, encoding: str, cap: int) -> bytes:
-    """A message compressed with `encoding` (gzip or deflate), decompressed to at most
-    `cap` bytes: RESOURCE_EXHAUSTED past it, INTERNAL when it does not decompress
-    (as gRPC's compression spec says)."""
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
+def decompress(data: bytes, encoding: str, cap: int) -> bytes:
+    """A message compressed with `encoding`, decompressed to at most `cap` bytes:
+    RESOURCE_EXHAUSTED past it, INTERNAL when it does not decompress (as gRPC's
+    compression spec says)."""
     try:
-        out = inflater.decompress(data, cap + 1)
-    except zlib.error as exc:
-        raise Abort(
-            grpc.StatusCode.INTERNAL, f"the message is not valid {encoding}: {exc}"
-        ) from None
-    if len(out) > cap:
+        return inflate(data, encoding, cap)
+    except TooLarge:
         raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"the decompressed message exceeds {cap} bytes")  # fmt: skip
-    if not inflater.eof:
-        raise Abort(grpc.StatusCode.INTERNAL, f"the message is truncated {encoding}")
-    return out
+                    f"the decompressed message exceeds {cap} bytes") from None  # fmt: skip
+    except Corrupt as exc:
+        raise Abort(grpc.StatusCode.INTERNAL, f"the message is {exc}") from None

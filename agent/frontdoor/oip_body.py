@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
+from edgeplex.agent.frontdoor.inflate import ENCODINGS, Corrupt, TooLarge, inflate
 from edgeplex.agent.oip.errors import InvalidInput
 from edgeplex.agent.oip.requests import InferInput
 from edgeplex.agent.oip.tensors import check_payload_cap, from_list, from_raw
@@ -46,19 +46,14 @@ def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
-    if encoding not in ("gzip", "deflate"):
+    if encoding not in ENCODINGS:
         raise InvalidInput(f"unsupported Content-Encoding '{encoding}' (gzip, deflate)")
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
     try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise InvalidInput(f"body is not valid {encoding}: {exc}") from None
-    if len(out) > limit:
-        raise InvalidInput(f"the decompressed request exceeds the {limit}-byte cap")
-    if not inflater.eof:
-        raise InvalidInput(f"body is truncated {encoding}")
-    return out
+        return inflate(body, encoding, limit)
+    except TooLarge:
+        raise InvalidInput(f"the decompressed request exceeds the {limit}-byte cap") from None
+    except Corrupt as exc:
+        raise InvalidInput(f"body is {exc}") from None
 
 
 def json_depth(text: bytes) -> int:
