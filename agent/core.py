@@ -157,18 +157,14 @@ class Agent:
         if not entry.outputs:
             raise Unavailable(f"model '{name}' is {entry.public_state()}: {entry.reason}")
         # As Triton answers: every version the model serves when none is named.
-        versions = [entry.version] if version else self._versions(name)
+        served = [entry] if version else self.residency.every_version(name)
         return {
             "name": entry.name,
-            "versions": versions,
+            "versions": [e.version for e in served],
             "platform": "onnxruntime_onnx",
             "inputs": [t.to_json() for t in entry.inputs],
             "outputs": [t.to_json() for t in entry.outputs],
         }
-
-    def _versions(self, name: str) -> list[str]:
-        found = [e.version for e in self.residency.every_version() if e.name == name]
-        return sorted(found, key=lambda v: (len(v), v))  # numbers, as strings
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         entry = self.entry(name, version)
@@ -182,7 +178,7 @@ class Agent:
             entries = [self.entry(name, version)]
         elif name:
             self.entry(name)  # NOT_FOUND for an unknown model
-            entries = [e for e in self.residency.every_version() if e.name == name]
+            entries = self.residency.every_version(name)
         else:
             entries = self.residency.every_version()
         return [self.queues.stats(e.key).to_json(e.name, e.version) for e in entries]

@@ -111,9 +111,9 @@ class HttpApi:
         self.credentials = credentials
         self.buffers = buffers
 
-    def table(self, max_body: int) -> list[Route]:
-        """Every route; `max_body` is the inference routes' body cap (the others take
-        at most SMALL_JSON)."""
+    def table(self, max_body: int, only: str | None = None) -> list[Route]:
+        """Every route, or those of the path `only`; `max_body` is the inference
+        routes' body cap (the others take at most SMALL_JSON)."""
         m = "/v2/models/{model}"
         v = "/v2/models/{model}/versions/{version}"
         open_, client, admin = Access.OPEN, Access.CLIENT, Access.ADMIN
@@ -146,7 +146,7 @@ class HttpApi:
             (post, "/edgeplex/v1/models/{model}/unpin", self.unpin, admin),
             (post, "/edgeplex/v1/models/{model}/demote", self.demote, admin),
         ]
-        return [self._route(*row, max_body) for row in table]
+        return [self._route(*row, max_body) for row in table if only in (None, row[1])]
 
     def _route(
         self, method: str, path: str, handler: Handler, access: Access, max_body: int
@@ -156,9 +156,9 @@ class HttpApi:
         cap = max_body if infer else SMALL_JSON
         return Route(method, path, handler, access, what, cap, infer)
 
-    def routes(self, max_body: int) -> list[web.RouteDef]:
+    def routes(self, max_body: int, only: str | None = None) -> list[web.RouteDef]:
         """The table as aiohttp routes, each behind its access check."""
-        return [web.route(r.method, r.path, self._checked(r)) for r in self.table(max_body)]
+        return [web.route(r.method, r.path, self._checked(r)) for r in self.table(max_body, only)]
 
     def _checked(self, route: Route) -> AioHandler:
         """The route's handler behind its access check (one wrapper, not a middleware:
@@ -375,10 +375,10 @@ async def start_http_server(
     Triton's --metrics-port does)."""
     settings = agent.settings
     max_body = 2 * settings.max_payload_bytes + 1024 * 1024
-    host, port = settings.http_host, settings.http_port
+    host, port, only = settings.http_host, settings.http_port, None
     if metrics_only:
         assert settings.metrics_port is not None
-        host, port = settings.metrics_host, settings.metrics_port
+        host, port, only = settings.metrics_host, settings.metrics_port, "/metrics"
     if settings.http_server != "aiohttp":
         try:
             from edgeplex.agent.frontdoor.http_native import start_native_http
@@ -386,17 +386,12 @@ async def start_http_server(
             if settings.http_server == "native":
                 raise RuntimeError(f"http_server: native needs httptools ({exc})") from None
         else:
-            table = HttpApi(agent, credentials, buffers=True).table(max_body)
-            if metrics_only:
-                table = [route for route in table if route.path == "/metrics"]
+            table = HttpApi(agent, credentials, buffers=True).table(max_body, only)
             return await start_native_http(
                 table, credentials, agent.gate, settings.doors, host, port, ssl
             )
     app = web.Application(client_max_size=max_body)
-    routes = HttpApi(agent, credentials).routes(max_body)
-    if metrics_only:
-        routes = [route for route in routes if route.path == "/metrics"]  # type: ignore[attr-defined]
-    app.add_routes(routes)
+    app.add_routes(HttpApi(agent, credentials).routes(max_body, only))
     # The body is read as sent: parse_infer_body decodes Content-Encoding itself, once,
     # under its own cap, and a forwarded request keeps the encoding it came with.
     # aiohttp applies the doors' keep-alive timeout and header caps, not the rest.

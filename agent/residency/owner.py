@@ -86,9 +86,10 @@ class Residency:
         """The version of each model that requests naming none reach."""
         return self.ledger.records()
 
-    def every_version(self) -> list[ModelRecord]:
-        """Every version known, by model and version."""
-        return sorted(self.ledger.all_records(), key=lambda r: (r.name, r.version))
+    def every_version(self, name: str | None = None) -> list[ModelRecord]:
+        """Every version known (of `name`), by model and version number."""
+        found = [r for r in self.ledger.all_records() if name in (None, r.name)]
+        return sorted(found, key=lambda r: (r.name, len(r.version), r.version))
 
     def device_bytes(self) -> int:
         return self.ledger.device_bytes()
