@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from edgeplex.agent.observability.metrics import METRICS as AGENT
-from edgeplex.agent.observability.triton_metrics import _COUNTERS as TRITON
+from edgeplex.agent.observability.triton_metrics import NAMES as TRITON
 from edgeplex.control_plane.metrics import METRICS as CONTROL_PLANE
 from tests.conftest import ROOT
 
@@ -18,7 +18,7 @@ METRIC = re.compile(r"\b((?:edgeplex|nv)_[a-z0-9_]+)")
 
 
 def exported() -> set[str]:
-    names = {name for name, _, _ in TRITON}
+    names = set(TRITON)
     for registry in (AGENT.registry, CONTROL_PLANE.registry):
         for family in registry.collect():
             if family.type == "counter":

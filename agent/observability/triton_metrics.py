@@ -14,59 +14,57 @@ gauges too: `nv_gpu_utilization` (0-1), `nv_gpu_memory_used_bytes` and
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from edgeplex.agent.observability.stats import FAILURE_REASONS, ModelStats
 
-FAILURE = "nv_inference_request_failure"  # labelled by reason, as Triton does
-PENDING = "nv_inference_pending_request_count"  # queued or waiting for a promotion
-
-# (name, help, value of a model's statistics)
-_COUNTERS = (
+# (name, help, type, the samples of one model version: (reason, value) from its
+# statistics and pending requests; a reason only on failures), in Triton's order.
+_Samples = Callable[[ModelStats, int], list[tuple[str, int]]]
+_FAMILIES: tuple[tuple[str, str, str, _Samples], ...] = (
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
-     lambda s: s.success.count),
+     "counter", lambda s, _: [("", s.success.count)]),
+    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+     "counter", lambda s, _: [(r, s.failures.get(r, 0)) for r in FAILURE_REASONS]),
     ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
-     lambda s: s.inference_count),
+     "counter", lambda s, _: [("", s.inference_count)]),
     ("nv_inference_exec_count",
      "Number of model executions performed (does not include cached requests)",
-     lambda s: s.execution_count),
+     "counter", lambda s, _: [("", s.execution_count)]),
     ("nv_inference_request_duration_us",
      "Cumulative inference request duration in microseconds (includes cached requests)",
-     lambda s: s.success.ns // 1000),
+     "counter", lambda s, _: [("", s.success.ns // 1000)]),
     ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
-     lambda s: s.queue.ns // 1000),
+     "counter", lambda s, _: [("", s.queue.ns // 1000)]),
     ("nv_inference_compute_input_duration_us",
      "Cumulative compute input duration in microseconds",
-     lambda s: s.compute_input.ns // 1000),
+     "counter", lambda s, _: [("", s.compute_input.ns // 1000)]),
     ("nv_inference_compute_infer_duration_us",
      "Cumulative compute inference duration in microseconds",
-     lambda s: s.compute_infer.ns // 1000),
+     "counter", lambda s, _: [("", s.compute_infer.ns // 1000)]),
     ("nv_inference_compute_output_duration_us",
      "Cumulative inference compute output duration in microseconds",
-     lambda s: s.compute_output.ns // 1000),
+     "counter", lambda s, _: [("", s.compute_output.ns // 1000)]),
+    # Queued, or waiting for the model's promotion.
+    ("nv_inference_pending_request_count",
+     "Instantaneous number of pending requests awaiting execution per-model.",
+     "gauge", lambda _, pending: [("", pending)]),
 )  # fmt: skip
+
+
+NAMES = tuple(name for name, _, _, _ in _FAMILIES)  # every family render() writes
 
 
 def render(models: Iterable[tuple[str, str, ModelStats, int]]) -> str:
     """Prometheus text for every (model, version, statistics, pending requests)."""
     rows = list(models)
     out: list[str] = []
-    for name, text, value in _COUNTERS:
-        out.append(f"# HELP {name} {text}\n# TYPE {name} counter\n")
-        for model, version, stats, _ in rows:
-            out.append(f"{name}{{{_labels(model, version)}}} {value(stats)}\n")
-        if name == "nv_inference_request_success":  # Triton's order: failures next
-            out.append(f"# HELP {FAILURE} Number of failed inference requests, all batch sizes"
-                       f"\n# TYPE {FAILURE} counter\n")  # fmt: skip
-            for model, version, stats, _ in rows:
-                for reason in FAILURE_REASONS:
-                    labels = _labels(model, version, reason)
-                    out.append(f"{FAILURE}{{{labels}}} {stats.failures.get(reason, 0)}\n")
-    out.append(f"# HELP {PENDING} Instantaneous number of pending requests awaiting execution "
-               f"per-model.\n# TYPE {PENDING} gauge\n")  # fmt: skip
-    for model, version, _, pending in rows:
-        out.append(f"{PENDING}{{{_labels(model, version)}}} {pending}\n")
+    for name, text, kind, samples in _FAMILIES:
+        out.append(f"# HELP {name} {text}\n# TYPE {name} {kind}\n")
+        for model, version, stats, pending in rows:
+            for reason, value in samples(stats, pending):
+                out.append(f"{name}{{{_labels(model, version, reason)}}} {value}\n")
     return "".join(out)
 
 
