@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import re
 import time
 from collections import deque
 from ssl import SSLContext
@@ -88,33 +89,25 @@ class Request:
 
 
 class Routes:
-    """Route definitions matched as aiohttp matches them: `{name}` is one non-empty
-    path segment, percent-decoded; where several match, the first in the table
-    wins. A tree of path segments, walked once per request: a literal segment is
-    tried before a parameter, and the walk ends where the tree does, so matching is
-    linear in the path whatever its length."""
+    """Route definitions matched as aiohttp matches them: `{name}` is one path
+    segment, percent-decoded. The patterns are anchored and have no nested
+    repetition, so matching is linear in the path. The answers for the last few
+    hundred paths matched are kept: clients repeat theirs, and a request then
+    costs one lookup instead of a match per route."""
 
     def __init__(self, table: list[Route]) -> None:
+        self._routes: list[tuple[re.Pattern[str], Route]] = []
+        for route in table:
+            pattern = re.sub(r"\\{(\w+)\\}", r"(?P<\1>[^/]+)", re.escape(route.path))
+            self._routes.append((re.compile(pattern + "$"), route))
         self._known: dict[tuple[str, str], tuple[Route | None, dict[str, str], list[str]]] = {}
-        self._root = _Node()
-        for order, route in enumerate(table):
-            node, names = self._root, []
-            for segment in route.path.split("/")[1:]:
-                if segment.startswith("{") and segment.endswith("}"):
-                    names.append(segment[1:-1])
-                    node.param = node.param or _Node()
-                    node = node.param
-                else:
-                    node = node.literal.setdefault(segment, _Node())
-            node.routes.append((order, route, tuple(names)))
 
     def resolve(self, method: str, path: str) -> tuple[Route | None, dict[str, str], list[str]]:
-        """(route, match_info, []) or (None, {}, the methods the path allows). The
-        answers for the last few hundred paths matched are kept (clients repeat
-        theirs); the match_info handed out is a copy."""
+        """(route, match_info, []) or (None, {}, the methods the path allows); the
+        match_info handed out is a copy."""
         known = self._known.get((method, path))
         if known is None:
-            known = self._resolve(method, path)
+            known = self._match(method, path)
             if len(path) <= KNOWN_PATH_LENGTH:
                 if len(self._known) >= KNOWN_PATHS:
                     self._known.clear()  # bounded, whatever paths clients send
@@ -122,40 +115,16 @@ class Routes:
         route, match_info, allowed = known
         return route, dict(match_info), allowed
 
-    def _resolve(self, method: str, path: str) -> tuple[Route | None, dict[str, str], list[str]]:
-        segments = path.split("/")
-        found: list[tuple[int, Route, dict[str, str]]] = []
-        if segments[0] == "":
-            _walk(self._root, segments, 1, [], found)
-        found.sort(key=lambda f: f[0])
-        for _, route, match_info in found:
+    def _match(self, method: str, path: str) -> tuple[Route | None, dict[str, str], list[str]]:
+        allowed = []
+        for pattern, route in self._routes:
+            m = pattern.match(path)
+            if m is None:
+                continue
             if route.method == method or (method == "HEAD" and route.method == "GET"):
-                return route, match_info, []
-        return None, {}, [route.method for _, route, _ in found]
-
-
-class _Node:
-    __slots__ = ("literal", "param", "routes")
-
-    def __init__(self) -> None:
-        self.literal: dict[str, _Node] = {}
-        self.param: _Node | None = None
-        self.routes: list[tuple[int, Route, tuple[str, ...]]] = []
-
-
-def _walk(node: _Node, segments: list[str], i: int, values: list[str],
-          found: list[tuple[int, Route, dict[str, str]]]) -> None:  # fmt: skip
-    """Every route matching segments[i:] below `node`, with its match_info."""
-    if i == len(segments):
-        found.extend((order, route, dict(zip(names, values, strict=True)))
-                     for order, route, names in node.routes)  # fmt: skip
-        return
-    segment = segments[i]
-    below = node.literal.get(segment)
-    if below is not None:
-        _walk(below, segments, i + 1, values, found)
-    if node.param is not None and segment:
-        _walk(node.param, segments, i + 1, [*values, segment], found)
+                return route, m.groupdict(), []
+            allowed.append(route.method)
+        return None, {}, allowed
 
 
 def encode(response: Reply, keep_alive: bool, head: bool
