@@ -49,6 +49,7 @@ import platform
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,10 @@ def run_scenario(
             form: delta("edgeplex_agent_variant_requests_total", variant=form)
             for form in ("int8", "fp16")
         },
+        # Where each model's last promotion ran ("cpu" on a GPU: the CUDA fallback).
+        "providers": dict(
+            Counter(str(m.get("last_promotion", {}).get("provider", "-")) for m in status.values())
+        ),
         "status": status,
     }
 

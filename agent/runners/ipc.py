@@ -321,6 +321,9 @@ class SpawnRunner(Message):
     max_open_files: int = 0
     # cgroup.procs files the zygote writes the child's pid into before it runs.
     cgroups: list[str] = field(default_factory=list)
+    # No runner: whether CUDA initialises in a runner sandboxed as this says (the
+    # zygote answers with a SandboxReport of {"cuda": "on" or why not}).
+    probe_cuda: bool = False
 
 
 @_message

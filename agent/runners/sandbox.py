@@ -302,28 +302,67 @@ class Sandbox:
 def probe(request: ipc.SpawnRunner, seccomp_program: bytes | None = None) -> dict[str, str]:
     """What this host gives a runner: a child is cloned, applies every layer, reports
     and exits. Run by the zygote at start (single-threaded, like every clone)."""
+    uid, gid = os.geteuid(), os.getegid()  # read before the clone maps them
+
+    def confined(no_namespaces: str) -> str:
+        return json.dumps(Sandbox(request, uid, gid, seccomp_program).apply(no_namespaces))
+
+    try:
+        layers = json.loads(_in_child(confined, clone_or_fork))
+    except ValueError:
+        layers = {}
+    return {name: layers.get(name, "the probe died before reporting") for name in LAYERS}
+
+
+def probe_cuda(request: ipc.SpawnRunner, seccomp_program: bytes | None = None) -> str:
+    """ON when CUDA's driver initialises in a runner sandboxed as `request` says, or
+    cannot initialise here at all (then the sandbox takes nothing from it); else why
+    not. Both tries are children: the zygote itself never touches CUDA, or its forks
+    would inherit a driver that does not survive fork()."""
+    outside = _in_child(lambda _: cuda_init(), lambda: (os.fork(), ""))
+    if outside != "0":
+        return ON
+    uid, gid = os.geteuid(), os.getegid()  # read before the clone maps them
+
+    def confined(no_namespaces: str) -> str:
+        Sandbox(request, uid, gid, seccomp_program).apply(no_namespaces)
+        return cuda_init()
+
+    inside = _in_child(confined, clone_or_fork)
+    if inside == "0":
+        return ON
+    return f"CUDA's driver does not initialise inside the sandbox (cuInit: {inside or 'died'})"
+
+
+def cuda_init() -> str:
+    """cuInit(0) from the driver's libcuda: "0" on success, else its error code or why
+    the driver is missing."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no CUDA driver (libcuda.so.1)"
+    return str(driver.cuInit(0))
+
+
+def _in_child(work: Callable[[str], str], make: Callable[[], tuple[int, str]]) -> str:
+    """`work(no_namespaces)` run in a child made by `make` (clone_or_fork or fork):
+    what it returned, or "" if it died first."""
     read, write = os.pipe()
-    uid, gid = os.geteuid(), os.getegid()
-    pid, no_namespaces = clone_or_fork()
+    pid, no_namespaces = make()
     if pid == 0:
         os.close(read)
         code = 0
         try:
-            layers = Sandbox(request, uid, gid, seccomp_program).apply(no_namespaces)
-            os.write(write, json.dumps(layers).encode())
+            os.write(write, work(no_namespaces).encode())
         except BaseException:
             code = 1
         finally:
             os._exit(code)
     os.close(write)
     with os.fdopen(read, "rb") as pipe:
-        report = pipe.read()
+        said = pipe.read()
     os.waitpid(pid, 0)
-    try:
-        layers = json.loads(report)
-    except ValueError:
-        layers = {}
-    return {name: layers.get(name, "the probe died before reporting") for name in LAYERS}
+    return said.decode(errors="replace")
 
 
 def _outermost(paths: Iterable[str]) -> list[str]:

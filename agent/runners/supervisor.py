@@ -415,7 +415,7 @@ class RunnerPool:
             self.limiter.rlimit_for(limit),
             self.log_format,
             self.settings.idle_spin_us,
-            sandbox=self.settings.sandbox,
+            sandbox=self.sandbox_mode,
             read_only=[*view.read_only, str(self._dir)],
             writable=[*view.writable, str(self.rings_dir)],
             devices=view.devices,
@@ -423,6 +423,26 @@ class RunnerPool:
             max_open_files=self.settings.max_open_files,
             cgroups=self.limiter.group(runner_id, limit),
         )
+
+    @property
+    def sandbox_mode(self) -> str:
+        """The mode runners start with: runner.sandbox, but off where runners use CUDA
+        and its driver does not initialise inside the sandbox (best_effort; required
+        refuses to start instead)."""
+        if self.zygote.sandbox.get("cuda", ON) != ON:
+            return "off"
+        return self.settings.sandbox
+
+    def _cuda_probe(self) -> ipc.SpawnRunner | None:
+        """What the zygote tries CUDA in at its start: a runner's sandbox and view."""
+        if self.settings.execution_provider != "cuda" or self.settings.sandbox == "off":
+            return None
+        view = self.view()
+        return ipc.SpawnRunner(
+            "cuda-probe", "", self.log_level, 0, sandbox=self.settings.sandbox,
+            read_only=view.read_only, writable=view.writable, devices=view.devices,
+            hidden=view.hidden, max_open_files=self.settings.max_open_files, probe_cuda=True,
+        )  # fmt: skip
 
     def host_sandbox(self) -> dict[str, str]:
         """What this host gives a runner: the zygote's probe, and the memory group."""
@@ -449,6 +469,7 @@ class RunnerPool:
         self._server = await loop.create_unix_server(
             lambda: RunnerConnection(self._hello, HELLO_TIMEOUT_S), path=self.socket_path
         )
+        self.zygote.cuda_probe = self._cuda_probe()
         await self.zygote.start()
         host = self.host_sandbox()
         missing = {k: v for k, v in host.items() if v != ON}
@@ -461,6 +482,8 @@ class RunnerPool:
                 "runner.sandbox is required, but this host cannot provide: "
                 + "; ".join(f"{k} ({v})" for k, v in missing.items())
             )
+        elif "cuda" in missing:
+            log.warning("runners run without their sandbox: %s", missing["cuda"])
         elif missing:
             log.warning(
                 "runner sandbox without: %s",

@@ -99,6 +99,10 @@ class Zygote:
                             _kill(pid, message.signal)
 
     def _spawn(self, request: ipc.SpawnRunner) -> None:
+        if request.probe_cuda:
+            verdict = sandbox.probe_cuda(request, self._seccomp)
+            framing.send_frame(self._control, ipc.SandboxReport({"cuda": verdict}))
+            return
         go_read, go_write = os.pipe()  # the child waits on it until it is in its groups
         if request.sandbox == "off" or self._no_namespaces:
             pid, no_namespaces = os.fork(), self._no_namespaces or "runner.sandbox is off"

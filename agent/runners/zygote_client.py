@@ -36,6 +36,8 @@ class ZygoteClient:
         self._on_exit = on_exit
         self._sandbox_mode = sandbox
         self.sandbox: dict[str, str] = {}  # its report: what a runner gets on this host
+        # Asked at each start when runners use CUDA: does CUDA work in the sandbox?
+        self.cuda_probe: ipc.SpawnRunner | None = None
         self._process: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._spawned: dict[str, asyncio.Future[int]] = {}
@@ -69,6 +71,15 @@ class ZygoteClient:
         if not isinstance(report, ipc.SandboxReport):
             raise Unavailable(f"the runner zygote said {type(report).__name__} first")
         self.sandbox = dict(report.layers)
+        if self.cuda_probe is not None and self._sandbox_mode != "off":
+            framing.write_frame(self._writer, self.cuda_probe)
+            try:
+                cuda, _ = await asyncio.wait_for(framing.read_frame(reader), 60)
+            except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
+                said = f"the runner zygote did not answer its CUDA probe: {exc!r}"
+                raise Unavailable(said) from None
+            if isinstance(cuda, ipc.SandboxReport):
+                self.sandbox |= cuda.layers
         self._reader_task = asyncio.create_task(self._read(reader), name="zygote-reader")
         log.info("zygote started (pid %d)", self._process.pid)
 

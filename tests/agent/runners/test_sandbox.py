@@ -206,3 +206,72 @@ def test_a_missing_layer_is_reported_or_refused_as_the_mode_says(tmp_path: Path)
         assert "runner sandbox without: namespaces" in agent.log()
     finally:
         assert agent.stop() == 0, agent.log()
+
+
+# CUDA's driver as it behaved on an H200 host: cuInit fails with
+# CUDA_ERROR_OPERATING_SYSTEM (304) inside the runner sandbox (there, as PID 1 of its
+# namespace) and succeeds outside it.
+FAKE_CUDA_DRIVER = r"""
+#include <stdlib.h>
+#include <unistd.h>
+int cuInit(unsigned int flags) {
+    (void)flags;
+    return getenv("CUDA_FAKE_FAILS_IN_SANDBOX") && getpid() == 1 ? 304 : 0;
+}
+"""
+
+
+def _fake_cuda_driver(tmp_path: Path) -> Path:
+    source = tmp_path / "fake_cuda.c"
+    source.write_text(FAKE_CUDA_DRIVER)
+    driver = tmp_path / "driver"
+    driver.mkdir()
+    compile_ = ["cc", "-shared", "-fPIC", "-o", str(driver / "libcuda.so.1"), str(source)]
+    subprocess.run(compile_, check=True)
+    return driver
+
+
+@pytest.mark.parametrize("fails_inside", [True, False])
+def test_cuda_runners_are_sandboxed_only_where_the_driver_starts_inside(
+    tmp_path: Path, fails_inside: bool
+) -> None:
+    repo = tmp_path / "repo"
+    demo.make_mlp(repo / "m", width=64, layers=2, in_width=64)
+    driver = _fake_cuda_driver(tmp_path)
+    env = {
+        "LD_LIBRARY_PATH": str(driver),
+        "EDGEPLEX_AGENT_RUNNER__SANDBOX_PATHS": json.dumps([str(driver)]),
+        "EDGEPLEX_AGENT_RUNNER__EXECUTION_PROVIDER": "cuda",
+        "EDGEPLEX_AGENT_RUNNER__CPU_FALLBACK": "true",  # this host's ONNX Runtime has no CUDA
+    }
+    if fails_inside:
+        env["CUDA_FAKE_FAILS_IN_SANDBOX"] = "1"
+        refused = subprocess.run(
+            agent_command(repo, 0, 0),
+            env={**os.environ, "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN": "t", **env,
+                 "EDGEPLEX_AGENT_RUNNER__SANDBOX": "required"},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        said = refused.stdout + refused.stderr
+        assert refused.returncode == 1, said
+        assert "this host cannot provide: cuda (CUDA's driver does not initialise inside the " \
+            "sandbox (cuInit: 304))" in said  # fmt: skip
+    agent = start_agent(
+        repo, tmp_path, env={**env, "EDGEPLEX_AGENT_RUNNER__SANDBOX": "best_effort"}
+    )
+    try:
+        assert infer_http(agent, "m")[0] == 200
+        pid = status(agent)["m"]["runner_pid"]
+        sandbox = json.loads(agent.http_get("/edgeplex/v1/memory")[1])["sandbox"]
+        same_pid_namespace = os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
+        if fails_inside:  # served, unconfined, and said so
+            assert "cuInit: 304" in sandbox["host"]["cuda"], sandbox
+            assert sandbox["runners"] == {} and same_pid_namespace
+            assert "runners run without their sandbox: CUDA's driver" in agent.log()
+            metrics = agent.http_get("/metrics")[1].decode()
+            assert 'edgeplex_runner_sandbox_layer{layer="cuda"} 0.0' in metrics
+        else:
+            assert sandbox["host"]["cuda"] == "on", sandbox
+            assert "shared-0" in sandbox["runners"] and not same_pid_namespace
+    finally:
+        assert agent.stop() == 0, agent.log()
