@@ -97,6 +97,27 @@ class AgentSettings(FileSettings):
         ge=0,
         description="On SIGTERM, how long in-flight requests may take to finish before exit.",
     )
+    model_control_mode: Literal["none", "poll", "explicit"] = Field(
+        default="none",
+        description="Triton's --model-control-mode. none: every model of the repository is "
+        "available and loads on demand; load and unload need the admin token. poll: the "
+        "same, and the repository is rescanned every `repository_poll_secs` (new, changed "
+        "and removed models). explicit: only models loaded (by `load_model` at start or by "
+        "a repository load) are available; unload makes a model unavailable until it is "
+        "loaded again; load and unload are open to loopback clients and need the admin "
+        "token from anywhere else.",
+    )
+    repository_poll_secs: float = Field(
+        default=15.0,
+        gt=0,
+        description="With model_control_mode: poll, seconds between repository scans "
+        "(Triton's --repository-poll-secs).",
+    )
+    load_model: list[str] = Field(
+        default_factory=list,
+        description="With model_control_mode: explicit, the models loaded at start ('*': "
+        "all), as Triton's --load-model.",
+    )
     load_models_at_start: bool = Field(
         default=True,
         description="At start, load the repository's models (pinned first, then by priority) "

@@ -20,8 +20,19 @@ import numpy as np
 from edgeplex import __version__
 from edgeplex.agent.batching.policy import Request
 from edgeplex.agent.batching.queues import Queues
-from edgeplex.agent.catalog.repository import ModelSource, scan_repository_versions, scan_versions
-from edgeplex.agent.catalog.triton_config import config_json
+from edgeplex.agent.catalog.repository import (
+    ModelSource,
+    scan_repository_versions,
+    scan_versions,
+    unservable,
+    unsupported_files,
+)
+from edgeplex.agent.catalog.triton_config import (
+    Message,
+    PbtxtError,
+    config_json,
+    parse_config_json,
+)
 from edgeplex.agent.config import AgentSettings
 from edgeplex.agent.fleet.forward import (
     NO_ROUTE_RETRY_S,
@@ -118,6 +129,9 @@ class Agent:
         self.gate = InflightGate(
             settings.max_inflight_requests, settings.max_inflight_bytes, self.overload.reason
         )
+        self.gpu = settings.runner.execution_provider == "cuda"  # KIND_GPU needs it
+        self.overrides: dict[str, Message] = {}  # config given with a load, by model
+        self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
 
     # --- health and metadata -------------------------------------------------------------
 
@@ -196,21 +210,57 @@ class Agent:
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """OIP's fields, plus the form serving and the variants' figures where a model
-        has variants (the gRPC door sends OIP's fields only)."""
-        return [
-            {"name": e.name, "version": e.version, "state": e.public_state(), "reason": e.reason}
+        has variants (the gRPC door sends OIP's fields only). Folders with nothing
+        servable are listed as UNAVAILABLE with the reason, as Triton lists them."""
+        index = [
+            {"name": e.name, "version": e.version, "state": e.public_state(),
+             "reason": e.reason or ("unloaded" if e.disabled else "")}
             | views.forms(e)
             for e in self.residency.records()
             if not ready_only or e.phase == Phase.READY
-        ]
+        ]  # fmt: skip
+        if not ready_only:
+            index += [
+                {"name": name, "version": "", "state": "UNAVAILABLE", "reason": why}
+                for name, why in self.unservable.items()
+            ]
+        return sorted(index, key=lambda m: (m["name"], m["version"]))
 
-    async def load(self, name: str) -> None:
-        """OIP load: re-read the model from the repository and serve it."""
-        versions = scan_versions(self.settings.model_repo, name, self.settings.model_defaults)
+    async def load(
+        self, name: str, config: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        """OIP load: re-read the model from the repository and serve it. `config`
+        (Triton's override, JSON) replaces its config.pbtxt until a load without one;
+        a model serving under another config is unloaded and loaded again."""
+        if files:
+            raise InvalidInput(f"failed to load '{name}', {unsupported_files(files)}")
+        override = None
+        if config is not None:
+            try:
+                override = parse_config_json(config)
+            except PbtxtError as exc:
+                raise InvalidInput(
+                    f"failed to load '{name}', failed to parse the model config: {exc}"
+                ) from None
+        versions = self._scan(name, override)
         if not versions:
-            raise ModelNotFound.unknown(name)
+            why = self.unservable.get(name, "no model folder of that name")
+            raise ModelNotFound(
+                f"failed to load '{name}', failed to poll from model repository: {why}"
+            )
+        if override is None:
+            self.overrides.pop(name, None)
+        else:
+            self.overrides[name] = override
+        record = self.residency.get(name)
+        if record is not None and record.source != versions[0] and record.phase == Phase.READY:
+            await self._settled(self.residency.demote(name, Tier.STAGED))
         self._know(versions)
         await self._settled(self.residency.load(name))
+
+    def _scan(self, name: str, override: Message | None = None) -> list[ModelSource]:
+        settings = self.settings
+        return scan_versions(settings.model_repo, name, settings.model_defaults, self.gpu, override)
 
     async def place(self, name: str) -> None:
         """Placement asks for `name` here: serve it, unless the operator unloaded it or
@@ -218,11 +268,40 @@ class Agent:
         await self._settled(self.residency.load(name, explicit=False))
 
     def discover(self) -> list[str]:
-        """Know every model of the repository (new ones and new versions)."""
-        found = scan_repository_versions(self.settings.model_repo, self.settings.model_defaults)
-        for versions in found.values():
+        """Know every model of the repository (new ones and new versions). With
+        model_control_mode explicit, a model new to the agent starts unloaded."""
+        repo = self.settings.model_repo
+        found = scan_repository_versions(repo, self.settings.model_defaults, self.gpu)
+        for name, override in self.overrides.items():
+            found[name] = self._scan(name, override) or found.get(name, [])
+        explicit = self.settings.model_control_mode == "explicit"
+        for name, versions in found.items():
+            if not versions:
+                continue
+            new = self.residency.get(name) is None
             self._know(versions)
-        return list(found)
+            if new and explicit:
+                self.residency.unload(name)
+        self.unservable = unservable(repo)
+        return [name for name, versions in found.items() if versions]
+
+    async def poll(self) -> None:
+        """One rescan of the repository (model_control_mode poll): new models and
+        versions are known, a model whose folder is gone is unloaded, and a loaded
+        model whose files or config changed is loaded again from them."""
+        present = set(self.discover())
+        for record in list(self.residency.records()):
+            name = record.name
+            if name not in present and not record.disabled:
+                await self._settled(self.residency.unload(name))
+                continue
+            if record.phase != Phase.READY or record.disabled:
+                continue
+            versions = self._scan(name, self.overrides.get(name))
+            if versions and versions[0].version == record.version and versions[0] != record.source:
+                await self._settled(self.residency.demote(name, Tier.STAGED))
+                self._know(versions)
+                await self._settled(self.residency.load(name))
 
     def _know(self, versions: list[ModelSource]) -> None:
         """A model's versions to serve, newest first: the newest answers requests that

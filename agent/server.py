@@ -86,7 +86,8 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         security = settings.security
         metrics = [settings.metrics_host] if settings.metrics_port is not None else []
         check_binds(settings.grpc_host, settings.http_host, *metrics, security=security)
-        credentials = Credentials.from_settings(security)
+        explicit = settings.model_control_mode == "explicit"
+        credentials = Credentials.from_settings(security, loopback_control=explicit)
         tls = tls_credentials(security)
         grpc_tls = (tls[1], tls[2]) if tls else None
         grpc_server, grpc_port = await start_grpc_server(agent, credentials, grpc_tls)
@@ -114,7 +115,13 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     async def initial_loads() -> None:
         # Pinned models always; the others while they fit without evicting anything.
         # The rest stay cached and load on their first request.
+        explicit = settings.model_control_mode == "explicit"
         for record in startup_order(residency):
+            if explicit:  # only what load_model names; the rest wait for a load
+                if "*" in settings.load_model or record.name in settings.load_model:
+                    with contextlib.suppress(Exception):
+                        await agent.load(record.name)
+                continue
             if record.pinned or (
                 settings.load_models_at_start
                 and residency.ledger.fits_without_eviction(
@@ -130,8 +137,17 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
             # Everything else goes to host RAM now, so its first request pays a
             # staged promotion (~memcpy) instead of read + optimize.
             for record in startup_order(residency):
-                residency.stage(record.name)
+                if not record.disabled:
+                    residency.stage(record.name)
                 await asyncio.sleep(0)
+
+    async def poll() -> None:  # model_control_mode poll: Triton's repository polling
+        while True:
+            await asyncio.sleep(settings.repository_poll_secs)
+            try:
+                await agent.poll()
+            except Exception:
+                log.exception("repository poll failed")
 
     async def ticks() -> None:
         while True:
@@ -140,6 +156,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
 
     loader = asyncio.create_task(initial_loads())
     scaler = asyncio.create_task(ticks())
+    poller = asyncio.create_task(poll()) if settings.model_control_mode == "poll" else None
     overload = asyncio.create_task(agent.overload.run())
     watchdog = asyncio.create_task(systemd.watchdog())
     link_task = None
@@ -167,6 +184,8 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         await asyncio.sleep(FLUSH_LINGER_S)
     loader.cancel()
     scaler.cancel()
+    if poller is not None:
+        poller.cancel()
     overload.cancel()
     watchdog.cancel()
     if link_task is not None:

@@ -19,7 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgeplex.agent.catalog.model_config import ModelConfig, load_model_config
-from edgeplex.agent.catalog.triton_config import PBTXT_FILE, DeclaredTensor, read_triton_config
+from edgeplex.agent.catalog.triton_config import (
+    PBTXT_FILE,
+    SUPPORTED_BACKENDS,
+    SUPPORTED_PLATFORMS,
+    DeclaredTensor,
+    Message,
+    parse_pbtxt,
+    read_triton_config,
+    triton_config,
+)
 from edgeplex.names import valid_name, valid_version
 
 MODEL_FILE = "model.onnx"
@@ -49,8 +58,12 @@ def scan_model(repo: Path, name: str, defaults: ModelConfig) -> ModelSource | No
     return versions[0] if versions else None
 
 
-def scan_versions(repo: Path, name: str, defaults: ModelConfig) -> list[ModelSource]:
-    """Every version of one model to serve, newest first ([] when there is none)."""
+def scan_versions(
+    repo: Path, name: str, defaults: ModelConfig, gpu: bool = False, override: Message | None = None
+) -> list[ModelSource]:
+    """Every version of one model to serve, newest first ([] when there is none).
+    `gpu`: whether the runners have a GPU (KIND_GPU needs one); `override`: a model
+    config that replaces config.pbtxt (a load's `config` parameter)."""
     if not valid_name(name):
         return []
     model_dir = repo / name
@@ -67,12 +80,24 @@ def scan_versions(repo: Path, name: str, defaults: ModelConfig) -> list[ModelSou
     if not versions:
         return []
     triton, error, warnings = None, "", []
-    if (model_dir / PBTXT_FILE).is_file():
-        try:
+    try:
+        if override is not None:
+            triton = triton_config(override, name)
+        elif (model_dir / PBTXT_FILE).is_file():
             triton = read_triton_config(model_dir / PBTXT_FILE, name)
-            warnings = triton.warnings
-        except ValueError as exc:
-            error = str(exc)
+        warnings = triton.warnings if triton else []
+    except ValueError as exc:
+        error = str(exc)
+    if triton and "KIND_GPU" in triton.kinds and not gpu:
+        error = (
+            f"{PBTXT_FILE}: instance_group kind KIND_GPU needs a GPU, and this agent's runners "
+            "use the CPU (runner.execution_provider: cpu)"
+        )
+    elif triton and "KIND_CPU" in triton.kinds and gpu:
+        warnings.append(
+            f"{PBTXT_FILE}: instance_group kind KIND_CPU: served on the GPU, as every model of "
+            "this agent (runner.execution_provider: cuda)"
+        )
     chosen = triton.version_policy.select(versions) if triton else versions[:1]
     if triton and not chosen:
         error = f"{PBTXT_FILE}: version_policy selects none of the versions present ({versions})"
@@ -122,16 +147,65 @@ def scan_repository(repo: Path, defaults: ModelConfig) -> dict[str, ModelSource]
     }
 
 
-def scan_repository_versions(repo: Path, defaults: ModelConfig) -> dict[str, list[ModelSource]]:
+def scan_repository_versions(
+    repo: Path, defaults: ModelConfig, gpu: bool = False
+) -> dict[str, list[ModelSource]]:
     """Every version to serve of every model, newest first."""
     if not repo.is_dir():
         raise FileNotFoundError("the model repository does not exist or is not a directory")
     found = {}
     for entry in sorted(repo.iterdir()):
-        versions = scan_versions(repo, entry.name, defaults)
+        versions = scan_versions(repo, entry.name, defaults, gpu)
         if versions:
             found[entry.name] = versions
     return found
+
+
+def unservable(repo: Path) -> dict[str, str]:
+    """The repository's model folders that hold nothing edgeplex can serve, and why
+    (Triton lists them too; they must not vanish without a word)."""
+    found = {}
+    for entry in sorted(repo.iterdir()):
+        if not valid_name(entry.name) or not entry.is_dir():
+            continue
+        if any(valid_version(p.name) and (p / MODEL_FILE).is_file() for p in entry.iterdir()):
+            continue
+        found[entry.name] = _why_unservable(entry)
+    return found
+
+
+def _why_unservable(model_dir: Path) -> str:
+    try:
+        data = parse_pbtxt((model_dir / PBTXT_FILE).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        data = {}
+    platform = (data.get("platform") or data.get("backend") or [""])[-1]
+    if platform == "ensemble":
+        return "platform 'ensemble': ensembles are not supported yet"
+    if platform and platform not in (*SUPPORTED_PLATFORMS, *SUPPORTED_BACKENDS):
+        return f"platform '{platform}' is not supported: edgeplex serves ONNX models"
+    return f"no version folder holds a {MODEL_FILE} (<version>/{MODEL_FILE})"
+
+
+def unsupported_files(files: dict[str, bytes]) -> str:
+    """Why a load's `files` (Triton's "file:<path>" parameters, the model's files
+    sent with the request) are refused: a path that could not be a file of the
+    model, else that edgeplex serves models from the repository (or the fleet's
+    signed artifacts) only, so what a client sends is never written to disk."""
+    for key in files:
+        path = key.removeprefix("file:")
+        parts = path.split("/")
+        if (
+            not key.startswith("file:")
+            or not path
+            or path.startswith("/")
+            or any(part in ("", ".", "..") or len(part.encode()) > 255 for part in parts)
+        ):
+            return f"Invalid file path: {key[:80]!r}"
+    return (
+        "the 'files' parameter is not supported: put the model's files in the repository "
+        "(or publish them to the fleet) and load it by name"
+    )
 
 
 def _first_line(exc: Exception) -> str:

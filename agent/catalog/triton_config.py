@@ -1,9 +1,11 @@
 """Triton's `config.pbtxt`, read as an edgeplex model config.
 
 A Triton model repository works unchanged: `<repo>/<model>/config.pbtxt` is
-parsed as protobuf text format against the fields of Triton's `ModelConfig`
-that edgeplex acts on, and every other field that is set is named in a
-warning (logged, and in the model's status), never dropped silently:
+parsed as Triton parses it, protobuf text format into Triton's `ModelConfig`
+(the generated module tritonclient ships), so a field Triton does not know is
+an error naming its line. Of the fields that are set, those below are acted
+on; every other one is named in a warning (logged, and in the model's status),
+never dropped silently:
 
 | config.pbtxt | edgeplex |
 | --- | --- |
@@ -17,16 +19,21 @@ warning (logged, and in the model's status), never dropped silently:
 | `version_policy` (`latest`, `all`, `specific`) | which versions are served |
 | `parameters { key: "intra_op_thread_count" ... }` | `intra_op_threads` |
 
+`KIND_GPU` needs `runner.execution_provider: cuda`; elsewhere the model fails
+with the reason (repository.py).
+
 A `config.yaml` beside it is laid over what `config.pbtxt` says: the
 edgeplex-native file wins field by field (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
 
 if TYPE_CHECKING:
     from edgeplex.agent.residency.state import ModelRecord
@@ -40,126 +47,50 @@ class PbtxtError(ValueError):
     pass
 
 
-_TOKEN = re.compile(
-    r"""(?P<skip>\s+|\#[^\n]*)
-      | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
-      | (?P<number>[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[fF]?))
-      | (?P<ident>[-+]?[A-Za-z_][A-Za-z0-9_.]*)
-      | (?P<punct>[{}\[\]:,;<>])""",
-    re.VERBOSE,
-)
-_CLOSE = {"{": "}", "<": ">"}
-
-
 def parse_pbtxt(text: str) -> Message:
-    """Protobuf text format as nested {field: [values]}; raises PbtxtError naming
-    the line of the first thing it cannot read."""
-    tokens: list[tuple[str, str, int]] = []
-    pos, line = 0, 1
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            raise PbtxtError(f"line {line}: unexpected {text[pos]!r}")
-        kind = m.lastgroup or ""
-        if kind != "skip":
-            tokens.append((kind, m.group(), line))
-        line += m.group().count("\n")
-        pos = m.end()
-    parser = _Parser(tokens)
-    message = parser.message(closing=None)
-    return message
+    """config.pbtxt read as Triton reads it: protobuf text format into Triton's
+    `ModelConfig` (the module tritonclient ships), so a field Triton does not know is
+    an error naming its line and column. Returned as nested {field: [values]}, enums
+    by name, with only the fields that are set."""
+    try:
+        config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as exc:
+        raise PbtxtError(f"line {exc}") from None
+    return _as_message(config)
 
 
-class _Parser:
-    def __init__(self, tokens: list[tuple[str, str, int]]) -> None:
-        self.tokens, self.i = tokens, 0
-
-    def peek(self) -> tuple[str, str, int] | None:
-        return self.tokens[self.i] if self.i < len(self.tokens) else None
-
-    def take(self, expected: str | None = None) -> tuple[str, str, int]:
-        token = self.peek()
-        if token is None:
-            raise PbtxtError(
-                f"unexpected end of file{f', expected {expected!r}' if expected else ''}"
-            )
-        if expected is not None and token[1] != expected:
-            raise PbtxtError(f"line {token[2]}: expected {expected!r}, found {token[1]!r}")
-        self.i += 1
-        return token
-
-    def message(self, closing: str | None) -> Message:
-        out: Message = {}
-        while True:
-            token = self.peek()
-            if token is None:
-                if closing is not None:
-                    raise PbtxtError(f"unexpected end of file, expected {closing!r}")
-                return out
-            if closing is not None and token[1] == closing:
-                self.i += 1
-                return out
-            kind, name, line = self.take()
-            if kind != "ident":
-                raise PbtxtError(f"line {line}: expected a field name, found {name!r}")
-            out.setdefault(name, []).extend(self.field_values())
-            nxt = self.peek()
-            if nxt is not None and nxt[1] in (",", ";"):
-                self.i += 1
-
-    def field_values(self) -> list[Any]:
-        token = self.peek()
-        if token is not None and token[1] == ":":
-            self.i += 1
-            token = self.peek()
-        if token is not None and token[1] == "[":
-            self.i += 1
-            values: list[Any] = []
-            while True:
-                nxt = self.peek()
-                if nxt is not None and nxt[1] == "]":
-                    self.i += 1
-                    return values
-                values.append(self.value())
-                nxt = self.peek()
-                if nxt is not None and nxt[1] == ",":
-                    self.i += 1
-        return [self.value()]
-
-    def value(self) -> Any:
-        kind, text, line = self.take()
-        if text in _CLOSE:
-            return self.message(_CLOSE[text])
-        if kind == "string":
-            parts = [_unquote(text)]
-            while (nxt := self.peek()) is not None and nxt[0] == "string":  # "a" "b" joins
-                parts.append(_unquote(self.take()[1]))
-            return "".join(parts)
-        if kind == "number":
-            body = text.rstrip("fF") if not text.lower().startswith(("0x", "-0x")) else text
-            try:
-                return (
-                    int(body, 0)
-                    if re.fullmatch(r"[-+]?(0[xX][0-9a-fA-F]+|\d+)", body)
-                    else float(body)
-                )
-            except ValueError:
-                raise PbtxtError(f"line {line}: not a number: {text!r}") from None
-        if kind == "ident":
-            lowered = text.lower()
-            if lowered in ("true", "t"):
-                return True
-            if lowered in ("false", "f"):
-                return False
-            if lowered.lstrip("+-") in ("inf", "infinity", "nan"):
-                return float(lowered)
-            return text  # an enum value
-        raise PbtxtError(f"line {line}: expected a value, found {text!r}")
+def parse_config_json(text: str) -> Message:
+    """A model config in JSON, as Triton's load takes it (the `config` parameter):
+    protobuf's JSON mapping of `ModelConfig`, as strict as config.pbtxt."""
+    try:
+        config = json_format.Parse(text, model_config_pb2.ModelConfig())
+    except json_format.ParseError as exc:
+        raise PbtxtError(str(exc)) from None
+    return _as_message(config)
 
 
-def _unquote(text: str) -> str:
-    body = text[1:-1]
-    return body.encode("latin-1", "backslashreplace").decode("unicode_escape")
+def _as_message(message: Any) -> Message:
+    out: Message = {}
+    for descriptor, value in message.ListFields():
+        entry = descriptor.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            of_value = entry.fields_by_name["value"]
+            out[descriptor.name] = [
+                {"key": [key], "value": [_value(of_value, v)]} for key, v in sorted(value.items())
+            ]
+        elif descriptor.is_repeated:
+            out[descriptor.name] = [_value(descriptor, v) for v in value]
+        else:
+            out[descriptor.name] = [_value(descriptor, value)]
+    return out
+
+
+def _value(descriptor: Any, value: Any) -> Any:
+    if descriptor.message_type is not None:
+        return _as_message(value)
+    if descriptor.enum_type is not None:
+        return descriptor.enum_type.values_by_number[value].name
+    return value
 
 
 # --- the mapping ----------------------------------------------------------------------------
@@ -195,6 +126,7 @@ class TritonConfig:
     outputs: tuple[DeclaredTensor, ...] = ()
     version_policy: VersionPolicy = VersionPolicy()
     warnings: list[str] = field(default_factory=list)
+    kinds: set[str] = field(default_factory=set)  # instance_group kinds named
 
 
 _TRITON_TYPES = {
@@ -217,6 +149,12 @@ def read_triton_config(path: Path, model: str) -> TritonConfig:
         data = parse_pbtxt(path.read_text())
     except (OSError, UnicodeDecodeError, PbtxtError) as exc:
         raise ValueError(f"{PBTXT_FILE}: {exc}") from None
+    return triton_config(data, model)
+
+
+def triton_config(data: Message, model: str) -> TritonConfig:
+    """A parsed `ModelConfig` (parse_pbtxt, parse_config_json) as edgeplex serves it.
+    Raises ValueError for what cannot be served as written."""
     out = TritonConfig()
     name = _one(data, "name", "")
     if name and name != model:
@@ -298,6 +236,7 @@ def _instances(groups: list[Any], out: TritonConfig) -> None:
     for group in groups:
         total += max(1, int(_one(group, "count", 1)))
         kind = str(_one(group, "kind", "KIND_AUTO"))
+        out.kinds.add(kind)
         if kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU"):
             out.warnings.append(f"{PBTXT_FILE}: instance_group kind {kind} is served as KIND_AUTO")
         for key in sorted(set(group) - {"count", "kind", "name"}):

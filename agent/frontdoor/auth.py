@@ -3,7 +3,10 @@
 - The mutating verbs (repository load and unload, pin, unpin, demote) need the
   agent's admin token, on loopback too. Configured (`security.admin_token`), or
   generated at first start into a mode-0600 file in the agent's state
-  directory, where `edgeplex` tools and operators read it.
+  directory, where `edgeplex` tools and operators read it. One exception, opted
+  into: with `model_control_mode: explicit`, repository load and unload are open
+  to loopback clients (as Triton's are to every client), and need the admin token
+  from anywhere else.
 - With `security.inference_api_key` set, inference and model routes need that
   key (or the admin token); health, server metadata and /metrics stay open.
 
@@ -37,6 +40,18 @@ class Access(Enum):
     OPEN = "open"
     CLIENT = "client"  # inference and model routes: the inference key, when one is set
     ADMIN = "admin"
+    CONTROL = "control"  # repository load and unload: admin, or loopback in explicit mode
+
+
+def peer_host(peer: str) -> str:
+    """The host of a client's address: "127.0.0.1" of gRPC's "ipv4:127.0.0.1:5000",
+    "::1" of "ipv6:[::1]:5000"; an HTTP door's address as it is."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return peer
 
 
 def token_file(security: SecuritySettings) -> Path:
@@ -64,20 +79,31 @@ def admin_token(security: SecuritySettings) -> str:
 
 
 class Credentials:
-    def __init__(self, admin: str, inference_key: str | None) -> None:
+    def __init__(
+        self, admin: str, inference_key: str | None, loopback_control: bool = False
+    ) -> None:
         self._admin = admin.encode()
         self._inference = inference_key.encode() if inference_key else None
+        self._loopback_control = loopback_control  # model_control_mode: explicit
 
     @classmethod
-    def from_settings(cls, security: SecuritySettings) -> Credentials:
+    def from_settings(
+        cls, security: SecuritySettings, loopback_control: bool = False
+    ) -> Credentials:
         key = security.inference_api_key
-        return cls(admin_token(security), key.get_secret_value() if key else None)
+        inference = key.get_secret_value() if key else None
+        return cls(admin_token(security), inference, loopback_control)
 
-    def check(self, access: Access, authorization: str | None, what: str) -> None:
+    def check(self, access: Access, authorization: str | None, what: str, peer: str = "") -> None:
         """Raise Unauthenticated (no or wrong credential) or PermissionDenied (a valid
-        inference key on an admin verb) unless `authorization` grants `access`."""
+        inference key on an admin verb) unless `authorization` grants `access` to the
+        client at `peer` (an address, or gRPC's "ipv4:host:port")."""
         if access == Access.OPEN:
             return
+        if access == Access.CONTROL:
+            if self._loopback_control and is_loopback(peer_host(peer)):
+                return
+            access = Access.ADMIN
         if access == Access.CLIENT and self._inference is None:
             return
         token = bearer_token(authorization)

@@ -86,7 +86,7 @@ def _requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., An
 
         @functools.wraps(method)
         async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-            self.credentials.check(access, authorization(context), what)
+            self.credentials.check(access, authorization(context), what, context.peer())
             return await method(self, request, context)
 
         return wrapper
@@ -297,15 +297,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     @_serve_errors
-    @_requires(Access.ADMIN)
+    @_requires(Access.CONTROL)
     async def RepositoryModelLoad(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelLoadResponse:
-        await self.agent.load(request.model_name)
+        parameters = request.parameters
+        config = parameters["config"].string_param if "config" in parameters else None
+        files = {k: v.bytes_param for k, v in parameters.items() if k.startswith("file:")}
+        await self.agent.load(request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 
     @_serve_errors
-    @_requires(Access.ADMIN)
+    @_requires(Access.CONTROL)
     async def RepositoryModelUnload(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelUnloadResponse:

@@ -117,6 +117,7 @@ class HttpApi:
         m = "/v2/models/{model}"
         v = "/v2/models/{model}/versions/{version}"
         open_, client, admin = Access.OPEN, Access.CLIENT, Access.ADMIN
+        control = Access.CONTROL
         get, post = "GET", "POST"
         table = [
             (get, "/v2", self.server_metadata, open_),
@@ -126,8 +127,8 @@ class HttpApi:
             (get, "/openapi.json", self.openapi, open_),
             (get, "/v2/models/stats", self.stats, client),
             (post, "/v2/repository/index", self.repository_index, client),
-            (post, "/v2/repository/models/{model}/load", self.load, admin),
-            (post, "/v2/repository/models/{model}/unload", self.unload, admin),
+            (post, "/v2/repository/models/{model}/load", self.load, control),
+            (post, "/v2/repository/models/{model}/unload", self.unload, control),
             *[
                 route
                 for base in (m, v)
@@ -171,7 +172,7 @@ class HttpApi:
 
         async def checked(request: web.Request) -> web.StreamResponse:
             try:
-                check(access, request.headers.get("Authorization"), what)
+                check(access, request.headers.get("Authorization"), what, request.remote or "")
             except ServeError as exc:
                 return error_response(exc)
             return await handler(request)
@@ -216,7 +217,21 @@ class HttpApi:
         return _json(self.agent.repository_index(ready_only))
 
     async def load(self, request: web.Request) -> web.Response:
-        await self.agent.load(request.match_info["model"])
+        """OIP load, with Triton's parameters: `config` (a model config in JSON) and
+        `file:<path>` (base64 file contents)."""
+        body = await request.read()
+        parameters = {}
+        if body.strip():
+            doc = load_json(body, SMALL_JSON)
+            found = doc.get("parameters") if isinstance(doc, dict) else None
+            if found is not None and not isinstance(found, dict):
+                raise InvalidInput("load: 'parameters' must be a JSON object")
+            parameters = found or {}
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, str):
+            config = json.dumps(config)  # an object where Triton takes its JSON text
+        files = {k: str(v).encode() for k, v in parameters.items() if k.startswith("file:")}
+        await self.agent.load(request.match_info["model"], config, files)
         return web.Response(status=200)
 
     async def unload(self, request: web.Request) -> web.Response:

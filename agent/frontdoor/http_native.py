@@ -198,8 +198,14 @@ class Door:
         if self._sweep is not None:
             self._sweep.cancel()
 
-    def decide(self, method: str, path: str, headers: CIMultiDictProxy[str], declared: int
-               ) -> tuple[Route, dict[str, str], Pass | None] | web.Response:  # fmt: skip
+    def decide(
+        self,
+        method: str,
+        path: str,
+        headers: CIMultiDictProxy[str],
+        declared: int,
+        client: str = "",
+    ) -> tuple[Route, dict[str, str], Pass | None] | web.Response:
         """From the head alone: the route, its match and its gate pass, or the refusal."""
         route, match_info, allowed = self.routes.resolve(method, path)
         if route is None:
@@ -211,7 +217,8 @@ class Door:
             return json_error(413, f"413: the body exceeds {route.max_body} bytes")
         try:
             if route.access != Access.OPEN:
-                self.credentials.check(route.access, headers.get("Authorization"), route.what)
+                authorization = headers.get("Authorization")
+                self.credentials.check(route.access, authorization, route.what, client)
             admitted = self.gate.admit(declared) if route.admits else None
         except ServeError as exc:
             return error_response(exc)
@@ -356,7 +363,9 @@ class Connection(asyncio.Protocol):
             self.path = url.decode("latin-1")  # a plain path, as most are: nothing to undo
         else:
             self.path = unquote(httptools.parse_url(url).path.decode("latin-1"))
-        decision = self.door.decide(self.method, self.path, headers, max(self.declared, 0))
+        decision = self.door.decide(
+            self.method, self.path, headers, max(self.declared, 0), self.client
+        )
         if isinstance(decision, web.Response):
             if chunked or self.declared > 0:  # a body announced: it stays unread
                 raise _Refused(decision)

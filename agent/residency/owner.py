@@ -143,7 +143,10 @@ class Residency:
         if record is None:
             raise ModelNotFound.unknown(name, version)
         if record.disabled:
-            raise Unavailable(f"model '{name}' is unloaded; load it first")
+            raise Unavailable(
+                f"Request for unknown model: '{name}' has no available versions "
+                "(unloaded: load it first)"
+            )
         if record.phase == Phase.FAILED:
             raise ModelFailed(f"model '{name}' failed to load: {record.reason}")
         if record.leases + len(record.waiters) >= record.config.max_queue_size:

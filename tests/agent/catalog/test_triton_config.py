@@ -16,7 +16,12 @@ from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent.catalog import demo
 from edgeplex.agent.catalog.repository import scan_model
-from edgeplex.agent.catalog.triton_config import PbtxtError, parse_pbtxt, read_triton_config
+from edgeplex.agent.catalog.triton_config import (
+    PbtxtError,
+    parse_config_json,
+    parse_pbtxt,
+    read_triton_config,
+)
 from edgeplex.agent.config import ModelConfig
 from edgeplex.net import free_ports
 from tests.conftest import start_agent
@@ -57,19 +62,32 @@ def test_text_format_parses_lists_nesting_strings_and_enums() -> None:
     assert data["input"][1]["data_type"] == ["TYPE_FP32"]
     assert data["dynamic_batching"][0]["preferred_batch_size"] == [4, 8]
     assert data["version_policy"][0]["specific"][0]["versions"] == [1]
-    assert parse_pbtxt('s: "a\\tb" "c"  f: 1.5e3 neg: -2 flag: true')["s"] == ["a\tbc"]
-    assert parse_pbtxt("f: 1.5e3 neg: -2 flag: true hex: 0x10") == {
-        "f": [1500.0], "neg": [-2], "flag": [True], "hex": [16],
-    }  # fmt: skip
+    assert parse_pbtxt('name: "a\\tb" "c"')["name"] == ["a\tbc"]  # escapes, concatenation
+    params = parse_pbtxt(TRITON_ADD_SUB)["parameters"]  # a map: key and value, by key
+    assert [p["key"][0] for p in params] == ["cudnn_conv_algo_search", "intra_op_thread_count"]
 
 
 @pytest.mark.parametrize(
-    ("text", "line"),
-    [('name: "x"\ninput [ { name: "a" \n', "end of file"), ("a: 1\nb: }\n", "line 2")],
+    ("text", "where"),
+    [
+        ('name: "x"\ninput [ { name: "a" \n', 'line 2:17 : Expected "}"'),  # unclosed
+        ('name: "x"\nmax_batch_sizee: 8\n', 'line 2:1 .*no field named "max_batch_sizee"'),
+        ('input [ { name: "x" data_type: TYPE_NOPE } ]', "line 1:.*TYPE_NOPE"),
+    ],
 )
-def test_a_syntax_error_names_where(text: str, line: str) -> None:
-    with pytest.raises(PbtxtError, match=line):
+def test_a_field_or_value_triton_does_not_know_is_an_error_naming_its_line(
+    text: str, where: str
+) -> None:
+    with pytest.raises(PbtxtError, match=where):
         parse_pbtxt(text)
+
+
+def test_a_load_config_override_is_json_as_strict_as_the_file() -> None:
+    assert parse_config_json('{"max_batch_size": "16"}') == {"max_batch_size": [16]}
+    with pytest.raises(PbtxtError, match="max_batch_sizee"):
+        parse_config_json('{"max_batch_sizee": 16}')
+    with pytest.raises(PbtxtError):
+        parse_config_json('"parameters": {"config": {{"max_batch_size": "16"}}}')
 
 
 def test_triton_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
@@ -97,7 +115,8 @@ def test_triton_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
     [
         ('name: "other"', "does not match the model's directory 'm'"),
         ('platform: "tensorflow_savedmodel"', "edgeplex serves ONNX models"),
-        ('input [ { name: "x" data_type: TYPE_NOPE } ]', "not a Triton type"),
+        ('input [ { name: "x" data_type: TYPE_NOPE } ]', "TYPE_NOPE"),
+        ("max_batch_sizee: 8", "no field named"),
         ('parameters { key: "intra_op_thread_count" value: { string_value: "two" } }', "integer"),
     ],
 )
