@@ -424,7 +424,7 @@ class Agent:
             METRICS.of_model(name).requests.inc()
             deadline = arrived + self._time_limit(record, body.timeout_s)
             if record.phase == Phase.FAILED:  # no interface to validate against
-                raise ModelFailed(f"model '{name}' failed to load: {record.reason}")
+                raise ModelFailed.load(name, record.reason)
             given, batch = validate(record, body.inputs, body.outputs)  # before any promotion
             ticket = self.residency.admit(name, version, deadline)
             if not ticket.settled:

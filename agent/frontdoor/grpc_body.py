@@ -32,6 +32,11 @@ def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list
     for i, tensor in enumerate(request.inputs):
         shape = list(tensor.shape)
         if raw:
+            if tensor.HasField("contents"):  # worded as Triton words it
+                raise InvalidInput(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{tensor.name}' for model '{request.model_name}'"
+                )
             data = raw[i]
             total += len(data)
             check_payload_cap(tensor.name, total, max_payload_bytes)

@@ -97,6 +97,23 @@ def _answer_errors(handler: Handler) -> AioHandler:
     return answered
 
 
+_NO_ROUTE = "/{edgeplex_no_route:.*}"
+
+
+async def _no_route(request: web.Request) -> web.Response:
+    """404, or 405 with Allow where another method has the path, as JSON like every
+    error of the agent (aiohttp's own answers are plain text, which clients cannot
+    parse)."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource.canonical != _NO_ROUTE.replace(":.*", ""):
+            allowed |= (await resource.resolve(request))[1]
+    if allowed:
+        headers = {"Allow": ",".join(sorted(allowed))}
+        return web.json_response({"error": "405: Method Not Allowed"}, status=405, headers=headers)
+    return web.json_response({"error": "404: Not Found"}, status=404)
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(
         body=json.dumps(data).encode(), status=status, content_type="application/json"
@@ -407,6 +424,7 @@ async def start_http_server(
             )
     app = web.Application(client_max_size=max_body)
     app.add_routes(HttpApi(agent, credentials).routes(max_body, only))
+    app.router.add_route("*", _NO_ROUTE, _no_route)  # last: what no route took
     # The body is read as sent: parse_infer_body decodes Content-Encoding itself, once,
     # under its own cap, and a forwarded request keeps the encoding it came with.
     # aiohttp applies the doors' keep-alive timeout and header caps, not the rest.

@@ -100,6 +100,11 @@ class ModelFailed(ServeError):
     grpc_code = grpc.StatusCode.FAILED_PRECONDITION
     http_status = 409
 
+    @classmethod
+    def load(cls, name: str, reason: str) -> ModelFailed:
+        """Worded as Triton words a failed load: "failed to load 'm', <reason>"."""
+        return cls(f"failed to load '{name}', {reason}")
+
 
 class InferenceFailed(ServeError):
     """ONNX Runtime rejected or failed a batch; every member gets this."""

@@ -148,7 +148,7 @@ class Residency:
                 "(unloaded: load it first)"
             )
         if record.phase == Phase.FAILED:
-            raise ModelFailed(f"model '{name}' failed to load: {record.reason}")
+            raise ModelFailed.load(name, record.reason)
         if record.leases + len(record.waiters) >= record.config.max_queue_size:
             raise QueueFull(
                 f"model '{name}': queue is full ({record.config.max_queue_size} requests waiting)"
@@ -224,7 +224,7 @@ class Residency:
             ticket.settle(None)
             return ticket
         if record.phase == Phase.FAILED:
-            ticket.settle(ModelFailed(f"model '{name}' failed to load: {record.reason}"))
+            ticket.settle(ModelFailed.load(name, record.reason))
             return ticket
         record.waiters.append(ticket)
         record.explicit = True
@@ -617,7 +617,7 @@ class Residency:
         record.enter(Phase.FAILED)
         record.reason = reason
         record.explicit = False
-        error = ModelFailed(f"model '{record.name}' failed to load: {reason}")
+        error = ModelFailed.load(record.name, reason)
         waiters, record.waiters = record.waiters, []
         for ticket in waiters:
             ticket.settle(error)

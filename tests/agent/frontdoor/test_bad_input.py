@@ -13,8 +13,10 @@ import pytest
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
+from edgeplex.agent.catalog import demo
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
+from tests.conftest import start_agent
 from tests.support.oip import inputs_for
 
 
@@ -194,11 +196,39 @@ def test_unknown_models_and_versions_are_named_in_tritons_words(agent, client):
     assert refused.value.message() == (
         "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [2,8]"
     )
+    mixed = pb.ModelInferRequest(model_name="add_sub", raw_input_contents=[b"\0" * 64] * 2)
+    for name in ("INPUT0", "INPUT1"):
+        mixed.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+    mixed.inputs[1].contents.fp32_contents.extend([1.0] * 16)
+    with (
+        grpc.insecure_channel(agent.grpc_url) as channel,
+        pytest.raises(grpc.RpcError) as refused_raw,
+    ):
+        pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(mixed)
+    assert refused_raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused_raw.value.details() == (
+        "contents field must not be specified when using raw_input_contents for 'INPUT1' "
+        "for model 'add_sub'"
+    )
     # Every HTTP error body is JSON, the door's own refusals too.
     status, body = agent.http_get("/v2/no/such/route")
     assert status == 404 and json.loads(body) == {"error": "404: Not Found"}
     status, _, body = http_post(agent, "/v2/health/live", b"")
     assert status == 405 and "error" in json.loads(body)
+
+
+def test_the_aiohttp_door_answers_unknown_routes_in_json_too(tmp_path):
+    """http_server: aiohttp (where httptools is missing) answers as the native door."""
+    demo.make_add_sub(tmp_path / "repo" / "add_sub")
+    other = start_agent(tmp_path / "repo", tmp_path, env={"EDGEPLEX_AGENT_HTTP_SERVER": "aiohttp"})
+    try:
+        status, body = other.http_get("/v2/no/such/route")
+        assert status == 404 and json.loads(body) == {"error": "404: Not Found"}
+        status, _, body = http_post(other, "/v2/health/live", b"")
+        assert status == 405 and json.loads(body) == {"error": "405: Method Not Allowed"}
+        assert other.http_get("/v2/health/live")[0] == 200
+    finally:
+        assert other.stop() == 0, other.log()
 
 
 @pytest.mark.parametrize(

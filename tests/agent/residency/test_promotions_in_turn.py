@@ -86,7 +86,7 @@ def test_a_failed_load_fails_the_request_waiting_for_it_and_nothing_else(agent):
     assert infer(agent, "m0", x)[0] == 200
     started = time.monotonic()
     code, body = infer(agent, "unloadable", x)
-    assert code == 409 and "'unloadable' failed to load" in body["error"], (code, body)
+    assert code == 409 and "failed to load 'unloadable'" in body["error"], (code, body)
     assert "NoSuchOperator" in body["error"]  # the reason, as ONNX Runtime gave it
     assert time.monotonic() - started < 10
     status = {m["name"]: m for m in json.loads(agent.http_get("/edgeplex/v1/status")[1])}
