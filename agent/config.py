@@ -18,7 +18,11 @@ from pydantic_settings import SettingsConfigDict
 from edgeplex.agent.catalog.forms import Calibration, VariantGuard
 from edgeplex.agent.catalog.model_config import ModelConfig, load_model_config
 from edgeplex.agent.fleet.settings import FleetSettings
-from edgeplex.agent.frontdoor.settings import DoorSettings, SecuritySettings
+from edgeplex.agent.frontdoor.settings import (
+    DoorSettings,
+    SecuritySettings,
+    SharedMemorySettings,
+)
 from edgeplex.agent.runners.settings import RunnerSettings
 from edgeplex.logs import LogFormat
 from edgeplex.settings import (
@@ -35,6 +39,7 @@ __all__ = [
     "ModelConfig",
     "RunnerSettings",
     "SecuritySettings",
+    "SharedMemorySettings",
     "load_model_config",
     "load_settings",
     "parse_size",
@@ -249,6 +254,10 @@ class AgentSettings(FileSettings):
         default_factory=SecuritySettings,
         description="Admin token, inference key, TLS (see SecuritySettings).",
     )
+    shared_memory: SharedMemorySettings = Field(
+        default_factory=SharedMemorySettings,
+        description="Triton's system shared memory for local clients (see SharedMemorySettings).",
+    )
     fleet: FleetSettings = Field(
         default_factory=FleetSettings,
         description="Fleet membership: control plane, site, region, MQTT (see FleetSettings).",
@@ -288,6 +297,7 @@ def reference_tables() -> str:
             (FleetSettings, "fleet."),
             (SecuritySettings, "security."),
             (DoorSettings, "doors."),
+            (SharedMemorySettings, "shared_memory."),
             (ModelConfig, ""),
             (Calibration, "calibration."),
             (VariantGuard, "variant_guard."),

@@ -47,6 +47,7 @@ from edgeplex.agent.fleet.load_window import LoadWindow
 from edgeplex.agent.fleet.routing import Local, Where, choose_route
 from edgeplex.agent.frontdoor.gate import InflightGate
 from edgeplex.agent.frontdoor.overload import OverloadWatch
+from edgeplex.agent.frontdoor.shared_memory import SharedMemory
 from edgeplex.agent.observability import views
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
@@ -130,6 +131,7 @@ class Agent:
             settings.max_inflight_requests, settings.max_inflight_bytes, self.overload.reason
         )
         self.gpu = settings.runner.execution_provider == "cuda"  # KIND_GPU needs it
+        self.shared_memory = SharedMemory(settings.shared_memory)  # Triton's extension
         self.overrides: dict[str, Message] = {}  # config given with a load, by model
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
 

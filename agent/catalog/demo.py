@@ -40,6 +40,7 @@ IDENTITY_TYPES = {
     "INT8": "INT8",
     "UINT8": "UINT8",
     "BOOL": "BOOL",
+    "BYTES": "STRING",
 }
 
 

@@ -6,7 +6,8 @@
   directory, where `edgeplex` tools and operators read it. One exception, opted
   into: with `model_control_mode: explicit`, repository load and unload are open
   to loopback clients (as Triton's are to every client), and need the admin token
-  from anywhere else.
+  from anywhere else. System shared memory (registering regions, and naming one
+  in a request) is for clients on this machine: loopback, or the admin token.
 - With `security.inference_api_key` set, inference and model routes need that
   key (or the admin token); health, server metadata and /metrics stay open.
 
@@ -41,6 +42,7 @@ class Access(Enum):
     CLIENT = "client"  # inference and model routes: the inference key, when one is set
     ADMIN = "admin"
     CONTROL = "control"  # repository load and unload: admin, or loopback in explicit mode
+    LOCAL = "local"  # shared memory: loopback, or the admin token
 
 
 def peer_host(peer: str) -> str:
@@ -52,6 +54,11 @@ def peer_host(peer: str) -> str:
     if kind == "ipv6":
         return rest.rpartition(":")[0].strip("[]")
     return peer
+
+
+def is_local(peer: str) -> bool:
+    """A client on this machine: a loopback address, or a Unix socket."""
+    return peer.startswith("unix:") or is_loopback(peer_host(peer))
 
 
 def token_file(security: SecuritySettings) -> Path:
@@ -102,6 +109,10 @@ class Credentials:
             return
         if access == Access.CONTROL:
             if self._loopback_control and is_loopback(peer_host(peer)):
+                return
+            access = Access.ADMIN
+        if access == Access.LOCAL:
+            if is_local(peer):
                 return
             access = Access.ADMIN
         if access == Access.CLIENT and self._inference is None:

@@ -21,11 +21,22 @@ from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, GrpcFor
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_bytes, request_timeout_s
 from edgeplex.agent.frontdoor.health import add_health_and_reflection
+from edgeplex.agent.frontdoor.shared_memory import (
+    BYTE_SIZE,
+    REGION,
+    ClientRegions,
+    NotFound,
+    NotSupported,
+    Ref,
+    cuda_not_supported,
+    grpc_params,
+    ref_of,
+)
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import Overloaded, ServeError
 from edgeplex.agent.oip.requests import InferInput
-from edgeplex.agent.oip.tensors import oip_datatype, to_raw
+from edgeplex.agent.oip.tensors import oip_datatype, raw_view, to_raw
 from edgeplex.proto import edgeplex_agent_pb2 as ctl
 from edgeplex.proto import edgeplex_agent_pb2_grpc as ctl_grpc
 from edgeplex.proto import inference_pb2 as pb
@@ -92,6 +103,17 @@ def _requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., An
         return wrapper
 
     return decorate
+
+
+def _shm_outputs(request: pb.ModelInferRequest) -> dict[str, Ref]:
+    """The requested outputs to write into shared memory, by name."""
+    found = {}
+    for output in request.outputs:
+        if output.parameters:
+            ref = ref_of(grpc_params(output.parameters), output.name)
+            if ref is not None:
+                found[output.name] = ref
+    return found
 
 
 @dataclass(frozen=True)
@@ -195,8 +217,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             access = ACCESS.start("grpc", name, request.model_version, traceparent, request_id)
             timeout_s = request_timeout_s(request, context)  # the deadline left
 
+            regions = ClientRegions(
+                agent.shared_memory, self.credentials, metadata.get("authorization"),
+                context.peer(),
+            )  # fmt: skip
+
             def decode() -> Body:
-                inputs = decode_inputs(request, agent.settings.max_payload_bytes)
+                inputs = decode_inputs(request, agent.settings.max_payload_bytes, regions)
                 return Body(inputs, [o.name for o in request.outputs] or None, timeout_s)
 
             try:
@@ -223,6 +250,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             context.set_trailing_metadata(passed)
             return reply  # type: ignore[return-value]
         result = outcome
+        shm = _shm_outputs(request)  # written before the call counts as served
+        for name, place in shm.items():
+            if name in result.outputs:
+                regions.write(place, name, memoryview(raw_view(result.outputs[name])))
         access.tier = result.cold_start or "loaded"
         access.cold_start = result.cold_start
         ACCESS.finish(access, "OK", failed=False)
@@ -239,8 +270,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             model_name=result.entry.name, model_version=result.entry.version, id=request.id
         )
         for name, array in result.outputs.items():
-            response.outputs.add(name=name, datatype=oip_datatype(array), shape=array.shape)
-            response.raw_output_contents.append(to_raw(array))
+            out = response.outputs.add(name=name, datatype=oip_datatype(array), shape=array.shape)
+            ref = shm.get(name) if shm else None
+            if ref is None:
+                response.raw_output_contents.append(to_raw(array))
+                continue
+            out.parameters[REGION].string_param = ref.region
+            out.parameters[BYTE_SIZE].int64_param = len(raw_view(array))
+            response.raw_output_contents.append(b"")  # in place, so the others keep their index
         return response
 
     async def ModelStreamInfer(
@@ -314,6 +351,58 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.RepositoryModelUnloadResponse:
         await self.agent.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+    @_serve_errors
+    @_requires(Access.LOCAL)
+    async def SystemSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.agent.shared_memory.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    @_serve_errors
+    @_requires(Access.LOCAL)
+    async def SystemSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        shared = self.agent.shared_memory
+        shared.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_serve_errors
+    @_requires(Access.LOCAL)
+    async def SystemSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.agent.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_serve_errors
+    @_requires(Access.LOCAL)
+    async def CudaSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        if request.name:
+            raise NotFound(f"Unable to find cuda shared memory region: '{request.name}'")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_serve_errors
+    @_requires(Access.LOCAL)
+    async def CudaSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        raise NotSupported(cuda_not_supported(self.agent.gpu))
+
+    @_serve_errors
+    @_requires(Access.LOCAL)
+    async def CudaSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()  # nothing is ever registered
 
 
 class ControlServicer(ctl_grpc.AgentControlServicer):

@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from edgeplex.agent.frontdoor.shared_memory import ClientRegions, grpc_params, ref_of
 from edgeplex.agent.oip.errors import InvalidInput
 from edgeplex.agent.oip.requests import InferInput
 from edgeplex.agent.oip.tensors import (
@@ -21,7 +22,9 @@ from edgeplex.agent.oip.tensors import (
 from edgeplex.proto import inference_pb2 as pb
 
 
-def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list[InferInput]:
+def decode_inputs(
+    request: pb.ModelInferRequest, max_payload_bytes: int, regions: ClientRegions | None = None
+) -> list[InferInput]:
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(
@@ -31,7 +34,15 @@ def decode_inputs(request: pb.ModelInferRequest, max_payload_bytes: int) -> list
     decoded = []
     for i, tensor in enumerate(request.inputs):
         shape = list(tensor.shape)
-        if raw:
+        ref = ref_of(grpc_params(tensor.parameters), tensor.name) if tensor.parameters else None
+        if ref is not None:
+            if regions is None:
+                raise InvalidInput(f"input '{tensor.name}': shared memory is not served here")
+            total += ref.byte_size
+            check_payload_cap(tensor.name, total, max_payload_bytes)
+            data = regions.read(ref, tensor.name)
+            array = from_raw(tensor.name, tensor.datatype, shape, data, max_payload_bytes)
+        elif raw:
             if tensor.HasField("contents"):  # worded as Triton words it
                 raise InvalidInput(
                     "contents field must not be specified when using raw_input_contents for "

@@ -33,6 +33,12 @@ from edgeplex.agent.frontdoor.oip_body import (
     parse_infer_body,
 )
 from edgeplex.agent.frontdoor.oip_response import TensorResponse, encode_infer_response
+from edgeplex.agent.frontdoor.shared_memory import (
+    ClientRegions,
+    NotFound,
+    NotSupported,
+    cuda_not_supported,
+)
 from edgeplex.agent.observability import triton_metrics
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
@@ -134,7 +140,7 @@ class HttpApi:
         m = "/v2/models/{model}"
         v = "/v2/models/{model}/versions/{version}"
         open_, client, admin = Access.OPEN, Access.CLIENT, Access.ADMIN
-        control = Access.CONTROL
+        control, local = Access.CONTROL, Access.LOCAL
         get, post = "GET", "POST"
         table = [
             (get, "/v2", self.server_metadata, open_),
@@ -146,6 +152,16 @@ class HttpApi:
             (post, "/v2/repository/index", self.repository_index, client),
             (post, "/v2/repository/models/{model}/load", self.load, control),
             (post, "/v2/repository/models/{model}/unload", self.unload, control),
+            (get, "/v2/systemsharedmemory/status", self.shm_status, local),
+            (get, "/v2/systemsharedmemory/region/{region}/status", self.shm_status, local),
+            (post, "/v2/systemsharedmemory/region/{region}/register", self.shm_register, local),
+            (post, "/v2/systemsharedmemory/unregister", self.shm_unregister, local),
+            (post, "/v2/systemsharedmemory/region/{region}/unregister", self.shm_unregister, local),
+            (get, "/v2/cudasharedmemory/status", self.cuda_status, local),
+            (get, "/v2/cudasharedmemory/region/{region}/status", self.cuda_status, local),
+            (post, "/v2/cudasharedmemory/region/{region}/register", self.cuda_register, local),
+            (post, "/v2/cudasharedmemory/unregister", self.cuda_unregister, local),
+            (post, "/v2/cudasharedmemory/region/{region}/unregister", self.cuda_unregister, local),
             *[
                 route
                 for base in (m, v)
@@ -251,6 +267,36 @@ class HttpApi:
         await self.agent.load(request.match_info["model"], config, files)
         return web.Response(status=200)
 
+    async def shm_status(self, request: web.Request) -> web.Response:
+        return _json(self.agent.shared_memory.status(request.match_info.get("region", "")))
+
+    async def shm_register(self, request: web.Request) -> web.Response:
+        doc = load_json(await request.read(), SMALL_JSON)
+        if not isinstance(doc, dict) or not isinstance(doc.get("key"), str):
+            raise InvalidInput("register: the body must be an object with 'key' and 'byte_size'")
+        offset, size = doc.get("offset", 0), doc.get("byte_size")
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (offset, size)):
+            raise InvalidInput("register: 'offset' and 'byte_size' must be integers")
+        name = request.match_info["region"]
+        self.agent.shared_memory.register(name, doc["key"], int(offset), int(size))  # type: ignore[arg-type]
+        return web.Response(status=200)
+
+    async def shm_unregister(self, request: web.Request) -> web.Response:
+        self.agent.shared_memory.unregister(request.match_info.get("region", ""))
+        return web.Response(status=200)
+
+    async def cuda_status(self, request: web.Request) -> web.Response:
+        region = request.match_info.get("region", "")
+        if region:
+            raise NotFound(f"Unable to find cuda shared memory region: '{region}'")
+        return _json([])
+
+    async def cuda_register(self, request: web.Request) -> web.Response:
+        raise NotSupported(cuda_not_supported(self.agent.gpu))
+
+    async def cuda_unregister(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)  # nothing is ever registered
+
     async def unload(self, request: web.Request) -> web.Response:
         await self.agent.unload(request.match_info["model"])
         return web.Response(status=200)
@@ -283,10 +329,15 @@ class HttpApi:
             split = headers.get(HEADER_LENGTH)
             decoded: list[InferBody] = []
 
+            regions = ClientRegions(
+                agent.shared_memory, self.credentials, headers.get("Authorization"),
+                request.remote or "",
+            )  # fmt: skip
+
             def decode_now() -> tuple[bytes, InferBody]:
                 body = decode_content(raw, encoding, 2 * settings.max_payload_bytes)
                 return body, parse_infer_body(
-                    body, split, settings.max_json_bytes, settings.max_payload_bytes
+                    body, split, settings.max_json_bytes, settings.max_payload_bytes, regions
                 )
 
             def settle(body: bytes, parsed: InferBody) -> InferBody:

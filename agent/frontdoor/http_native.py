@@ -69,7 +69,7 @@ class Request:
     """What the handlers read of a request (the part of aiohttp's they use)."""
 
     __slots__ = ("_body", "admitted", "content_length", "headers", "match_info", "method",
-                 "path_qs", "received")  # fmt: skip
+                 "path_qs", "received", "remote")  # fmt: skip
 
     def __init__(self, method: str, path_qs: str, headers: CIMultiDictProxy[str],
                  match_info: dict[str, str], admitted: Pass | None,
@@ -83,6 +83,7 @@ class Request:
         self.admitted = admitted  # the gate's pass, taken from the headers
         self.received = received  # loop.time() its headers were complete: its deadline's start
         self._body: bytes | bytearray = b""
+        self.remote = ""  # the client's address
 
     async def read(self) -> bytes | bytearray:
         return self._body
@@ -410,6 +411,7 @@ class Connection(asyncio.Protocol):
                               self.match_info, self.admitted, self.received)  # fmt: skip
             if self.body is not None:
                 request._body = self.body
+            request.remote = self.client
             self.waiting.append((request, self.route.handler, self.path, keep_alive))
         self.admitted = None  # the queued request holds it now
         self._start_serving()

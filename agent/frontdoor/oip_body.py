@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from edgeplex.agent.frontdoor.inflate import ENCODINGS, Corrupt, TooLarge, inflate
+from edgeplex.agent.frontdoor.shared_memory import ClientRegions, Ref, ref_of
 from edgeplex.agent.oip.errors import InvalidInput
 from edgeplex.agent.oip.requests import InferInput
 from edgeplex.agent.oip.tensors import check_payload_cap, from_list, from_raw
@@ -39,6 +40,9 @@ class InferBody:
     binary_default: bool = False
     request_id: str | None = None
     timeout_s: float | None = None
+    # Outputs to write into shared memory, and the regions as this client may use them.
+    shm_outputs: dict[str, Ref] = field(default_factory=dict)
+    regions: ClientRegions | None = None
 
 
 def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
@@ -120,6 +124,9 @@ def _outputs(doc: dict[str, Any], body: InferBody) -> None:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidInput("each requested output must be an object with a 'name'")
         params = _object(item.get("parameters"), f"output '{item['name']}': 'parameters'")
+        ref = ref_of(params, item["name"]) if params else None
+        if ref is not None:
+            body.shm_outputs[item["name"]] = ref
         binary = params.get("binary_data")
         if binary is not None:
             if not isinstance(binary, bool):
@@ -147,9 +154,14 @@ def _parameters(doc: dict[str, Any], body: InferBody) -> None:
 
 
 def parse_infer_body(
-    body: bytes, header_length: str | None, json_cap: int, payload_cap: int
+    body: bytes,
+    header_length: str | None,
+    json_cap: int,
+    payload_cap: int,
+    regions: ClientRegions | None = None,
 ) -> InferBody:
-    """Split the JSON header from the binary tensors and decode every input."""
+    """Split the JSON header from the binary tensors and decode every input (from
+    shared memory where its parameters name a region: `regions`)."""
     if header_length is not None:
         try:
             split = int(header_length.strip())
@@ -179,7 +191,14 @@ def parse_infer_body(
             raise InvalidInput(f"input '{name}': 'datatype' must be a string")
         params = _object(item.get("parameters"), f"input '{name}': 'parameters'")
         size = params.get("binary_data_size")
-        if size is not None:
+        ref = ref_of(params, name) if params else None
+        if ref is not None:
+            if regions is None:
+                raise InvalidInput(f"input '{name}': shared memory is not served here")
+            total += ref.byte_size
+            check_payload_cap(name, total, payload_cap)
+            array = from_raw(name, datatype, shape, regions.read(ref, name), payload_cap)
+        elif size is not None:
             if not _int(size) or size < 0 or offset + size > len(binary):
                 raise InvalidInput(f"input '{name}': binary_data_size {size} exceeds the body")
             total += size
@@ -195,7 +214,9 @@ def parse_infer_body(
         inputs.append(InferInput(name, datatype, shape, array))
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data match no input")
-    parsed = InferBody(inputs)
+    parsed = InferBody(inputs, regions=regions)
     _outputs(doc, parsed)
+    if parsed.shm_outputs and regions is None:
+        raise InvalidInput("outputs: shared memory is not served here")
     _parameters(doc, parsed)
     return parsed

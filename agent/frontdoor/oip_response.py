@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from edgeplex.agent.frontdoor.oip_body import HEADER_LENGTH, InferBody
+from edgeplex.agent.frontdoor.shared_memory import BYTE_SIZE, OFFSET, REGION
 from edgeplex.agent.oip.tensors import oip_datatype, raw_view, text_values
 
 Buffer = bytes | memoryview
@@ -72,7 +73,14 @@ def encode_infer_response(
             "datatype": oip_datatype(array),
             "shape": list(array.shape),
         }
-        if body.binary_outputs.get(name, body.binary_default):
+        ref = body.shm_outputs.get(name) if body.shm_outputs else None
+        if ref is not None and body.regions is not None:  # written where the client said
+            blob = raw_view(array)
+            body.regions.write(ref, name, memoryview(blob))
+            item["parameters"] = {REGION: ref.region, BYTE_SIZE: len(blob)}
+            if ref.offset:
+                item["parameters"][OFFSET] = ref.offset
+        elif body.binary_outputs.get(name, body.binary_default):
             blob = raw_view(array)  # no copy: joined once below, or written as it is
             item["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

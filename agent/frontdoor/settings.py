@@ -17,6 +17,33 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from edgeplex.sizes import KiB, MiB, parse_size
 
 
+class SharedMemorySettings(BaseModel):
+    """Triton's system shared-memory extension (frontdoor/shared_memory.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        default=True,
+        description="Let clients on this machine register POSIX shared-memory regions and "
+        "name them in requests instead of sending tensors.",
+    )
+    key_prefix: str = Field(
+        default="/",
+        description="Only keys that start with this may be registered (the agent's own, "
+        "`/edgeplex-*`, never).",
+    )
+    max_regions: int = Field(default=64, ge=0, description="Regions registered at once.")
+    max_bytes: int = Field(
+        default=16 * 1024 * MiB,
+        description="Bytes of all registered regions together (size suffixes allowed).",
+    )
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value)
+
+
 class DoorSettings(BaseModel):
     """Limits of the OIP doors (HTTP/1.1 and HTTP/2), per connection and in total."""
 
