@@ -309,6 +309,11 @@ class Connection(asyncio.Protocol):
         if self.drained is not None and not self.drained.done():
             self.drained.set_result(None)
         self.drained = None
+        # Reading was paused with writing: the client has read its answers, so its
+        # next request may come (else a keep-alive client waits for an answer to a
+        # request the door never reads).
+        if not self.stopped and len(self.waiting) < self.limits.max_pipelined:
+            self._resume_reading()
 
     def close_idle(self) -> None:
         """The door needs the room this idle connection holds."""

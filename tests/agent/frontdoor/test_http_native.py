@@ -146,3 +146,30 @@ def test_the_deadline_starts_when_the_headers_arrive(agent):
         sock.sendall(request)
         status, _, payload = read_response(sock, bytearray())
     assert status == 200, payload
+
+
+def test_a_keep_alive_client_gets_every_large_answer(tmp_path):
+    """An answer larger than the transport's buffer pauses writing, and reading with
+    it; once the client has read it, its next request on the same connection is read
+    and answered (it once waited for ever)."""
+    from edgeplex.agent.catalog import demo
+
+    width = 4 << 20  # 16 MiB in, 16 MiB out: past what the socket buffers hold
+    demo.make_identity(tmp_path / "repo" / "identity", "FP32", width=width)
+    big = start_agent(
+        tmp_path / "repo", tmp_path,
+        env={"EDGEPLEX_AGENT_HTTP_SERVER": "native", "EDGEPLEX_AGENT_MAX_PAYLOAD_BYTES": "64MiB"},
+    )  # fmt: skip
+    header = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, width], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 4 * width}}],
+                         "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
+    body = header + bytes(4 * width)
+    extra = f"Inference-Header-Content-Length: {len(header)}\r\n"
+    try:
+        sock, buffer = connect(big), bytearray()
+        for _ in range(3):
+            sock.sendall(post("/v2/models/identity/infer", body, extra))
+            status, _, answer = read_response(sock, buffer)
+            assert status == 200 and len(answer) > 4 * width
+    finally:
+        assert big.stop() == 0, big.log()
