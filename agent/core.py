@@ -20,6 +20,7 @@ import numpy as np
 from edgeplex import __version__
 from edgeplex.agent.batching.policy import Request
 from edgeplex.agent.batching.queues import Queues
+from edgeplex.agent.catalog.ensemble import ENSEMBLE, Ensemble, Step, is_ensemble, read_ensemble
 from edgeplex.agent.catalog.repository import (
     ModelSource,
     scan_repository_versions,
@@ -62,6 +63,7 @@ from edgeplex.agent.oip.errors import (
     Unavailable,
 )
 from edgeplex.agent.oip.requests import InferInput, validate
+from edgeplex.agent.oip.tensors import oip_datatype
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.promotions import Promotions
 from edgeplex.agent.residency.state import ModelRecord, Phase, Tier
@@ -79,7 +81,7 @@ FetchOnDemand = Callable[[str, str, str, float], Awaitable[None]]
 
 @dataclass
 class InferResult:
-    entry: ModelRecord
+    entry: ModelRecord | Ensemble  # what the doors read of it: its name and version
     outputs: dict[str, np.ndarray]
     # The tier this request had to promote the model from ("staged" or "cached"),
     # or "" when it was loaded already.
@@ -134,6 +136,8 @@ class Agent:
         self.shared_memory = SharedMemory(settings.shared_memory)  # Triton's extension
         self.overrides: dict[str, Message] = {}  # config given with a load, by model
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
+        self.ensembles: dict[str, Ensemble] = {}  # Triton ensembles, run by this core
+        self.ensembles_off: set[str] = set()  # unloaded (explicit mode) until loaded
 
     # --- health and metadata -------------------------------------------------------------
 
@@ -162,6 +166,9 @@ class Agent:
         return record
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        ensemble = self.ensembles.get(name)
+        if ensemble is not None:
+            return self._ensemble_ready(ensemble)
         try:
             entry = self.entry(name, version)
         except ModelNotFound:
@@ -169,6 +176,15 @@ class Agent:
         return entry.phase == Phase.READY and not self.draining
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        ensemble = self.ensembles.get(name)
+        if ensemble is not None:
+            return {
+                "name": name,
+                "versions": [ensemble.version],
+                "platform": ENSEMBLE,
+                "inputs": [ensemble.tensor_json(t) for t in ensemble.inputs],
+                "outputs": [ensemble.tensor_json(t) for t in ensemble.outputs],
+            }
         entry = self.entry(name, version)
         if not entry.outputs:
             raise Unavailable(f"model '{name}' is {entry.public_state()}: {entry.reason}")
@@ -183,6 +199,9 @@ class Agent:
         }
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        ensemble = self.ensembles.get(name)
+        if ensemble is not None:
+            return ensemble.config_json()
         entry = self.entry(name, version)
         self.model_metadata(name, version)  # same availability rule
         return config_json(entry)
@@ -221,6 +240,15 @@ class Agent:
             for e in self.residency.records()
             if not ready_only or e.phase == Phase.READY
         ]  # fmt: skip
+        for ensemble in self.ensembles.values():
+            ready = self._ensemble_ready(ensemble)
+            if ready or not ready_only:
+                why = "unloaded" if ensemble.name in self.ensembles_off else ""
+                state = "READY" if ready else "UNAVAILABLE"
+                index.append(
+                    {"name": ensemble.name, "version": ensemble.version, "state": state,
+                     "reason": why}
+                )  # fmt: skip
         if not ready_only:
             index += [
                 {"name": name, "version": "", "state": "UNAVAILABLE", "reason": why}
@@ -236,6 +264,12 @@ class Agent:
         a model serving under another config is unloaded and loaded again."""
         if files:
             raise InvalidInput(f"failed to load '{name}', {unsupported_files(files)}")
+        ensemble = self.ensembles.get(name)
+        if ensemble is not None:  # as Triton: its steps' models are loaded with it
+            for model in ensemble.models:
+                await self.load(model)
+            self.ensembles_off.discard(name)
+            return
         override = None
         if config is not None:
             try:
@@ -285,7 +319,42 @@ class Agent:
             if new and explicit:
                 self.residency.unload(name)
         self.unservable = unservable(repo)
+        self._discover_ensembles(set(found), explicit)
         return [name for name, versions in found.items() if versions]
+
+    def _discover_ensembles(self, models: set[str], explicit: bool) -> None:
+        """The repository's ensembles, read anew; one that cannot run is listed as
+        unservable with the reason. In explicit mode a new one starts unloaded."""
+        repo = self.settings.model_repo
+        folders = [n for n in self.unservable if is_ensemble(repo / n)]
+        found = {}
+        for name in folders:
+            try:
+                found[name] = read_ensemble(repo / name, models | set(folders))
+                del self.unservable[name]
+            except ValueError as exc:
+                self.unservable[name] = f"ensemble: {exc}"
+        load = self.settings.load_model
+        for name in found:
+            if explicit and name not in self.ensembles and name not in load and "*" not in load:
+                self.ensembles_off.add(name)
+        self.ensembles = found
+
+    def _ensemble_ready(self, ensemble: Ensemble, depth: int = 0) -> bool:
+        """Whether an ensemble would run: loaded (explicit mode), and every step's
+        model known and not failed (models load on demand)."""
+        if ensemble.name in self.ensembles_off or depth > MAX_ENSEMBLE_DEPTH or self.draining:
+            return False
+        for model in ensemble.models:
+            inner = self.ensembles.get(model)
+            if inner is not None:
+                if not self._ensemble_ready(inner, depth + 1):
+                    return False
+                continue
+            record = self.residency.get(model)
+            if record is None or record.disabled or record.phase == Phase.FAILED:
+                return False
+        return True
 
     async def poll(self) -> None:
         """One rescan of the repository (model_control_mode poll): new models and
@@ -314,6 +383,9 @@ class Agent:
         self.residency.add(newest, keep={s.version for s in older})
 
     async def unload(self, name: str) -> None:
+        if name in self.ensembles:  # the ensemble alone: its steps' models stay
+            self.ensembles_off.add(name)
+            return
         await self._settled(self.residency.unload(name))
 
     async def _settled(self, ticket: Ticket) -> None:
@@ -382,7 +454,7 @@ class Agent:
         name: str,
         version: str,
         header: Callable[[str], str | None],
-        forward: HttpForward | GrpcForward,
+        forward: HttpForward | GrpcForward | None,
         decode: Callable[[], Decoded | Coroutine[Any, Any, Decoded]],
         traceparent: Callable[[], str] = str,
         arrived: float | None = None,
@@ -400,9 +472,11 @@ class Agent:
         id is drawn only when one is made). Raises ServeError subclasses."""
         loop = self.loop
         arrived = loop.time() if arrived is None else arrived
+        if self.ensembles and name in self.ensembles:
+            return await self._run_ensemble(self.ensembles[name], decode, arrived)
         router = self.router
         origin = ""
-        if router is not None:
+        if router is not None and forward is not None:
             forwarded, origin = router.hop(header)
             reply = await via_peers(
                 lambda: self.route(name, forwarded, origin),
@@ -482,6 +556,52 @@ class Agent:
             if self._inflight == 0:
                 self._idle.set()
 
+    async def _run_ensemble(
+        self,
+        ensemble: Ensemble,
+        decode: Callable[[], Decoded | Coroutine[Any, Any, Decoded]],
+        arrived: float,
+        depth: int = 0,
+    ) -> InferResult:
+        """An ensemble request: each wave of steps runs together, each step a request
+        to its model served here (its own residency and batching), all under the
+        ensemble request's one deadline."""
+        name = ensemble.name
+        if not self._ensemble_ready(ensemble):
+            raise Unavailable(
+                f"Request for unknown model: '{name}' has no available versions "
+                "(an ensemble step's model is not available)"
+            )
+        decoded = decode()
+        body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
+        tensors = ensemble_inputs(ensemble, body.inputs)
+        timeout_s = body.timeout_s
+        for wave in ensemble.waves:
+            results = await asyncio.gather(
+                *(self._ensemble_step(step, tensors, timeout_s, arrived) for step in wave)
+            )
+            for step, outputs in zip(wave, results, strict=True):
+                for output, tensor in step.outputs.items():
+                    tensors[tensor] = outputs[output]
+        wanted = body.outputs or [t.name for t in ensemble.outputs]
+        unknown = [o for o in wanted if o not in {t.name for t in ensemble.outputs}]
+        if unknown:
+            raise InvalidInput(f"unexpected inference output '{unknown[0]}' for model '{name}'")
+        return InferResult(ensemble, {o: tensors[o] for o in wanted}, "")
+
+    async def _ensemble_step(
+        self, step: Step, tensors: dict[str, np.ndarray], timeout_s: float | None, arrived: float
+    ) -> dict[str, np.ndarray]:
+        inputs = [
+            InferInput(given, oip_datatype(tensors[tensor]), list(tensors[tensor].shape),
+                       tensors[tensor])
+            for given, tensor in step.inputs.items()
+        ]  # fmt: skip
+        body = StepBody(inputs, list(step.outputs) or None, timeout_s)
+        result = await self.handle(step.model, step.version, _no_header, None, lambda: body,
+                                   arrived=arrived)  # fmt: skip
+        return result.outputs  # type: ignore[union-attr]  # served here: never Forwarded
+
     @staticmethod
     def _time_limit(record: ModelRecord, timeout_s: float | None) -> float:
         """Seconds the request may take: the earliest of the caller's and the model's."""
@@ -511,6 +631,49 @@ class Agent:
             return True
         except TimeoutError:
             return False
+
+
+MAX_ENSEMBLE_DEPTH = 4  # ensembles of ensembles, at most this deep
+
+
+@dataclass(frozen=True)
+class StepBody:
+    """An ensemble step's request, decoded already."""
+
+    inputs: list[InferInput]
+    outputs: list[str] | None
+    timeout_s: float | None
+
+
+def _no_header(name: str) -> str | None:
+    return None
+
+
+def ensemble_inputs(ensemble: Ensemble, given: list[InferInput]) -> dict[str, np.ndarray]:
+    """The request's inputs by name, checked against what the ensemble declares
+    (names and datatypes; the shapes are checked by the steps' models)."""
+    declared = {t.name: t for t in ensemble.inputs}
+    tensors = {}
+    for tensor in given:
+        spec = declared.get(tensor.name)
+        if spec is None:
+            raise InvalidInput(
+                f"unexpected inference input '{tensor.name}' for model '{ensemble.name}'"
+            )
+        if tensor.datatype != spec.datatype:
+            raise InvalidInput(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
+                f"'{ensemble.name}' expects '{spec.datatype}'"
+            )
+        tensors[tensor.name] = tensor.array
+    missing = sorted(set(declared) - set(tensors))
+    if missing:
+        raise InvalidInput(
+            f"expected {len(declared)} inputs but got {len(tensors)} inputs for model "
+            f"'{ensemble.name}'. Got input(s) {sorted(tensors)}, but missing required input(s) "
+            f"{missing}"
+        )
+    return tensors
 
 
 def _time_out(future: asyncio.Future[dict[str, np.ndarray]], model: str) -> None:

@@ -180,8 +180,6 @@ def _why_unservable(model_dir: Path) -> str:
     except (OSError, UnicodeDecodeError, ValueError):
         data = {}
     platform = (data.get("platform") or data.get("backend") or [""])[-1]
-    if platform == "ensemble":
-        return "platform 'ensemble': ensembles are not supported yet"
     if platform and platform not in (*SUPPORTED_PLATFORMS, *SUPPORTED_BACKENDS):
         return f"platform '{platform}' is not supported: edgeplex serves ONNX models"
     return f"no version folder holds a {MODEL_FILE} (<version>/{MODEL_FILE})"

@@ -174,8 +174,8 @@ def triton_config(data: Message, model: str) -> TritonConfig:
         out.warnings.append(f"{PBTXT_FILE}: '{key}' is not supported and has no effect")
     if "max_batch_size" in data:
         out.settings["max_batch_size"] = int(_one(data, "max_batch_size", 0))
-    out.inputs = tuple(_tensor(t, "input", out.warnings) for t in data.get("input", []))
-    out.outputs = tuple(_tensor(t, "output", out.warnings) for t in data.get("output", []))
+    out.inputs = tuple(triton_tensor(t, "input", out.warnings) for t in data.get("input", []))
+    out.outputs = tuple(triton_tensor(t, "output", out.warnings) for t in data.get("output", []))
     _batching(data.get("dynamic_batching", []), out)
     _instances(data.get("instance_group", []), out)
     _versions(data.get("version_policy", []), out)
@@ -188,7 +188,7 @@ def _one(message: Message, key: str, default: Any) -> Any:
     return values[-1] if values else default
 
 
-def _tensor(message: Any, what: str, warnings: list[str]) -> DeclaredTensor:
+def triton_tensor(message: Any, what: str, warnings: list[str]) -> DeclaredTensor:
     if not isinstance(message, dict) or not _one(message, "name", ""):
         raise ValueError(f"{PBTXT_FILE}: every {what} needs a name")
     name = str(_one(message, "name", ""))

@@ -164,7 +164,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             config=pb.ModelConfig(
                 name=config["name"],
                 platform=config["platform"],
-                backend=config["backend"],
+                backend=config.get("backend", ""),
                 max_batch_size=config["max_batch_size"],
                 input=[
                     pb.ModelInput(
@@ -182,7 +182,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     max_queue_delay_microseconds=config["dynamic_batching"][
                         "max_queue_delay_microseconds"
                     ]
-                ),
+                )
+                if "dynamic_batching" in config
+                else None,
             )
         )
 

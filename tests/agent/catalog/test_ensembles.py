@@ -1,0 +1,124 @@
+"""Triton ensembles as config.pbtxt describes them: steps chained by input and output
+maps, each step a model with its own residency, through the stock tritonclient."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from tritonclient.utils import InferenceServerException
+
+from edgeplex.agent.catalog import demo
+from edgeplex.agent.catalog.ensemble import read_ensemble
+from tests.conftest import AgentProcess, start_agent
+
+PIPELINE = """
+name: "pipeline"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 16 ] },
+        { name: "B" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "TWICE_A" data_type: TYPE_FP32 dims: [ 16 ] },
+         { name: "A_MINUS_B" data_type: TYPE_FP32 dims: [ 16 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "add_sub" model_version: -1
+      input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+      output_map { key: "OUTPUT0" value: "sum" } output_map { key: "OUTPUT1" value: "diff" } },
+    { model_name: "add_sub" model_version: 1
+      input_map { key: "INPUT0" value: "sum" } input_map { key: "INPUT1" value: "diff" }
+      output_map { key: "OUTPUT0" value: "TWICE_A" } },
+    { model_name: "copy" model_version: -1
+      input_map { key: "INPUT" value: "diff" } output_map { key: "OUTPUT" value: "A_MINUS_B" } }
+  ]
+}
+"""
+
+
+def _ensemble(repo: Path, name: str, text: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(text)
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    root = tmp_path_factory.mktemp("ensembles")
+    repo = root / "repo"
+    demo.make_add_sub(repo / "add_sub")
+    demo.make_identity(repo / "copy", "FP32", width=16)
+    _ensemble(repo, "pipeline", PIPELINE)
+    _ensemble(
+        repo, "broken", PIPELINE.replace('"pipeline"', '"broken"').replace('"copy"', '"gone"')
+    )
+    process = start_agent(repo, root)
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def test_an_ensemble_chains_its_steps(agent: AgentProcess) -> None:
+    a = np.arange(32, dtype=np.float32).reshape(2, 16)
+    b = np.full((2, 16), 5, dtype=np.float32)
+    client = tg.InferenceServerClient(agent.grpc_url)
+    inputs = [tg.InferInput("A", [2, 16], "FP32"), tg.InferInput("B", [2, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = client.infer("pipeline", inputs)
+    np.testing.assert_array_equal(result.as_numpy("TWICE_A"), 2 * a)
+    np.testing.assert_array_equal(result.as_numpy("A_MINUS_B"), a - b)
+    assert result.get_response().model_name == "pipeline"
+
+    http = th.InferenceServerClient(agent.http_url)
+    hinputs = [th.InferInput("A", [2, 16], "FP32"), th.InferInput("B", [2, 16], "FP32")]
+    hinputs[0].set_data_from_numpy(a)
+    hinputs[1].set_data_from_numpy(b, binary_data=False)
+    only = [th.InferRequestedOutput("A_MINUS_B")]
+    answer = http.infer("pipeline", hinputs, outputs=only)
+    np.testing.assert_array_equal(answer.as_numpy("A_MINUS_B"), a - b)
+    assert answer.as_numpy("TWICE_A") is None
+
+    assert client.is_model_ready("pipeline")
+    metadata = client.get_model_metadata("pipeline")
+    assert metadata.platform == "ensemble"
+    assert [(t.name, list(t.shape)) for t in metadata.inputs] == [("A", [-1, 16]), ("B", [-1, 16])]
+    config = http.get_model_config("pipeline")
+    assert config["platform"] == "ensemble"
+    assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == [
+        "add_sub", "add_sub", "copy",
+    ]  # fmt: skip
+    index = {m["name"]: m for m in http.get_model_repository_index()}
+    assert index["pipeline"]["state"] == "READY"
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "'gone' is not in the repository" in index["broken"]["reason"]
+
+    wrong = [tg.InferInput("A", [2, 16], "FP32"), tg.InferInput("C", [2, 16], "FP32")]
+    for tensor in wrong:
+        tensor.set_data_from_numpy(a)
+    with pytest.raises(InferenceServerException, match="unexpected inference input 'C'"):
+        client.infer("pipeline", wrong)
+    with pytest.raises(InferenceServerException, match="missing required input"):
+        client.infer("pipeline", inputs[:1])
+    # A step's model failing its request fails the ensemble's, naming the step's model.
+    short = [tg.InferInput("A", [2, 8], "FP32"), tg.InferInput("B", [2, 8], "FP32")]
+    for tensor in short:
+        tensor.set_data_from_numpy(np.ones((2, 8), np.float32))
+    with pytest.raises(InferenceServerException, match="for model 'add_sub'"):
+        client.infer("pipeline", short)
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (lambda t: t.replace('value: "sum" }', 'value: "total" }', 1), "'sum' is read but no step"),
+        (lambda t: t.replace('value: "A" }', 'value: "TWICE_A" }'), "cycle"),
+        (lambda t: t.replace('"A_MINUS_B" } }', '"other" } }'), "'A_MINUS_B' is made by no step"),
+        (lambda t: t.replace('"diff" } }', '"sum" } }', 1), "'sum' is made twice"),
+    ],
+)
+def test_an_ensemble_that_cannot_run_says_why(tmp_path: Path, change, error: str) -> None:  # type: ignore[no-untyped-def]
+    _ensemble(tmp_path, "pipeline", change(PIPELINE))
+    with pytest.raises(ValueError, match=error):
+        read_ensemble(tmp_path / "pipeline", {"add_sub", "copy"})
