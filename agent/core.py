@@ -473,7 +473,14 @@ class Agent:
         loop = self.loop
         arrived = loop.time() if arrived is None else arrived
         if self.ensembles and name in self.ensembles:
-            return await self._run_ensemble(self.ensembles[name], decode, arrived)
+            self._inflight += 1  # between its steps too: a drain waits for it
+            self._idle.clear()
+            try:
+                return await self._run_ensemble(self.ensembles[name], decode, arrived)
+            finally:
+                self._inflight -= 1
+                if self._inflight == 0:
+                    self._idle.set()
         router = self.router
         origin = ""
         if router is not None and forward is not None:
@@ -567,6 +574,8 @@ class Agent:
         to its model served here (its own residency and batching), all under the
         ensemble request's one deadline."""
         name = ensemble.name
+        if self.draining:
+            raise Unavailable("the agent is shutting down")
         if not self._ensemble_ready(ensemble):
             raise Unavailable(
                 f"Request for unknown model: '{name}' has no available versions "
