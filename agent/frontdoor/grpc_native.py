@@ -74,6 +74,10 @@ CANCEL, NO_ERROR, ENHANCE_YOUR_CALM = 0x8, 0x0, 0xB  # HTTP/2 error codes
 TICK_S = 1.0  # how often a connection checks its deadlines
 LINGER_S = 1.0  # reading and dropping after a GOAWAY for abuse, before the socket closes
 MAX_PING_STRIKES = 2
+# A write larger than the ACKs due plus this carries a call's headers or data (a
+# WINDOW_UPDATE is 13 bytes; the ACKs are counted as the frames come).
+CONTROL_FRAMES_BYTES = 64
+ACK_BYTES = {"ping": 17, "settings": 9}  # a PING ACK, a SETTINGS ACK
 SMALL_MESSAGE = 1024 * 1024  # the cap of every method's message but inference's
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -158,6 +162,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._last_ping = 0.0
         self._strikes = 0
         self._answered_since_ping = False
+        self._acks_due = 0  # bytes of PING and SETTINGS ACKs the next flush writes
         self._last_active = time.monotonic()
         self._tick: asyncio.TimerHandle | None = None
         self._closing = False
@@ -255,6 +260,7 @@ class GrpcProtocol(asyncio.Protocol):
             stream.task = self._door.spawn(self._call_streaming(stream_id, stream))
 
     def on_data(self, stream_id: int, data: bytes) -> None:
+        self._answered_since_ping = True  # a call in progress: its PINGs are BDP probes
         stream = self._streams.get(stream_id)
         if stream is None:  # refused or dropped already: give the window back
             self._session.consume(stream_id, len(data))
@@ -359,6 +365,7 @@ class GrpcProtocol(asyncio.Protocol):
         if not self._control.take():
             self._abuse(f"{kind}_flood", f"too many {kind} frames".encode())
             return
+        self._acks_due += ACK_BYTES.get(kind, 0)
         if kind == "ping":
             now = time.monotonic()
             early = now - self._last_ping < self._limits.min_ping_interval_s
@@ -584,7 +591,12 @@ class GrpcProtocol(asyncio.Protocol):
             log.debug("HTTP/2 error towards %s: %s", self._peer, exc)
             self.close()
             return
+        acks, self._acks_due = self._acks_due, 0
         if data and self._transport is not None and not self._transport.is_closing():
+            if len(data) > acks + CONTROL_FRAMES_BYTES:
+                # Data is flowing to the client: the PINGs it sends meanwhile measure the
+                # link (grpc's BDP probes), not keepalive abuse, as grpc's server counts them.
+                self._answered_since_ping = True
             self._transport.write(data)
 
     def goaway(self) -> None:

@@ -147,3 +147,29 @@ def test_slow_streams_hold_a_window_each_and_are_refused_at_their_deadline(agent
 def test_malformed_protobuf_is_invalid_argument(agent):
     summary, _ = attack(agent, "grpc_malformed", grpc=True, max_requests=200)
     assert summary["codes"] == {"INVALID_ARGUMENT": 200}, summary
+
+
+def test_pings_during_a_call_are_probes_and_pings_alone_are_strikes(agent):
+    """grpc's clients send PINGs while a large message flows (BDP probes): those are
+    no strike. PINGs closer than the keepalive policy allows, with no call moving,
+    are: the connection gets GOAWAY too_many_pings."""
+    import struct
+
+    a = attacks
+    uploading = a.H2Conn(agent.grpc_port, "127.0.0.7")
+    block = a.hpack(a.GRPC_HEADERS)
+    prefix = struct.pack(">BI", 0, 1 << 20)  # a 1 MiB ModelInfer message, coming
+    uploading.send(a.frame(a.HEADERS, a.END_HEADERS, 1, block) + a.frame(a.DATA, 0, 1, prefix))
+    pinging = a.H2Conn(agent.grpc_port, "127.0.0.8")
+    for i in range(6):
+        uploading.send(
+            a.frame(a.DATA, 0, 1, bytes(8192)) + a.frame(a.PING, 0, 0, struct.pack(">Q", i))
+        )
+        pinging.send(a.frame(a.PING, 0, 0, struct.pack(">Q", i)))
+        time.sleep(0.05)
+        uploading.pump()
+        pinging.pump()
+    assert not uploading.goaway and not uploading.closed
+    assert pinging.goaway
+    uploading.sock.close()
+    pinging.sock.close()
