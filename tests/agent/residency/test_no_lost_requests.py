@@ -80,8 +80,13 @@ def test_closed_loop_zipf_over_commit_loses_no_request(catalog, tmp_path, factor
         loaded = sum(m["memory_bytes"] for m in models_now.values() if m["tier"] == "loaded")
         assert loaded <= budget
         # The most requested model is hot: it stays, and is rebuilt prepacked, while
-        # colder ones come and go (hot_set.py).
-        assert models_now["z00"]["hot"] and models_now["z00"]["prepacked"], models_now["z00"]
+        # colder ones come and go (hot_set.py). The rebuild is side work: on a busy
+        # machine it may finish a moment after the load stops.
+        assert models_now["z00"]["hot"], models_now["z00"]
+        deadline = time.monotonic() + 15
+        while not status(agent)["z00"]["prepacked"]:
+            assert time.monotonic() < deadline, status(agent)["z00"]
+            time.sleep(0.2)
         (hot,) = [line for line in metrics.splitlines() if line.startswith("edgeplex_agent_hot_")]
         assert float(hot.split()[-1]) >= 1  # (read before the status: it may move by one)
         starts = cold_starts(metrics)
