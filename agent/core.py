@@ -263,7 +263,12 @@ class Agent:
         (Triton's override, JSON) replaces its config.pbtxt until a load without one;
         a model serving under another config is unloaded and loaded again."""
         if files:
-            raise InvalidInput(f"failed to load '{name}', {unsupported_files(files)}")
+            why = unsupported_files(files)
+            if why.startswith("Invalid file path"):  # as Triton answers it: INTERNAL
+                raise ServeError(
+                    f"failed to load '{name}', failed to poll from model repository: {why}"
+                )
+            raise InvalidInput(f"failed to load '{name}', {why}")
         ensemble = self.ensembles.get(name)
         if ensemble is not None:  # as Triton: its steps' models are loaded with it
             for model in ensemble.models:
