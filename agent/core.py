@@ -20,6 +20,7 @@ import numpy as np
 from edgeplex import __version__
 from edgeplex.agent.batching.policy import Request
 from edgeplex.agent.batching.queues import Queues
+from edgeplex.agent.batching.sequences import Flags, Live, Sequences
 from edgeplex.agent.catalog.ensemble import ENSEMBLE, Ensemble, Step, is_ensemble, read_ensemble
 from edgeplex.agent.catalog.repository import (
     ModelSource,
@@ -99,6 +100,8 @@ class Decoded(Protocol):
     def outputs(self) -> list[str] | None: ...
     @property
     def timeout_s(self) -> float | None: ...
+    @property
+    def sequence(self) -> Flags | None: ...
 
 
 class Agent:
@@ -138,6 +141,8 @@ class Agent:
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
         self.ensembles: dict[str, Ensemble] = {}  # Triton ensembles, run by this core
         self.ensembles_off: set[str] = set()  # unloaded (explicit mode) until loaded
+        # Live sequences of stateful models; each holds its model resident.
+        self.sequences = Sequences(self._hold, self.residency.release)
 
     # --- health and metadata -------------------------------------------------------------
 
@@ -345,6 +350,17 @@ class Agent:
                 self.ensembles_off.add(name)
         self.ensembles = found
 
+    def _hold(self, name: str, version: str) -> Ticket | None:
+        """A lease that keeps `name` resident while a sequence of it lives (None when it
+        is not serving now: its next request promotes it as any)."""
+        record = self.residency.get(name, version)
+        if record is None or record.phase != Phase.READY:
+            return None
+        try:
+            return self.residency.admit(name, version, float("inf"))
+        except ServeError:
+            return None
+
     def _ensemble_ready(self, ensemble: Ensemble, depth: int = 0) -> bool:
         """Whether an ensemble would run: loaded (explicit mode), and every step's
         model known and not failed (models load on demand)."""
@@ -500,6 +516,8 @@ class Agent:
         body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
         record: ModelRecord | None = None
         ticket: Ticket | None = None
+        live: Live | None = None  # a stateful model's sequence, its turn taken
+        served = False
         self._inflight += 1
         self._idle.clear()
         try:
@@ -513,7 +531,15 @@ class Agent:
             deadline = arrived + self._time_limit(record, body.timeout_s)
             if record.phase == Phase.FAILED:  # no interface to validate against
                 raise ModelFailed.load(name, record.reason)
-            given, batch = validate(record, body.inputs, body.outputs)  # before any promotion
+            inputs, wanted = body.inputs, body.outputs
+            spec = record.source.sequence
+            if spec is not None:  # a stateful model: the request's turn in its sequence
+                flags = body.sequence
+                live = await self.sequences.enter(name, record.version, spec, flags)
+                batching = record.max_batch_size > 0
+                inputs = self.sequences.inputs(spec, live, flags, inputs, batching)  # type: ignore[arg-type]
+                wanted = self.sequences.outputs(spec, wanted)
+            given, batch = validate(record, inputs, wanted)  # before any promotion
             ticket = self.residency.admit(name, version, deadline)
             if not ticket.settled:
                 waited = await ticket.wait(loop)
@@ -525,7 +551,7 @@ class Agent:
                     )
             if ticket.error is not None:
                 raise ticket.error
-            request = Request(given, body.outputs, batch, deadline, loop.create_future())
+            request = Request(given, wanted, batch, deadline, loop.create_future())
             self.queues.submit(ticket.key, request)
             # A timer, not wait_for: one fewer task and loop hop on the hot path. The
             # batcher skips requests whose future is already done.
@@ -536,6 +562,9 @@ class Agent:
                 timer.cancel()
             if request.form:
                 METRICS.variant_requests.labels(model=name, variant=request.form).inc()
+            if live is not None:
+                outputs = self.sequences.keep(spec, live, outputs, body.outputs)  # type: ignore[arg-type]
+                served = True
             served_by = router.site_id if router is not None else ""
             return InferResult(record, outputs, ticket.cold_start, request.form, served_by)
         except asyncio.CancelledError:  # the caller went away (Triton: CANCELED)
@@ -557,6 +586,8 @@ class Agent:
         finally:
             if ticket is not None:
                 self.residency.release(ticket)
+            if live is not None:
+                self.sequences.leave(spec, live, record.version, body.sequence, served)  # type: ignore[arg-type,union-attr]
             elapsed = loop.time() - arrived
             if record is not None:
                 METRICS.of_model(name).request_duration.observe(elapsed)
@@ -657,6 +688,7 @@ class StepBody:
     inputs: list[InferInput]
     outputs: list[str] | None
     timeout_s: float | None
+    sequence: Flags | None = None
 
 
 def _no_header(name: str) -> str | None:

@@ -58,7 +58,8 @@ def _config(name: str, datatype: str, dims: str = "16", max_batch: int = 8) -> s
 
 
 def build_repository(repo: Path, folders: int = 8) -> None:
-    """ONNX equivalents of Triton's example models, and the folders it cannot serve:
+    """ONNX equivalents of Triton's example models, and folders standing for the ones
+    ONNX cannot stand in for here (a custom backend's, a decoupled one):
     `folders` in all (Triton's gRPC model-control example counts 8, its HTTP one 7)."""
     from onnx import TensorProto, helper, save
 
@@ -108,17 +109,37 @@ def build_repository(repo: Path, folders: int = 8) -> None:
             f'output [ {{ name: "OUTPUT0" data_type: TYPE_{datatype} dims: [ -1 ] }} ]\n'
         )
 
+    def simple_sequence() -> None:  # OUTPUT = (INPUT + START) * READY, as Triton's answers
+        names = ("INPUT", "START", "READY", "OUTPUT")
+        spec = {n: helper.make_tensor_value_info(n, TensorProto.INT32, ["batch", 1]) for n in names}
+        nodes = [helper.make_node("Add", ["INPUT", "START"], ["sum"]),
+                 helper.make_node("Mul", ["sum", "READY"], ["OUTPUT"])]  # fmt: skip
+        graph = helper.make_graph(nodes, "simple_sequence", [spec[n] for n in names[:3]],
+                                  [spec["OUTPUT"]])  # fmt: skip
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        (repo / "simple_sequence" / "1").mkdir(parents=True)
+        save(model, str(repo / "simple_sequence" / "1" / "model.onnx"))
+        flag = "control [ {{ kind: CONTROL_SEQUENCE_{} int32_false_true: [0, 1] }} ]"
+        (repo / "simple_sequence" / "config.pbtxt").write_text(
+            'name: "simple_sequence"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+            'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+            'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+            f'sequence_batching {{ control_input [ {{ name: "START" {flag.format("START")} }},\n'
+            f'  {{ name: "READY" {flag.format("READY")} }} ] }}\n'
+        )
+
+    simple_sequence()
     add_sub("simple", TensorProto.INT32, "INT32")
     add_sub("simple_int8", TensorProto.INT8, "INT8")
     add_sub("simple_string", TensorProto.STRING, "STRING", strings=True)
     identity("simple_identity", TensorProto.STRING, "STRING")
     identity("custom_identity_int32", TensorProto.INT32, "INT32")
     unservable = (
-        ("simple_sequence", "sequence_batching"),
         ("simple_dyna_sequence", "sequence_batching"),
         ("repeat_int32", "decoupled"),
     )
-    for name, why in unservable[: folders - 5]:  # fmt: skip
+    for name, why in unservable[: folders - 6]:  # fmt: skip
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "{why}"\n')
 

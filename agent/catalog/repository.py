@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgeplex.agent.catalog.model_config import ModelConfig, load_model_config
+from edgeplex.agent.catalog.sequence_config import SequenceSpec
 from edgeplex.agent.catalog.triton_config import (
     PBTXT_FILE,
     SUPPORTED_BACKENDS,
@@ -50,6 +51,7 @@ class ModelSource:
     declared_inputs: tuple[DeclaredTensor, ...] = ()
     declared_outputs: tuple[DeclaredTensor, ...] = ()
     warnings: tuple[str, ...] = ()
+    sequence: SequenceSpec | None = None  # config.pbtxt's sequence_batching
 
 
 def scan_model(repo: Path, name: str, defaults: ModelConfig) -> ModelSource | None:
@@ -124,6 +126,7 @@ def scan_versions(
                 declared_inputs=triton.inputs if triton else (),
                 declared_outputs=triton.outputs if triton else (),
                 warnings=tuple(warnings),
+                sequence=triton.sequence if triton else None,
             )
         )
     return out

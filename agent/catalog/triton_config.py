@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from edgeplex.agent.catalog.sequence_config import SequenceSpec, sequence_spec
+
 if TYPE_CHECKING:
     from edgeplex.agent.residency.state import ModelRecord
 
@@ -127,6 +129,7 @@ class TritonConfig:
     version_policy: VersionPolicy = VersionPolicy()
     warnings: list[str] = field(default_factory=list)
     kinds: set[str] = field(default_factory=set)  # instance_group kinds named
+    sequence: SequenceSpec | None = None  # sequence_batching: a stateful model
 
 
 _TRITON_TYPES = {
@@ -138,7 +141,7 @@ SUPPORTED_BACKENDS = ("onnxruntime",)
 _PARAMETERS = {"intra_op_thread_count": "intra_op_threads"}
 _HANDLED = {
     "name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
-    "instance_group", "version_policy", "parameters",
+    "instance_group", "version_policy", "parameters", "sequence_batching",
 }  # fmt: skip
 
 
@@ -180,6 +183,10 @@ def triton_config(data: Message, model: str) -> TritonConfig:
     _instances(data.get("instance_group", []), out)
     _versions(data.get("version_policy", []), out)
     _parameters(data.get("parameters", []), out)
+    out.sequence = sequence_spec(data.get("sequence_batching", []))
+    policy = data.get("model_transaction_policy") or [{}]
+    if any(policy[-1].get("decoupled") or []):
+        raise ValueError(f"{PBTXT_FILE}: decoupled models are not supported")
     return out
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
+from edgeplex.agent.batching.sequences import Flags, flags_of
 from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, GrpcForward
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_bytes, request_timeout_s
@@ -123,6 +124,7 @@ class Body:
     inputs: list[InferInput]
     outputs: list[str] | None
     timeout_s: float | None
+    sequence: Flags | None = None  # a stateful model's request: its sequence and place
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -226,7 +228,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
             def decode() -> Body:
                 inputs = decode_inputs(request, agent.settings.max_payload_bytes, regions)
-                return Body(inputs, [o.name for o in request.outputs] or None, timeout_s)
+                wanted = [o.name for o in request.outputs] or None
+                flags = flags_of(grpc_params(request.parameters)) if request.parameters else None
+                return Body(inputs, wanted, timeout_s, flags)
 
             try:
                 outcome = await agent.handle(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from edgeplex.agent.batching.sequences import Flags, flags_of
 from edgeplex.agent.frontdoor.inflate import ENCODINGS, Corrupt, TooLarge, inflate
 from edgeplex.agent.frontdoor.shared_memory import ClientRegions, Ref, ref_of
 from edgeplex.agent.oip.errors import InvalidInput
@@ -43,6 +44,7 @@ class InferBody:
     # Outputs to write into shared memory, and the regions as this client may use them.
     shm_outputs: dict[str, Ref] = field(default_factory=dict)
     regions: ClientRegions | None = None
+    sequence: Flags | None = None  # a stateful model's request: its sequence and place
 
 
 def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
@@ -147,6 +149,8 @@ def _parameters(doc: dict[str, Any], body: InferBody) -> None:
         if not _int(timeout) or timeout < 0:
             raise InvalidInput("'timeout' must be a non-negative integer (microseconds)")
         body.timeout_s = timeout / 1e6 if timeout else None
+    if params:
+        body.sequence = flags_of(params)
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")
