@@ -145,6 +145,26 @@ def fetch_silero(directory: Path, cache: Path | None = None) -> Path:
     return _from_wheel(SILERO_PACKAGE, SILERO_MEMBER, SILERO_SHA256, directory, cache)
 
 
+SILERO_STREAM_CONFIG = """\
+name: "silero_vad_stream"
+max_batch_size: 0
+# Chunks of one audio stream are one sequence: the agent carries the model's state
+# (stateN of a chunk is the state of the next) and holds the model while it lives.
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  state [ { input_name: "state" output_name: "stateN" data_type: TYPE_FP32 dims: [ 2, 1, 128 ] } ]
+}
+"""
+
+
+def make_silero_stream(directory: Path, cache: Path | None = None) -> Path:
+    """silero-vad as a stateful sequence model: requests carry `input` (a [1, 512]
+    chunk of 16 kHz audio) and `sr`; the recurrent state stays in the agent."""
+    path = fetch_silero(directory, cache)
+    (directory / "config.pbtxt").write_text(SILERO_STREAM_CONFIG)
+    return path
+
+
 def fetch_ppocr_cls(directory: Path, cache: Path | None = None) -> Path:
     """PP-OCR's text-direction classifier (a small convolutional network, two class
     scores per image), from rapidocr-onnxruntime's wheel, like fetch_silero."""
@@ -233,6 +253,7 @@ def build_demo_repo(
     repo.mkdir(parents=True, exist_ok=True)
     steps: list[tuple[str, Callable[[], object]]] = [
         ("silero_vad", lambda: fetch_silero(repo / "silero_vad")),
+        ("silero_vad_stream", lambda: make_silero_stream(repo / "silero_vad_stream")),
         ("add_sub", lambda: make_add_sub(
             repo / "add_sub", config="max_batch_size: 8\nmax_queue_delay_us: 200\n")),
         ("mlp_small", lambda: make_mlp(repo / "mlp_small", width=320, layers=2, in_width=512)),

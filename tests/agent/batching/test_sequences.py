@@ -172,3 +172,41 @@ def test_an_idle_sequence_is_dropped_and_a_live_one_holds_its_model(agent: Agent
     with pytest.raises(InferenceServerException, match="must specify the START flag"):
         _send(client, "accumulate", 1, 42)
     assert status(agent)["accumulate"]["leases"] == 0
+
+
+def test_silero_vad_streams_its_state_in_the_agent(tmp_path: Path) -> None:
+    """The demo's silero-vad as a sequence: each request a 32 ms chunk, the recurrent
+    state carried by the agent; the probabilities equal ONNX Runtime's with the state
+    chained by hand."""
+    import onnxruntime as ort
+
+    from edgeplex.agent.catalog import demo
+    from tests.conftest import CACHE
+
+    path = demo.make_silero_stream(tmp_path / "repo" / "silero_vad_stream", cache=CACHE)
+    rng = np.random.default_rng(1)
+    audio = np.concatenate([np.zeros(512 * 4), rng.normal(0, 0.3, 512 * 6)]).astype(np.float32)
+    chunks = audio.reshape(-1, 1, 512)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    state, expected = np.zeros((2, 1, 128), np.float32), []
+    for chunk in chunks:
+        feed = {"input": chunk, "state": state, "sr": np.array(16000)}
+        output, state = session.run(None, feed)
+        expected.append(float(output[0][0]))
+    agent = start_agent(tmp_path / "repo", tmp_path)
+    try:
+        client = tg.InferenceServerClient(agent.grpc_url)
+        got = []
+        for i, chunk in enumerate(chunks):
+            tensors = [tg.InferInput("input", [1, 512], "FP32"), tg.InferInput("sr", [], "INT64")]
+            tensors[0].set_data_from_numpy(chunk)
+            tensors[1].set_data_from_numpy(np.array(16000, dtype=np.int64))
+            last = i == len(chunks) - 1
+            result = client.infer(
+                "silero_vad_stream", tensors, sequence_id="mic-1", sequence_start=i == 0,
+                sequence_end=last,
+            )  # fmt: skip
+            got.append(float(result.as_numpy("output")[0][0]))
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    finally:
+        assert agent.stop() == 0, agent.log()
