@@ -345,7 +345,9 @@ class GrpcProtocol(asyncio.Protocol):
             self._drop(stream_id, grpc.StatusCode.INVALID_ARGUMENT,
                        "a unary call carries exactly one whole message")  # fmt: skip
             return
-        message = bytes(memoryview(stream.body)[PREFIX.size :])
+        # A view, not a copy (protobuf parses from it): the bytearray is never written
+        # again, the stream's next body being a new one.
+        message = memoryview(stream.body)[PREFIX.size :]
         stream.body = bytearray()
         stream.deadline = float("inf")  # the upload is over
         stream.task = self._door.spawn(self._call_unary(stream_id, stream, message))
@@ -444,7 +446,9 @@ class GrpcProtocol(asyncio.Protocol):
         del body[:at]
         return out
 
-    async def _call_unary(self, stream_id: int, stream: _Stream, message: bytes) -> None:
+    async def _call_unary(
+        self, stream_id: int, stream: _Stream, message: bytes | memoryview
+    ) -> None:
         handler = stream.handler
         if stream.compressed:
             try:
@@ -484,7 +488,7 @@ class GrpcProtocol(asyncio.Protocol):
 
         await self._answer(stream_id, stream, None, requests())
 
-    async def _inflate(self, stream: _Stream, data: bytes) -> bytes:
+    async def _inflate(self, stream: _Stream, data: bytes | memoryview) -> bytes:
         """A compressed message, decompressed on a worker thread (a small message may
         hold a large one) and never past the method's cap; an inference message's
         decompressed bytes pass the agent's gate too."""

@@ -112,7 +112,7 @@ def metadata_value(key: str, value: str) -> str | bytes:
     return value
 
 
-def decompress(data: bytes, encoding: str, cap: int) -> bytes:
+def decompress(data: bytes | memoryview, encoding: str, cap: int) -> bytes:
     """A message compressed with `encoding`, decompressed to at most `cap` bytes:
     RESOURCE_EXHAUSTED past it, INTERNAL when it does not decompress (as gRPC's
     compression spec says)."""

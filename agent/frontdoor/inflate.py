@@ -17,7 +17,7 @@ class Corrupt(ValueError):
     "not valid gzip: ...", "truncated gzip"."""
 
 
-def inflate(data: bytes, encoding: str, limit: int) -> bytes:
+def inflate(data: bytes | memoryview, encoding: str, limit: int) -> bytes:
     """`data` compressed with `encoding` (gzip or deflate), decompressed to at most
     `limit` bytes: no more than limit + 1 bytes are ever made."""
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
