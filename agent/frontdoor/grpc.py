@@ -26,8 +26,6 @@ from edgeplex.agent.frontdoor.shared_memory import (
     BYTE_SIZE,
     REGION,
     ClientRegions,
-    NotFound,
-    NotSupported,
     Ref,
     cuda_not_supported,
     grpc_params,
@@ -35,7 +33,7 @@ from edgeplex.agent.frontdoor.shared_memory import (
 )
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
-from edgeplex.agent.oip.errors import Overloaded, ServeError
+from edgeplex.agent.oip.errors import NotFound, NotSupported, Overloaded, ServeError
 from edgeplex.agent.oip.requests import InferInput
 from edgeplex.agent.oip.tensors import oip_datatype, raw_view, to_raw
 from edgeplex.proto import edgeplex_agent_pb2 as ctl

@@ -35,14 +35,18 @@ from edgeplex.agent.frontdoor.oip_body import (
 from edgeplex.agent.frontdoor.oip_response import TensorResponse, encode_infer_response
 from edgeplex.agent.frontdoor.shared_memory import (
     ClientRegions,
-    NotFound,
-    NotSupported,
     cuda_not_supported,
 )
 from edgeplex.agent.observability import triton_metrics
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
-from edgeplex.agent.oip.errors import InvalidInput, Overloaded, ServeError
+from edgeplex.agent.oip.errors import (
+    InvalidInput,
+    NotFound,
+    NotSupported,
+    Overloaded,
+    ServeError,
+)
 from edgeplex.sizes import parse_size
 
 if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run time

@@ -29,11 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.settings import SharedMemorySettings
-from edgeplex.agent.oip.errors import InvalidInput, ServeError
+from edgeplex.agent.oip.errors import AlreadyExists, InvalidInput, NotFound, NotSupported
 
 SHM_DIR = "/dev/shm"
 RESERVED = "/edgeplex-"  # the agent's own mappings
@@ -49,21 +47,6 @@ def cuda_not_supported(gpu: bool) -> str:
         "CUDA shared memory is not supported: this agent's runners use the CPU "
         "(use system shared memory)"
     )
-
-
-class AlreadyExists(ServeError):
-    grpc_code = grpc.StatusCode.ALREADY_EXISTS
-    http_status = 400
-
-
-class NotSupported(ServeError):
-    grpc_code = grpc.StatusCode.UNIMPLEMENTED
-    http_status = 400
-
-
-class NotFound(ServeError):
-    grpc_code = grpc.StatusCode.NOT_FOUND
-    http_status = 400
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,28 @@ class InferenceFailed(ServeError):
     failure_reason = "BACKEND"
 
 
+class AlreadyExists(ServeError):
+    """A name that is taken already (a shared-memory region)."""
+
+    grpc_code = grpc.StatusCode.ALREADY_EXISTS
+    http_status = 400
+
+
+class NotFound(ServeError):
+    """A named thing other than a model that does not exist (a shared-memory region);
+    Triton answers 400 for these."""
+
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    http_status = 400
+
+
+class NotSupported(ServeError):
+    """An extension this agent does not provide (CUDA shared memory on the CPU)."""
+
+    grpc_code = grpc.StatusCode.UNIMPLEMENTED
+    http_status = 400
+
+
 class Unauthenticated(ServeError):
     """No credential, or one that is not valid."""
 
