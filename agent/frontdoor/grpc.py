@@ -33,7 +33,13 @@ from edgeplex.agent.frontdoor.shared_memory import (
 )
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
-from edgeplex.agent.oip.errors import NotFound, NotSupported, Overloaded, ServeError
+from edgeplex.agent.oip.errors import (
+    InvalidInput,
+    NotFound,
+    NotSupported,
+    Overloaded,
+    ServeError,
+)
 from edgeplex.agent.oip.requests import InferInput
 from edgeplex.agent.oip.tensors import oip_datatype, raw_view, to_raw
 from edgeplex.proto import edgeplex_agent_pb2 as ctl
@@ -219,10 +225,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             access = ACCESS.start("grpc", name, request.model_version, traceparent, request_id)
             timeout_s = request_timeout_s(request, context)  # the deadline left
 
+            shared = agent.shared_memory
             regions = ClientRegions(
-                agent.shared_memory, self.credentials, metadata.get("authorization"),
-                context.peer(),
-            )  # fmt: skip
+                shared, self.credentials, metadata.get("authorization"), context.peer()
+            ) if shared.registered else None  # fmt: skip
 
             def decode() -> Body:
                 inputs = decode_inputs(request, agent.settings.max_payload_bytes, regions)
@@ -256,6 +262,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         result = outcome
         shm = _shm_outputs(request)  # written before the call counts as served
         for name, place in shm.items():
+            if regions is None:
+                raise InvalidInput(
+                    f"output '{name}': Unable to find system shared memory region: '{place.region}'"
+                )
             if name in result.outputs:
                 regions.write(place, name, memoryview(raw_view(result.outputs[name])))
         access.tier = result.cold_start or "loaded"

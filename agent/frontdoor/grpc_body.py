@@ -37,7 +37,10 @@ def decode_inputs(
         ref = ref_of(grpc_params(tensor.parameters), tensor.name) if tensor.parameters else None
         if ref is not None:
             if regions is None:
-                raise InvalidInput(f"input '{tensor.name}': shared memory is not served here")
+                raise InvalidInput(
+                    f"input '{tensor.name}': Unable to find system shared memory region: "
+                    f"'{ref.region}'"
+                )
             total += ref.byte_size
             check_payload_cap(tensor.name, total, max_payload_bytes)
             data = regions.read(ref, tensor.name)

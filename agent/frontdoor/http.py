@@ -333,10 +333,10 @@ class HttpApi:
             split = headers.get(HEADER_LENGTH)
             decoded: list[InferBody] = []
 
+            shared = agent.shared_memory
             regions = ClientRegions(
-                agent.shared_memory, self.credentials, headers.get("Authorization"),
-                request.remote or "",
-            )  # fmt: skip
+                shared, self.credentials, headers.get("Authorization"), request.remote or ""
+            ) if shared.registered else None  # fmt: skip
 
             def decode_now() -> tuple[bytes, InferBody]:
                 body = decode_content(raw, encoding, 2 * settings.max_payload_bytes)

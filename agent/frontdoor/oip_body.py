@@ -198,7 +198,9 @@ def parse_infer_body(
         ref = ref_of(params, name) if params else None
         if ref is not None:
             if regions is None:
-                raise InvalidInput(f"input '{name}': shared memory is not served here")
+                raise InvalidInput(
+                    f"input '{name}': Unable to find system shared memory region: '{ref.region}'"
+                )
             total += ref.byte_size
             check_payload_cap(name, total, payload_cap)
             array = from_raw(name, datatype, shape, regions.read(ref, name), payload_cap)
@@ -221,6 +223,9 @@ def parse_infer_body(
     parsed = InferBody(inputs, regions=regions)
     _outputs(doc, parsed)
     if parsed.shm_outputs and regions is None:
-        raise InvalidInput("outputs: shared memory is not served here")
+        name, ref = next(iter(parsed.shm_outputs.items()))
+        raise InvalidInput(
+            f"output '{name}': Unable to find system shared memory region: '{ref.region}'"
+        )
     _parameters(doc, parsed)
     return parsed

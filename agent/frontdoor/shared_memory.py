@@ -78,6 +78,11 @@ class SharedMemory:
         self.settings = settings
         self._regions: dict[str, Region] = {}
 
+    @property
+    def registered(self) -> bool:
+        """Whether any region is registered (else a request has none to name)."""
+        return bool(self._regions)
+
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         settings = self.settings
         if not settings.enabled:
