@@ -21,7 +21,14 @@ from edgeplex import __version__
 from edgeplex.agent.batching.policy import Request
 from edgeplex.agent.batching.queues import Queues
 from edgeplex.agent.batching.sequences import Flags, Live, Sequences
-from edgeplex.agent.catalog.ensemble import ENSEMBLE, Ensemble, Step, is_ensemble, read_ensemble
+from edgeplex.agent.catalog.ensemble import (
+    ENSEMBLE,
+    Ensemble,
+    Step,
+    is_ensemble,
+    nesting_errors,
+    read_ensemble,
+)
 from edgeplex.agent.catalog.repository import (
     ModelSource,
     scan_repository_versions,
@@ -344,6 +351,9 @@ class Agent:
                 del self.unservable[name]
             except ValueError as exc:
                 self.unservable[name] = f"ensemble: {exc}"
+        for name, why in nesting_errors(found, MAX_ENSEMBLE_DEPTH).items():
+            del found[name]
+            self.unservable[name] = f"ensemble: {why}"
         load = self.settings.load_model
         for name in found:
             if explicit and name not in self.ensembles and name not in load and "*" not in load:

@@ -118,6 +118,26 @@ def read_ensemble(model_dir: Path, known: set[str]) -> Ensemble:
     return Ensemble(name, "1", max_batch, inputs, outputs, waves)
 
 
+def nesting_errors(ensembles: dict[str, Ensemble], max_depth: int) -> dict[str, str]:
+    """Ensembles whose steps lead back to themselves, or nest deeper than
+    `max_depth`, with why: they cannot run (pure)."""
+    errors = {}
+
+    def depth(name: str, path: tuple[str, ...]) -> int:
+        if name in path:
+            raise ValueError(f"its steps lead back to it ({' -> '.join((*path, name))})")
+        inner = [m for m in ensembles[name].models if m in ensembles]
+        return 1 + max((depth(m, (*path, name)) for m in inner), default=0)
+
+    for name in ensembles:
+        try:
+            if depth(name, ()) > max_depth:
+                errors[name] = f"ensembles nest more than {max_depth} deep"
+        except ValueError as exc:
+            errors[name] = str(exc)
+    return errors
+
+
 def _steps(data: Message, known: set[str]) -> list[Step]:
     blocks = data.get("ensemble_scheduling") or []
     raw_steps = [s for block in blocks for s in block.get("step", [])]

@@ -39,6 +39,19 @@ ensemble_scheduling {
 """
 
 
+OUTER = """
+name: "outer"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] },
+        { name: "Y" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "Z" data_type: TYPE_FP32 dims: [ 16 ] } ]
+ensemble_scheduling { step [ { model_name: "pipeline" model_version: -1
+  input_map { key: "A" value: "X" } input_map { key: "B" value: "Y" }
+  output_map { key: "TWICE_A" value: "Z" } } ] }
+"""
+
+
 def _ensemble(repo: Path, name: str, text: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(text)
@@ -54,6 +67,12 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     _ensemble(
         repo, "broken", PIPELINE.replace('"pipeline"', '"broken"').replace('"copy"', '"gone"')
     )
+    _ensemble(repo, "outer", OUTER)  # an ensemble with an ensemble as its step
+    # Two ensembles whose steps lead to each other: neither can run.
+    loop_a = PIPELINE.replace('"pipeline"', '"loop_a"').replace('"copy"', '"loop_b"')
+    loop_b = PIPELINE.replace('"pipeline"', '"loop_b"').replace('"copy"', '"loop_a"')
+    _ensemble(repo, "loop_a", loop_a)
+    _ensemble(repo, "loop_b", loop_b)
     process = start_agent(repo, root)
     yield process
     assert process.stop() == 0, process.log()
@@ -80,6 +99,11 @@ def test_an_ensemble_chains_its_steps(agent: AgentProcess) -> None:
     np.testing.assert_array_equal(answer.as_numpy("A_MINUS_B"), a - b)
     assert answer.as_numpy("TWICE_A") is None
 
+    nested = [tg.InferInput("X", [2, 16], "FP32"), tg.InferInput("Y", [2, 16], "FP32")]
+    nested[0].set_data_from_numpy(a)
+    nested[1].set_data_from_numpy(b)
+    np.testing.assert_array_equal(client.infer("outer", nested).as_numpy("Z"), 2 * a)
+
     assert client.is_model_ready("pipeline")
     metadata = client.get_model_metadata("pipeline")
     assert metadata.platform == "ensemble"
@@ -93,6 +117,9 @@ def test_an_ensemble_chains_its_steps(agent: AgentProcess) -> None:
     assert index["pipeline"]["state"] == "READY"
     assert index["broken"]["state"] == "UNAVAILABLE"
     assert "'gone' is not in the repository" in index["broken"]["reason"]
+    for name in ("loop_a", "loop_b"):
+        assert index[name]["state"] == "UNAVAILABLE", index[name]
+        assert "lead back to it" in index[name]["reason"], index[name]
 
     wrong = [tg.InferInput("A", [2, 16], "FP32"), tg.InferInput("C", [2, 16], "FP32")]
     for tensor in wrong:
