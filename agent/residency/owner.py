@@ -218,6 +218,9 @@ class Residency:
                 record.reason = ""
                 self._describe(record)  # a fault of its config or interface fails it again
         ticket = Ticket(record.key, NEVER, granted=False, lease=False)
+        if record.disabled:  # placement's ask for a model the operator unloaded: no
+            ticket.settle(None)
+            return ticket
         if record.phase == Phase.READY:
             if record.intent in (Intent.STAGED, Intent.CACHED):
                 record.intent = Intent.NONE
