@@ -31,10 +31,10 @@ from edgeplex.agent.catalog.ensemble import (
 )
 from edgeplex.agent.catalog.repository import (
     ModelSource,
+    invalid_file,
     scan_repository_versions,
     scan_versions,
     unservable,
-    unsupported_files,
 )
 from edgeplex.agent.catalog.triton_config import (
     Message,
@@ -274,13 +274,18 @@ class Agent:
         """OIP load: re-read the model from the repository and serve it. `config`
         (Triton's override, JSON) replaces its config.pbtxt until a load without one;
         a model serving under another config is unloaded and loaded again."""
-        if files:
-            why = unsupported_files(files)
-            if why.startswith("Invalid file path"):  # as Triton answers it: INTERNAL
+        if files:  # never written to disk: models come from the repository or the fleet
+            bad = invalid_file(files)
+            if bad is not None:  # as Triton answers it (INTERNAL), which its examples check
                 raise ServeError(
-                    f"failed to load '{name}', failed to poll from model repository: {why}"
+                    f"failed to load '{name}', failed to poll from model repository: "
+                    f"Invalid file path: {bad[:80]!r}"
                 )
-            raise InvalidInput(f"failed to load '{name}', {why}")
+            raise InvalidInput(
+                f"failed to load '{name}', the 'files' parameter is not supported: put the "
+                "model's files in the repository (or publish them to the fleet) and load it "
+                "by name"
+            )
         ensemble = self.ensembles.get(name)
         if ensemble is not None:  # as Triton: its steps' models are loaded with it
             for model in ensemble.models:
@@ -305,8 +310,14 @@ class Agent:
             self.overrides.pop(name, None)
         else:
             self.overrides[name] = override
+        await self._serve_anew(versions)
+
+    async def _serve_anew(self, versions: list[ModelSource]) -> None:
+        """Serve a model from `versions` as read now; one serving from another source
+        (another config, artifact or version) is unloaded first and loaded again."""
+        name = versions[0].name
         record = self.residency.get(name)
-        if record is not None and record.source != versions[0] and record.phase == Phase.READY:
+        if record is not None and record.phase == Phase.READY and record.source != versions[0]:
             await self._settled(self.residency.demote(name, Tier.STAGED))
         self._know(versions)
         await self._settled(self.residency.load(name))
@@ -323,6 +334,10 @@ class Agent:
     def discover(self) -> list[str]:
         """Know every model of the repository (new ones and new versions). With
         model_control_mode explicit, a model new to the agent starts unloaded."""
+        return list(self._discover())
+
+    def _discover(self) -> dict[str, list[ModelSource]]:
+        """discover(), returning every servable model's versions as read."""
         repo = self.settings.model_repo
         found = scan_repository_versions(repo, self.settings.model_defaults, self.gpu)
         for name, override in self.overrides.items():
@@ -337,7 +352,7 @@ class Agent:
                 self.residency.unload(name)
         self.unservable = unservable(repo)
         self._discover_ensembles(set(found), explicit)
-        return [name for name, versions in found.items() if versions]
+        return {name: versions for name, versions in found.items() if versions}
 
     def _discover_ensembles(self, models: set[str], explicit: bool) -> None:
         """The repository's ensembles, read anew; one that cannot run is listed as
@@ -391,19 +406,17 @@ class Agent:
         """One rescan of the repository (model_control_mode poll): new models and
         versions are known, a model whose folder is gone is unloaded, and a loaded
         model whose files or config changed is loaded again from them."""
-        present = set(self.discover())
+        found = self._discover()
         for record in list(self.residency.records()):
             name = record.name
-            if name not in present and not record.disabled:
-                await self._settled(self.residency.unload(name))
-                continue
-            if record.phase != Phase.READY or record.disabled:
-                continue
-            versions = self._scan(name, self.overrides.get(name))
-            if versions and versions[0].version == record.version and versions[0] != record.source:
-                await self._settled(self.residency.demote(name, Tier.STAGED))
-                self._know(versions)
-                await self._settled(self.residency.load(name))
+            versions = found.get(name)
+            if versions is None:
+                if not record.disabled:
+                    await self._settled(self.residency.unload(name))
+            elif record.phase == Phase.READY and not record.disabled:
+                newest = versions[0]
+                if newest.version == record.version and newest != record.source:
+                    await self._serve_anew(versions)
 
     def _know(self, versions: list[ModelSource]) -> None:
         """A model's versions to serve, newest first: the newest answers requests that
@@ -544,11 +557,9 @@ class Agent:
             inputs, wanted = body.inputs, body.outputs
             spec = record.source.sequence
             if spec is not None:  # a stateful model: the request's turn in its sequence
-                flags = body.sequence
-                live = await self.sequences.enter(name, record.version, spec, flags)
-                batching = record.max_batch_size > 0
-                inputs = self.sequences.inputs(spec, live, flags, inputs, batching)  # type: ignore[arg-type]
-                wanted = self.sequences.outputs(spec, wanted)
+                live = await self.sequences.enter(name, record.version, spec, body.sequence)
+                inputs = Sequences.inputs(live, inputs, record.max_batch_size > 0)
+                wanted = Sequences.outputs(live, wanted)
             given, batch = validate(record, inputs, wanted)  # before any promotion
             ticket = self.residency.admit(name, version, deadline)
             if not ticket.settled:
@@ -573,7 +584,7 @@ class Agent:
             if request.form:
                 METRICS.variant_requests.labels(model=name, variant=request.form).inc()
             if live is not None:
-                outputs = self.sequences.keep(spec, live, outputs, body.outputs)  # type: ignore[arg-type]
+                outputs = Sequences.keep(live, outputs, body.outputs)
                 served = True
             served_by = router.site_id if router is not None else ""
             return InferResult(record, outputs, ticket.cold_start, request.form, served_by)
@@ -597,7 +608,7 @@ class Agent:
             if ticket is not None:
                 self.residency.release(ticket)
             if live is not None:
-                self.sequences.leave(spec, live, record.version, body.sequence, served)  # type: ignore[arg-type,union-attr]
+                self.sequences.leave(live, served)
             elapsed = loop.time() - arrived
             if record is not None:
                 METRICS.of_model(name).request_duration.observe(elapsed)
@@ -614,7 +625,6 @@ class Agent:
         ensemble: Ensemble,
         decode: Callable[[], Decoded | Coroutine[Any, Any, Decoded]],
         arrived: float,
-        depth: int = 0,
     ) -> InferResult:
         """An ensemble request: each wave of steps runs together, each step a request
         to its model served here (its own residency and batching), all under the

@@ -45,11 +45,13 @@ class Flags:
 
 @dataclass
 class Live:
-    model: str
-    id: Id
+    """One live sequence, and the place of the request whose turn it is (`flags`)."""
+
+    key: tuple[str, str, Id]  # model, version, correlation id
+    spec: SequenceSpec
+    flags: Flags
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     state: dict[str, np.ndarray] = field(default_factory=dict)
-    started: bool = False
     timer: asyncio.TimerHandle | None = None
     hold: Any = None  # the residency lease that keeps the model while the sequence lives
 
@@ -74,9 +76,6 @@ class Sequences:
         self._live: dict[tuple[str, str, Id], Live] = {}
         self._hold, self._release = hold, release  # a residency lease, taken and given back
 
-    def __len__(self) -> int:
-        return len(self._live)
-
     async def enter(
         self, model: str, version: str, spec: SequenceSpec, flags: Flags | None
     ) -> Live:
@@ -88,104 +87,99 @@ class Sequences:
             )
         key = (model, version, flags.id)
         live = self._live.get(key)
+        if live is None and flags.start:
+            live = self._live[key] = Live(key, spec, flags)
+        if live is not None:
+            await live.lock.acquire()
+            if self._live.get(key) is not live:  # it ended while this request waited
+                if flags.start:
+                    self._live[key] = live
+                else:
+                    live.lock.release()
+                    live = None
         if live is None:
-            if not flags.start:
-                raise InvalidInput(
-                    f"inference request for sequence {flags.id} to model '{model}' must "
-                    "specify the START flag on the first request of the sequence"
-                )
-            live = self._live[key] = Live(model, flags.id)
-        await live.lock.acquire()
+            raise InvalidInput(
+                f"inference request for sequence {flags.id} to model '{model}' must "
+                "specify the START flag on the first request of the sequence"
+            )
         if live.timer is not None:
             live.timer.cancel()
             live.timer = None
         if flags.start:
             live.state.clear()  # a START begins the sequence anew
-            live.started = False
+        live.flags = flags
         return live
 
-    def inputs(
-        self, spec: SequenceSpec, live: Live, flags: Flags, given: list[InferInput],
-        batching: bool,
-    ) -> list[InferInput]:  # fmt: skip
+    @staticmethod
+    def inputs(live: Live, given: list[InferInput], batching: bool) -> list[InferInput]:
         """The client's inputs with the controls and the state filled in (with a batch
         dimension, the client's, when the model batches)."""
+        spec, flags = live.spec, live.flags
         batch = given[0].shape[0] if batching and given and given[0].shape else 1
         rows = [batch] if batching else []
         out = [t for t in given if t.name not in spec.inputs]
         for control in spec.controls:
             if control.kind == "corrid":
-                value: Any = flags.id if control.datatype == "BYTES" else int(flags.id)
                 if control.datatype == "BYTES":
-                    array = np.full([*rows, 1], str(value).encode(), dtype=object)
+                    array = np.full([*rows, 1], str(flags.id).encode(), dtype=object)
                 else:
                     dtype = numpy_dtype(control.datatype, control.name)
-                    array = np.full([*rows, 1], value, dtype=dtype)
+                    array = np.full([*rows, 1], int(flags.id), dtype=dtype)
             else:
                 on = {"start": flags.start, "end": flags.end, "ready": True}[control.kind]
-                value = control.false_true[1] if on else control.false_true[0]
                 dtype = numpy_dtype(control.datatype, control.name)
-                array = np.full([*rows, 1], value, dtype=dtype)
+                array = np.full([*rows, 1], control.false_true[on], dtype=dtype)
             out.append(InferInput(control.name, control.datatype, list(array.shape), array))
         for state in spec.states:
             kept = live.state.get(state.input)
             if kept is None:  # zeros of the declared shape at the sequence's start
                 dims = [*rows, *(1 if d < 0 else d for d in state.dims)]
                 kept = np.zeros(dims, dtype=numpy_dtype(state.datatype, state.input))
-            array = kept
-            out.append(InferInput(state.input, state.datatype, list(array.shape), array))
+            out.append(InferInput(state.input, state.datatype, list(kept.shape), kept))
         return out
 
     @staticmethod
-    def outputs(spec: SequenceSpec, requested: list[str] | None) -> list[str] | None:
+    def outputs(live: Live, requested: list[str] | None) -> list[str] | None:
         """The outputs to ask the model for: the client's, and the state outputs."""
-        if requested is None or not spec.states:
+        states = live.spec.states
+        if requested is None or not states:
             return requested
-        return [*requested, *(s.output for s in spec.states if s.output not in requested)]
+        return [*requested, *(s.output for s in states if s.output not in requested)]
 
+    @staticmethod
     def keep(
-        self,
-        spec: SequenceSpec,
-        live: Live,
-        outputs: dict[str, np.ndarray],
-        requested: list[str] | None,
+        live: Live, outputs: dict[str, np.ndarray], requested: list[str] | None
     ) -> dict[str, np.ndarray]:
         """The state the model wrote, kept for the next request; the rest returned."""
-        for state in spec.states:
+        for state in live.spec.states:
             if state.output in outputs:
                 live.state[state.input] = outputs[state.output]
-        live.started = True
-        hidden = spec.outputs - set(requested or ())
+        hidden = live.spec.outputs - set(requested or ())
         return {k: v for k, v in outputs.items() if k not in hidden}
 
-    def leave(
-        self, spec: SequenceSpec, live: Live, version: str, flags: Flags, served: bool
-    ) -> None:
+    def leave(self, live: Live, served: bool) -> None:
         """The request is done: an END (or a START that failed) ends the sequence;
         otherwise it waits for its next request, at most the idle timeout."""
-        key = (live.model, version, live.id)
         live.lock.release()
+        flags = live.flags
         if flags.end or (flags.start and not served):
-            self._drop(key)
+            self._drop(live)
             return
         if served and live.hold is None:
-            live.hold = self._hold(live.model, version)
+            live.hold = self._hold(live.key[0], live.key[1])
         loop = asyncio.get_running_loop()
-        live.timer = loop.call_later(spec.idle_s, self._idle, key, live)
+        live.timer = loop.call_later(live.spec.idle_s, self._idle, live)
 
-    def _idle(self, key: tuple[str, str, Id], live: Live) -> None:
-        if self._live.get(key) is live and not live.lock.locked():
-            self._drop(key)
+    def _idle(self, live: Live) -> None:
+        if not live.lock.locked():
+            self._drop(live)
 
-    def _drop(self, key: tuple[str, str, Id]) -> None:
-        live = self._live.pop(key, None)
-        if live is None:
-            return
+    def _drop(self, live: Live) -> None:
+        if self._live.get(live.key) is live:
+            del self._live[live.key]
         if live.timer is not None:
             live.timer.cancel()
+            live.timer = None
         if live.hold is not None:
             self._release(live.hold)
             live.hold = None
-
-    def live_of(self, model: str) -> int:
-        return sum(1 for (name, _, _) in self._live if name == model)

@@ -23,6 +23,7 @@ from edgeplex.agent.catalog.triton_config import (
     parse_pbtxt,
     triton_tensor,
 )
+from edgeplex.agent.oip.tensors import triton_type
 
 ENSEMBLE = "ensemble"
 
@@ -61,7 +62,7 @@ class Ensemble:
         """As Triton's model config endpoint returns an ensemble's (JSON)."""
 
         def tensors(specs: tuple[DeclaredTensor, ...]) -> list[dict[str, object]]:
-            return [{"name": t.name, "data_type": _type_name(t.datatype), "dims": list(t.dims)}
+            return [{"name": t.name, "data_type": triton_type(t.datatype), "dims": list(t.dims)}
                     for t in specs]  # fmt: skip
 
         steps = [
@@ -181,7 +182,3 @@ def _waves(steps: list[Step], given: set[str], wanted: set[str]) -> tuple[tuple[
     for tensor in sorted(wanted - available):
         raise ValueError(f"ensemble output '{tensor}' is made by no step")
     return tuple(waves)
-
-
-def _type_name(datatype: str) -> str:
-    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"

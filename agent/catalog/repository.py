@@ -188,11 +188,9 @@ def _why_unservable(model_dir: Path) -> str:
     return f"no version folder holds a {MODEL_FILE} (<version>/{MODEL_FILE})"
 
 
-def unsupported_files(files: dict[str, bytes]) -> str:
-    """Why a load's `files` (Triton's "file:<path>" parameters, the model's files
-    sent with the request) are refused: a path that could not be a file of the
-    model, else that edgeplex serves models from the repository (or the fleet's
-    signed artifacts) only, so what a client sends is never written to disk."""
+def invalid_file(files: dict[str, bytes]) -> str | None:
+    """The first of a load's `files` (Triton's "file:<path>" parameters) whose path
+    could not be a file of the model, or None."""
     for key in files:
         path = key.removeprefix("file:")
         parts = path.split("/")
@@ -202,11 +200,8 @@ def unsupported_files(files: dict[str, bytes]) -> str:
             or path.startswith("/")
             or any(part in ("", ".", "..") or len(part.encode()) > 255 for part in parts)
         ):
-            return f"Invalid file path: {key[:80]!r}"
-    return (
-        "the 'files' parameter is not supported: put the model's files in the repository "
-        "(or publish them to the fleet) and load it by name"
-    )
+            return key
+    return None
 
 
 def _first_line(exc: Exception) -> str:

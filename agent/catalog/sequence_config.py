@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from edgeplex.agent.oip.tensors import from_triton_type
+
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 KINDS = {
     "CONTROL_SEQUENCE_START": "start",
@@ -71,7 +73,7 @@ def sequence_spec(blocks: list[Any]) -> SequenceSpec | None:
             if kind is None:
                 raise ValueError(f"sequence_batching: control '{name}' has an unknown kind")
             if kind == "corrid":
-                datatype = _oip(str((control.get("data_type") or ["TYPE_UINT64"])[-1]))
+                datatype = from_triton_type(str((control.get("data_type") or ["TYPE_UINT64"])[-1]))
                 controls.append(Control(name, kind, datatype))
                 continue
             for field, datatype in (("int32_false_true", "INT32"), ("fp32_false_true", "FP32"),
@@ -86,15 +88,10 @@ def sequence_spec(blocks: list[Any]) -> SequenceSpec | None:
                 raise ValueError(f"sequence_batching: control '{name}' has no false/true values")
     states = tuple(
         State(str(s["input_name"][0]), str(s["output_name"][0]),
-              _oip(str((s.get("data_type") or ["TYPE_FP32"])[-1])),
+              from_triton_type(str((s.get("data_type") or ["TYPE_FP32"])[-1])),
               tuple(int(d) for d in s.get("dims", [])))
         for s in block.get("state", [])
     )  # fmt: skip
     idle_us = int((block.get("max_sequence_idle_microseconds") or [DEFAULT_IDLE_US])[-1])
     strategy = "oldest" if "oldest" in block else "direct"
     return SequenceSpec(tuple(controls), states, idle_us / 1e6, strategy)
-
-
-def _oip(data_type: str) -> str:
-    name = data_type.removeprefix("TYPE_")
-    return "BYTES" if name == "STRING" else name

@@ -36,6 +36,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from edgeplex.agent.catalog.sequence_config import SequenceSpec, sequence_spec
+from edgeplex.agent.oip.tensors import from_triton_type, triton_type
 
 if TYPE_CHECKING:
     from edgeplex.agent.residency.state import ModelRecord
@@ -204,7 +205,7 @@ def triton_tensor(message: Any, what: str, warnings: list[str]) -> DeclaredTenso
         raise ValueError(
             f"{PBTXT_FILE}: {what} '{name}': data_type {data_type!r} is not a Triton type"
         )
-    datatype = "BYTES" if data_type == "TYPE_STRING" else data_type.removeprefix("TYPE_")
+    datatype = from_triton_type(data_type)
     for key in sorted(set(message) - {"name", "data_type", "dims"}):
         warnings.append(
             f"{PBTXT_FILE}: {what} '{name}': '{key}' is not supported and has no effect"
@@ -292,7 +293,7 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
         return [
             {
                 "name": t.name,
-                "data_type": "TYPE_STRING" if t.datatype == "BYTES" else f"TYPE_{t.datatype}",
+                "data_type": triton_type(t.datatype),
                 "dims": list(t.shape[1:] if entry.max_batch_size else t.shape),
             }
             for t in specs

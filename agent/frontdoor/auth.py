@@ -107,12 +107,9 @@ class Credentials:
         client at `peer` (an address, or gRPC's "ipv4:host:port")."""
         if access == Access.OPEN:
             return
-        if access == Access.CONTROL:
-            if self._loopback_control and is_loopback(peer_host(peer)):
-                return
-            access = Access.ADMIN
-        if access == Access.LOCAL:
-            if is_local(peer):
+        if access in (Access.CONTROL, Access.LOCAL):  # open to this machine, or admin
+            opens = access == Access.LOCAL or self._loopback_control
+            if opens and is_local(peer):
                 return
             access = Access.ADMIN
         if access == Access.CLIENT and self._inference is None:

@@ -110,13 +110,19 @@ def _requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., An
     return decorate
 
 
-def _shm_outputs(request: pb.ModelInferRequest) -> dict[str, Ref]:
-    """The requested outputs to write into shared memory, by name."""
+def _shm_outputs(request: pb.ModelInferRequest, regions: ClientRegions | None) -> dict[str, Ref]:
+    """The requested outputs to write into shared memory, by name (checked before the
+    model runs: a region no one registered is refused first)."""
     found = {}
     for output in request.outputs:
         if output.parameters:
             ref = ref_of(grpc_params(output.parameters), output.name)
             if ref is not None:
+                if regions is None:
+                    raise InvalidInput(
+                        f"output '{output.name}': Unable to find system shared memory "
+                        f"region: '{ref.region}'"
+                    )
                 found[output.name] = ref
     return found
 
@@ -129,6 +135,7 @@ class Body:
     outputs: list[str] | None
     timeout_s: float | None
     sequence: Flags | None = None  # a stateful model's request: its sequence and place
+    shm_outputs: dict[str, Ref] | None = None  # outputs to write into shared memory
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -230,11 +237,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 shared, self.credentials, metadata.get("authorization"), context.peer()
             ) if shared.registered else None  # fmt: skip
 
+            decoded: list[Body] = []  # the body as the core read it (none if forwarded)
+
             def decode() -> Body:
                 inputs = decode_inputs(request, agent.settings.max_payload_bytes, regions)
                 wanted = [o.name for o in request.outputs] or None
                 flags = flags_of(grpc_params(request.parameters)) if request.parameters else None
-                return Body(inputs, wanted, timeout_s, flags)
+                body = Body(inputs, wanted, timeout_s, flags, _shm_outputs(request, regions))
+                decoded.append(body)
+                return body
 
             try:
                 outcome = await agent.handle(
@@ -260,14 +271,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             context.set_trailing_metadata(passed)
             return reply  # type: ignore[return-value]
         result = outcome
-        shm = _shm_outputs(request)  # written before the call counts as served
-        for name, place in shm.items():
-            if regions is None:
-                raise InvalidInput(
-                    f"output '{name}': Unable to find system shared memory region: '{place.region}'"
-                )
-            if name in result.outputs:
-                regions.write(place, name, memoryview(raw_view(result.outputs[name])))
+        # Shared-memory outputs are written before the call counts as served.
+        written = {}
+        shm = decoded[0].shm_outputs if decoded else None
+        if shm and regions is not None:
+            for name, place in shm.items():
+                if name in result.outputs:
+                    blob = raw_view(result.outputs[name])
+                    regions.write(place, name, memoryview(blob))
+                    written[name] = (place, len(blob))
         access.tier = result.cold_start or "loaded"
         access.cold_start = result.cold_start
         ACCESS.finish(access, "OK", failed=False)
@@ -285,12 +297,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
         for name, array in result.outputs.items():
             out = response.outputs.add(name=name, datatype=oip_datatype(array), shape=array.shape)
-            ref = shm.get(name) if shm else None
-            if ref is None:
+            if name not in written:
                 response.raw_output_contents.append(to_raw(array))
                 continue
-            out.parameters[REGION].string_param = ref.region
-            out.parameters[BYTE_SIZE].int64_param = len(raw_view(array))
+            place, size = written[name]
+            out.parameters[REGION].string_param = place.region
+            out.parameters[BYTE_SIZE].int64_param = size
             response.raw_output_contents.append(b"")  # in place, so the others keep their index
         return response
 

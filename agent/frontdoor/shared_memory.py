@@ -64,7 +64,8 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap
+    mapping: mmap.mmap  # from the page the region's offset lies in
+    base: int  # where the region starts in `mapping`
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -112,8 +113,8 @@ class SharedMemory:
                 f"shared memory region '{name}': {byte_size} bytes more would pass "
                 f"shared_memory.max_bytes ({settings.max_bytes})"
             )
-        mapping = _map(os.path.join(SHM_DIR, stem), name, key, offset, byte_size)
-        self._regions[name] = Region(name, key, offset, byte_size, mapping)
+        mapping, base = _map(os.path.join(SHM_DIR, stem), name, key, offset, byte_size)
+        self._regions[name] = Region(name, key, offset, byte_size, mapping, base)
 
     def unregister(self, name: str = "") -> None:
         """One region, or every one with no name; a name not registered is no error."""
@@ -135,7 +136,7 @@ class SharedMemory:
     def read(self, ref: Ref, tensor: str) -> memoryview:
         """The bytes of input `tensor` where `ref` says (a view, not a copy)."""
         region = self._checked(ref, tensor, "input")
-        start = region.offset + ref.offset
+        start = region.base + ref.offset
         return memoryview(region.mapping)[start : start + ref.byte_size]
 
     def write(self, ref: Ref, tensor: str, data: memoryview) -> None:
@@ -147,7 +148,7 @@ class SharedMemory:
                 f"({ref.byte_size} bytes) should be at least {len(data)} bytes to hold the "
                 "results"
             )
-        start = region.offset + ref.offset
+        start = region.base + ref.offset
         region.mapping[start : start + len(data)] = data
 
     def _checked(self, ref: Ref, tensor: str, what: str) -> Region:
@@ -215,7 +216,9 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _map(path: str, name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
+def _map(path: str, name: str, key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
+    """The region mapped read-write, only the pages it spans (mmap's offset must be
+    page-aligned), and where it starts in the mapping."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -231,6 +234,9 @@ def _map(path: str, name: str, key: str, offset: int, byte_size: int) -> mmap.mm
                 f"shared memory region '{name}': {byte_size} bytes at offset {offset} pass the "
                 f"end of '{key}' ({info.st_size} bytes)"
             )
-        return mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        base = offset % mmap.ALLOCATIONGRANULARITY
+        access = mmap.PROT_READ | mmap.PROT_WRITE
+        mapping = mmap.mmap(fd, base + byte_size, mmap.MAP_SHARED, access, offset=offset - base)
+        return mapping, base
     finally:
         os.close(fd)

@@ -79,6 +79,19 @@ class TensorSpec:
 
 
 BYTES = "BYTES"  # variable-length elements: numpy object arrays of `bytes`
+
+
+def triton_type(datatype: str) -> str:
+    """The name Triton's model configuration gives an OIP datatype: TYPE_FP32, and
+    TYPE_STRING for BYTES."""
+    return "TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}"
+
+
+def from_triton_type(data_type: str) -> str:
+    """The OIP datatype of a model configuration's TYPE_ name (triton_type undone)."""
+    return BYTES if data_type == "TYPE_STRING" else data_type.removeprefix("TYPE_")
+
+
 _LENGTH = np.dtype("<u4")
 
 

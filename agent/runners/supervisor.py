@@ -404,9 +404,10 @@ class RunnerPool:
         limit = self.memory_limits.get(runner_id, self.shared_limit)
         return limit + 2 * self.settings.shared_memory_bytes if limit else 0
 
-    def spawn_request(self, runner_id: str) -> ipc.SpawnRunner:
-        """What the zygote needs to start `runner_id`: its sandbox, view and group."""
-        limit = self.limit_of(runner_id)
+    def spawn_request(self, runner_id: str, probe_cuda: bool = False) -> ipc.SpawnRunner:
+        """What the zygote needs to start `runner_id`: its sandbox, view and group. With
+        `probe_cuda`, no runner: the sandbox and view of one, to try CUDA's driver in."""
+        limit = 0 if probe_cuda else self.limit_of(runner_id)
         view = self.view()
         return ipc.SpawnRunner(
             runner_id,
@@ -415,13 +416,14 @@ class RunnerPool:
             self.limiter.rlimit_for(limit),
             self.log_format,
             self.settings.idle_spin_us,
-            sandbox=self.sandbox_mode,
+            sandbox=self.settings.sandbox if probe_cuda else self.sandbox_mode,
             read_only=[*view.read_only, str(self._dir)],
             writable=[*view.writable, str(self.rings_dir)],
             devices=view.devices,
             hidden=view.hidden,
             max_open_files=self.settings.max_open_files,
-            cgroups=self.limiter.group(runner_id, limit),
+            cgroups=[] if probe_cuda else self.limiter.group(runner_id, limit),
+            probe_cuda=probe_cuda,
         )
 
     @property
@@ -434,15 +436,10 @@ class RunnerPool:
         return self.settings.sandbox
 
     def _cuda_probe(self) -> ipc.SpawnRunner | None:
-        """What the zygote tries CUDA in at its start: a runner's sandbox and view."""
+        """What the zygote tries CUDA in at its start, where runners use CUDA."""
         if self.settings.execution_provider != "cuda" or self.settings.sandbox == "off":
             return None
-        view = self.view()
-        return ipc.SpawnRunner(
-            "cuda-probe", "", self.log_level, 0, sandbox=self.settings.sandbox,
-            read_only=view.read_only, writable=view.writable, devices=view.devices,
-            hidden=view.hidden, max_open_files=self.settings.max_open_files, probe_cuda=True,
-        )  # fmt: skip
+        return self.spawn_request("cuda-probe", probe_cuda=True)
 
     def host_sandbox(self) -> dict[str, str]:
         """What this host gives a runner: the zygote's probe, and the memory group."""

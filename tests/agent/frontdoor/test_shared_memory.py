@@ -164,6 +164,9 @@ def test_what_a_client_may_register_is_bounded(tmp_path: Path) -> None:
                 memory.read(Ref("a", 100, 64), "INPUT0")
             memory.unregister("a")
             memory.unregister("never-registered")  # no error, as Triton's
+            allowed[2].buf[64:128] = bytes(range(64))  # a region at an offset in its key
+            memory.register("o", keys[2], 64, 64)
+            assert bytes(memory.read(Ref("o", 8, 8), "INPUT0")) == bytes(range(8, 16))
         finally:
             memory.unregister()
             for each in allowed:
