@@ -143,7 +143,7 @@ class Agent:
             settings.max_inflight_requests, settings.max_inflight_bytes, self.overload.reason
         )
         self.gpu = settings.runner.execution_provider == "cuda"  # KIND_GPU needs it
-        self.shared_memory = SharedMemory(settings.shared_memory)  # Triton's extension
+        self.shared_memory = SharedMemory(settings.shared_memory, self.gpu)  # Triton's extension
         self.overrides: dict[str, Message] = {}  # config given with a load, by model
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
         self.ensembles: dict[str, Ensemble] = {}  # Triton ensembles, run by this core

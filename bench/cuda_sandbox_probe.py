@@ -9,12 +9,16 @@ CUDA session on a small model and runs it. Probes: no layer, each layer added in
 order, and every layer but one. `--audit` adds a child with every layer and a
 seccomp filter that logs instead of denying, then prints what the kernel logged
 (where the kernel has an audit log). `--agent` then starts an agent on the same
-model and prints its status and sandbox report.
+model and prints its status and sandbox report. `--views` instead applies the
+namespaces and the mount view only, the view widened one way at a time (the whole
+/dev, /run, /etc, /var, every other top-level folder, all of them), and has each
+child call cuInit and say what it saw: which view CUDA needs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -22,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +66,55 @@ def run_cuda(model: str) -> dict[str, object]:
     return {"provider": session.get_providers()[0], "session_s": time.perf_counter() - started}
 
 
-def probe(request: ipc.SpawnRunner, enabled: set[str], model: str, program: bytes | None) -> dict:
+def cuinit_seen() -> dict[str, object]:
+    """cuInit's result in this child, and what the child sees of the driver."""
+    seen: dict[str, object] = {"cuinit": sandbox.cuda_init()}
+    seen["provider"] = "CUDAExecutionProvider" if seen["cuinit"] == "0" else ""
+    with open("/proc/self/maps") as maps:
+        seen["libcuda"] = sorted({line.split()[-1] for line in maps if "libcuda" in line})
+    seen["dev"] = sorted(os.listdir("/dev"))
+    seen["proc_driver"] = os.path.exists("/proc/driver/nvidia/params")
+    seen["top"] = sorted(os.listdir("/"))
+    return seen
+
+
+WIDER = {  # view name: (extra read-only paths, extra device paths)
+    "as is": ([], []),
+    "+ /dev": ([], ["/dev"]),
+    "+ /run": (["/run"], []),
+    "+ /etc": (["/etc"], []),
+    "+ /var": (["/var"], []),
+    "+ the rest": (["/opt", "/home", "/root", "/srv", "/mnt", "/media", "/boot"], []),
+    "+ all": (["/run", "/etc", "/var", "/opt", "/home", "/root", "/srv", "/mnt"], ["/dev"]),
+}
+
+
+def probe_views(
+    request: ipc.SpawnRunner, model: str, only: str | None = None
+) -> list[dict[str, object]]:
+    rows = []
+    for label, (read_only, devices) in WIDER.items():
+        if only and label != only:
+            continue
+        wider = dataclasses.replace(
+            request, read_only=[*request.read_only, *read_only],
+            devices=[*request.devices, *devices],
+        )  # fmt: skip
+        result = probe(wider, {"namespaces", "mount_view"}, model, None, cuinit_seen)
+        rows.append({"probe": "view " + label, **result})
+        print(f"view {label:<12} cuInit={result.get('cuinit')} {result.get('error', '')}")
+        print(f"   libcuda={result.get('libcuda')} proc_driver={result.get('proc_driver')}")
+        print(f"   dev={result.get('dev')}", flush=True)
+    return rows
+
+
+def probe(
+    request: ipc.SpawnRunner,
+    enabled: set[str],
+    model: str,
+    program: bytes | None,
+    check: Callable[[], dict[str, object]] | None = None,
+) -> dict:
     read, write = os.pipe()
     pid, no_namespaces = sandbox.clone_or_fork()
     if pid == 0:  # the child: layers, then CUDA; one JSON line back
@@ -69,7 +122,7 @@ def probe(request: ipc.SpawnRunner, enabled: set[str], model: str, program: byte
         result: dict[str, object] = {}
         try:
             result["layers"] = Partial(request, enabled, program).apply(no_namespaces)
-            result.update(run_cuda(model))
+            result.update(check() if check else run_cuda(model))
         except BaseException as exc:
             result["error"] = f"{type(exc).__name__}: {exc}"
         os.write(write, json.dumps(result).encode())
@@ -103,6 +156,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--audit", action="store_true")
     parser.add_argument("--agent", action="store_true", help="and ask an agent")
+    parser.add_argument("--views", action="store_true", help="vary the mount view instead")
+    parser.add_argument("--only", help="with --views: this view alone (a name in WIDER)")
     args = parser.parse_args()
     repo = Path(tempfile.mkdtemp(prefix="edgeplex-cuda-probe-"))
     demo.make_mlp(repo / "mlp", width=256, layers=2, in_width=64, config="")
@@ -118,6 +173,11 @@ def main() -> None:
     )  # fmt: skip
     print("devices:", view.devices, "seccomp:", seccomp.available() or "available", flush=True)
     program = seccomp.compile_filter() if not seccomp.available() else None
+    if args.views:
+        rows = probe_views(request, model, args.only)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return
     layers = list(sandbox.LAYERS)
     probes = [("none", set())]
     probes += [("up to " + name, set(layers[: i + 1])) for i, name in enumerate(layers)]

@@ -14,8 +14,13 @@
 #   serving.json    the agent against ONNX Runtime CUDA directly, 1 and 16 in flight
 #   density.json    closed loop at 4x over-commit of a 2 GiB budget, against all
 #                   resident, in one run
+#   views.json      which mount view of the runner sandbox lets CUDA initialise
+#                   (bench/cuda_sandbox_probe.py --views; strace.txt.gz beside it
+#                   where the machine has strace)
+#   cuda_shm.txt    the CUDA shared-memory tests (tests/agent/frontdoor), on the GPU
 #   summary.json    all of it, each promotion against the pinned bandwidth
-# The run is capped at 5 minutes, each step at its own share. Nothing asks for
+# The run is capped at 8 minutes, each step at its own share (the last two steps
+# need a GPU and are left out of --dry-run). Nothing asks for
 # managed (unified) memory: device buffers are explicit and far below the
 # card's free memory. The GPU's settings are never touched.
 #
@@ -71,9 +76,9 @@ export EDGEPLEX_AGENT_RUNNER__EXECUTION_PROVIDER="$PROVIDER"
 "$PY" -c 'import onnxruntime as ort; print("onnxruntime", ort.__version__, ort.get_available_providers())'
 
 FAILED=()
-step() {  # step SECONDS NAME COMMAND...: one measurement, within its share of 5 minutes
+step() {  # step SECONDS NAME COMMAND...: one measurement, within its share of 8 minutes
     local cap=$1 name=$2; shift 2
-    local left=$((300 - (SECONDS - STARTED)))
+    local left=$((480 - (SECONDS - STARTED)))
     [ "$cap" -lt "$left" ] || cap=$left
     echo "== $name (at most ${cap} s)"
     # A step that fails is reported and the next one runs: one short lease of a GPU
@@ -101,6 +106,18 @@ if ! step 70 serving "$PY" bench/gpu_serving.py --provider "$PROVIDER" $SERVING_
 fi
 # shellcheck disable=SC2086
 step 150 density "$PY" bench/density_closed_loop.py $DENSITY_ARGS --json "$OUT_DIR/density.json" || true
+
+if [ "$DRY_RUN" = 0 ]; then
+    step 40 sandbox-views "$PY" bench/cuda_sandbox_probe.py --views --json "$OUT_DIR/views.json" || true
+    if command -v strace >/dev/null; then  # what the view's first child opens and fails on
+        timeout 40 strace -f -qq -e trace=%file,ioctl,mmap -o "$OUT_DIR/strace.txt" \
+            "$PY" bench/cuda_sandbox_probe.py --views --only "as is" >/dev/null 2>&1 || true
+        gzip -f "$OUT_DIR/strace.txt" || true
+    fi
+    step 120 cuda-shm sh -c "$PY -m pytest -q -p no:cacheprovider -rs \
+        tests/agent/frontdoor/test_cuda_shared_memory.py > '$OUT_DIR/cuda_shm.txt' 2>&1" || true
+    tail -20 "$OUT_DIR/cuda_shm.txt" || true
+fi
 
 "$PY" - "$OUT_DIR" "${FAILED[@]}" > "$OUT_DIR/summary.json" <<'PYEOF'
 import json, sys

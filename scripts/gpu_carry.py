@@ -4,10 +4,11 @@
     python3 scripts/gpu_carry.py join CARRY HOUSE                 # there, stdlib only
 
 `pack` downloads, for the GPU machine's Python (CPython 3.12, manylinux_2_28,
-x86_64), onnxruntime-gpu, nvidia-ml-py, onnx, the build backend and every
-runtime dependency of edgeplex but the CPU onnxruntime, into a wheelhouse, writes
-`requirements-gpu.txt` beside the wheels, and packs it all into numbered folders
-(`CARRY/00`, `CARRY/01`, ...) of at most 58 MiB each: a wheel larger than that
+x86_64), onnxruntime-gpu, nvidia-ml-py, onnx, the build backend, every runtime
+dependency of edgeplex but the CPU onnxruntime and what its GPU tests need, into
+a wheelhouse, writes `requirements-gpu.txt` beside the wheels, and packs it all
+into numbered folders (`CARRY/00`, `CARRY/01`, ...) of at most 58 MiB each: a
+wheel larger than that
 travels as `NAME.part000`, `NAME.part001`, ... `join` puts the wheelhouse back
 together on the other side, and bench/gpu_check.sh installs from it.
 """
@@ -26,6 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 58 * 2**20  # under the 60 MiB a carried folder may hold
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 EXTRA = ["onnxruntime-gpu==1.31.1", "nvidia-ml-py>=12", "onnx>=1.16", "setuptools>=69", "wheel"]
+# The tests that need a GPU (CUDA shared memory) run there too: they use tritonclient's
+# gRPC client, a runtime dependency already (its HTTP client has no wheel for 3.12).
+TESTS = ["pytest>=8", "pytest-timeout>=2.3", "pytest-asyncio>=0.23"]
 
 
 def requirements() -> list[str]:
@@ -33,7 +37,7 @@ def requirements() -> list[str]:
     the CPU one (both install the same `onnxruntime` module)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     deps = [d for d in project["dependencies"] if not re.match(r"onnxruntime\b", d)]
-    return deps + EXTRA
+    return deps + EXTRA + TESTS
 
 
 def pack(out: Path, python_version: str) -> None:

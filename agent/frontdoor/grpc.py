@@ -27,7 +27,6 @@ from edgeplex.agent.frontdoor.shared_memory import (
     REGION,
     ClientRegions,
     Ref,
-    cuda_not_supported,
     grpc_params,
     ref_of,
 )
@@ -35,8 +34,6 @@ from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPAR
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import (
     InvalidInput,
-    NotFound,
-    NotSupported,
     Overloaded,
     ServeError,
 )
@@ -412,23 +409,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryStatus(
         self, request: Any, context: Any
     ) -> pb.CudaSharedMemoryStatusResponse:
-        if request.name:
-            raise NotFound(f"Unable to find cuda shared memory region: '{request.name}'")
-        return pb.CudaSharedMemoryStatusResponse()
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self.agent.shared_memory.status(request.name, cuda=True):
+            response.regions[region["name"]].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
 
     @_serve_errors
     @_requires(Access.LOCAL)
     async def CudaSharedMemoryRegister(
         self, request: Any, context: Any
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        raise NotSupported(cuda_not_supported(self.agent.gpu))
+        shared = self.agent.shared_memory
+        shared.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
 
     @_serve_errors
     @_requires(Access.LOCAL)
     async def CudaSharedMemoryUnregister(
         self, request: Any, context: Any
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        return pb.CudaSharedMemoryUnregisterResponse()  # nothing is ever registered
+        self.agent.shared_memory.unregister(request.name, cuda=True)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
 
 class ControlServicer(ctl_grpc.AgentControlServicer):

@@ -11,6 +11,7 @@ ServeError; 429 and 503 carry Retry-After.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import math
@@ -33,16 +34,12 @@ from edgeplex.agent.frontdoor.oip_body import (
     parse_infer_body,
 )
 from edgeplex.agent.frontdoor.oip_response import TensorResponse, encode_infer_response
-from edgeplex.agent.frontdoor.shared_memory import (
-    ClientRegions,
-    cuda_not_supported,
-)
+from edgeplex.agent.frontdoor.shared_memory import ClientRegions, cuda_not_supported
 from edgeplex.agent.observability import triton_metrics
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import (
     InvalidInput,
-    NotFound,
     NotSupported,
     Overloaded,
     ServeError,
@@ -122,6 +119,10 @@ async def _no_route(request: web.Request) -> web.Response:
         headers = {"Allow": ",".join(sorted(allowed))}
         return web.json_response({"error": "405: Method Not Allowed"}, status=405, headers=headers)
     return web.json_response({"error": "404: Not Found"}, status=404)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -279,7 +280,7 @@ class HttpApi:
         if not isinstance(doc, dict) or not isinstance(doc.get("key"), str):
             raise InvalidInput("register: the body must be an object with 'key' and 'byte_size'")
         offset, size = doc.get("offset", 0), doc.get("byte_size")
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (offset, size)):
+        if not all(_integer(n) for n in (offset, size)):
             raise InvalidInput("register: 'offset' and 'byte_size' must be integers")
         name = request.match_info["region"]
         self.agent.shared_memory.register(name, doc["key"], int(offset), int(size))  # type: ignore[arg-type]
@@ -291,15 +292,31 @@ class HttpApi:
 
     async def cuda_status(self, request: web.Request) -> web.Response:
         region = request.match_info.get("region", "")
-        if region:
-            raise NotFound(f"Unable to find cuda shared memory region: '{region}'")
-        return _json([])
+        return _json(self.agent.shared_memory.status(region, cuda=True))
 
     async def cuda_register(self, request: web.Request) -> web.Response:
-        raise NotSupported(cuda_not_supported(self.agent.gpu))
+        if reason := cuda_not_supported(self.agent.gpu):  # said first, whatever the body
+            raise NotSupported(reason)
+        doc = load_json(await request.read(), SMALL_JSON)
+        raw = doc.get("raw_handle") if isinstance(doc, dict) else None
+        handle = raw.get("b64") if isinstance(raw, dict) else None
+        device, size = (doc.get("device_id", 0), doc.get("byte_size")) if raw else (None, None)
+        if not isinstance(handle, str) or not all(_integer(n) for n in (device, size)):
+            raise InvalidInput(
+                "register: the body must be an object with 'raw_handle': {'b64': ...}, "
+                "'device_id' and 'byte_size'"
+            )
+        try:
+            decoded = base64.b64decode(handle, validate=True)
+        except ValueError:
+            raise InvalidInput("register: 'raw_handle' is not valid base64") from None
+        name = request.match_info["region"]
+        self.agent.shared_memory.register_cuda(name, decoded, int(device), int(size))  # type: ignore[arg-type]
+        return web.Response(status=200)
 
     async def cuda_unregister(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)  # nothing is ever registered
+        self.agent.shared_memory.unregister(request.match_info.get("region", ""), cuda=True)
+        return web.Response(status=200)
 
     async def unload(self, request: web.Request) -> web.Response:
         await self.agent.unload(request.match_info["model"])

@@ -14,9 +14,13 @@ region, is for clients on this machine: loopback, or the admin token
 into the batch it sends them, and an output out of their reply, as for any
 request.
 
-CUDA shared memory (`/v2/cudasharedmemory/...`) answers that it is not supported
-on an agent whose runners use the CPU; unregistering nothing succeeds there, as
-Triton's examples expect.
+CUDA shared memory (`/v2/cudasharedmemory/...`) works on an agent whose runners
+use CUDA: a client registers the IPC handle of device memory it allocated
+(`cudaIpcGetMemHandle`), the agent opens it once through the driver
+(cuda_ipc.py) and copies an input out of it, and an output into it, over PCIe:
+the tensor still never crosses the socket. The same caps count CUDA regions. On
+an agent whose runners use the CPU registration answers that it is not
+supported, and unregistering nothing succeeds, as Triton's examples expect.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from edgeplex.agent.frontdoor import cuda_ipc
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.settings import SharedMemorySettings
 from edgeplex.agent.oip.errors import AlreadyExists, InvalidInput, NotFound, NotSupported
@@ -42,7 +47,11 @@ BYTE_SIZE = "shared_memory_byte_size"
 def cuda_not_supported(gpu: bool) -> str:
     """Why CUDA shared memory cannot be registered on this agent."""
     if gpu:
-        return "CUDA shared memory is not supported yet: use system shared memory"
+        try:
+            cuda_ipc.driver()
+        except cuda_ipc.Unavailable as exc:
+            return f"CUDA shared memory is not available: {exc}"
+        return ""
     return (
         "CUDA shared memory is not supported: this agent's runners use the CPU "
         "(use system shared memory)"
@@ -60,24 +69,65 @@ class Ref:
 
 @dataclass
 class Region:
+    """A POSIX shared-memory region, mapped here."""
+
     name: str
     key: str
     offset: int
     byte_size: int
     mapping: mmap.mmap  # from the page the region's offset lies in
     base: int  # where the region starts in `mapping`
+    cuda = False
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
                 "byte_size": self.byte_size}  # fmt: skip
 
+    def read(self, offset: int, size: int) -> memoryview:
+        start = self.base + offset
+        return memoryview(self.mapping)[start : start + size]
+
+    def write(self, offset: int, data: memoryview) -> None:
+        start = self.base + offset
+        self.mapping[start : start + len(data)] = data
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):  # a request still reads it: GC closes it
+            self.mapping.close()
+
+
+@dataclass
+class CudaRegion:
+    """A client's device memory, opened here from its CUDA IPC handle."""
+
+    name: str
+    device_id: int
+    byte_size: int
+    pointer: int  # the device address the handle opened at
+    cuda = True
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+    def read(self, offset: int, size: int) -> memoryview:
+        return memoryview(cuda_ipc.driver().to_host(self.pointer + offset, size, self.device_id))
+
+    def write(self, offset: int, data: memoryview) -> None:
+        cuda_ipc.driver().to_device(self.pointer + offset, data, self.device_id)
+
+    def close(self) -> None:
+        with contextlib.suppress(cuda_ipc.Unavailable):  # the client's process has gone
+            cuda_ipc.driver().close_handle(self.pointer, self.device_id)
+
 
 class SharedMemory:
-    """The regions registered with this agent, by name."""
+    """The regions registered with this agent, system and CUDA, by name (one name
+    space, as Triton's)."""
 
-    def __init__(self, settings: SharedMemorySettings) -> None:
+    def __init__(self, settings: SharedMemorySettings, gpu: bool = False) -> None:
         self.settings = settings
-        self._regions: dict[str, Region] = {}
+        self.gpu = gpu  # runners use CUDA: CUDA regions may be registered
+        self._regions: dict[str, Region | CudaRegion] = {}
 
     @property
     def registered(self) -> bool:
@@ -86,14 +136,7 @@ class SharedMemory:
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         settings = self.settings
-        if not settings.enabled:
-            raise NotSupported("system shared memory is turned off (shared_memory.enabled)")
-        if not name:
-            raise InvalidInput("a shared memory region needs a name")
-        if name in self._regions:
-            raise AlreadyExists(f"shared memory region '{name}' already in manager")
-        if offset < 0 or byte_size <= 0:
-            raise InvalidInput(f"shared memory region '{name}': offset and byte_size must be >= 0")
+        self._admit(name, offset, byte_size, "system")
         if not key.startswith(settings.key_prefix) or key.startswith(RESERVED):
             raise InvalidInput(
                 f"shared memory region '{name}': key '{key}' is not under the prefix this "
@@ -102,6 +145,75 @@ class SharedMemory:
         stem = key[1:] if key.startswith("/") else key
         if not stem or "/" in stem or stem in (".", ".."):
             raise InvalidInput(f"shared memory region '{name}': '{key}' is not a POSIX shm key")
+        mapping, base = _map(os.path.join(SHM_DIR, stem), name, key, offset, byte_size)
+        self._regions[name] = Region(name, key, offset, byte_size, mapping, base)
+
+    def register_cuda(self, name: str, handle: bytes, device_id: int, byte_size: int) -> None:
+        """A client's device memory, by the IPC handle of its allocation's start."""
+        reason = cuda_not_supported(self.gpu)
+        if reason:
+            raise NotSupported(reason)
+        self._admit(name, 0, byte_size, "cuda")
+        if len(handle) != cuda_ipc.HANDLE_BYTES:
+            raise InvalidInput(
+                f"cuda shared memory region '{name}': raw_handle is {len(handle)} bytes, "
+                f"a CUDA IPC handle {cuda_ipc.HANDLE_BYTES}"
+            )
+        try:
+            pointer = cuda_ipc.driver().open_handle(handle, device_id)
+        except (ValueError, cuda_ipc.Unavailable) as exc:
+            raise InvalidInput(
+                f"failed to register CUDA shared memory region '{name}': {exc}"
+            ) from None
+        self._regions[name] = CudaRegion(name, device_id, byte_size, pointer)
+
+    def unregister(self, name: str = "", cuda: bool = False) -> None:
+        """One region of the kind, or every one of it with no name; a name not
+        registered is no error."""
+        names = [name] if name else list(self._regions)
+        for each in names:
+            region = self._regions.get(each)
+            if region is not None and region.cuda == cuda:
+                del self._regions[each]
+                region.close()
+
+    def status(self, name: str = "", cuda: bool = False) -> list[dict[str, Any]]:
+        if not name:
+            return [r.status() for r in self._regions.values() if r.cuda == cuda]
+        region = self._regions.get(name)
+        if region is None or region.cuda != cuda:
+            kind = "cuda" if cuda else "system"
+            raise NotFound(f"Unable to find {kind} shared memory region: '{name}'")
+        return [region.status()]
+
+    def read(self, ref: Ref, tensor: str) -> memoryview:
+        """The bytes of input `tensor` where `ref` says (a view of a system region, a
+        copy out of a CUDA one)."""
+        return self._checked(ref, tensor, "input").read(ref.offset, ref.byte_size)
+
+    def write(self, ref: Ref, tensor: str, data: memoryview) -> None:
+        """Output `tensor`'s bytes into its place; the place must hold them all."""
+        region = self._checked(ref, tensor, "output")
+        if len(data) > ref.byte_size:
+            raise InvalidInput(
+                f"shared memory size specified with the request for output '{tensor}' "
+                f"({ref.byte_size} bytes) should be at least {len(data)} bytes to hold the "
+                "results"
+            )
+        region.write(ref.offset, data)
+
+    def _admit(self, name: str, offset: int, byte_size: int, kind: str) -> None:
+        """The checks every registration passes first: turned on, named, new, sized,
+        within the caps."""
+        settings = self.settings
+        if not settings.enabled:
+            raise NotSupported("shared memory is turned off (shared_memory.enabled)")
+        if not name:
+            raise InvalidInput(f"a {kind} shared memory region needs a name")
+        if name in self._regions:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        if offset < 0 or byte_size <= 0:
+            raise InvalidInput(f"shared memory region '{name}': offset and byte_size must be >= 0")
         if len(self._regions) >= settings.max_regions:
             raise InvalidInput(
                 f"shared memory region '{name}': {settings.max_regions} regions are registered "
@@ -113,45 +225,8 @@ class SharedMemory:
                 f"shared memory region '{name}': {byte_size} bytes more would pass "
                 f"shared_memory.max_bytes ({settings.max_bytes})"
             )
-        mapping, base = _map(os.path.join(SHM_DIR, stem), name, key, offset, byte_size)
-        self._regions[name] = Region(name, key, offset, byte_size, mapping, base)
 
-    def unregister(self, name: str = "") -> None:
-        """One region, or every one with no name; a name not registered is no error."""
-        names = [name] if name else list(self._regions)
-        for each in names:
-            region = self._regions.pop(each, None)
-            if region is not None:
-                with contextlib.suppress(BufferError):  # a request still reads it: GC closes
-                    region.mapping.close()
-
-    def status(self, name: str = "") -> list[dict[str, Any]]:
-        if not name:
-            return [r.status() for r in self._regions.values()]
-        region = self._regions.get(name)
-        if region is None:
-            raise NotFound(f"Unable to find system shared memory region: '{name}'")
-        return [region.status()]
-
-    def read(self, ref: Ref, tensor: str) -> memoryview:
-        """The bytes of input `tensor` where `ref` says (a view, not a copy)."""
-        region = self._checked(ref, tensor, "input")
-        start = region.base + ref.offset
-        return memoryview(region.mapping)[start : start + ref.byte_size]
-
-    def write(self, ref: Ref, tensor: str, data: memoryview) -> None:
-        """Output `tensor`'s bytes into its place; the place must hold them all."""
-        region = self._checked(ref, tensor, "output")
-        if len(data) > ref.byte_size:
-            raise InvalidInput(
-                f"shared memory size specified with the request for output '{tensor}' "
-                f"({ref.byte_size} bytes) should be at least {len(data)} bytes to hold the "
-                "results"
-            )
-        start = region.base + ref.offset
-        region.mapping[start : start + len(data)] = data
-
-    def _checked(self, ref: Ref, tensor: str, what: str) -> Region:
+    def _checked(self, ref: Ref, tensor: str, what: str) -> Region | CudaRegion:
         region = self._regions.get(ref.region)
         if region is None:
             raise InvalidInput(
