@@ -38,13 +38,14 @@ from edgeplex.agent.runners import ipc, sandbox, seccomp, sessions
 from edgeplex.agent.runners.view import runner_view
 
 TIMEOUT_S = 15  # per child: a CUDA session here takes a few seconds
+UID, GID = os.geteuid(), os.getegid()  # read here: a cloned child sees itself unmapped
 
 
 class Partial(sandbox.Sandbox):
     """The sandbox with only the named layers applied; the others report 'skipped'."""
 
     def __init__(self, request: ipc.SpawnRunner, enabled: set[str], program: bytes | None):
-        super().__init__(request, os.geteuid(), os.getegid(), program)
+        super().__init__(request, UID, GID, program)
         self.enabled = enabled
 
     def _layer(self, name, step):  # type: ignore[no-untyped-def]

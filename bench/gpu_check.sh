@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One script for a machine with one NVIDIA GPU and no network.
 #
-#   bench/gpu_check.sh [--dry-run] [--wheels DIR] [--out DIR]
+#   bench/gpu_check.sh [--dry-run] [--checks-only] [--wheels DIR] [--out DIR]
 #
 # On the GPU machine it uses the image's python3 and the wheels carried there in
 # folders (scripts/gpu_carry.py pack writes them, under 60 MiB each; default
@@ -24,20 +24,23 @@
 # managed (unified) memory: device buffers are explicit and far below the
 # card's free memory. The GPU's settings are never touched.
 #
+# --checks-only: install, then only the last two steps (no measurements).
 # --dry-run: the same steps on the CPU with the existing .venv and small sizes,
 # so CI keeps the script working on machines without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DRY_RUN=0
+CHECKS_ONLY=0
 WHEELS=.cache/gpu-carry
 OUT_DIR="${OUT:-.cache/gpu-check}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY_RUN=1 ;;
+        --checks-only) CHECKS_ONLY=1 ;;
         --wheels) WHEELS="$2"; shift ;;
         --out) OUT_DIR="$2"; shift ;;
-        *) echo "usage: $0 [--dry-run] [--wheels DIR] [--out DIR]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--dry-run] [--checks-only] [--wheels DIR] [--out DIR]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -90,6 +93,7 @@ step() {  # step SECONDS NAME COMMAND...: one measurement, within its share of 8
     fi
 }
 
+if [ "$CHECKS_ONLY" = 0 ]; then
 # shellcheck disable=SC2086  # the argument lists above are split on purpose
 step 30 bandwidth sh -c "$PY bench/h2d_bandwidth.py $BANDWIDTH_ARGS > '$OUT_DIR/bandwidth.json'" \
     && cat "$OUT_DIR/bandwidth.json" || true
@@ -106,11 +110,17 @@ if ! step 70 serving "$PY" bench/gpu_serving.py --provider "$PROVIDER" $SERVING_
 fi
 # shellcheck disable=SC2086
 step 150 density "$PY" bench/density_closed_loop.py $DENSITY_ARGS --json "$OUT_DIR/density.json" || true
+fi
 
 if [ "$DRY_RUN" = 0 ]; then
     step 40 sandbox-views "$PY" bench/cuda_sandbox_probe.py --views --json "$OUT_DIR/views.json" || true
-    if command -v strace >/dev/null; then  # what the view's first child opens and fails on
-        timeout 40 strace -f -qq -e trace=%file,ioctl,mmap -o "$OUT_DIR/strace.txt" \
+    step 30 cuda-ipc sh -c "$PY bench/cuda_ipc_probe.py > '$OUT_DIR/cuda_ipc.json'" || true
+    cat "$OUT_DIR/cuda_ipc.json" || true
+    STRACE=$(command -v strace || echo .cache/strace/strace)  # carried where none is
+    if [ -x "$STRACE" ]; then  # what the view's child opens and fails on
+        LD_LIBRARY_PATH="$(dirname "$STRACE"):$LD_LIBRARY_PATH" timeout 40 "$STRACE" \
+            -E LD_LIBRARY_PATH="$LD_LIBRARY_PATH" -f -qq -s 96 -e trace=%file,ioctl,mmap \
+            -o "$OUT_DIR/strace.txt" \
             "$PY" bench/cuda_sandbox_probe.py --views --only "as is" >/dev/null 2>&1 || true
         gzip -f "$OUT_DIR/strace.txt" || true
     fi

@@ -10,6 +10,7 @@ first (the one the runtime API shares), so any thread may call.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from typing import Any
@@ -28,6 +29,25 @@ class _Handle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_char * HANDLE_BYTES)]
 
 
+_P, _U64, _SIZE = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t
+_SIGNATURES: dict[str, list[Any]] = {
+    "cuInit": [ctypes.c_uint],
+    "cuDeviceGetCount": [ctypes.POINTER(ctypes.c_int)],
+    "cuDeviceGet": [ctypes.POINTER(ctypes.c_int), ctypes.c_int],
+    "cuDevicePrimaryCtxRetain": [ctypes.POINTER(_P), ctypes.c_int],
+    "cuCtxSetCurrent": [_P],
+    "cuIpcOpenMemHandle_v2": [ctypes.POINTER(_U64), _Handle, ctypes.c_uint],
+    "cuIpcOpenMemHandle": [ctypes.POINTER(_U64), _Handle, ctypes.c_uint],
+    "cuIpcCloseMemHandle": [_U64],
+    "cuIpcGetMemHandle": [ctypes.POINTER(_Handle), _U64],
+    "cuMemcpyDtoH_v2": [_P, _U64, _SIZE],
+    "cuMemcpyHtoD_v2": [_U64, _P, _SIZE],
+    "cuMemAlloc_v2": [ctypes.POINTER(_U64), _SIZE],
+    "cuMemFree_v2": [_U64],
+    "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
+}
+
+
 class Driver:
     """libcuda.so.1, initialised once; `contexts` holds each device's primary context."""
 
@@ -36,6 +56,9 @@ class Driver:
             self._lib = ctypes.CDLL(library)
         except OSError as exc:
             raise Unavailable(f"CUDA's driver library cannot be loaded: {exc}") from None
+        for name, argtypes in _SIGNATURES.items():
+            with contextlib.suppress(AttributeError):  # a _v2 entry point: see _call
+                getattr(self._lib, name).argtypes = argtypes
         self._call("cuInit", 0)
         self._contexts: dict[int, ctypes.c_void_p] = {}
         self._lock = threading.Lock()
@@ -64,8 +87,8 @@ class Driver:
         out = bytearray(size)
         if size:
             self._current(device_id)
-            target = (ctypes.c_char * size).from_buffer(out)
-            self._call("cuMemcpyDtoH_v2", target, ctypes.c_uint64(pointer), ctypes.c_size_t(size))
+            target = ctypes.addressof((ctypes.c_char * size).from_buffer(out))
+            self._call("cuMemcpyDtoH_v2", target, pointer, size)
         return out
 
     def to_device(self, pointer: int, data: Any, device_id: int) -> None:
@@ -74,8 +97,7 @@ class Driver:
         if not source.nbytes:
             return
         self._current(device_id)
-        address, size = ctypes.c_void_p(source.ctypes.data), ctypes.c_size_t(source.nbytes)
-        self._call("cuMemcpyHtoD_v2", ctypes.c_uint64(pointer), address, size)
+        self._call("cuMemcpyHtoD_v2", pointer, source.ctypes.data, source.nbytes)
 
     # --- for clients of the extension (tests, benchmarks): memory to share ---------------
 
@@ -105,7 +127,7 @@ class Driver:
                     raise ValueError(f"there is no CUDA device {device_id} on this machine")
                 device, context = ctypes.c_int(), ctypes.c_void_p()
                 self._call("cuDeviceGet", ctypes.byref(device), device_id)
-                self._call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+                self._call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device.value)
                 self._contexts[device_id] = context
         self._call("cuCtxSetCurrent", context)
 

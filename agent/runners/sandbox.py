@@ -107,12 +107,48 @@ def clone() -> int:
 
 
 def clone_or_fork() -> tuple[int, str]:
-    """clone() where the host allows new namespaces, else a plain fork: (the pid as
-    fork returns it, "" or why the child has no namespaces of its own)."""
+    """clone() where the host allows new namespaces and ids can be mapped into them,
+    else a plain fork: (the pid as fork returns it, "" or why the child has no
+    namespaces of its own)."""
+    refused = namespaces_refused()
+    if refused:
+        return os.fork(), refused
     try:
         return clone(), ""
     except (OSError, SandboxError) as exc:
         return os.fork(), str(exc)
+
+
+_refused: str | None = None  # why a runner cannot have namespaces here, once known
+
+
+def namespaces_refused() -> str:
+    """ "" when a cloned child can map its ids into its new user namespace, else why
+    not, found once with a child that tries. A host may allow the clone yet refuse
+    the mapping (root without CAP_SETFCAP, as in many containers): a child left in
+    new namespaces without its ids has no mount view, and a PID namespace that still
+    sees the host's /proc, which CUDA's driver cannot initialise in."""
+    global _refused
+    if _refused is None:
+        uid, gid = os.geteuid(), os.getegid()  # read before the clone maps them
+        try:
+            said = _in_child(lambda _: _map_ids(uid, gid), lambda: (clone(), ""))
+        except (OSError, SandboxError) as exc:
+            said = str(exc)
+        _refused = f"ids cannot be mapped into a user namespace: {said}" if said else ""
+    return _refused
+
+
+def _map_ids(uid: int, gid: int) -> str:
+    """Map `uid` and `gid` 1:1 into this new user namespace (a process may map only
+    its own ids there), groups denied: "" once done, else why not."""
+    try:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    except OSError as exc:
+        return str(exc) or type(exc).__name__
+    return ""
 
 
 class Sandbox:
@@ -176,11 +212,10 @@ class Sandbox:
             raise SandboxError(f"runner.sandbox is required, but {name}: {self.layers[name]}")
 
     def _map_ids(self) -> str:
-        """Map the zygote's uid and gid 1:1 into the new user namespace (a process may
-        map only its own ids there), groups denied."""
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{self._uid} {self._uid} 1")
-        _write("/proc/self/gid_map", f"{self._gid} {self._gid} 1")
+        """Map the zygote's uid and gid 1:1 into the new user namespace."""
+        refused = _map_ids(self._uid, self._gid)
+        if refused:
+            raise SandboxError(f"ids cannot be mapped into a user namespace: {refused}")
         return ""
 
     def _build_view(self) -> None:
