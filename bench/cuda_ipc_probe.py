@@ -1,13 +1,15 @@
 """Whether CUDA IPC works between two processes on this machine, without the agent.
 
-    python bench/cuda_ipc_probe.py
+    python bench/cuda_ipc_probe.py [--torch]
 
 This process allocates device memory, writes a pattern into it and takes its IPC
 handle; a second process (a new interpreter) opens the handle and reads the
 pattern back. Prints each step's outcome and what the kernel allows the processes
 (capabilities, ptrace scope, seccomp mode): the driver may pass an IPC handle's
 memory as a file descriptor taken from the other process, which containers with
-a default seccomp profile or without ptrace rights refuse.
+a default seccomp profile or without ptrace rights refuse. `--torch` also shares a
+CUDA tensor between two processes with torch.multiprocessing (CUDA IPC by a
+known-good user of it), where torch is installed.
 """
 
 from __future__ import annotations
@@ -41,8 +43,35 @@ def kernel_facts() -> dict[str, str]:
     return facts
 
 
+def torch_child(queue, answers) -> None:  # type: ignore[no-untyped-def]
+    answers.put(float(queue.get().sum().item()))
+
+
+def torch_ipc() -> str:
+    """What a child read of a CUDA tensor shared by torch.multiprocessing."""
+    try:
+        import torch
+        import torch.multiprocessing as mp
+    except ImportError:
+        return "no torch"
+    context = mp.get_context("spawn")
+    queue, answers = context.Queue(), context.Queue()
+    child = context.Process(target=torch_child, args=(queue, answers))
+    child.start()
+    tensor = torch.arange(16.0, device="cuda")
+    queue.put(tensor)
+    try:
+        return f"sum {answers.get(timeout=60)} (want {float(tensor.sum().item())})"
+    except Exception as exc:  # the child died: its traceback went to stderr
+        return f"failed: {type(exc).__name__} {exc}"
+    finally:
+        child.join(10)
+
+
 def main() -> None:
     report: dict[str, object] = {"kernel": kernel_facts()}
+    if "--torch" in sys.argv:
+        report["torch"] = torch_ipc()
     driver = cuda_ipc.driver()
     pointer = driver.allocate(1 << 20, 0)
     pattern = bytes(range(16))

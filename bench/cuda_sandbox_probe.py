@@ -71,11 +71,19 @@ def cuinit_seen() -> dict[str, object]:
     """cuInit's result in this child, and what the child sees of the driver."""
     seen: dict[str, object] = {"cuinit": sandbox.cuda_init()}
     seen["provider"] = "CUDAExecutionProvider" if seen["cuinit"] == "0" else ""
-    with open("/proc/self/maps") as maps:
-        seen["libcuda"] = sorted({line.split()[-1] for line in maps if "libcuda" in line})
-    seen["dev"] = sorted(os.listdir("/dev"))
-    seen["proc_driver"] = os.path.exists("/proc/driver/nvidia/params")
-    seen["top"] = sorted(os.listdir("/"))
+    looks = {  # what the child may see (landlock may refuse a listing)
+        "libcuda": lambda: sorted({line.split()[-1] for line in
+                                   Path("/proc/self/maps").read_text().splitlines()
+                                   if "libcuda" in line}),
+        "dev": lambda: sorted(os.listdir("/dev")),
+        "proc_driver": lambda: os.path.exists("/proc/driver/nvidia/params"),
+        "top": lambda: sorted(os.listdir("/")),
+    }  # fmt: skip
+    for name, look in looks.items():
+        try:
+            seen[name] = look()
+        except OSError as exc:
+            seen[name] = f"{type(exc).__name__}: {exc.strerror}"
     return seen
 
 
@@ -159,6 +167,7 @@ def main() -> None:
     parser.add_argument("--agent", action="store_true", help="and ask an agent")
     parser.add_argument("--views", action="store_true", help="vary the mount view instead")
     parser.add_argument("--only", help="with --views: this view alone (a name in WIDER)")
+    parser.add_argument("--cuinit", action="store_true", help="each child calls cuInit only")
     args = parser.parse_args()
     repo = Path(tempfile.mkdtemp(prefix="edgeplex-cuda-probe-"))
     demo.make_mlp(repo / "mlp", width=256, layers=2, in_width=64, config="")
@@ -185,11 +194,14 @@ def main() -> None:
     probes += [("all but " + name, set(layers) - {name}) for name in layers]
     rows = []
     for label, enabled in probes:
-        result = probe(request, enabled, model, program)
+        result = probe(request, enabled, model, program, cuinit_seen if args.cuinit else None)
         rows.append({"probe": label, **result})
         print(f"{label:<22} cuda={result['cuda']!s:<5} {result.get('error', '')}", flush=True)
     if args.audit and program is not None:
-        logged = probe(request, set(layers), model, seccomp.compile_filter(log_only=True))
+        logged = probe(
+            request, set(layers), model, seccomp.compile_filter(log_only=True),
+            cuinit_seen if args.cuinit else None,
+        )  # fmt: skip
         rows.append({"probe": "all, seccomp logging", **logged})
         print("all, seccomp logging: cuda =", logged["cuda"], logged.get("error", ""))
         dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, check=False).stdout
