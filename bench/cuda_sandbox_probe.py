@@ -168,6 +168,7 @@ def main() -> None:
     parser.add_argument("--views", action="store_true", help="vary the mount view instead")
     parser.add_argument("--only", help="with --views: this view alone (a name in WIDER)")
     parser.add_argument("--cuinit", action="store_true", help="each child calls cuInit only")
+    parser.add_argument("--rows", help="only the probes named, comma-separated ('up to seccomp')")
     args = parser.parse_args()
     repo = Path(tempfile.mkdtemp(prefix="edgeplex-cuda-probe-"))
     demo.make_mlp(repo / "mlp", width=256, layers=2, in_width=64, config="")
@@ -192,6 +193,8 @@ def main() -> None:
     probes = [("none", set())]
     probes += [("up to " + name, set(layers[: i + 1])) for i, name in enumerate(layers)]
     probes += [("all but " + name, set(layers) - {name}) for name in layers]
+    if args.rows:
+        probes = [(label, enabled) for label, enabled in probes if label in args.rows.split(",")]
     rows = []
     for label, enabled in probes:
         result = probe(request, enabled, model, program, cuinit_seen if args.cuinit else None)

@@ -23,6 +23,9 @@ _NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
 _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 
 READ_ONLY = EXECUTE | READ_FILE | READ_DIR
+# A process's own /proc/self/task: CUDA's driver names the threads it starts by
+# writing their `comm` files there, and fails to initialise if it cannot.
+THREAD_NAMES = READ_ONLY | WRITE_FILE | _TRUNCATE
 
 
 class Unavailable(Exception):

@@ -330,6 +330,8 @@ class Sandbox:
         if self.layers.get("mount_view") == ON:  # private ones; never the host's
             paths += [("/tmp", rw), ("/dev/shm", rw)]
         paths += [("/proc", landlock.READ_ONLY), (CPU_TOPOLOGY, landlock.READ_ONLY)]
+        if self.request.devices:  # a CUDA runner
+            paths.append(("/proc/self/task", landlock.THREAD_NAMES))
         version = landlock.restrict(paths)
         return ON if version >= 4 else f"on (ABI {version}: files only, TCP not covered)"
 

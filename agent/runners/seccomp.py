@@ -40,7 +40,10 @@ _CLONE_NAMESPACES = (
 
 # Every call below was seen in runners serving, staging, prepacking and building
 # variants (strace of the test suite), plus their close relatives (the 32-bit-free
-# x86_64 and aarch64 names; unknown names on an architecture are skipped).
+# x86_64 and aarch64 names; unknown names on an architecture are skipped). bind and
+# listen: CUDA's driver binds an abstract Unix socket at cuInit (sockets are AF_UNIX
+# only; the runner's network namespace has its own abstract names, and Landlock
+# scopes them to the runner from ABI 6).
 ALLOWED = frozenset(
     """
     read write readv writev pread64 pwrite64 preadv pwritev preadv2 pwritev2
@@ -67,6 +70,7 @@ ALLOWED = frozenset(
     epoll_pwait epoll_pwait2 eventfd eventfd2 pipe pipe2
     sendto recvfrom sendmsg recvmsg sendmmsg recvmmsg shutdown getsockname
     getpeername getsockopt setsockopt connect
+    bind listen accept accept4
     getrandom prctl arch_prctl capget umask
     inotify_init inotify_init1 inotify_add_watch inotify_rm_watch
     """.split()  # noqa: SIM905 (a list of names reads best as words)
