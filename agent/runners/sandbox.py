@@ -29,6 +29,7 @@ single-threaded; see docs/security.md for what a hostile model can still reach.
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import errno
 import json
@@ -352,23 +353,29 @@ def probe(request: ipc.SpawnRunner, seccomp_program: bytes | None = None) -> dic
 
 
 def probe_cuda(request: ipc.SpawnRunner, seccomp_program: bytes | None = None) -> str:
-    """ON when CUDA's driver initialises in a runner sandboxed as `request` says, or
-    cannot initialise here at all (then the sandbox takes nothing from it); else why
-    not. Both tries are children: the zygote itself never touches CUDA, or its forks
-    would inherit a driver that does not survive fork()."""
+    """ON when CUDA works in a runner sandboxed as `request` says as far as it works
+    outside (the driver initialises; ONNX Runtime creates its CUDA provider, where it
+    can outside), or CUDA's driver cannot initialise here at all (then the sandbox
+    takes nothing from it); else why not. Every try is a child: the zygote itself
+    never touches CUDA, or its forks would inherit a driver that does not survive
+    fork()."""
     outside = _in_child(lambda _: cuda_init(), lambda: (os.fork(), ""))
     if outside != "0":
         return ON
+    provider_outside = _in_child(lambda _: cuda_provider(), lambda: (os.fork(), "")) == "0"
     uid, gid = os.geteuid(), os.getegid()  # read before the clone maps them
 
     def confined(no_namespaces: str) -> str:
         Sandbox(request, uid, gid, seccomp_program).apply(no_namespaces)
-        return cuda_init()
+        init = cuda_init()
+        if init != "0":
+            return f"CUDA's driver does not initialise inside the sandbox (cuInit: {init})"
+        if provider_outside and (why := cuda_provider()) != "0":
+            return f"ONNX Runtime's CUDA provider cannot start inside the sandbox ({why})"
+        return ON
 
     inside = _in_child(confined, clone_or_fork)
-    if inside == "0":
-        return ON
-    return f"CUDA's driver does not initialise inside the sandbox (cuInit: {inside or 'died'})"
+    return inside or "CUDA's probe died inside the sandbox"
 
 
 def cuda_init() -> str:
@@ -379,6 +386,30 @@ def cuda_init() -> str:
     except OSError:
         return "no CUDA driver (libcuda.so.1)"
     return str(driver.cuInit(0))
+
+
+# One Identity node of one float, serialized (onnx.helper made it): the smallest
+# model ONNX Runtime will make a session of.
+_PROBE_MODEL = base64.b64decode(
+    "CAgSADo7ChAKAXgSAXkiCElkZW50aXR5EgVwcm9iZVoPCgF4EgoKCAgBEgQKAggBYg8KAXkSCgoICAESBAoCCAFCBAoAEA0="
+)
+
+
+def cuda_provider() -> str:
+    """ "0" when ONNX Runtime makes a session on its CUDA provider here (what a runner
+    needs past cuInit: CUDA's libraries loaded, a context made), else why not."""
+    try:
+        import onnxruntime as ort
+
+        from edgeplex.agent.runners import sessions
+
+        sessions._preload_cuda()
+        session = ort.InferenceSession(_PROBE_MODEL, providers=["CUDAExecutionProvider"])
+    except Exception as exc:  # anything it raises is the answer
+        return f"{type(exc).__name__}: {exc}"[:300]
+    if session.get_providers()[0] != "CUDAExecutionProvider":
+        return "the session fell back to the CPU"
+    return "0"
 
 
 def _in_child(work: Callable[[str], str], make: Callable[[], tuple[int, str]]) -> str:
