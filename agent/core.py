@@ -57,6 +57,7 @@ from edgeplex.agent.fleet.routing import Local, Where, choose_route
 from edgeplex.agent.frontdoor.gate import InflightGate
 from edgeplex.agent.frontdoor.overload import OverloadWatch
 from edgeplex.agent.frontdoor.shared_memory import SharedMemory
+from edgeplex.agent.frontdoor.tenants import Tenants, tenants_of
 from edgeplex.agent.observability import views
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
@@ -143,6 +144,8 @@ class Agent:
             settings.max_inflight_requests, settings.max_inflight_bytes, self.overload.reason
         )
         self.gpu = settings.runner.execution_provider == "cuda"  # KIND_GPU needs it
+        security = settings.security
+        self.tenants = Tenants(tenants_of(security), security.anonymous)  # who calls, limits
         self.shared_memory = SharedMemory(settings.shared_memory, self.gpu)  # Triton's extension
         self.overrides: dict[str, Message] = {}  # config given with a load, by model
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
@@ -516,12 +519,16 @@ class Agent:
         id is drawn only when one is made). Raises ServeError subclasses."""
         loop = self.loop
         arrived = loop.time() if arrived is None else arrived
+        tenants = self.tenants
+        caller = tenants.caller(header)
         if self.ensembles and name in self.ensembles:
+            tenants.admit(caller, name)
             self._inflight += 1  # between its steps too: a drain waits for it
             self._idle.clear()
             try:
                 return await self._run_ensemble(self.ensembles[name], decode, arrived)
             finally:
+                tenants.release(caller)
                 self._inflight -= 1
                 if self._inflight == 0:
                     self._idle.set()
@@ -531,12 +538,17 @@ class Agent:
             forwarded, origin = router.hop(header)
             reply = await via_peers(
                 lambda: self.route(name, forwarded, origin),
-                lambda peers: router.forward(forward, peers, origin, traceparent()),
+                lambda peers: router.forward(forward, peers, origin, traceparent(), caller),
             )
             if reply is not None:
                 return Forwarded(reply)
-        decoded = decode()
-        body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
+        tenants.admit(caller, name)  # its model, rate and concurrency: before any work
+        try:
+            decoded = decode()
+            body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
+        except BaseException:
+            tenants.release(caller)
+            raise
         record: ModelRecord | None = None
         ticket: Ticket | None = None
         live: Live | None = None  # a stateful model's sequence, its turn taken
@@ -605,6 +617,7 @@ class Agent:
                 )
             raise
         finally:
+            tenants.release(caller)
             if ticket is not None:
                 self.residency.release(ticket)
             if live is not None:

@@ -87,7 +87,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         metrics = [settings.metrics_host] if settings.metrics_port is not None else []
         check_binds(settings.grpc_host, settings.http_host, *metrics, security=security)
         explicit = settings.model_control_mode == "explicit"
-        credentials = Credentials.from_settings(security, loopback_control=explicit)
+        credentials = Credentials.from_settings(security, agent.tenants, loopback_control=explicit)
         tls = tls_credentials(security)
         grpc_tls = (tls[1], tls[2]) if tls else None
         grpc_server, grpc_port = await start_grpc_server(agent, credentials, grpc_tls)

@@ -46,6 +46,7 @@ NOT_HERE = "edgeplex-not-here"  # on a 503: this site does not hold the model
 # A forwarding peer proves it is one: the fleet's peer token, from the signed
 # desired state. Only then are the two hop headers above honoured.
 PEER_TOKEN = "edgeplex-peer-token"
+TENANT_HEADER = "edgeplex-tenant"  # whom a forward is served for (with the peer token)
 T = TypeVar("T")
 PEER_BACKOFF_S = 5.0
 PEER_CONNECT_TIMEOUT_S = 2.0
@@ -131,6 +132,13 @@ class Router:
         origin = header(ORIGIN_REGION) or ""
         return header(FORWARDED) is not None, origin if valid_name(origin) else ""
 
+    def _as_peer(self, tenant: str) -> tuple[tuple[str, str], ...]:
+        """The credential of a forward (the fleet's peer token, which the serving
+        site's doors accept) and the tenant it is served for."""
+        if not self.peer_token:
+            return ()
+        return (("authorization", f"Bearer {self.peer_token}"), (TENANT_HEADER, tenant))
+
     def update(self, routes: cpb.Routes) -> bool:
         """Replace the table unless `routes` is stale or for another region."""
         if routes.region != self.region or routes.version <= self.version:
@@ -178,17 +186,25 @@ class Router:
     # --- the two proxies ------------------------------------------------------------------
 
     async def forward(
-        self, call: HttpForward | GrpcForward, peers: list[Peer], origin: str, traceparent: str
+        self,
+        call: HttpForward | GrpcForward,
+        peers: list[Peer],
+        origin: str,
+        traceparent: str,
+        tenant: str = "",
     ) -> HttpReply | GrpcReply:
         """Pass `call` on to the first of `peers` that holds its model, in its own
-        protocol. Raises StaleRoute when every peer tried said it does not hold it,
-        and a peer's gRPC error as a ServeError with the same status."""
+        protocol, for `tenant` (the serving site applies its limits). Raises
+        StaleRoute when every peer tried said it does not hold it, and a peer's gRPC
+        error as a ServeError with the same status."""
         if isinstance(call, HttpForward):
             return await self.forward_http(
-                call.model, call.path, call.body, call.headers, peers, origin, traceparent
+                call.model, call.path, call.body, call.headers, peers, origin, traceparent, tenant
             )
         try:
-            return await self.forward_grpc(call.request, peers, origin, call.timeout_s, traceparent)
+            return await self.forward_grpc(
+                call.request, peers, origin, call.timeout_s, traceparent, tenant
+            )
         except grpc.aio.AioRpcError as exc:
             raise peer_error(exc) from None
 
@@ -199,6 +215,7 @@ class Router:
         origin: str,
         timeout_s: float | None,
         traceparent: str = "",
+        tenant: str = "",
     ) -> tuple[pb.ModelInferResponse, tuple[tuple[str, str], ...]]:
         """(response, serving site). Raises StaleRoute when every peer tried said it
         does not hold the model, else grpc.aio.AioRpcError from the last peer."""
@@ -206,6 +223,7 @@ class Router:
             (FORWARDED, self.site_id),
             (ORIGIN_REGION, origin or self.region),
             (PEER_TOKEN, self.peer_token),
+            *self._as_peer(tenant),
         ) + ((("traceparent", traceparent),) if traceparent else ())
         last: grpc.aio.AioRpcError | None = None
         stale = False
@@ -253,6 +271,7 @@ class Router:
         peers: list[Peer],
         origin: str,
         traceparent: str = "",
+        tenant: str = "",
     ) -> tuple[int, bytes, dict[str, str]]:
         """(status, body, headers) of the first peer that answers and holds `model`.
         Raises StaleRoute when every peer tried said it does not hold it."""
@@ -265,6 +284,7 @@ class Router:
         out[FORWARDED] = self.site_id
         out[ORIGIN_REGION] = origin or self.region
         out[PEER_TOKEN] = self.peer_token
+        out.update(self._as_peer(tenant))
         if traceparent:
             out["traceparent"] = traceparent  # this hop as the parent (access_log.py)
         stale = False

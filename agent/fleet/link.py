@@ -326,6 +326,7 @@ class FleetLink:
             return
         if self._agent.router is not None and desired.peer_token:
             self._agent.router.peer_token = desired.peer_token
+            self._agent.tenants.peer_token = desired.peer_token.encode()
         if not self.reconciler.offer(desired):
             log.debug("ignored stale desired state v%d", desired.version)
 

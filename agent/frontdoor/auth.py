@@ -8,8 +8,10 @@
   to loopback clients (as Triton's are to every client), and need the admin token
   from anywhere else. System shared memory (registering regions, and naming one
   in a request) is for clients on this machine: loopback, or the admin token.
-- With `security.inference_api_key` set, inference and model routes need that
-  key (or the admin token); health, server metadata and /metrics stay open.
+- Inference and model routes need a tenant's key (or the admin token) once any
+  tenant exists, `security.inference_api_key` being tenant `default`'s key
+  (frontdoor/tenants.py, docs/tenants.md); health, server metadata and /metrics
+  stay open.
 
 Both travel as `Authorization: Bearer <token>` (gRPC: `authorization`
 metadata) and are compared in constant time.
@@ -27,6 +29,7 @@ from pathlib import Path
 import grpc
 
 from edgeplex.agent.frontdoor.settings import SecuritySettings
+from edgeplex.agent.frontdoor.tenants import Tenants
 from edgeplex.agent.oip.errors import PermissionDenied, Unauthenticated
 from edgeplex.durable import create_atomic, sweep_temporary
 from edgeplex.net import bearer_token, is_loopback
@@ -87,43 +90,39 @@ def admin_token(security: SecuritySettings) -> str:
 
 class Credentials:
     def __init__(
-        self, admin: str, inference_key: str | None, loopback_control: bool = False
+        self, admin: str, tenants: Tenants | None = None, loopback_control: bool = False
     ) -> None:
         self._admin = admin.encode()
-        self._inference = inference_key.encode() if inference_key else None
+        self.tenants = tenants if tenants is not None else Tenants()
+        self.tenants.admin = self._admin
         self._loopback_control = loopback_control  # model_control_mode: explicit
 
     @classmethod
     def from_settings(
-        cls, security: SecuritySettings, loopback_control: bool = False
+        cls, security: SecuritySettings, tenants: Tenants, loopback_control: bool = False
     ) -> Credentials:
-        key = security.inference_api_key
-        inference = key.get_secret_value() if key else None
-        return cls(admin_token(security), inference, loopback_control)
+        return cls(admin_token(security), tenants, loopback_control)
 
-    def check(self, access: Access, authorization: str | None, what: str, peer: str = "") -> None:
-        """Raise Unauthenticated (no or wrong credential) or PermissionDenied (a valid
-        inference key on an admin verb) unless `authorization` grants `access` to the
-        client at `peer` (an address, or gRPC's "ipv4:host:port")."""
+    def check(self, access: Access, authorization: str | None, what: str, peer: str = "") -> str:
+        """Raise Unauthenticated (no or wrong credential) or PermissionDenied (a
+        tenant's key on an admin verb) unless `authorization` grants `access` to the
+        client at `peer` (an address, or gRPC's "ipv4:host:port"). Returns who the
+        caller is for inference (a tenant, "admin" or "anonymous"), else ""."""
         if access == Access.OPEN:
-            return
+            return ""
+        if access == Access.CLIENT:
+            return self.tenants.identify(authorization)
         if access in (Access.CONTROL, Access.LOCAL):  # open to this machine, or admin
             opens = access == Access.LOCAL or self._loopback_control
             if opens and is_local(peer):
-                return
-            access = Access.ADMIN
-        if access == Access.CLIENT and self._inference is None:
-            return
+                return ""
         token = bearer_token(authorization)
         if token is None:
             raise Unauthenticated(f"{what} needs 'Authorization: Bearer <token>'")
-        given = token.encode()
-        if hmac.compare_digest(given, self._admin):
-            return
-        if self._inference is not None and hmac.compare_digest(given, self._inference):
-            if access == Access.CLIENT:
-                return
-            raise PermissionDenied(f"{what} needs the admin token, not the inference key")
+        if hmac.compare_digest(token.encode(), self._admin):
+            return ""
+        if self.tenants.table.identify(token) is not None:
+            raise PermissionDenied(f"{what} needs the admin token, not an inference key")
         raise Unauthenticated(f"{what}: the token is not valid")
 
 

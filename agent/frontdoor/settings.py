@@ -10,7 +10,7 @@ apply what their libraries offer (named per field).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -220,7 +220,19 @@ class SecuritySettings(BaseModel):
     inference_api_key: SecretStr | None = Field(
         default=None,
         description="If set, inference and model routes need `Authorization: Bearer <key>` "
-        "too (health, metadata and /metrics stay open).",
+        "too (health, metadata and /metrics stay open). It is the key of a tenant named "
+        "`default` (docs/tenants.md).",
+    )
+    tenants_file: Path | None = Field(
+        default=None,
+        description="A standalone agent's tenants, keys and limits (YAML; `edgeplex admin "
+        "tenant ... --file` writes it), reread when it changes. An agent in a fleet takes "
+        "them from the control plane instead.",
+    )
+    anonymous: Literal["auto", "allow", "deny"] = Field(
+        default="auto",
+        description="Inference without a key: `auto` serves it only while no tenant (and "
+        "no inference_api_key) exists; `allow` and `deny` decide for good.",
     )
     tls_cert: Path | None = Field(
         default=None, description="PEM certificate of both OIP ports; set: they serve TLS."

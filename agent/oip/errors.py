@@ -53,6 +53,19 @@ class QueueFull(ServeError):
     failure_reason = "REJECTED"
 
 
+class RateLimited(ServeError):
+    """A tenant's rate or concurrency limit is spent: refused before anything was
+    decoded or queued; retry after `retry_after_s`."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+    failure_reason = "REJECTED"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class Overloaded(ServeError):
     """Refused before admission: more promotions wait for device memory than the
     agent will queue. Nothing was started for this request; retry shortly."""

@@ -1,0 +1,164 @@
+"""Tenants at this agent: whose key a request carries, whether that tenant may call
+the model, and whether its rate and concurrency limits leave room, decided before
+the request is decoded or queued.
+
+Keys are looked up in the local table (edgeplex/tenants.py): no call leaves the
+agent. Each tenant has a token bucket (`rate` a second, `burst` at once) and a
+count of its requests in flight (`concurrency`); a request over either is refused
+with 429 and Retry-After (RESOURCE_EXHAUSTED over gRPC) and costs nothing more. A
+request forwarded by a fleet peer names its tenant in a header, believed only
+with the fleet's peer token; the serving agent applies that tenant's limits.
+Without any tenant, requests are anonymous unless `security.anonymous: deny`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edgeplex.agent.fleet.forward import TENANT_HEADER
+from edgeplex.agent.frontdoor.settings import SecuritySettings
+from edgeplex.agent.oip.errors import PermissionDenied, RateLimited, Unauthenticated
+from edgeplex.net import bearer_token
+from edgeplex.tenants import ANONYMOUS, DEFAULT, Tenant, TenantTable, read_file
+
+ADMIN = "admin"  # the agent's admin token: no tenant's limits
+PEER = "fleet-peer"  # the fleet's peer token: a forward, whose tenant TENANT_HEADER names
+
+
+@dataclass
+class Bucket:
+    """A token bucket: `rate` tokens a second up to `burst`."""
+
+    rate: float
+    burst: float
+    tokens: float
+    stamp: float
+
+    def take(self, now: float) -> float:
+        """0.0 when a token was taken; else the seconds until one will be there."""
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+class Tenants:
+    """The tenant table in force, and each tenant's bucket and requests in flight."""
+
+    def __init__(
+        self,
+        table: TenantTable | None = None,
+        anonymous: str = "auto",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.anonymous = anonymous  # auto | allow | deny
+        self.admin: bytes | None = None  # the admin token (auth.Credentials sets it)
+        self.peer_token: bytes | None = None  # the fleet's (from the desired state)
+        self._clock = clock
+        self.table = TenantTable()
+        self._buckets: dict[str, Bucket] = {}
+        self.inflight: dict[str, int] = {}
+        self.replace(table or TenantTable())
+
+    @property
+    def anonymous_allowed(self) -> bool:
+        """Requests without a key are served: `allow`, or `auto` with no tenant."""
+        return self.anonymous == "allow" or (self.anonymous == "auto" and not self.table)
+
+    def replace(self, table: TenantTable) -> None:
+        """A new table (a file reread, a new desired state). A tenant whose limits
+        did not change keeps its bucket; requests in flight stay counted."""
+        buckets = {}
+        for name, tenant in table.tenants.items():
+            old = self._buckets.get(name)
+            if tenant.rate is None:
+                continue
+            burst = float(tenant.burst or max(1, round(tenant.rate)))
+            if old is not None and (old.rate, old.burst) == (tenant.rate, burst):
+                buckets[name] = old
+            else:
+                buckets[name] = Bucket(tenant.rate, burst, burst, self._clock())
+        self.table, self._buckets = table, buckets
+
+    def identify(self, authorization: str | None) -> str:
+        """Who a request's `Authorization` says it comes from: a tenant's name, ADMIN,
+        PEER, or ANONYMOUS where that is allowed; else Unauthenticated."""
+        token = bearer_token(authorization)
+        if token is None:
+            if self.anonymous_allowed:
+                return ANONYMOUS
+            raise Unauthenticated("inference needs 'Authorization: Bearer <key>'")
+        tenant = self.table.identify(token)
+        if tenant is not None:
+            return tenant.name
+        if self.admin is not None and _same(token, self.admin):
+            return ADMIN
+        if self.peer_token and _same(token, self.peer_token):
+            return PEER
+        if not self.table and self.anonymous_allowed:
+            return ANONYMOUS  # no tenants: a token is not asked for, so not checked
+        raise Unauthenticated("inference: the key is not valid")
+
+    def caller(self, header: Callable[[str], str | None]) -> str:
+        """The tenant a request is served for: the key's, or for a forward from a
+        fleet peer the one it names."""
+        who = self.identify(header("authorization"))
+        if who == PEER:
+            named = header(TENANT_HEADER) or ANONYMOUS
+            return named if len(named) <= 63 else ANONYMOUS
+        return who
+
+    def admit(self, name: str, model: str) -> Tenant | None:
+        """Tenant `name` may send a request to `model` now: PermissionDenied if the
+        model is not among its models, RateLimited if its rate or concurrency is
+        spent; counted in flight until release(name)."""
+        tenant = self.table.tenants.get(name)
+        if tenant is None:  # ADMIN, ANONYMOUS, or a tenant removed since
+            if name not in (ADMIN, ANONYMOUS):
+                raise Unauthenticated(f"tenant '{name}' is not known here")
+            self.inflight[name] = self.inflight.get(name, 0) + 1
+            return None
+        if not tenant.allows(model):
+            raise PermissionDenied(f"tenant '{name}' may not call model '{model}'")
+        held = self.inflight.get(name, 0)
+        if tenant.concurrency is not None and held >= tenant.concurrency:
+            raise RateLimited(
+                f"tenant '{name}' has {held} requests in flight, its limit", retry_after_s=1.0
+            )
+        bucket = self._buckets.get(name)
+        if bucket is not None:
+            wait = bucket.take(self._clock())
+            if wait:
+                raise RateLimited(
+                    f"tenant '{name}' is over its rate of {bucket.rate:g} requests a second",
+                    retry_after_s=wait,
+                )
+        self.inflight[name] = held + 1
+        return tenant
+
+    def release(self, name: str) -> None:
+        left = self.inflight.get(name, 1) - 1
+        if left > 0:
+            self.inflight[name] = left
+        else:
+            self.inflight.pop(name, None)
+
+
+def _same(token: str, secret: bytes) -> bool:
+    return hmac.compare_digest(token.encode(), secret)
+
+
+def tenants_of(security: SecuritySettings) -> TenantTable:
+    """The agent's own tenants: its tenants file's, and its inference_api_key as the
+    key of tenant `default`."""
+    table = read_file(security.tenants_file) if security.tenants_file else TenantTable()
+    key = security.inference_api_key
+    if key is None or not key.get_secret_value():
+        return table
+    default = table.tenants.get(DEFAULT) or Tenant(name=DEFAULT)
+    return TenantTable(list(table.tenants.values()), legacy=(key.get_secret_value(), default))
