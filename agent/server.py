@@ -157,6 +157,8 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     loader = asyncio.create_task(initial_loads())
     scaler = asyncio.create_task(ticks())
     poller = asyncio.create_task(poll()) if settings.model_control_mode == "poll" else None
+    tenants_file = settings.security.tenants_file
+    tenant_watch = asyncio.create_task(agent.tenants.follow(tenants_file)) if tenants_file else None
     overload = asyncio.create_task(agent.overload.run())
     watchdog = asyncio.create_task(systemd.watchdog())
     link_task = None
@@ -184,8 +186,9 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
         await asyncio.sleep(FLUSH_LINGER_S)
     loader.cancel()
     scaler.cancel()
-    if poller is not None:
-        poller.cancel()
+    for task in (poller, tenant_watch):
+        if task is not None:
+            task.cancel()
     overload.cancel()
     watchdog.cancel()
     if link_task is not None:

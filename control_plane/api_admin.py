@@ -30,6 +30,7 @@ from edgeplex.artifacts import (
 )
 from edgeplex.control_plane.api_batch import BatchAdmin
 from edgeplex.control_plane.api_batch import redis_down as _redis_down
+from edgeplex.control_plane.api_tenants import TenantAdmin
 from edgeplex.control_plane.broker_files import CP_USER, BrokerFiles, reserved_site
 from edgeplex.control_plane.explain import explain
 from edgeplex.control_plane.placement import PlacementResult
@@ -50,7 +51,7 @@ ADMIN_PREFIX = "/edgeplex.v1.AdminService/"
 # reads state and changes nothing.
 READ_METHODS = frozenset(
     {"ListModels", "GetModel", "ListSites", "GetPlacement", "ExplainPlacement", "ListBatches",
-     "GetBatch"}
+     "GetBatch", "ListTenants", "GetTenant"}
 )  # fmt: skip
 BATCH_METHODS = READ_METHODS | {"SubmitBatch", "GetBatchResults", "CancelBatch"}
 
@@ -100,7 +101,7 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         return await continuation(details)
 
 
-class AdminServicer(BatchAdmin, pb_grpc.AdminServiceServicer):
+class AdminServicer(BatchAdmin, TenantAdmin, pb_grpc.AdminServiceServicer):
     def __init__(
         self,
         store: Store,

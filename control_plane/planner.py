@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 
@@ -304,6 +305,7 @@ class Planner:
         by_name = {m.name: m for m in catalog}
         published = await self._store.desired()
         peer_token = await self._store.peer_token()
+        tenants_json = json.dumps((await self._store.tenants()).dump(), sort_keys=True)
         now = time.time()
         for site in sites:
             models = [
@@ -314,6 +316,7 @@ class Planner:
                 previous is not None
                 and list(previous.models) == models
                 and previous.peer_token == peer_token
+                and previous.tenants_json == tenants_json
             ):
                 desired = previous  # unchanged: keep its version, agents have applied it
             else:
@@ -323,6 +326,7 @@ class Planner:
                     issued_at=now,
                     models=models,
                     peer_token=peer_token,
+                    tenants_json=tenants_json,
                 )
                 await self._store.put_desired(desired)
             self._publisher.publish(

@@ -23,18 +23,24 @@ while Redis is down; callers decide whether to retry or to answer UNAVAILABLE.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
 
 from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.tenants import TenantTable
+
+T = TypeVar("T")
 
 P = "edgeplex:"
 EVENTS = P + "events"
@@ -194,6 +200,30 @@ class Store:
         await self.redis.set(P + "peer_token", secrets.token_urlsafe(24), nx=True)
         token = await self.redis.get(P + "peer_token")
         return text(token) if token is not None else ""
+
+    # --- tenants ----------------------------------------------------------------------
+
+    async def tenants(self) -> TenantTable:
+        raw = await self.redis.get(P + "tenants")
+        return TenantTable.parse(json.loads(raw)) if raw else TenantTable()
+
+    async def change_tenants(self, change: Callable[[TenantTable], tuple[TenantTable, T]]) -> T:
+        """Apply `change` to the tenant table atomically (retried if another admin
+        call changed it meanwhile); returns what `change` returned beside the table."""
+        key = P + "tenants"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    table = TenantTable.parse(json.loads(raw)) if raw else TenantTable()
+                    changed, result = change(table)
+                    pipe.multi()
+                    pipe.set(key, json.dumps(changed.dump()))
+                    await pipe.execute()
+                    return result
+                except WatchError:
+                    continue
 
     async def put_placement(self, placement: pb.Placement) -> None:
         await self.redis.set(P + "placement", placement.SerializeToString())

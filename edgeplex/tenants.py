@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edgeplex.durable import write_atomic
 
@@ -155,3 +155,97 @@ def write_file(path: Path, table: TenantTable) -> None:
     (it holds key hashes)."""
     text = yaml.safe_dump({"tenants": table.dump()}, sort_keys=False)
     write_atomic(path, text.encode(), mode=0o600)
+
+
+# --- what `edgeplex admin tenant` does, on a table kept in Redis or in a file ----------
+
+
+class UnknownTenant(KeyError):
+    def __str__(self) -> str:
+        return f"no tenant '{self.args[0]}'"
+
+
+class TenantExists(ValueError):
+    pass
+
+
+LIMITS = ("rate", "burst", "concurrency", "weight", "models")
+
+
+def add(table: TenantTable, name: str, limits: dict[str, Any]) -> TenantTable:
+    """The table with a new tenant; ValueError if the name is taken or a limit is not
+    valid."""
+    if name in table.tenants:
+        raise TenantExists(f"tenant '{name}' exists already (update it instead)")
+    tenant = _valid({"name": name, **_given(limits)})
+    return _with(table, [*table.tenants.values(), tenant])
+
+
+def update(table: TenantTable, name: str, limits: dict[str, Any]) -> TenantTable:
+    """The table with the given limits of tenant `name` changed (the others kept)."""
+    tenant = _get(table, name)
+    merged = {**tenant.model_dump(), **_given(limits)}
+    changed = _valid(merged)
+    return _with(table, [changed if t.name == name else t for t in table.tenants.values()])
+
+
+def remove(table: TenantTable, name: str) -> TenantTable:
+    _get(table, name)
+    return _with(table, [t for t in table.tenants.values() if t.name != name])
+
+
+def issue_key(table: TenantTable, name: str) -> tuple[TenantTable, str, TenantKey]:
+    """The table with a new key for tenant `name`, the key (shown once) and its record."""
+    tenant = _get(table, name)
+    key, record = new_key()
+    changed = tenant.model_copy(update={"keys": [*tenant.keys, record]})
+    return (
+        _with(table, [changed if t.name == name else t for t in table.tenants.values()]),
+        key,
+        record,
+    )
+
+
+def revoke_key(table: TenantTable, name: str, key: str) -> TenantTable:
+    """The table without tenant `name`'s key `key` (its id, or the whole key)."""
+    tenant = _get(table, name)
+    wanted = key_id(key) or key
+    kept = [k for k in tenant.keys if k.id != wanted]
+    if len(kept) == len(tenant.keys):
+        raise ValueError(f"tenant '{name}' has no key '{wanted[:16]}'")
+    changed = tenant.model_copy(update={"keys": kept})
+    return _with(table, [changed if t.name == name else t for t in table.tenants.values()])
+
+
+def _valid(record: dict[str, Any]) -> Tenant:
+    """A tenant from its fields; ValueError naming each field that is wrong."""
+    try:
+        return Tenant.model_validate(record)
+    except ValidationError as exc:
+        wrong = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'tenant'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(wrong) from None
+
+
+def _get(table: TenantTable, name: str) -> Tenant:
+    tenant = table.tenants.get(name)
+    if tenant is None:
+        raise UnknownTenant(name)
+    return tenant
+
+
+def _given(limits: dict[str, Any]) -> dict[str, Any]:
+    """The limits given (None: not given); 0 for a rate, burst or concurrency lifts it."""
+    unknown = set(limits) - set(LIMITS)
+    if unknown:
+        raise ValueError(f"not a tenant limit: {', '.join(sorted(unknown))}")
+    given = {k: v for k, v in limits.items() if v is not None}
+    for name in ("rate", "burst", "concurrency"):
+        if given.get(name) == 0:
+            given[name] = None
+    return given
+
+
+def _with(table: TenantTable, tenants: list[Tenant]) -> TenantTable:
+    return TenantTable(tenants, legacy=table.legacy)

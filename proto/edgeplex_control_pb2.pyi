@@ -189,6 +189,80 @@ class Empty(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class TenantSpec(_message.Message):
+    __slots__ = ("name", "rate", "burst", "concurrency", "weight", "models", "models_given")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_GIVEN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    rate: float
+    burst: int
+    concurrency: int
+    weight: float
+    models: _containers.RepeatedScalarFieldContainer[str]
+    models_given: bool
+    def __init__(self, name: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[int] = ..., concurrency: _Optional[int] = ..., weight: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., models_given: _Optional[bool] = ...) -> None: ...
+
+class TenantKeyInfo(_message.Message):
+    __slots__ = ("id", "created")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    created: float
+    def __init__(self, id: _Optional[str] = ..., created: _Optional[float] = ...) -> None: ...
+
+class TenantInfo(_message.Message):
+    __slots__ = ("name", "rate", "burst", "concurrency", "weight", "models", "keys")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    rate: float
+    burst: int
+    concurrency: int
+    weight: float
+    models: _containers.RepeatedScalarFieldContainer[str]
+    keys: _containers.RepeatedCompositeFieldContainer[TenantKeyInfo]
+    def __init__(self, name: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[int] = ..., concurrency: _Optional[int] = ..., weight: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., keys: _Optional[_Iterable[_Union[TenantKeyInfo, _Mapping]]] = ...) -> None: ...
+
+class TenantName(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListTenantsResponse(_message.Message):
+    __slots__ = ("tenants",)
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantInfo]
+    def __init__(self, tenants: _Optional[_Iterable[_Union[TenantInfo, _Mapping]]] = ...) -> None: ...
+
+class IssuedKey(_message.Message):
+    __slots__ = ("tenant", "key_id", "key")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key_id: str
+    key: str
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
+class KeyRef(_message.Message):
+    __slots__ = ("tenant", "key_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key_id: str
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ...) -> None: ...
+
 class CatalogModel(_message.Message):
     __slots__ = ("name", "version", "artifact_uri", "sha256", "size_bytes", "slo_ms", "min_replicas", "regions", "priority", "pin", "state", "reason", "added_at", "device_bytes", "variants", "quality")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -431,18 +505,20 @@ class BatchResults(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DesiredState(_message.Message):
-    __slots__ = ("version", "site_id", "issued_at", "models", "peer_token")
+    __slots__ = ("version", "site_id", "issued_at", "models", "peer_token", "tenants_json")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     PEER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_JSON_FIELD_NUMBER: _ClassVar[int]
     version: int
     site_id: str
     issued_at: float
     models: _containers.RepeatedCompositeFieldContainer[DesiredModel]
     peer_token: str
-    def __init__(self, version: _Optional[int] = ..., site_id: _Optional[str] = ..., issued_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[DesiredModel, _Mapping]]] = ..., peer_token: _Optional[str] = ...) -> None: ...
+    tenants_json: str
+    def __init__(self, version: _Optional[int] = ..., site_id: _Optional[str] = ..., issued_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[DesiredModel, _Mapping]]] = ..., peer_token: _Optional[str] = ..., tenants_json: _Optional[str] = ...) -> None: ...
 
 class SignedMessage(_message.Message):
     __slots__ = ("body", "key_id", "signature")

@@ -286,6 +286,41 @@ class AdminServiceStub:
                 request_serializer=edgeplex__control__pb2.BatchRef.SerializeToString,
                 response_deserializer=edgeplex__control__pb2.BatchJob.FromString,
                 _registered_method=True)
+        self.AddTenant = channel.unary_unary(
+                '/edgeplex.v1.AdminService/AddTenant',
+                request_serializer=edgeplex__control__pb2.TenantSpec.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.TenantInfo.FromString,
+                _registered_method=True)
+        self.UpdateTenant = channel.unary_unary(
+                '/edgeplex.v1.AdminService/UpdateTenant',
+                request_serializer=edgeplex__control__pb2.TenantSpec.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.TenantInfo.FromString,
+                _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/edgeplex.v1.AdminService/ListTenants',
+                request_serializer=edgeplex__control__pb2.Empty.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.ListTenantsResponse.FromString,
+                _registered_method=True)
+        self.GetTenant = channel.unary_unary(
+                '/edgeplex.v1.AdminService/GetTenant',
+                request_serializer=edgeplex__control__pb2.TenantName.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.TenantInfo.FromString,
+                _registered_method=True)
+        self.RemoveTenant = channel.unary_unary(
+                '/edgeplex.v1.AdminService/RemoveTenant',
+                request_serializer=edgeplex__control__pb2.TenantName.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.Empty.FromString,
+                _registered_method=True)
+        self.IssueTenantKey = channel.unary_unary(
+                '/edgeplex.v1.AdminService/IssueTenantKey',
+                request_serializer=edgeplex__control__pb2.TenantName.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.IssuedKey.FromString,
+                _registered_method=True)
+        self.RevokeTenantKey = channel.unary_unary(
+                '/edgeplex.v1.AdminService/RevokeTenantKey',
+                request_serializer=edgeplex__control__pb2.KeyRef.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.TenantInfo.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -390,6 +425,50 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddTenant(self, request, context):
+        """Tenants (docs/tenants.md): sent to every site in its signed desired state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTenants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IssueTenantKey(self, request, context):
+        """A new random key for the tenant: returned once, stored as its SHA-256.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeTenantKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -467,6 +546,41 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.CancelBatch,
                     request_deserializer=edgeplex__control__pb2.BatchRef.FromString,
                     response_serializer=edgeplex__control__pb2.BatchJob.SerializeToString,
+            ),
+            'AddTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddTenant,
+                    request_deserializer=edgeplex__control__pb2.TenantSpec.FromString,
+                    response_serializer=edgeplex__control__pb2.TenantInfo.SerializeToString,
+            ),
+            'UpdateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTenant,
+                    request_deserializer=edgeplex__control__pb2.TenantSpec.FromString,
+                    response_serializer=edgeplex__control__pb2.TenantInfo.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=edgeplex__control__pb2.Empty.FromString,
+                    response_serializer=edgeplex__control__pb2.ListTenantsResponse.SerializeToString,
+            ),
+            'GetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTenant,
+                    request_deserializer=edgeplex__control__pb2.TenantName.FromString,
+                    response_serializer=edgeplex__control__pb2.TenantInfo.SerializeToString,
+            ),
+            'RemoveTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveTenant,
+                    request_deserializer=edgeplex__control__pb2.TenantName.FromString,
+                    response_serializer=edgeplex__control__pb2.Empty.SerializeToString,
+            ),
+            'IssueTenantKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueTenantKey,
+                    request_deserializer=edgeplex__control__pb2.TenantName.FromString,
+                    response_serializer=edgeplex__control__pb2.IssuedKey.SerializeToString,
+            ),
+            'RevokeTenantKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeTenantKey,
+                    request_deserializer=edgeplex__control__pb2.KeyRef.FromString,
+                    response_serializer=edgeplex__control__pb2.TenantInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -877,6 +991,195 @@ class AdminService:
             '/edgeplex.v1.AdminService/CancelBatch',
             edgeplex__control__pb2.BatchRef.SerializeToString,
             edgeplex__control__pb2.BatchJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/AddTenant',
+            edgeplex__control__pb2.TenantSpec.SerializeToString,
+            edgeplex__control__pb2.TenantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/UpdateTenant',
+            edgeplex__control__pb2.TenantSpec.SerializeToString,
+            edgeplex__control__pb2.TenantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/ListTenants',
+            edgeplex__control__pb2.Empty.SerializeToString,
+            edgeplex__control__pb2.ListTenantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/GetTenant',
+            edgeplex__control__pb2.TenantName.SerializeToString,
+            edgeplex__control__pb2.TenantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/RemoveTenant',
+            edgeplex__control__pb2.TenantName.SerializeToString,
+            edgeplex__control__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueTenantKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/IssueTenantKey',
+            edgeplex__control__pb2.TenantName.SerializeToString,
+            edgeplex__control__pb2.IssuedKey.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeTenantKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/RevokeTenantKey',
+            edgeplex__control__pb2.KeyRef.SerializeToString,
+            edgeplex__control__pb2.TenantInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -327,6 +327,8 @@ class FleetLink:
         if self._agent.router is not None and desired.peer_token:
             self._agent.router.peer_token = desired.peer_token
             self._agent.tenants.peer_token = desired.peer_token.encode()
+        if desired.tenants_json:
+            self._agent.tenants.replace_from(desired.tenants_json, "the control plane")
         if not self.reconciler.offer(desired):
             log.debug("ignored stale desired state v%d", desired.version)
 

@@ -13,16 +13,22 @@ Without any tenant, requests are anonymous unless `security.anonymous: deny`.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from edgeplex.agent.fleet.forward import TENANT_HEADER
 from edgeplex.agent.frontdoor.settings import SecuritySettings
 from edgeplex.agent.oip.errors import PermissionDenied, RateLimited, Unauthenticated
 from edgeplex.net import bearer_token
 from edgeplex.tenants import ANONYMOUS, DEFAULT, Tenant, TenantTable, read_file
+
+log = logging.getLogger("edgeplex.agent.tenants")
 
 ADMIN = "admin"  # the agent's admin token: no tenant's limits
 PEER = "fleet-peer"  # the fleet's peer token: a forward, whose tenant TENANT_HEADER names
@@ -84,6 +90,36 @@ class Tenants:
             else:
                 buckets[name] = Bucket(tenant.rate, burst, burst, self._clock())
         self.table, self._buckets = table, buckets
+
+    def replace_from(self, records_json: str, source: str) -> bool:
+        """A new table from JSON records (the signed desired state's), the agent's own
+        legacy key kept; a table that does not parse is logged and the old one kept."""
+        try:
+            parsed = TenantTable.parse(json.loads(records_json))
+        except ValueError as exc:
+            log.error("tenants from %s ignored: %s", source, exc)
+            return False
+        self.replace(TenantTable(list(parsed.tenants.values()), legacy=self.table.legacy))
+        return True
+
+    async def follow(self, path: Path, every_s: float = 1.0) -> None:
+        """Reread the tenants file whenever it changes (a new key works, a revoked one
+        stops working, within `every_s`); a file that does not parse is logged and
+        the table in force kept."""
+        seen = _stamp(path)
+        while True:
+            await asyncio.sleep(every_s)
+            stamp = _stamp(path)
+            if stamp == seen:
+                continue
+            seen = stamp
+            try:
+                table = read_file(path)
+            except (OSError, ValueError) as exc:
+                log.error("tenants file %s ignored: %s", path, exc)
+                continue
+            self.replace(TenantTable(list(table.tenants.values()), legacy=self.table.legacy))
+            log.info("tenants file %s reread: %d tenants", path, len(table.tenants))
 
     def identify(self, authorization: str | None) -> str:
         """Who a request's `Authorization` says it comes from: a tenant's name, ADMIN,
@@ -147,6 +183,14 @@ class Tenants:
             self.inflight[name] = left
         else:
             self.inflight.pop(name, None)
+
+
+def _stamp(path: Path) -> tuple[float, int, int]:
+    try:
+        info = path.stat()
+    except OSError:
+        return (0.0, 0, 0)
+    return (info.st_mtime, info.st_size, info.st_ino)
 
 
 def _same(token: str, secret: bytes) -> bool:
