@@ -145,7 +145,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     results.add_argument("--out", type=Path, help="write here instead of stdout")
     results.set_defaults(call=_batch_results)
     from edgeplex.control_plane.cli_agent import add_agent_noun
+    from edgeplex.control_plane.cli_tenants import add_tenant_noun
 
+    add_tenant_noun(nouns, leaf)
     add_agent_noun(nouns, common)
     admin.set_defaults(run=_run_admin)
 
@@ -217,6 +219,14 @@ def _run_admin(args: argparse.Namespace) -> int:
         from edgeplex.control_plane import cli_agent
 
         return cli_agent.run(args)
+    if args.noun == "tenant" and args.file is not None:  # a standalone agent's file
+        from edgeplex.control_plane.cli_tenants import FileError, file_call
+
+        try:
+            return _show(args, args.call(args, file_call(args.file)))
+        except FileError as exc:
+            print(f"error: {exc.code}: {exc.details}", file=sys.stderr)
+            return 1
     import grpc
 
     from edgeplex.net import is_loopback
@@ -257,6 +267,10 @@ def _run_admin(args: argparse.Namespace) -> int:
         return 1
     finally:
         channel.close()
+    return _show(args, reply)
+
+
+def _show(args: argparse.Namespace, reply: Any) -> int:
     if args.json and reply is not None:
         print(MessageToJson(reply, preserving_proto_field_name=True))
     elif reply is not None:

@@ -45,6 +45,21 @@ def render(reply: Any) -> str:
                 )
             )
         return table(rows)
+    if kind == "ListTenantsResponse":
+        rows = [("TENANT", "RATE/S", "BURST", "CONCURRENCY", "WEIGHT", "MODELS", "KEYS")]
+        for t in reply.tenants:
+            rows.append(
+                (
+                    t.name,
+                    f"{t.rate:g}" if t.HasField("rate") else "-",
+                    str(t.burst) if t.HasField("burst") else "-",
+                    str(t.concurrency) if t.HasField("concurrency") else "-",
+                    f"{t.weight:g}",
+                    ",".join(t.models) or "*",
+                    str(len(t.keys)),
+                )
+            )
+        return table(rows)
     if kind == "Placement":
         lines = [
             f"version {reply.version}  leader {reply.leader}  served within SLO "

@@ -183,20 +183,20 @@ def add(table: TenantTable, name: str, limits: dict[str, Any]) -> TenantTable:
 
 def update(table: TenantTable, name: str, limits: dict[str, Any]) -> TenantTable:
     """The table with the given limits of tenant `name` changed (the others kept)."""
-    tenant = _get(table, name)
+    tenant = get(table, name)
     merged = {**tenant.model_dump(), **_given(limits)}
     changed = _valid(merged)
     return _with(table, [changed if t.name == name else t for t in table.tenants.values()])
 
 
 def remove(table: TenantTable, name: str) -> TenantTable:
-    _get(table, name)
+    get(table, name)
     return _with(table, [t for t in table.tenants.values() if t.name != name])
 
 
 def issue_key(table: TenantTable, name: str) -> tuple[TenantTable, str, TenantKey]:
     """The table with a new key for tenant `name`, the key (shown once) and its record."""
-    tenant = _get(table, name)
+    tenant = get(table, name)
     key, record = new_key()
     changed = tenant.model_copy(update={"keys": [*tenant.keys, record]})
     return (
@@ -208,7 +208,7 @@ def issue_key(table: TenantTable, name: str) -> tuple[TenantTable, str, TenantKe
 
 def revoke_key(table: TenantTable, name: str, key: str) -> TenantTable:
     """The table without tenant `name`'s key `key` (its id, or the whole key)."""
-    tenant = _get(table, name)
+    tenant = get(table, name)
     wanted = key_id(key) or key
     kept = [k for k in tenant.keys if k.id != wanted]
     if len(kept) == len(tenant.keys):
@@ -228,7 +228,7 @@ def _valid(record: dict[str, Any]) -> Tenant:
         raise ValueError(wrong) from None
 
 
-def _get(table: TenantTable, name: str) -> Tenant:
+def get(table: TenantTable, name: str) -> Tenant:
     tenant = table.tenants.get(name)
     if tenant is None:
         raise UnknownTenant(name)

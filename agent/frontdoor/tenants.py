@@ -24,6 +24,7 @@ from pathlib import Path
 
 from edgeplex.agent.fleet.forward import TENANT_HEADER
 from edgeplex.agent.frontdoor.settings import SecuritySettings
+from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import PermissionDenied, RateLimited, Unauthenticated
 from edgeplex.net import bearer_token
 from edgeplex.tenants import ANONYMOUS, DEFAULT, Tenant, TenantTable, read_file
@@ -154,15 +155,19 @@ class Tenants:
         model is not among its models, RateLimited if its rate or concurrency is
         spent; counted in flight until release(name)."""
         tenant = self.table.tenants.get(name)
+        counted = METRICS.tenant_requests
         if tenant is None:  # ADMIN, ANONYMOUS, or a tenant removed since
             if name not in (ADMIN, ANONYMOUS):
                 raise Unauthenticated(f"tenant '{name}' is not known here")
             self.inflight[name] = self.inflight.get(name, 0) + 1
+            counted.labels(tenant=name, outcome="admitted").inc()
             return None
         if not tenant.allows(model):
+            counted.labels(tenant=name, outcome="forbidden").inc()
             raise PermissionDenied(f"tenant '{name}' may not call model '{model}'")
         held = self.inflight.get(name, 0)
         if tenant.concurrency is not None and held >= tenant.concurrency:
+            counted.labels(tenant=name, outcome="concurrency_limited").inc()
             raise RateLimited(
                 f"tenant '{name}' has {held} requests in flight, its limit", retry_after_s=1.0
             )
@@ -170,11 +175,13 @@ class Tenants:
         if bucket is not None:
             wait = bucket.take(self._clock())
             if wait:
+                counted.labels(tenant=name, outcome="rate_limited").inc()
                 raise RateLimited(
                     f"tenant '{name}' is over its rate of {bucket.rate:g} requests a second",
                     retry_after_s=wait,
                 )
         self.inflight[name] = held + 1
+        counted.labels(tenant=name, outcome="admitted").inc()
         return tenant
 
     def release(self, name: str) -> None:

@@ -198,6 +198,14 @@ class AgentMetrics:
             ["model"],
             registry=r,
         )
+        self.tenant_requests = Counter(
+            "edgeplex_tenant_requests_total",
+            "Inference requests by tenant (those this agent knows, plus anonymous and admin) "
+            "and outcome: admitted, forbidden (a model outside its list), rate_limited, "
+            "concurrency_limited.",
+            ["tenant", "outcome"],
+            registry=r,
+        )
         self.shed = Counter(
             "edgeplex_agent_shed_requests_total",
             "Inference requests refused at a door before their body was read, by reason: "
