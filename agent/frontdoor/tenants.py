@@ -14,6 +14,7 @@ Without any tenant, requests are anonymous unless `security.anonymous: deny`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgeplex.agent.fleet.forward import TENANT_HEADER
 from edgeplex.agent.frontdoor.settings import SecuritySettings
@@ -155,19 +157,19 @@ class Tenants:
         model is not among its models, RateLimited if its rate or concurrency is
         spent; counted in flight until release(name)."""
         tenant = self.table.tenants.get(name)
-        counted = METRICS.tenant_requests
+        counted = self._counted
         if tenant is None:  # ADMIN, ANONYMOUS, or a tenant removed since
             if name not in (ADMIN, ANONYMOUS):
                 raise Unauthenticated(f"tenant '{name}' is not known here")
             self.inflight[name] = self.inflight.get(name, 0) + 1
-            counted.labels(tenant=name, outcome="admitted").inc()
+            counted(name, "admitted").inc()
             return None
         if not tenant.allows(model):
-            counted.labels(tenant=name, outcome="forbidden").inc()
+            counted(name, "forbidden").inc()
             raise PermissionDenied(f"tenant '{name}' may not call model '{model}'")
         held = self.inflight.get(name, 0)
         if tenant.concurrency is not None and held >= tenant.concurrency:
-            counted.labels(tenant=name, outcome="concurrency_limited").inc()
+            counted(name, "concurrency_limited").inc()
             raise RateLimited(
                 f"tenant '{name}' has {held} requests in flight, its limit", retry_after_s=1.0
             )
@@ -175,14 +177,19 @@ class Tenants:
         if bucket is not None:
             wait = bucket.take(self._clock())
             if wait:
-                counted.labels(tenant=name, outcome="rate_limited").inc()
+                counted(name, "rate_limited").inc()
                 raise RateLimited(
                     f"tenant '{name}' is over its rate of {bucket.rate:g} requests a second",
                     retry_after_s=wait,
                 )
         self.inflight[name] = held + 1
-        counted.labels(tenant=name, outcome="admitted").inc()
+        counted(name, "admitted").inc()
         return tenant
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019  # one Tenants per agent, for good
+    def _counted(self, name: str, outcome: str) -> Any:
+        """The counter of `name`'s requests with `outcome` (its label lookup once)."""
+        return METRICS.tenant_requests.labels(tenant=name, outcome=outcome)
 
     def release(self, name: str) -> None:
         left = self.inflight.get(name, 1) - 1
