@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import redis
 import tritonclient.grpc as triton
+from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent.catalog import demo
 from edgeplex.artifacts import sha256_of
@@ -113,6 +114,40 @@ def test_agents_join_and_load_what_placement_says(fleet: Fleet) -> None:
     assert {(s.site_id, s.region, s.up) for s in sites} == {("a1", "a", True), ("b1", "b", True)}
     lines = fleet.call("ExplainPlacement", pb.ModelName(name="base")).lines  # type: ignore[attr-defined]
     assert any(line.startswith("a1 (a): loaded") for line in lines)
+
+
+def test_tenants_reach_every_site_in_the_signed_desired_state(fleet: Fleet) -> None:
+    """A tenant and its key added at the control plane work at each site, which
+    looks the key up locally; its model list holds there; removed, the sites are
+    open again (no tenant: anonymous access, as before)."""
+    fleet.call("AddTenant", pb.TenantSpec(name="acme", models=["base"]))
+    issued = fleet.call("IssueTenantKey", pb.TenantName(name="acme"))
+    key = issued.key  # type: ignore[attr-defined]
+    listed = fleet.call("GetTenant", pb.TenantName(name="acme"))
+    assert [k.id for k in listed.keys] == [issued.key_id]  # type: ignore[attr-defined]
+    stored = redis.Redis.from_url(fleet.redis.url).get("edgeplex:tenants")
+    assert stored and key.encode() not in stored  # its hash only
+    agent = fleet.agents["a1"]
+    client = triton.InferenceServerClient(agent.grpc_url)
+    tensor = triton.InferInput("input", [1, 32], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 32), np.float32))
+
+    def status(model: str, headers: dict[str, str] | None = None) -> str:
+        try:
+            client.infer(model, [tensor], headers=headers, client_timeout=10)
+        except InferenceServerException as exc:
+            return str(exc.status())
+        return "OK"
+
+    auth = {"authorization": f"Bearer {key}"}
+    try:
+        wait_until(lambda: status("base") == "StatusCode.UNAUTHENTICATED", what="tenants at a1")
+        assert status("base", auth) == "OK"
+        assert status("other", auth) == "StatusCode.PERMISSION_DENIED"
+    finally:
+        fleet.call("RemoveTenant", pb.TenantName(name="acme"))
+        wait_until(lambda: status("base") == "OK", what="a1 open again")
+        client.close()
 
 
 def test_health_and_metrics(fleet: Fleet) -> None:
