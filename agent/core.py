@@ -57,7 +57,7 @@ from edgeplex.agent.fleet.routing import Local, Where, choose_route
 from edgeplex.agent.frontdoor.gate import InflightGate
 from edgeplex.agent.frontdoor.overload import OverloadWatch
 from edgeplex.agent.frontdoor.shared_memory import SharedMemory
-from edgeplex.agent.frontdoor.tenants import Tenants, tenants_of
+from edgeplex.agent.frontdoor.tenants import PEER, Tenants, tenants_of
 from edgeplex.agent.observability import views
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
@@ -505,6 +505,7 @@ class Agent:
         decode: Callable[[], Decoded | Coroutine[Any, Any, Decoded]],
         traceparent: Callable[[], str] = str,
         arrived: float | None = None,
+        caller: str = "",
     ) -> InferResult | Forwarded:
         """The one entry point of an inference request, for both doors.
 
@@ -516,11 +517,15 @@ class Agent:
         the door cannot tell), and is the earliest of the caller's and the model's.
         `header` reads the request's headers (its hop headers count only from fleet
         peers); `traceparent` gives the header a forward carries (this hop's span
-        id is drawn only when one is made). Raises ServeError subclasses."""
+        id is drawn only when one is made). `caller` is the tenant the door's
+        credentials check found ("": found here); the request is admitted under
+        that tenant's limits before it is decoded (frontdoor/tenants.py). Raises
+        ServeError subclasses."""
         loop = self.loop
         arrived = loop.time() if arrived is None else arrived
         tenants = self.tenants
-        caller = tenants.caller(header)
+        if not caller or caller == PEER:  # not checked by the door, or a peer's forward
+            caller = tenants.caller(header)
         if self.ensembles and name in self.ensembles:
             tenants.admit(caller, name)
             self._inflight += 1  # between its steps too: a drain waits for it
@@ -542,7 +547,8 @@ class Agent:
             )
             if reply is not None:
                 return Forwarded(reply)
-        tenants.admit(caller, name)  # its model, rate and concurrency: before any work
+        share = tenants.admit(caller, name)  # its model, rate and concurrency: before any work
+        weight = share.weight if share is not None else 1.0  # its fair share of a queue
         try:
             decoded = decode()
             body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
@@ -585,6 +591,7 @@ class Agent:
             if ticket.error is not None:
                 raise ticket.error
             request = Request(given, wanted, batch, deadline, loop.create_future())
+            request.tenant, request.weight = caller, weight
             self.queues.submit(ticket.key, request)
             # A timer, not wait_for: one fewer task and loop hop on the hot path. The
             # batcher skips requests whose future is already done.

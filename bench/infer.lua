@@ -1,6 +1,7 @@
 -- wrk script: POST one OIP inference request, read from the file named by
 -- EDGEPLEX_WRK_BODY. With EDGEPLEX_WRK_HEADER (the JSON header's length) the body
--- uses the binary tensor extension; without it, it is plain JSON.
+-- uses the binary tensor extension; without it, it is plain JSON. With
+-- EDGEPLEX_WRK_AUTHORIZATION, that is the Authorization header (a tenant's key).
 local f = assert(io.open(os.getenv("EDGEPLEX_WRK_BODY"), "rb"))
 wrk.method = "POST"
 wrk.body = f:read("*all")
@@ -11,6 +12,11 @@ if header ~= "" then
   wrk.headers["Content-Type"] = "application/octet-stream"
 else
   wrk.headers["Content-Type"] = "application/json"
+end
+
+local authorization = os.getenv("EDGEPLEX_WRK_AUTHORIZATION") or ""
+if authorization ~= "" then
+  wrk.headers["Authorization"] = authorization
 end
 
 function response(status, headers, body)

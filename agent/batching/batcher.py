@@ -74,7 +74,9 @@ class Batcher:
         self._read: Read = read or _result
         self._ready = ready  # set by the model table while the model can serve
         self._stats = stats
-        self._queue: deque[Request] = deque()
+        self._queue: deque[Request] = deque()  # in virtual finish order (_enqueue)
+        self._virtual = 0.0  # fair queueing's virtual time
+        self._finish: dict[str, float] = {}  # each tenant's last finish tag queued
         self._arrived = Wakeup()
         self.instances = instance_count
         self._free_slots = instance_count  # batches that may start now
@@ -113,10 +115,33 @@ class Batcher:
             # Fast path: an idle model starts the request now, skipping one loop hop.
             self._start([request])
             return
-        self._queue.append(request)
+        self._enqueue(request)
         self.last_queued = time.monotonic()
         self._depth.set(len(self._queue))
         self._arrived.set()
+
+    def _enqueue(self, request: Request) -> None:
+        """Queue `request` in order of its virtual finish tag (start-time fair
+        queueing): each tenant's requests follow one another 1/weight apart from
+        when the tenant last had one queued, or from now (the virtual time: the
+        start tag of the request served last) if it had none. Backlogged tenants
+        are served in proportion to their weights, a tenant arriving into a deep
+        backlog starts near its head, and one tenant's requests keep their order.
+        With one tenant every tag is the largest yet: a plain append."""
+        queue = self._queue
+        if not queue:
+            self._virtual = 0.0  # nobody waits: no one keeps credit or debt
+            self._finish.clear()
+        start = max(self._virtual, self._finish.get(request.tenant, 0.0))
+        request.start, request.tag = start, start + 1.0 / request.weight
+        self._finish[request.tenant] = request.tag
+        if not queue or queue[-1].tag <= request.tag:
+            queue.append(request)
+            return
+        at = len(queue) - 1
+        while at > 0 and queue[at - 1].tag > request.tag:
+            at -= 1
+        queue.insert(at, request)
 
     async def close(self, error: ServeError, drain: bool) -> None:
         """Stop accepting requests. drain=True lets queued and running batches finish;
@@ -172,6 +197,7 @@ class Batcher:
             batch = take_batch(self._queue, self.max_batch_size)
             self._depth.set(len(self._queue))
             if batch:
+                self._virtual = max(self._virtual, batch[0].start)
                 self._start(batch)
 
     def _start(self, batch: list[Request]) -> None:

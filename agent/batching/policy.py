@@ -32,6 +32,12 @@ class Request:
     # twice: it batches only with the same group, so halves are tried apart.
     group: int = 0
     form: str = ""  # the model's form that served it ("" as shipped)
+    # Fair sharing between tenants (start-time fair queueing, batcher.py): whose
+    # request it is, its share, and its virtual start and finish tags.
+    tenant: str = ""
+    weight: float = 1.0
+    start: float = 0.0
+    tag: float = 0.0
 
 
 def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:

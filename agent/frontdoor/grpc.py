@@ -204,12 +204,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         # As _serve_errors and _requires(Access.CLIENT) would, without their two
         # coroutines on every call.
         try:
-            self.credentials.check(Access.CLIENT, authorization(context), "ModelInfer")
-            return await self._infer(request, context)
+            caller = self.credentials.check(Access.CLIENT, authorization(context), "ModelInfer")
+            return await self._infer(request, context, caller)
         except ServeError as exc:
             await _abort(context, exc)
 
-    async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def _infer(
+        self, request: pb.ModelInferRequest, context: Any, caller: str = ""
+    ) -> pb.ModelInferResponse:
         """One inference call: held by the in-flight gate, logged, and served by the
         core's one entry point (one coroutine on the call's way)."""
         agent = self.agent
@@ -253,6 +255,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     decode,
                     access.forward_traceparent,
                     arrived=getattr(context, "received", None),  # the native door's; grpcio: now
+                    caller=caller,
                 )
             except ServeError as exc:
                 access.tier = agent.tier_of(name)

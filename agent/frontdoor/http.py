@@ -380,6 +380,7 @@ class HttpApi:
             outcome = await agent.handle(
                 model, version, headers.get, forward, decode, access.forward_traceparent,
                 arrived=getattr(request, "received", None),  # the native door's; aiohttp: now
+                caller=getattr(request, "caller", ""),  # the native door's check said
             )  # fmt: skip
             if isinstance(outcome, Forwarded):
                 status, payload, reply_headers = outcome.reply  # type: ignore[misc]

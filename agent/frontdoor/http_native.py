@@ -68,8 +68,8 @@ IDLE, HEAD, BODY, SERVING, LINGER = range(5)
 class Request:
     """What the handlers read of a request (the part of aiohttp's they use)."""
 
-    __slots__ = ("_body", "admitted", "content_length", "headers", "match_info", "method",
-                 "path_qs", "received", "remote")  # fmt: skip
+    __slots__ = ("_body", "admitted", "caller", "content_length", "headers", "match_info",
+                 "method", "path_qs", "received", "remote")  # fmt: skip
 
     def __init__(self, method: str, path_qs: str, headers: CIMultiDictProxy[str],
                  match_info: dict[str, str], admitted: Pass | None,
@@ -84,6 +84,7 @@ class Request:
         self.received = received  # loop.time() its headers were complete: its deadline's start
         self._body: bytes | bytearray = b""
         self.remote = ""  # the client's address
+        self.caller = ""  # who the credentials check said it is (auth.Credentials.check)
 
     async def read(self) -> bytes | bytearray:
         return self._body
@@ -206,8 +207,9 @@ class Door:
         headers: CIMultiDictProxy[str],
         declared: int,
         client: str = "",
-    ) -> tuple[Route, dict[str, str], Pass | None] | web.Response:
-        """From the head alone: the route, its match and its gate pass, or the refusal."""
+    ) -> tuple[Route, dict[str, str], Pass | None, str] | web.Response:
+        """From the head alone: the route, its match, its gate pass and who the caller
+        is (auth.Credentials.check), or the refusal."""
         route, match_info, allowed = self.routes.resolve(method, path)
         if route is None:
             if allowed:
@@ -216,14 +218,15 @@ class Door:
             return json_error(404, "404: Not Found")
         if declared > route.max_body:
             return json_error(413, f"413: the body exceeds {route.max_body} bytes")
+        caller = ""
         try:
             if route.access != Access.OPEN:
                 authorization = headers.get("Authorization")
-                self.credentials.check(route.access, authorization, route.what, client)
+                caller = self.credentials.check(route.access, authorization, route.what, client)
             admitted = self.gate.admit(declared) if route.admits else None
         except ServeError as exc:
             return error_response(exc)
-        return route, match_info, admitted
+        return route, match_info, admitted, caller
 
     @staticmethod
     async def handle(handler: Handler, request: Request, path: str) -> Reply:
@@ -332,6 +335,7 @@ class Connection(asyncio.Protocol):
         self.route: Route | None = None
         self.match_info: dict[str, str] = {}
         self.admitted: Pass | None = None
+        self.caller = ""
         self.refusal: web.Response | None = None
         self.body: bytearray | None = None
         self.body_bytes = 0
@@ -377,7 +381,7 @@ class Connection(asyncio.Protocol):
                 raise _Refused(decision)
             self.refusal = decision  # answered in turn; the connection stays
             return
-        self.route, self.match_info, self.admitted = decision
+        self.route, self.match_info, self.admitted, self.caller = decision
         if self.declared > 0 or chunked:
             # Grown as bytes arrive (realloc of a large block remaps, it does not copy):
             # a declared size is a promise, and zeroing it up front took the loop 100 ms.
@@ -416,7 +420,7 @@ class Connection(asyncio.Protocol):
                               self.match_info, self.admitted, self.received)  # fmt: skip
             if self.body is not None:
                 request._body = self.body
-            request.remote = self.client
+            request.remote, request.caller = self.client, self.caller
             self.waiting.append((request, self.route.handler, self.path, keep_alive))
         self.admitted = None  # the queued request holds it now
         self._start_serving()

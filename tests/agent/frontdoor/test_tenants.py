@@ -71,10 +71,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AgentProces
     root = tmp_path_factory.mktemp("tenants")
     for name in ("m", "other"):
         demo.make_mlp(root / "repo" / name, width=64, layers=2, in_width=64)
+    # Slow enough (a few ms a batch here) that 16 callers keep a backlog queued.
+    demo.make_mlp(root / "repo" / "slow", 768, 6, in_width=64, config="max_batch_size: 4\n")
     file = root / "tenants.yaml"
     admin("add", "acme", "--models", "m", "--file", str(file))
     admin("add", "metered", "--rate", "40", "--burst", "1", "--file", str(file))
     admin("add", "free", "--file", str(file))
+    admin("add", "light", "--weight", "1", "--file", str(file))
+    admin("add", "heavy", "--weight", "3", "--file", str(file))
     env = {"EDGEPLEX_AGENT_SECURITY__TENANTS_FILE": str(file)}
     process = start_agent(root / "repo", root, env=env)
     yield process, file
@@ -142,6 +146,28 @@ def test_a_tenants_rate_holds_and_touches_no_other_tenant(site) -> None:
     assert set(outcomes["free"]) == {200} and outcomes["free"][200] > 100, outcomes
     metrics = agent.http_get("/metrics")[1].decode()
     assert 'edgeplex_tenant_requests_total{outcome="rate_limited",tenant="metered"}' in metrics
+
+
+def test_backlogged_tenants_share_a_saturated_model_by_weight(site) -> None:
+    agent, file = site
+    keys = {tenant: key_of(file, tenant) for tenant in ("light", "heavy")}
+    wait_until(lambda: Client(agent, keys["heavy"]).infer("slow")[0] == 200, what="the keys")
+    served: Counter[str] = Counter()
+    stop = time.monotonic() + 6.0
+
+    def loop(tenant: str) -> None:
+        client = Client(agent, keys[tenant])
+        while time.monotonic() < stop:
+            if client.infer("slow")[0] == 200:
+                served[tenant] += 1
+
+    threads = [threading.Thread(target=loop, args=(t,)) for t in ("light", "heavy") * 8]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ratio = served["heavy"] / served["light"]
+    assert abs(ratio - 3.0) <= 0.3, served
 
 
 def test_a_tenants_concurrency_and_rate_over_grpc(tmp_path: Path) -> None:
