@@ -43,7 +43,7 @@ def add_tenant_noun(
     with_file(leaf(verbs, "list", help="every tenant")).set_defaults(call=_list)
     for verb, method in (("show", "GetTenant"), ("remove", "RemoveTenant")):
         p = with_file(leaf(verbs, verb, help=f"{verb} a tenant"))
-        p.add_argument("name")
+        p.add_argument("name", help="the tenant")
         p.set_defaults(call=_name_call(method))
     keys = verbs.add_parser("key", help="a tenant's API keys").add_subparsers(
         dest="key_verb", required=True

@@ -153,7 +153,7 @@ def test_backlogged_tenants_share_a_saturated_model_by_weight(site) -> None:
     keys = {tenant: key_of(file, tenant) for tenant in ("light", "heavy")}
     wait_until(lambda: Client(agent, keys["heavy"]).infer("slow")[0] == 200, what="the keys")
     served: Counter[str] = Counter()
-    stop = time.monotonic() + 6.0
+    stop = time.monotonic() + 4.0
 
     def loop(tenant: str) -> None:
         client = Client(agent, keys[tenant])

@@ -1,0 +1,133 @@
+"""Usage records: what each tenant used at this site, minute by minute, kept so that
+billing from them loses nothing and counts nothing twice.
+
+Every request served here, and every one its tenant's limits refused, appends one
+line to the journal file of the minute it ended in (`<minute>.usage` in the spool
+directory), with one write(2) before its answer leaves: an agent killed at any
+instant has on disk every request it answered. A minute closes `grace_s` after it
+ends. `fold` then turns its file into one record per (tenant, model, version): the
+requests, failures by reason, bytes in and out, runner compute time (a batch's
+execution time divided among its requests), cold starts caused, and the device
+memory the model held over the minute, attributed by share of requests. The fleet
+link sends a closed minute to the control plane keyed by (site, minute) and removes
+its file once acknowledged: sending a minute again stores the same record in the
+same place, so a lost acknowledgement, an agent restart or a control-plane failover
+neither loses nor doubles it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUFFIX = ".usage"
+_FIELDS = 9
+
+
+@dataclass
+class Record:
+    """One (tenant, model, version)'s use in one minute at one site."""
+
+    tenant: str
+    model: str
+    version: str
+    requests: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # by reason
+    bytes_in: int = 0
+    bytes_out: int = 0
+    compute_s: float = 0.0
+    cold_starts: int = 0
+    device_byte_seconds: float = 0.0
+
+
+class Journal:
+    """The spool directory's minute files, appended to on the request path."""
+
+    def __init__(self, directory: Path, interval_s: int = 60, grace_s: float = 2.0) -> None:
+        self.directory = directory
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._minute = -1
+        self._fd = -1
+
+    def record(
+        self,
+        tenant: str,
+        model: str,
+        version: str,
+        failure: str = "",
+        bytes_in: int = 0,
+        bytes_out: int = 0,
+        compute_s: float = 0.0,
+        cold: bool = False,
+        model_bytes: int = 0,
+    ) -> None:
+        """One request's line, in the file of the minute it ends in."""
+        minute = int(time.time()) // self.interval_s
+        if minute != self._minute:
+            self._open(minute)
+        line = (
+            f"{tenant}\t{model}\t{version}\t{failure}\t{bytes_in}\t{bytes_out}\t"
+            f"{compute_s * 1e6:.0f}\t{1 if cold else 0}\t{model_bytes}\n"
+        )
+        os.write(self._fd, line.encode())  # under PIPE_BUF: one appended line or none
+
+    def closed(self, now: float | None = None) -> list[tuple[int, Path]]:
+        """The minutes that have ended (and their grace passed), oldest first."""
+        now = time.time() if now is None else now
+        current = int(now - self.grace_s) // self.interval_s
+        found = []
+        for path in self.directory.glob("*" + SUFFIX):
+            with contextlib.suppress(ValueError):
+                minute = int(path.stem)
+                if minute < current:
+                    found.append((minute, path))
+        return sorted(found)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _open(self, minute: int) -> None:
+        self.close()
+        path = self.directory / f"{minute}{SUFFIX}"
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._minute = minute
+
+
+def fold(path: Path, interval_s: int) -> list[Record]:
+    """A minute file's lines as one record per (tenant, model, version). A line cut
+    short by a crash (no newline, or too few fields) is not counted: its request's
+    answer had not left."""
+    records: dict[tuple[str, str, str], Record] = {}
+    model_requests: dict[tuple[str, str], int] = {}
+    model_bytes: dict[tuple[str, str], int] = {}
+    with path.open("rb") as journal:
+        for raw in journal:
+            if not raw.endswith(b"\n"):
+                continue
+            parts = raw.decode(errors="replace").rstrip("\n").split("\t")
+            if len(parts) != _FIELDS:
+                continue
+            tenant, model, version, failure, b_in, b_out, compute_us, cold, held = parts
+            key = (tenant, model, version)
+            record = records.get(key) or records.setdefault(key, Record(*key))
+            record.requests += 1
+            if failure:
+                record.failures[failure] = record.failures.get(failure, 0) + 1
+            record.bytes_in += int(b_in)
+            record.bytes_out += int(b_out)
+            record.compute_s += int(compute_us) / 1e6
+            record.cold_starts += cold == "1"
+            model_requests[(model, version)] = model_requests.get((model, version), 0) + 1
+            model_bytes[(model, version)] = max(model_bytes.get((model, version), 0), int(held))
+    for record in records.values():
+        mv = (record.model, record.version)
+        share = record.requests / model_requests[mv]
+        record.device_byte_seconds = model_bytes[mv] * interval_s * share
+    return sorted(records.values(), key=lambda r: (r.tenant, r.model, r.version))
