@@ -45,13 +45,21 @@ def test_wheel_installs_cleanly_and_owns_only_edgeplex(tmp_path):
     ):
         assert f"edgeplex/{module}" in names, module
 
+    # A clean environment holding the wheel alone; its dependencies are read from this
+    # suite's environment after it (PYTHONPATH comes first, but an entry there is not
+    # a site directory: the suite's editable install of edgeplex stays out of sight).
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    venv.EnvBuilder(with_pip=False, clear=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    deps = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, env=env, cwd=tmp_path
-    )
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+         str(wheel)],
+        check=True, cwd=tmp_path,
+    )  # fmt: skip
+    own = next((env_dir / "lib").glob("python*/site-packages"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = f"{own}{os.pathsep}{deps}"
     probe = (
         "import edgeplex, edgeplex.agent.server, edgeplex.agent.runners.zygote, sys;"
         "import edgeplex.proto;"

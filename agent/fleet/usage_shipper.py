@@ -1,0 +1,56 @@
+"""The agent's half of usage records: each closed minute of the usage journal
+(observability/usage.py) folded into records and sent to the control plane
+(`AgentService.ReportUsage`), its file removed only once the control plane has
+acknowledged it. A minute sent twice (a lost acknowledgement, a restart between
+sending and removing) replaces itself there: nothing is lost or counted twice."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from edgeplex.agent.observability.usage import Journal, Record, fold
+from edgeplex.proto import edgeplex_control_pb2 as pb
+
+log = logging.getLogger("edgeplex.agent.usage")
+
+Send = Callable[[pb.UsageReport], Awaitable[object]]
+
+
+def report_of(site_id: str, minute: int, interval_s: int, records: list[Record]) -> pb.UsageReport:
+    report = pb.UsageReport(site_id=site_id, minute=minute, interval_s=interval_s)
+    for r in records:
+        report.records.append(
+            pb.UsageRecord(
+                tenant=r.tenant, model=r.model, version=r.version, requests=r.requests,
+                failures=r.failures, bytes_in=r.bytes_in, bytes_out=r.bytes_out,
+                compute_s=r.compute_s, cold_starts=r.cold_starts,
+                device_byte_seconds=r.device_byte_seconds,
+            )
+        )  # fmt: skip
+    return report
+
+
+async def ship_closed(journal: Journal, site_id: str, send: Send) -> int:
+    """Send every closed minute, oldest first, removing each file once acknowledged;
+    stops at the first that fails (tried again next time). Returns how many went."""
+    sent = 0
+    for minute, path in journal.closed():
+        records = fold(path, journal.interval_s)
+        await send(report_of(site_id, minute, journal.interval_s, records))
+        path.unlink(missing_ok=True)
+        sent += 1
+    return sent
+
+
+async def run(journal: Journal, site_id: str, send: Send, every_s: float) -> None:
+    """Ship closed minutes every `every_s` while the agent runs."""
+    while True:
+        try:
+            await ship_closed(journal, site_id, send)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the control plane away, or Redis behind it: later
+            log.warning("usage records not sent yet: %s", exc)
+        await asyncio.sleep(every_s)

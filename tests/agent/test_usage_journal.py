@@ -1,0 +1,56 @@
+"""The usage journal: one line per request in its minute's file, folded into one
+record per (tenant, model, version); a line cut short by a crash is not counted;
+device memory is attributed by share of requests; closed minutes are shipped
+oldest first and their files removed only once acknowledged."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from edgeplex.agent.fleet.usage_shipper import ship_closed
+from edgeplex.agent.observability.usage import Journal, fold
+
+
+def test_lines_fold_into_records(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, interval_s=60)
+    journal.record("acme", "m", "1", "", 100, 40, 0.002, True, 1000)
+    journal.record("acme", "m", "1", "REJECTED", 100, 0, 0.0, False, 1000)
+    journal.record("zeta", "m", "1", "", 50, 20, 0.001, False, 1000)
+    journal.record("zeta", "m", "1", "", 50, 20, 0.001, False, 1000)
+    journal.close()
+    (path,) = tmp_path.glob("*.usage")
+    with path.open("ab") as cut:
+        cut.write(b"acme\tm\t1\t\t999")  # a crash mid-line: not counted
+    acme, zeta = fold(path, 60)
+    assert (acme.tenant, acme.requests, acme.failures) == ("acme", 2, {"REJECTED": 1})
+    assert (acme.bytes_in, acme.bytes_out, acme.cold_starts) == (200, 40, 1)
+    assert acme.compute_s == pytest.approx(0.002)
+    assert (zeta.requests, zeta.bytes_in, zeta.compute_s) == (2, 100, pytest.approx(0.002))
+    # 1000 bytes for 60 s, half of the model's requests each.
+    assert acme.device_byte_seconds == pytest.approx(30_000)
+    assert zeta.device_byte_seconds == pytest.approx(30_000)
+
+
+def test_closed_minutes_ship_oldest_first_and_go_once_acknowledged(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, interval_s=60, grace_s=2)
+    for minute in (100, 101, 102):
+        (tmp_path / f"{minute}.usage").write_text("t\tm\t1\t\t1\t1\t1\t0\t1\n")
+    sent: list[int] = []
+
+    async def send(report) -> None:  # type: ignore[no-untyped-def]
+        if report.minute == 101 and 101 not in sent:
+            sent.append(101)
+            raise ConnectionError("the control plane is away")
+        sent.append(report.minute)
+
+    closed = journal.closed(now=102 * 60 + 1)  # minute 102 is within its grace
+    assert [m for m, _ in closed] == [100, 101]
+    with pytest.raises(ConnectionError):
+        asyncio.run(ship_closed(journal, "site", send))
+    assert sorted(p.stem for p in tmp_path.glob("*.usage")) == ["101", "102"]
+    # Tried again (by the real clock every minute here has closed): 101 and 102 go.
+    asyncio.run(ship_closed(journal, "site", send))
+    assert sent == [100, 101, 101, 102] and not list(tmp_path.glob("*.usage"))
