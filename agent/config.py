@@ -200,6 +200,15 @@ class AgentSettings(FileSettings):
         description="Directory in host RAM (tmpfs) for the staged tier. Unset: a private "
         "directory under /dev/shm, removed at exit.",
     )
+    usage_dir: Path | None = Field(
+        default=None,
+        description="Where usage records (docs/tenants.md) are journaled, one file a "
+        "minute, until the control plane has them. Unset: `usage/<site id>` in the state "
+        "directory for an agent in a fleet; a standalone agent keeps none unless set.",
+    )
+    usage_interval_s: int = Field(
+        default=60, ge=1, le=3600, description="The period usage records are kept by."
+    )
     variant_dir: Path | None = Field(
         default=None,
         description="Content-addressed store of built variants (models' `variants`). "

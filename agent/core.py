@@ -61,6 +61,7 @@ from edgeplex.agent.frontdoor.tenants import PEER, Tenants, tenants_of
 from edgeplex.agent.observability import views
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
+from edgeplex.agent.observability.usage import Journal
 from edgeplex.agent.oip.errors import (
     DeadlineExceeded,
     InvalidInput,
@@ -79,6 +80,7 @@ from edgeplex.agent.residency.state import ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
 from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.names import valid_name
+from edgeplex.settings import state_dir
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]
 DEFAULT_TIMEOUT_S = 30.0  # a request's deadline when neither it nor its model sets one
@@ -86,6 +88,45 @@ DEFAULT_TIMEOUT_S = 30.0  # a request's deadline when neither it nor its model s
 # Fetches a model no site holds into this site's repository (fleet/on_demand.py):
 # (name, version, origin region, timeout_s).
 FetchOnDemand = Callable[[str, str, str, float], Awaitable[None]]
+
+
+def usage_journal(settings: AgentSettings) -> Journal | None:
+    """The usage journal (observability/usage.py): kept where `usage_dir` says, or by
+    default for an agent in a fleet (whose control plane collects it)."""
+    directory = settings.usage_dir
+    if directory is None and settings.fleet.control_plane:
+        directory = state_dir() / "usage" / (settings.fleet.site_id or "site")
+    return Journal(directory, settings.usage_interval_s) if directory is not None else None
+
+
+@dataclass(slots=True)
+class Used:
+    """What one request served here used, written to its tenant's usage record."""
+
+    request: Request | None = None
+    outputs: dict[str, np.ndarray] | None = None
+    failure: str = ""
+
+    def write(
+        self,
+        journal: Journal,
+        tenant: str,
+        model: str,
+        record: ModelRecord | None,
+        ticket: Ticket | None,
+    ) -> None:
+        request, outputs = self.request, self.outputs
+        journal.record(
+            tenant,
+            model,
+            record.version if record is not None else "",
+            self.failure,
+            sum(a.nbytes for a in request.inputs.values()) if request is not None else 0,
+            sum(a.nbytes for a in outputs.values()) if outputs is not None else 0,
+            request.compute_s if request is not None else 0.0,
+            bool(ticket is not None and ticket.cold_start),
+            record.device_bytes if record is not None else 0,
+        )
 
 
 @dataclass
@@ -146,6 +187,7 @@ class Agent:
         self.gpu = settings.runner.execution_provider == "cuda"  # KIND_GPU needs it
         security = settings.security
         self.tenants = Tenants(tenants_of(security), security.anonymous)  # who calls, limits
+        self.usage = usage_journal(settings)  # what each tenant used (None: not kept)
         self.shared_memory = SharedMemory(settings.shared_memory, self.gpu)  # Triton's extension
         self.overrides: dict[str, Message] = {}  # config given with a load, by model
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
@@ -506,6 +548,7 @@ class Agent:
         traceparent: Callable[[], str] = str,
         arrived: float | None = None,
         caller: str = "",
+        step_of: str | None = None,
     ) -> InferResult | Forwarded:
         """The one entry point of an inference request, for both doors.
 
@@ -524,14 +567,17 @@ class Agent:
         loop = self.loop
         arrived = loop.time() if arrived is None else arrived
         tenants = self.tenants
-        if not caller or caller == PEER:  # not checked by the door, or a peer's forward
+        admitted = step_of is None  # an ensemble's step: its ensemble was admitted
+        if not admitted:
+            caller = step_of or ""
+        elif not caller or caller == PEER:  # not checked by the door, or a peer's forward
             caller = tenants.caller(header)
         if self.ensembles and name in self.ensembles:
             tenants.admit(caller, name)
             self._inflight += 1  # between its steps too: a drain waits for it
             self._idle.clear()
             try:
-                return await self._run_ensemble(self.ensembles[name], decode, arrived)
+                return await self._run_ensemble(self.ensembles[name], decode, arrived, caller)
             finally:
                 tenants.release(caller)
                 self._inflight -= 1
@@ -547,18 +593,28 @@ class Agent:
             )
             if reply is not None:
                 return Forwarded(reply)
-        share = tenants.admit(caller, name)  # its model, rate and concurrency: before any work
+        if admitted:
+            try:
+                share = tenants.admit(caller, name)  # model, rate, concurrency: before any work
+            except ServeError as exc:
+                if self.usage is not None:
+                    self.usage.record(caller, name, version, exc.failure_reason)
+                raise
+        else:
+            share = tenants.table.tenants.get(caller)
         weight = share.weight if share is not None else 1.0  # its fair share of a queue
         try:
             decoded = decode()
             body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
         except BaseException:
-            tenants.release(caller)
+            if admitted:
+                tenants.release(caller)
             raise
         record: ModelRecord | None = None
         ticket: Ticket | None = None
         live: Live | None = None  # a stateful model's sequence, its turn taken
         served = False
+        used = Used()  # what it used, for its tenant's usage record
         self._inflight += 1
         self._idle.clear()
         try:
@@ -592,6 +648,7 @@ class Agent:
                 raise ticket.error
             request = Request(given, wanted, batch, deadline, loop.create_future())
             request.tenant, request.weight = caller, weight
+            used.request = request
             self.queues.submit(ticket.key, request)
             # A timer, not wait_for: one fewer task and loop hop on the hot path. The
             # batcher skips requests whose future is already done.
@@ -606,14 +663,17 @@ class Agent:
                 outputs = Sequences.keep(live, outputs, body.outputs)
                 served = True
             served_by = router.site_id if router is not None else ""
+            used.outputs = outputs
             return InferResult(record, outputs, ticket.cold_start, request.form, served_by)
         except asyncio.CancelledError:  # the caller went away (Triton: CANCELED)
+            used.failure = "CANCELED"
             if record is not None:
                 self.queues.stats(record.key).record_failure(loop.time() - arrived, "CANCELED")
             raise
         except ServeError as exc:
             # Series exist only for models in the repository: an unknown name counts
             # under the empty label, so a client cannot mint series.
+            used.failure = exc.failure_reason
             label = name if record is not None else ""
             if isinstance(exc, Overloaded):
                 METRICS.refused.labels(model=label).inc()
@@ -624,7 +684,10 @@ class Agent:
                 )
             raise
         finally:
-            tenants.release(caller)
+            if admitted:
+                tenants.release(caller)
+            if self.usage is not None:
+                used.write(self.usage, caller, name, record, ticket)
             if ticket is not None:
                 self.residency.release(ticket)
             if live is not None:
@@ -645,10 +708,11 @@ class Agent:
         ensemble: Ensemble,
         decode: Callable[[], Decoded | Coroutine[Any, Any, Decoded]],
         arrived: float,
+        caller: str,
     ) -> InferResult:
         """An ensemble request: each wave of steps runs together, each step a request
         to its model served here (its own residency and batching), all under the
-        ensemble request's one deadline."""
+        ensemble request's one deadline, used by its tenant `caller`."""
         name = ensemble.name
         if self.draining:
             raise Unavailable("the agent is shutting down")
@@ -663,7 +727,7 @@ class Agent:
         timeout_s = body.timeout_s
         for wave in ensemble.waves:
             results = await asyncio.gather(
-                *(self._ensemble_step(step, tensors, timeout_s, arrived) for step in wave)
+                *(self._ensemble_step(step, tensors, timeout_s, arrived, caller) for step in wave)
             )
             for step, outputs in zip(wave, results, strict=True):
                 for output, tensor in step.outputs.items():
@@ -675,7 +739,12 @@ class Agent:
         return InferResult(ensemble, {o: tensors[o] for o in wanted}, "")
 
     async def _ensemble_step(
-        self, step: Step, tensors: dict[str, np.ndarray], timeout_s: float | None, arrived: float
+        self,
+        step: Step,
+        tensors: dict[str, np.ndarray],
+        timeout_s: float | None,
+        arrived: float,
+        caller: str,
     ) -> dict[str, np.ndarray]:
         inputs = [
             InferInput(given, oip_datatype(tensors[tensor]), list(tensors[tensor].shape),
@@ -684,7 +753,7 @@ class Agent:
         ]  # fmt: skip
         body = StepBody(inputs, list(step.outputs) or None, timeout_s)
         result = await self.handle(step.model, step.version, _no_header, None, lambda: body,
-                                   arrived=arrived)  # fmt: skip
+                                   arrived=arrived, step_of=caller)  # fmt: skip
         return result.outputs  # type: ignore[union-attr]  # served here: never Forwarded
 
     @staticmethod

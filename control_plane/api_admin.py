@@ -51,7 +51,7 @@ ADMIN_PREFIX = "/edgeplex.v1.AdminService/"
 # reads state and changes nothing.
 READ_METHODS = frozenset(
     {"ListModels", "GetModel", "ListSites", "GetPlacement", "ExplainPlacement", "ListBatches",
-     "GetBatch", "ListTenants", "GetTenant"}
+     "GetBatch", "ListTenants", "GetTenant", "GetUsage"}
 )  # fmt: skip
 BATCH_METHODS = READ_METHODS | {"SubmitBatch", "GetBatchResults", "CancelBatch"}
 

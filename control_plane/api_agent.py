@@ -16,6 +16,7 @@ import time
 import grpc
 from redis.exceptions import RedisError
 
+from edgeplex.control_plane import usage
 from edgeplex.control_plane.config import ControlPlaneSettings
 from edgeplex.control_plane.demand import report_problem
 from edgeplex.control_plane.metrics import METRICS
@@ -181,6 +182,21 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             METRICS.reports.inc()
             count += 1
         return pb.ReportSummary(reports=count)
+
+    async def ReportUsage(
+        self, request: pb.UsageReport, context: grpc.aio.ServicerContext
+    ) -> pb.UsageAck:
+        await self._identify(context, request.site_id, None)
+        problem = usage.check(request)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        try:
+            await self._store.put_usage(request)
+        except RedisError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
+            )
+        return pb.UsageAck()
 
     async def LookupModel(
         self, request: pb.ModelLookup, context: grpc.aio.ServicerContext

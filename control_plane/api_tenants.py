@@ -1,6 +1,7 @@
-"""The tenant verbs of AdminService: add, update, list, show, remove, and keys issued
-and revoked. The table lives in Redis (store.py); every change pokes the planner,
-which sends it to every site inside its next signed desired state."""
+"""The tenant verbs of AdminService: add, update, list, show, remove, keys issued
+and revoked, and the usage the sites recorded. The table lives in Redis
+(store.py); every change pokes the planner, which sends it to every site inside
+its next signed desired state."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import grpc
 from redis.exceptions import RedisError
 
 from edgeplex import tenants
+from edgeplex.control_plane import usage
 from edgeplex.control_plane.api_batch import redis_down
 from edgeplex.control_plane.store import Store
 from edgeplex.proto import edgeplex_control_pb2 as pb
@@ -101,6 +103,20 @@ class TenantAdmin:
     ) -> pb.TenantInfo:
         return await self._change(
             context, lambda t: tenants.revoke_key(t, request.tenant, request.key_id), request.tenant
+        )
+
+    async def GetUsage(
+        self, request: pb.UsageQuery, context: grpc.aio.ServicerContext
+    ) -> pb.UsageTable:
+        if request.by not in ("", "model", "site", "hour"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "by: model, site or hour")
+        try:
+            reports = await self._store.usage_reports(request.from_time, request.to_time)
+        except RedisError:
+            await redis_down(context)
+            raise
+        return usage.summarize(
+            reports, request.tenant, request.from_time, request.to_time, request.by or "model"
         )
 
     # --- the plumbing ---------------------------------------------------------------------

@@ -146,8 +146,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     results.set_defaults(call=_batch_results)
     from edgeplex.control_plane.cli_agent import add_agent_noun
     from edgeplex.control_plane.cli_tenants import add_tenant_noun
+    from edgeplex.control_plane.cli_usage import add_usage_noun
 
     add_tenant_noun(nouns, leaf)
+    add_usage_noun(nouns, common)
     add_agent_noun(nouns, common)
     admin.set_defaults(run=_run_admin)
 

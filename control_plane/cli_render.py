@@ -60,6 +60,16 @@ def render(reply: Any) -> str:
                 )
             )
         return table(rows)
+    if kind == "UsageTable":
+        rows = [("TENANT", "KEY", "REQUESTS", "FAILURES", "BYTES_IN", "BYTES_OUT", "COMPUTE_S",
+                 "COLD", "DEVICE_GB_S")]  # fmt: skip
+        for u in reply.rows:
+            rows.append(
+                (u.tenant, u.key, str(u.requests), str(u.failures), str(u.bytes_in),
+                 str(u.bytes_out), f"{u.compute_s:.3f}", str(u.cold_starts),
+                 f"{u.device_byte_seconds / 1e9:.3f}")
+            )  # fmt: skip
+        return table(rows)
     if kind == "Placement":
         lines = [
             f"version {reply.version}  leader {reply.leader}  served within SLO "

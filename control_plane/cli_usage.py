@@ -15,9 +15,7 @@ COLUMNS = ("tenant", "key", "requests", "failures", "bytes_in", "bytes_out", "co
            "cold_starts", "device_byte_seconds")  # fmt: skip
 
 
-def add_usage_noun(
-    nouns: argparse._SubParsersAction, common: argparse.ArgumentParser
-) -> None:
+def add_usage_noun(nouns: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     usage = nouns.add_parser(
         "usage", parents=[common], help="what tenants used, from the sites' minute records"
     )

@@ -225,6 +225,29 @@ class Store:
                 except WatchError:
                     continue
 
+    # --- usage ------------------------------------------------------------------------
+
+    async def put_usage(self, report: pb.UsageReport) -> None:
+        """A site's minute of usage records, under (site, minute): stored again, it
+        replaces itself (idempotent)."""
+        member = f"{report.site_id}/{report.minute}"
+        start = report.minute * report.interval_s
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(P + "usage", member, report.SerializeToString())
+            pipe.zadd(P + "usage:minutes", {member: start})
+            await pipe.execute()
+
+    async def usage_reports(self, from_time: float, to_time: float) -> list[pb.UsageReport]:
+        """The stored minutes that start in [from_time, to_time) (0: no end)."""
+        members = await self.redis.zrangebyscore(
+            P + "usage:minutes", from_time, f"({to_time}" if to_time else "+inf"
+        )
+        if not members:
+            return []
+        names = [text(m) for m in members if isinstance(m, bytes | str)]  # no scores asked
+        raw = await self.redis.hmget(P + "usage", names)
+        return [pb.UsageReport.FromString(r) for r in raw if r is not None]
+
     async def put_placement(self, placement: pb.Placement) -> None:
         await self.redis.set(P + "placement", placement.SerializeToString())
 

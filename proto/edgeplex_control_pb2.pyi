@@ -611,3 +611,90 @@ class RouteTarget(_message.Message):
     latency_ms: float
     headroom: float
     def __init__(self, site_id: _Optional[str] = ..., address: _Optional[str] = ..., http_address: _Optional[str] = ..., region: _Optional[str] = ..., latency_ms: _Optional[float] = ..., headroom: _Optional[float] = ...) -> None: ...
+
+class UsageRecord(_message.Message):
+    __slots__ = ("tenant", "model", "version", "requests", "failures", "bytes_in", "bytes_out", "compute_s", "cold_starts", "device_byte_seconds")
+    class FailuresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    COLD_STARTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BYTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    model: str
+    version: str
+    requests: int
+    failures: _containers.ScalarMap[str, int]
+    bytes_in: int
+    bytes_out: int
+    compute_s: float
+    cold_starts: int
+    device_byte_seconds: float
+    def __init__(self, tenant: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., requests: _Optional[int] = ..., failures: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., compute_s: _Optional[float] = ..., cold_starts: _Optional[int] = ..., device_byte_seconds: _Optional[float] = ...) -> None: ...
+
+class UsageReport(_message.Message):
+    __slots__ = ("site_id", "minute", "interval_s", "records")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    MINUTE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    minute: int
+    interval_s: int
+    records: _containers.RepeatedCompositeFieldContainer[UsageRecord]
+    def __init__(self, site_id: _Optional[str] = ..., minute: _Optional[int] = ..., interval_s: _Optional[int] = ..., records: _Optional[_Iterable[_Union[UsageRecord, _Mapping]]] = ...) -> None: ...
+
+class UsageAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UsageQuery(_message.Message):
+    __slots__ = ("tenant", "from_time", "to_time", "by")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    FROM_TIME_FIELD_NUMBER: _ClassVar[int]
+    TO_TIME_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    from_time: float
+    to_time: float
+    by: str
+    def __init__(self, tenant: _Optional[str] = ..., from_time: _Optional[float] = ..., to_time: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
+
+class UsageRow(_message.Message):
+    __slots__ = ("tenant", "key", "requests", "failures", "bytes_in", "bytes_out", "compute_s", "cold_starts", "device_byte_seconds")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    COLD_STARTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BYTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key: str
+    requests: int
+    failures: int
+    bytes_in: int
+    bytes_out: int
+    compute_s: float
+    cold_starts: int
+    device_byte_seconds: float
+    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., requests: _Optional[int] = ..., failures: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., compute_s: _Optional[float] = ..., cold_starts: _Optional[int] = ..., device_byte_seconds: _Optional[float] = ...) -> None: ...
+
+class UsageTable(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ...) -> None: ...

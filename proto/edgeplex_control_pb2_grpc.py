@@ -52,6 +52,11 @@ class AgentServiceStub:
                 request_serializer=edgeplex__control__pb2.ModelLookup.SerializeToString,
                 response_deserializer=edgeplex__control__pb2.SignedMessage.FromString,
                 _registered_method=True)
+        self.ReportUsage = channel.unary_unary(
+                '/edgeplex.v1.AgentService/ReportUsage',
+                request_serializer=edgeplex__control__pb2.UsageReport.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.UsageAck.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -85,6 +90,14 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportUsage(self, request, context):
+        """One closed minute of the site's usage records (docs/tenants.md); sending the
+        same minute again replaces it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -102,6 +115,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.LookupModel,
                     request_deserializer=edgeplex__control__pb2.ModelLookup.FromString,
                     response_serializer=edgeplex__control__pb2.SignedMessage.SerializeToString,
+            ),
+            'ReportUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportUsage,
+                    request_deserializer=edgeplex__control__pb2.UsageReport.FromString,
+                    response_serializer=edgeplex__control__pb2.UsageAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -188,6 +206,33 @@ class AgentService:
             '/edgeplex.v1.AgentService/LookupModel',
             edgeplex__control__pb2.ModelLookup.SerializeToString,
             edgeplex__control__pb2.SignedMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AgentService/ReportUsage',
+            edgeplex__control__pb2.UsageReport.SerializeToString,
+            edgeplex__control__pb2.UsageAck.FromString,
             options,
             channel_credentials,
             insecure,
@@ -320,6 +365,11 @@ class AdminServiceStub:
                 '/edgeplex.v1.AdminService/RevokeTenantKey',
                 request_serializer=edgeplex__control__pb2.KeyRef.SerializeToString,
                 response_deserializer=edgeplex__control__pb2.TenantInfo.FromString,
+                _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/edgeplex.v1.AdminService/GetUsage',
+                request_serializer=edgeplex__control__pb2.UsageQuery.SerializeToString,
+                response_deserializer=edgeplex__control__pb2.UsageTable.FromString,
                 _registered_method=True)
 
 
@@ -469,6 +519,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsage(self, request, context):
+        """What tenants used, summed from the sites' minute records.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -581,6 +638,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RevokeTenantKey,
                     request_deserializer=edgeplex__control__pb2.KeyRef.FromString,
                     response_serializer=edgeplex__control__pb2.TenantInfo.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=edgeplex__control__pb2.UsageQuery.FromString,
+                    response_serializer=edgeplex__control__pb2.UsageTable.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1180,6 +1242,33 @@ class AdminService:
             '/edgeplex.v1.AdminService/RevokeTenantKey',
             edgeplex__control__pb2.KeyRef.SerializeToString,
             edgeplex__control__pb2.TenantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeplex.v1.AdminService/GetUsage',
+            edgeplex__control__pb2.UsageQuery.SerializeToString,
+            edgeplex__control__pb2.UsageTable.FromString,
             options,
             channel_credentials,
             insecure,

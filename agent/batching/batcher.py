@@ -302,7 +302,9 @@ class Batcher:
             return
         finished = time.monotonic()
         offset = 0
+        share_s = compute_ns / 1e9 / len(batch)  # each request's part of the runner's time
         for request in batch:
+            request.compute_s = share_s
             if batching:
                 mine = {n: a[offset : offset + request.batch_size] for n, a in outputs.items()}
                 offset += request.batch_size

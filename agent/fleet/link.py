@@ -41,6 +41,7 @@ import grpc
 
 from edgeplex import __version__
 from edgeplex.agent.catalog.forms import guard_summary
+from edgeplex.agent.fleet import usage_shipper
 from edgeplex.agent.fleet.control_messages import ControlMessages
 from edgeplex.agent.fleet.on_demand import OnDemand
 from edgeplex.agent.fleet.reconcile import Reconciler
@@ -140,7 +141,24 @@ class FleetLink:
         self._busy_ns = 0  # cumulative compute time at the last report
 
     async def run(self) -> None:
-        await asyncio.gather(self._control_loop(), self._mqtt_loop(), self.reconciler.run())
+        loops = [self._control_loop(), self._mqtt_loop(), self.reconciler.run()]
+        journal = self._agent.usage
+        if journal is not None:
+            every = max(1.0, journal.interval_s / 4)
+            loops.append(usage_shipper.run(journal, self._site, self._send_usage, every))
+        await asyncio.gather(*loops)
+
+    async def _send_usage(self, report: pb.UsageReport) -> None:
+        """One closed minute to the control plane (once registered: a refusal for an
+        unknown site would only be retried)."""
+        if not self.registered.is_set():
+            raise ConnectionError("not registered with the control plane yet")
+        channel = self._channel()
+        try:
+            stub = pb_grpc.AgentServiceStub(channel)
+            await stub.ReportUsage(report, timeout=10, metadata=self._metadata)
+        finally:
+            await channel.close()
 
     # --- control plane --------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ def test_closed_minutes_ship_oldest_first_and_go_once_acknowledged(tmp_path: Pat
             raise ConnectionError("the control plane is away")
         sent.append(report.minute)
 
-    closed = journal.closed(now=102 * 60 + 1)  # minute 102 is within its grace
+    closed = journal.closed(now=102 * 60 + 3)  # 101 ended 3 s ago (grace 2 s); 102 runs
     assert [m for m, _ in closed] == [100, 101]
     with pytest.raises(ConnectionError):
         asyncio.run(ship_closed(journal, "site", send))

@@ -144,6 +144,19 @@ def test_tenants_reach_every_site_in_the_signed_desired_state(fleet: Fleet) -> N
         wait_until(lambda: status("base") == "StatusCode.UNAUTHENTICATED", what="tenants at a1")
         assert status("base", auth) == "OK"
         assert status("other", auth) == "StatusCode.PERMISSION_DENIED"
+        for _ in range(5):
+            assert status("base", auth) == "OK"
+
+        # Usage: the site's closed minutes reach the control plane, each request once.
+        def used() -> pb.UsageRow | None:
+            table = fleet.call("GetUsage", pb.UsageQuery(tenant="acme", by="site"))
+            rows = [r for r in table.rows if r.key == "a1"]  # type: ignore[attr-defined]
+            return rows[0] if rows and rows[0].requests >= 7 else None
+
+        row = wait_until(used, what="acme's usage at a1")
+        assert (row.requests, row.failures) == (7, 1), row  # type: ignore[union-attr]
+        assert row.bytes_in == 6 * 32 * 4 and row.compute_s > 0, row  # type: ignore[union-attr]
+        assert row.device_byte_seconds > 0, row  # type: ignore[union-attr]
     finally:
         fleet.call("RemoveTenant", pb.TenantName(name="acme"))
         wait_until(lambda: status("base") == "OK", what="a1 open again")
