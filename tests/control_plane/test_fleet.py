@@ -142,7 +142,7 @@ def test_tenants_reach_every_site_in_the_signed_desired_state(fleet: Fleet) -> N
     auth = {"authorization": f"Bearer {key}"}
     try:
         wait_until(lambda: status("base") == "StatusCode.UNAUTHENTICATED", what="tenants at a1")
-        assert status("base", auth) == "OK"
+        wait_until(lambda: status("base", auth) == "OK", what="acme's key at a1")
         assert status("other", auth) == "StatusCode.PERMISSION_DENIED"
         for _ in range(5):
             assert status("base", auth) == "OK"
@@ -154,13 +154,59 @@ def test_tenants_reach_every_site_in_the_signed_desired_state(fleet: Fleet) -> N
             return rows[0] if rows and rows[0].requests >= 7 else None
 
         row = wait_until(used, what="acme's usage at a1")
-        assert (row.requests, row.failures) == (7, 1), row  # type: ignore[union-attr]
-        assert row.bytes_in == 6 * 32 * 4 and row.compute_s > 0, row  # type: ignore[union-attr]
+        assert row.failures == 1 and row.requests >= 7, row  # type: ignore[union-attr]
+        served = row.requests - row.failures  # type: ignore[union-attr]
+        assert row.bytes_in == served * 32 * 4 and row.compute_s > 0, row  # type: ignore[union-attr]
         assert row.device_byte_seconds > 0, row  # type: ignore[union-attr]
     finally:
         fleet.call("RemoveTenant", pb.TenantName(name="acme"))
         wait_until(lambda: status("base") == "OK", what="a1 open again")
         client.close()
+
+
+def test_usage_loses_nothing_and_doubles_nothing_when_an_agent_is_killed(fleet: Fleet) -> None:
+    """Requests answered just before a SIGKILL are in the usage the control plane
+    ends with, exactly once: their lines were on disk before the answers left, and
+    the restarted agent sends the minutes the killed one had not."""
+    fleet.call("AddTenant", pb.TenantSpec(name="meter"))
+    key = fleet.call("IssueTenantKey", pb.TenantName(name="meter")).key  # type: ignore[attr-defined]
+    agent = fleet.agents["b1"]
+    tensor = triton.InferInput("input", [1, 32], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 32), np.float32))
+    auth = {"authorization": f"Bearer {key}"}
+
+    def served(headers: dict[str, str] | None = auth) -> bool:
+        try:
+            triton.InferenceServerClient(agent.grpc_url).infer("base", [tensor], headers=headers)
+        except InferenceServerException:
+            return False
+        return True
+
+    def meter_requests() -> int:  # at any site: b1 may forward one while it loads the model
+        table = fleet.call("GetUsage", pb.UsageQuery(tenant="meter", by="model"))
+        return sum(r.requests for r in table.rows if r.key.startswith("base"))  # type: ignore[attr-defined]
+
+    try:
+        # Until b1 knows a tenant it is open and a key is not looked at (anonymous); the
+        # tenant and its key reach it in one desired state or two.
+        wait_until(lambda: not served(None), what="tenants at b1")
+        wait_until(served, what="meter's key at b1")
+        answered = 1 + sum(served() for _ in range(30))
+        agent.process.kill()  # mid-minute: the current minute's file is still open
+        agent.process.wait()
+        fleet.start_agent("b1", "b")
+        wait_until(lambda: meter_requests() >= answered, timeout=30, what="meter's usage")
+        time.sleep(3.0)  # a minute sent again would show now
+        assert meter_requests() == answered
+    finally:
+        fleet.call("RemoveTenant", pb.TenantName(name="meter"))
+
+        def open_again() -> bool:
+            with contextlib.suppress(InferenceServerException):
+                return infer(fleet.agents["b1"], "base") is not None
+            return False
+
+        wait_until(open_again, what="b1 open to anonymous requests again")
 
 
 def test_health_and_metrics(fleet: Fleet) -> None:
