@@ -6,7 +6,7 @@ overhead   Two agents on the same repository: one with no tenants (anonymous
            access, as before tenants), one with 100 tenants in its tenants file,
            each with a key, the caller's tenant with limits high enough never to
            refuse (so every check runs: key lookup, model list, token bucket,
-           concurrency count, metrics). wrk, 16 connections, binary HTTP bodies,
+           concurrency count, metrics, usage journal). wrk, 16 connections, binary HTTP bodies,
            one 64-wide row to a small MLP; the agents take turns, `--rounds`
            times. Goal: the tenant agent's throughput within 3% of the other's.
 fairness   Two tenants of weights 1 and 3, 8 closed-loop callers each, on one
@@ -96,7 +96,9 @@ def main() -> None:
         },
     )
     plain = Agent(repo, load_models_at_start="true")
-    metered = Agent(repo, load_models_at_start="true", security__tenants_file=str(file))
+    usage = work / "usage"
+    metered = Agent(repo, load_models_at_start="true", security__tenants_file=str(file),
+                    usage_dir=str(usage))  # fmt: skip
     report: dict[str, object] = {
         "command": "python bench/tenants.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {platform.python_version()}",
@@ -107,6 +109,8 @@ def main() -> None:
             run(f"http://{agent.http}", "m", 4, 1.0, key)
             run(f"http://{agent.http}", "slow", 4, 1.0, key if agent is plain else keys["light"])
         rates: dict[str, list[float]] = {"plain": [], "tenants": []}
+        journaled = sum(f.stat().st_size for f in usage.glob("*"))
+        metered_requests = 0
         for i in range(args.rounds):
             order = [("plain", plain, ""), ("tenants", metered, f"Bearer {keys['caller']}")]
             for label, agent, authorization in order if i % 2 == 0 else order[::-1]:
@@ -114,7 +118,14 @@ def main() -> None:
                 result = run_wrk(agent.http, "m", 64, 16, args.duration)
                 assert not result["errors"], (label, result)
                 rates[label].append(result["rps"])
+                if agent is metered:
+                    metered_requests += result["requests"]
         os.environ.pop("EDGEPLEX_WRK_AUTHORIZATION", None)
+        journaled = sum(f.stat().st_size for f in usage.glob("*")) - journaled
+        per_million = journaled / max(1, metered_requests) * 1e6
+        report["usage_journal_bytes_per_million_requests"] = per_million
+        print(f"usage     journal {per_million / 1e6:.1f} MB per million requests at the site; "
+              "the control plane stores one record per tenant, model and minute")  # fmt: skip
         plain_rate, tenant_rate = (statistics.median(rates[k]) for k in ("plain", "tenants"))
         report["overhead"] = {"plain_rps": plain_rate, "tenants_rps": tenant_rate,
                               "ratio": tenant_rate / plain_rate, "runs": rates}  # fmt: skip
