@@ -434,13 +434,22 @@ def test_a_dead_site_is_marked_down_and_its_models_move(fleet: Fleet) -> None:
 
 def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None:
     """The standby takes the lease; the agents, which know both replicas, move to it
-    before their site leases lapse, so no site is marked down and nothing moves."""
+    before their site leases lapse, so no site is marked down and nothing moves; and
+    the usage of the requests served across the takeover is counted once each."""
     standby = fleet.standby
     assert standby is not None
     standby.start()
+
+    def used_at_a1(cp: ControlPlane) -> int:
+        table = fleet.call("GetUsage", pb.UsageQuery(tenant="anonymous", by="site"), cp)
+        return sum(r.requests for r in table.rows if r.key == "a1")  # type: ignore[attr-defined]
+
     try:
         before = fleet.settled_placement()
         assert before.leader == fleet.cp.replica  # type: ignore[attr-defined]
+        journal = fleet.workdir / "usage-a1"  # every earlier minute of a1's sent first
+        wait_until(lambda: not list(journal.glob("*.usage")), what="a1's journal sent")
+        used_before = used_at_a1(fleet.cp)
         with Hammer(fleet.agents["a1"], "base") as hammer:
             fleet.cp.stop(signal.SIGKILL)
             killed = time.monotonic()
@@ -458,6 +467,10 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
             assert time.monotonic() - killed < 2 + 2 + 1 + 1.5
         assert hammer.failures == [] and hammer.ok > 20
         assert all(s.up for s in fleet.call("ListSites", pb.ListSitesRequest(), standby).sites)  # type: ignore[attr-defined]
+        expected = used_before + hammer.ok
+        wait_until(lambda: used_at_a1(standby) >= expected, what="usage across the takeover")
+        time.sleep(3.0)  # a minute sent twice would show now
+        assert used_at_a1(standby) == expected
         if loaded_sets(after) != loaded_sets(before):  # say why, model by model, from the leader
             why = {
                 name: list(fleet.call("ExplainPlacement", pb.ModelName(name=name), standby).lines)  # type: ignore[attr-defined]
