@@ -10,7 +10,9 @@ step) polls `/dashboard/state.json`, which shows:
   the placement loop keeps in Redis, the last `HISTORY` samples);
 - the catalog, each model's placement explanation on request
   (`/dashboard/explain/{model}`);
-- batch jobs with their progress.
+- batch jobs with their progress;
+- each tenant's usage of each model over the last hour (the sites' closed
+  minutes: docs/tenants.md).
 
 Viewing needs no token. The actions (cordon, drain, cancel a batch job) are
 POSTs that need the admin token as `Authorization: Bearer`.
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from redis.exceptions import RedisError
 
+from edgeplex.control_plane import usage
 from edgeplex.control_plane.api_admin import set_site_flag
 from edgeplex.control_plane.api_batch import cancel_batch
 from edgeplex.control_plane.explain import explain
@@ -94,6 +97,10 @@ class Dashboard:
             catalog = await self._store.models()
             jobs = await self._store.batch_jobs()
             done = {j.job_id: len(await self._store.batch_done_shards(j.job_id)) for j in jobs}
+            hour_ago = time.time() - 3600
+            used = usage.summarize(
+                await self._store.usage_reports(hour_ago, 0), "", hour_ago, 0, "model"
+            )
         except RedisError:
             return web.json_response({"error": "Redis is unavailable"}, status=503)
         now = time.time()
@@ -129,6 +136,18 @@ class Dashboard:
                 ],
                 "tiers": tiers,
                 "demand": [{"t": t, "regions": r} for t, r in self.history],
+                "usage": [
+                    {
+                        "tenant": u.tenant,
+                        "model": u.key,
+                        "requests": u.requests,
+                        "failures": u.failures,
+                        "compute_s": round(u.compute_s, 3),
+                        "cold_starts": u.cold_starts,
+                        "device_gb_h": round(u.device_byte_seconds / 3.6e12, 6),
+                    }
+                    for u in used.rows
+                ],
                 "batches": [
                     {
                         "job": j.job_id,

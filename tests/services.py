@@ -282,6 +282,10 @@ def fleet_env(cp: ControlPlane, mqtt_url: str, site_id: str, region: str) -> dic
         "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": join_token(cp, site_id, region),
         "EDGEPLEX_AGENT_FLEET__ARTIFACT_FILE_ROOTS": json.dumps([str(cp.workdir)]),
         "EDGEPLEX_AGENT_FLEET__ARTIFACT_SCHEMES": '["https", "http"]',
+        # Usage records of this fleet only (not the user's state directory), kept by
+        # 2-second periods so a test sees them sent.
+        "EDGEPLEX_AGENT_USAGE_DIR": str(cp.workdir / f"usage-{site_id}"),
+        "EDGEPLEX_AGENT_USAGE_INTERVAL_S": "2",
     }
 
 

@@ -19,7 +19,7 @@ from edgeplex.agent.catalog import demo
 from edgeplex.artifacts import sha256_of
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
-from tests.conftest import free_port
+from tests.conftest import AgentProcess, free_port
 from tests.services import TOKEN, ControlPlane, running_fleet
 from tests.support.waiting import wait_until
 
@@ -27,8 +27,10 @@ AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
 class Fleet:
-    def __init__(self, cp: ControlPlane, http: str, workdir: Path) -> None:
-        self.cp, self.http, self.workdir = cp, http, workdir
+    def __init__(
+        self, cp: ControlPlane, http: str, workdir: Path, agents: list[AgentProcess]
+    ) -> None:
+        self.cp, self.http, self.workdir, self.agents = cp, http, workdir, agents
 
     def get(self, path: str) -> tuple[int, dict[str, str], bytes]:
         try:
@@ -62,10 +64,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     workdir = tmp_path_factory.mktemp("dashboard")
     port = free_port()
     sites = (("a1", "a"), ("b1", "b"))
-    with running_fleet(workdir, sites, EDGEPLEX_CP_HTTP_PORT=str(port)) as (cp, _, _):
+    with running_fleet(workdir, sites, EDGEPLEX_CP_HTTP_PORT=str(port)) as (cp, _, agents):
         demo.make_mlp(workdir / "src", width=64, layers=2, in_width=32, seed=5)
         model = workdir / "src" / "1" / "model.onnx"
-        handle = Fleet(cp, f"http://127.0.0.1:{port}", workdir)
+        handle = Fleet(cp, f"http://127.0.0.1:{port}", workdir, agents)
         handle.admin(
             "AddModel",
             pb.CatalogModel(name="mlp", artifact_uri=model.as_uri(), sha256=sha256_of(model),
@@ -85,6 +87,16 @@ def test_the_state_shows_sites_models_and_where_they_are(fleet: Fleet) -> None:
     assert {s["site"] for s in state["sites"]} == {"a1", "b1"}  # type: ignore[index]
     assert all(s["up"] for s in state["sites"])  # type: ignore[index]
     assert state["models"][0]["name"] == "mlp"  # type: ignore[index]
+    # A request's usage, once its minute is closed and sent, is on the page's state.
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 32], "datatype": "FP32",
+                                   "data": [0.5] * 32}]}).encode()  # fmt: skip
+    request = urllib.request.Request(
+        f"http://{fleet.agents[0].http_url}/v2/models/mlp/infer", data=body, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert reply.status == 200
+    wait_until(lambda: any(u["model"].startswith("mlp") for u in fleet.state()["usage"]),
+               20, "usage on the dashboard")  # fmt: skip
     status, _, body = fleet.get("/dashboard/explain/mlp")
     assert status == 200 and any("a1" in line for line in json.loads(body)["lines"])
     assert fleet.get("/dashboard/explain/..%2Fx")[0] in (400, 404)

@@ -97,9 +97,6 @@ class Fleet:
                 ),
                 "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "256MiB",
                 "EDGEPLEX_AGENT_PRESTAGE": "false",
-                # Usage records of this fleet only, kept by 2-second periods.
-                "EDGEPLEX_AGENT_USAGE_DIR": str(self.workdir / f"usage-{site}"),
-                "EDGEPLEX_AGENT_USAGE_INTERVAL_S": "2",
                 **(extra_env or {}),
             },
             tls_ca=tls_ca,
