@@ -21,7 +21,7 @@ from edgeplex.tenants import Tenant, TenantTable
 
 def tenant_info(tenant: Tenant) -> pb.TenantInfo:
     info = pb.TenantInfo(name=tenant.name, weight=tenant.weight, models=tenant.models)
-    for field in ("rate", "burst", "concurrency"):
+    for field in ("rate", "fleet_rate", "burst", "concurrency"):
         value = getattr(tenant, field)
         if value is not None:
             setattr(info, field, value)
@@ -33,7 +33,7 @@ def limits_of(spec: pb.TenantSpec, adding: bool) -> dict[str, Any]:
     """The limits a spec gives (those it leaves unset are not in it)."""
     limits: dict[str, Any] = {
         field: getattr(spec, field)
-        for field in ("rate", "burst", "concurrency", "weight")
+        for field in ("rate", "fleet_rate", "burst", "concurrency", "weight")
         if spec.HasField(field)
     }
     if adding or spec.models_given:

@@ -32,6 +32,10 @@ def add_tenant_noun(
         p = with_file(leaf(verbs, verb, help=f"{verb} a tenant"))
         p.add_argument("name", help="the tenant's name (lower case, digits, . _ -)")
         p.add_argument("--rate", type=float, help="requests a second at each site (0: no limit)")
+        p.add_argument(
+            "--fleet-rate", type=float,
+            help="requests a second across the fleet, split among sites by demand (0: none)",
+        )  # fmt: skip
         p.add_argument("--burst", type=int, help="requests above the rate at once")
         p.add_argument("--concurrency", type=int, help="requests in flight at each site")
         p.add_argument("--weight", type=float, help="share of a contended model (1)")
@@ -62,7 +66,7 @@ def _spec_call(method: str, adding: bool) -> Callable[[argparse.Namespace, Call]
         from edgeplex.proto import edgeplex_control_pb2 as pb
 
         spec = pb.TenantSpec(name=args.name)
-        for field in ("rate", "burst", "concurrency", "weight"):
+        for field in ("rate", "fleet_rate", "burst", "concurrency", "weight"):
             value = getattr(args, field)
             if value is not None:
                 setattr(spec, field, value)

@@ -46,8 +46,10 @@ from edgeplex.control_plane.store import EVENTS, Store
 from edgeplex.fleet import desired_topic, routes_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.signing import DESIRED, ROUTES, region_audience, site_audience
+from edgeplex.tenants import TenantTable, for_site, split_rate
 
 log = logging.getLogger("edgeplex.control_plane.planner")
+RATE_WINDOW_S = 300.0  # the usage a fleet-wide rate is split by
 
 UNLIMITED = 1 << 60
 
@@ -293,6 +295,27 @@ class Planner:
         METRICS.placement_version.set(version)
         return placement
 
+    async def _fleet_rates(
+        self, tenants: TenantTable, sites: list[str], now: float
+    ) -> dict[str, dict[str, float]]:
+        """Each fleet-rated tenant's rate at each site: its fleet rate split by the
+        site's share of the tenant's requests in the last RATE_WINDOW_S of usage
+        records (edgeplex/tenants.py, split_rate)."""
+        rated = [t for t in tenants.tenants.values() if t.fleet_rate is not None]
+        if not rated:
+            return {}
+        demand: dict[str, dict[str, float]] = {t.name: {} for t in rated}
+        for report in await self._store.usage_reports(now - RATE_WINDOW_S, 0):
+            for record in report.records:
+                by_site = demand.get(record.tenant)
+                if by_site is not None:
+                    by_site[report.site_id] = by_site.get(report.site_id, 0) + record.requests
+        return {
+            t.name: split_rate(t.fleet_rate, demand[t.name], sites)
+            for t in rated
+            if t.fleet_rate is not None
+        }
+
     async def _publish(
         self,
         version: int,
@@ -305,13 +328,16 @@ class Planner:
         by_name = {m.name: m for m in catalog}
         published = await self._store.desired()
         peer_token = await self._store.peer_token()
-        tenants_json = json.dumps((await self._store.tenants()).dump(), sort_keys=True)
+        tenants = await self._store.tenants()
         now = time.time()
+        rates = await self._fleet_rates(tenants, [s.site_id for s in sites], now)
         for site in sites:
             models = [
                 desired_model(by_name[name], "loaded") for name in result.loaded[site.site_id]
             ] + [desired_model(by_name[name], "staged") for name in result.staged[site.site_id]]
             previous = published.get(site.site_id)
+            table = for_site(tenants, rates, site.site_id)
+            tenants_json = json.dumps(table.dump(), sort_keys=True)
             if (
                 previous is not None
                 and list(previous.models) == models

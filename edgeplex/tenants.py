@@ -53,6 +53,9 @@ class Tenant(BaseModel):
 
     name: str = Field(pattern=NAME)
     rate: float | None = Field(default=None, gt=0, description="requests a second, per site")
+    fleet_rate: float | None = Field(
+        default=None, gt=0, description="requests a second across the fleet, split by demand"
+    )
     burst: int | None = Field(default=None, ge=1, description="requests above the rate at once")
     concurrency: int | None = Field(default=None, ge=1, description="requests in flight at once")
     weight: float = Field(default=1.0, gt=0, le=1000, description="share under contention")
@@ -169,7 +172,7 @@ class TenantExists(ValueError):
     pass
 
 
-LIMITS = ("rate", "burst", "concurrency", "weight", "models")
+LIMITS = ("rate", "fleet_rate", "burst", "concurrency", "weight", "models")
 
 
 def add(table: TenantTable, name: str, limits: dict[str, Any]) -> TenantTable:
@@ -241,11 +244,46 @@ def _given(limits: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"not a tenant limit: {', '.join(sorted(unknown))}")
     given = {k: v for k, v in limits.items() if v is not None}
-    for name in ("rate", "burst", "concurrency"):
+    for name in ("rate", "fleet_rate", "burst", "concurrency"):
         if given.get(name) == 0:
             given[name] = None
     return given
 
 
 def _with(table: TenantTable, tenants: list[Tenant]) -> TenantTable:
+    return TenantTable(tenants, legacy=table.legacy)
+
+
+# --- a fleet-wide rate, split across sites ---------------------------------------------
+
+MIN_SHARE = 0.05  # what a site with none of the tenant's recent demand still gets
+
+
+def split_rate(fleet_rate: float, demand: dict[str, float], sites: list[str]) -> dict[str, float]:
+    """Each site's rate of a tenant limited to `fleet_rate` across the fleet: its share
+    of the tenant's recent requests (`demand`, by site), with every site given at
+    least MIN_SHARE of it so new traffic there is served while the shares catch up.
+    The shares are renormalised, so the sites' rates add up to `fleet_rate` (each
+    rounded to two significant digits)."""
+    if not sites:
+        return {}
+    total = sum(max(0.0, demand.get(s, 0.0)) for s in sites)
+    raw = {s: (demand.get(s, 0.0) / total if total > 0 else 1.0 / len(sites)) for s in sites}
+    floored = {s: max(MIN_SHARE, share) for s, share in raw.items()}
+    scale = sum(floored.values())
+    # Two significant digits: demand that barely moves sends no new desired state.
+    return {s: float(f"{fleet_rate * share / scale:.2g}") for s, share in floored.items()}
+
+
+def for_site(table: TenantTable, rates: dict[str, dict[str, float]], site: str) -> TenantTable:
+    """The table as `site` enforces it: a tenant with a fleet-wide rate gets its
+    site's part of it (`rates[tenant][site]`) as its rate there, unless its own
+    per-site rate is lower."""
+    tenants = []
+    for tenant in table.tenants.values():
+        part = rates.get(tenant.name, {}).get(site)
+        if tenant.fleet_rate is not None and part is not None:
+            rate = part if tenant.rate is None else min(part, tenant.rate)
+            tenant = tenant.model_copy(update={"rate": rate})
+        tenants.append(tenant)
     return TenantTable(tenants, legacy=table.legacy)

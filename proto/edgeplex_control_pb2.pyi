@@ -190,7 +190,7 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class TenantSpec(_message.Message):
-    __slots__ = ("name", "rate", "burst", "concurrency", "weight", "models", "models_given")
+    __slots__ = ("name", "rate", "burst", "concurrency", "weight", "models", "models_given", "fleet_rate")
     NAME_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
     BURST_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +198,7 @@ class TenantSpec(_message.Message):
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     MODELS_GIVEN_FIELD_NUMBER: _ClassVar[int]
+    FLEET_RATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     rate: float
     burst: int
@@ -205,7 +206,8 @@ class TenantSpec(_message.Message):
     weight: float
     models: _containers.RepeatedScalarFieldContainer[str]
     models_given: bool
-    def __init__(self, name: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[int] = ..., concurrency: _Optional[int] = ..., weight: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., models_given: _Optional[bool] = ...) -> None: ...
+    fleet_rate: float
+    def __init__(self, name: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[int] = ..., concurrency: _Optional[int] = ..., weight: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., models_given: _Optional[bool] = ..., fleet_rate: _Optional[float] = ...) -> None: ...
 
 class TenantKeyInfo(_message.Message):
     __slots__ = ("id", "created")
@@ -216,7 +218,7 @@ class TenantKeyInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., created: _Optional[float] = ...) -> None: ...
 
 class TenantInfo(_message.Message):
-    __slots__ = ("name", "rate", "burst", "concurrency", "weight", "models", "keys")
+    __slots__ = ("name", "rate", "burst", "concurrency", "weight", "models", "keys", "fleet_rate")
     NAME_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
     BURST_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +226,7 @@ class TenantInfo(_message.Message):
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    FLEET_RATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     rate: float
     burst: int
@@ -231,7 +234,8 @@ class TenantInfo(_message.Message):
     weight: float
     models: _containers.RepeatedScalarFieldContainer[str]
     keys: _containers.RepeatedCompositeFieldContainer[TenantKeyInfo]
-    def __init__(self, name: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[int] = ..., concurrency: _Optional[int] = ..., weight: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., keys: _Optional[_Iterable[_Union[TenantKeyInfo, _Mapping]]] = ...) -> None: ...
+    fleet_rate: float
+    def __init__(self, name: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[int] = ..., concurrency: _Optional[int] = ..., weight: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., keys: _Optional[_Iterable[_Union[TenantKeyInfo, _Mapping]]] = ..., fleet_rate: _Optional[float] = ...) -> None: ...
 
 class TenantName(_message.Message):
     __slots__ = ("name",)

@@ -81,17 +81,20 @@ class Tenants:
 
     def replace(self, table: TenantTable) -> None:
         """A new table (a file reread, a new desired state). A tenant whose limits
-        did not change keeps its bucket; requests in flight stay counted."""
+        did not change keeps its bucket, one whose rate changed keeps the tokens it
+        had left; requests in flight stay counted."""
         buckets = {}
         for name, tenant in table.tenants.items():
             old = self._buckets.get(name)
             if tenant.rate is None:
                 continue
             burst = float(tenant.burst or max(1, round(tenant.rate)))
-            if old is not None and (old.rate, old.burst) == (tenant.rate, burst):
-                buckets[name] = old
-            else:
+            if old is None:
                 buckets[name] = Bucket(tenant.rate, burst, burst, self._clock())
+            elif (old.rate, old.burst) == (tenant.rate, burst):
+                buckets[name] = old
+            else:  # a new rate (a fleet-wide one rebalanced): the tokens left carry over
+                buckets[name] = Bucket(tenant.rate, burst, min(old.tokens, burst), old.stamp)
         self.table, self._buckets = table, buckets
 
     def replace_from(self, records_json: str, source: str) -> bool:

@@ -141,6 +141,8 @@ def test_tenants_reach_every_site_in_the_signed_desired_state(fleet: Fleet) -> N
 
     auth = {"authorization": f"Bearer {key}"}
     try:
+        # A fleet-wide rate: each site's part follows its share of acme's requests.
+        fleet.call("UpdateTenant", pb.TenantSpec(name="acme", fleet_rate=100.0))
         wait_until(lambda: status("base") == "StatusCode.UNAUTHENTICATED", what="tenants at a1")
         wait_until(lambda: status("base", auth) == "OK", what="acme's key at a1")
         assert status("other", auth) == "StatusCode.PERMISSION_DENIED"
@@ -158,6 +160,17 @@ def test_tenants_reach_every_site_in_the_signed_desired_state(fleet: Fleet) -> N
         served = row.requests - row.failures  # type: ignore[union-attr]
         assert row.bytes_in == served * 32 * 4 and row.compute_s > 0, row  # type: ignore[union-attr]
         assert row.device_byte_seconds > 0, row  # type: ignore[union-attr]
+
+        def rates() -> dict[str, float] | None:
+            desired = redis.Redis.from_url(fleet.redis.url).hgetall("edgeplex:desired")
+            found = {}
+            for site, raw in desired.items():
+                table = json.loads(pb.DesiredState.FromString(raw).tenants_json or "[]")
+                found[site.decode()] = next(t["rate"] for t in table if t["name"] == "acme")
+            return found if found.get("a1", 0) > 90 else None
+
+        split = wait_until(rates, what="acme's fleet rate split toward a1")
+        assert split == {"a1": 95.0, "b1": 4.8}, split  # b1: the floor
     finally:
         fleet.call("RemoveTenant", pb.TenantName(name="acme"))
         wait_until(lambda: status("base") == "OK", what="a1 open again")

@@ -255,3 +255,16 @@ def test_the_gate_decides_by_tenant() -> None:
 def test_grpc_status_codes_of_the_refusals() -> None:
     assert RateLimited("x").grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert RateLimited("x").http_status == 429
+
+
+def test_a_fleet_rate_is_split_by_each_sites_share_of_demand() -> None:
+    rates = tenants.split_rate(100.0, {"a": 90, "b": 10}, ["a", "b", "c"])
+    assert rates == {"a": 86.0, "b": 9.5, "c": 4.8}  # c: the floor, so new traffic starts
+    assert tenants.split_rate(90.0, {}, ["a", "b", "c"]) == {"a": 30.0, "b": 30.0, "c": 30.0}
+    table = TenantTable(
+        [tenants.Tenant(name="t", fleet_rate=100.0, rate=50.0), tenants.Tenant(name="u")]
+    )
+    at_a = tenants.for_site(table, {"t": rates}, "a")
+    assert at_a.tenants["t"].rate == 50.0  # its per-site rate is lower
+    assert tenants.for_site(table, {"t": rates}, "c").tenants["t"].rate == 4.8
+    assert tenants.for_site(table, {"t": rates}, "c").tenants["u"].rate is None
