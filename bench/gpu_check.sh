@@ -53,8 +53,8 @@ if [ "$DRY_RUN" = 1 ]; then
     PROVIDER=cpu
     BANDWIDTH_ARGS="--dry-run --mib 64"
     SWAP_ARGS="--sizes 10MB --repeat 1"
-    SERVING_ARGS="--width 256 --layers 2 --concurrency 1,4 --processes 2 --duration 1"
-    DENSITY_ARGS="--width 256 --layers 4 --factors 4 --duration 2"
+    SERVING_ARGS="--width 256 --layers 2 --concurrency 1,4 --processes 2 --duration 0.5"
+    DENSITY_ARGS="--width 256 --layers 4 --factors 4 --duration 1"
 else
     PY=.cache/gpu-venv/bin/python
     if [ ! -x "$PY" ]; then
