@@ -12,6 +12,7 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
+from edgeplex import tenants
 from edgeplex.agent.catalog import demo
 from edgeplex.agent.catalog.ensemble import read_ensemble
 from tests.conftest import AgentProcess, start_agent
@@ -149,3 +150,33 @@ def test_an_ensemble_that_cannot_run_says_why(tmp_path: Path, change, error: str
     _ensemble(tmp_path, "pipeline", change(PIPELINE))
     with pytest.raises(ValueError, match=error):
         read_ensemble(tmp_path / "pipeline", {"add_sub", "copy"})
+
+
+def test_an_ensembles_steps_run_under_its_tenant_without_counting_again(tmp_path: Path) -> None:
+    """A tenant allowed the ensemble alone, with one request in flight at most, runs
+    it: its steps are the ensemble's work, not requests of their own."""
+    repo = tmp_path / "repo"
+    demo.make_add_sub(repo / "add_sub")
+    demo.make_identity(repo / "copy", "FP32", width=16)
+    _ensemble(repo, "pipeline", PIPELINE)
+    table = tenants.add(tenants.TenantTable(), "solo", {"concurrency": 1, "models": ["pipeline"]})
+    table, key, _ = tenants.issue_key(table, "solo")
+    tenants.write_file(tmp_path / "tenants.yaml", table)
+    agent = start_agent(
+        repo,
+        tmp_path,
+        env={"EDGEPLEX_AGENT_SECURITY__TENANTS_FILE": str(tmp_path / "tenants.yaml")},
+    )
+    try:
+        client = tg.InferenceServerClient(agent.grpc_url)
+        inputs = [tg.InferInput("A", [1, 16], "FP32"), tg.InferInput("B", [1, 16], "FP32")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+        auth = {"authorization": f"Bearer {key}"}
+        result = client.infer("pipeline", inputs, headers=auth)
+        np.testing.assert_array_equal(result.as_numpy("TWICE_A"), np.full((1, 16), 2.0))
+        with pytest.raises(InferenceServerException, match="may not call model 'add_sub'"):
+            client.infer("add_sub", [], headers=auth)  # a step's model, asked for directly
+        client.close()
+    finally:
+        assert agent.stop() == 0, agent.log()
