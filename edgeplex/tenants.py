@@ -20,6 +20,7 @@ import hmac
 import re
 import secrets
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,10 @@ class TenantTable:
     def __bool__(self) -> bool:
         return bool(self.tenants)
 
+    def with_tenants(self, tenants: Iterable[Tenant]) -> TenantTable:
+        """Another table of `tenants`, with this one's legacy key kept."""
+        return TenantTable(list(tenants), legacy=self.legacy)
+
     def identify(self, token: str) -> Tenant | None:
         """The tenant whose key `token` is, or None (unknown, revoked, malformed).
         The hashes are compared in constant time."""
@@ -181,7 +186,7 @@ def add(table: TenantTable, name: str, limits: dict[str, Any]) -> TenantTable:
     if name in table.tenants:
         raise TenantExists(f"tenant '{name}' exists already (update it instead)")
     tenant = _valid({"name": name, **_given(limits)})
-    return _with(table, [*table.tenants.values(), tenant])
+    return table.with_tenants([*table.tenants.values(), tenant])
 
 
 def update(table: TenantTable, name: str, limits: dict[str, Any]) -> TenantTable:
@@ -189,12 +194,12 @@ def update(table: TenantTable, name: str, limits: dict[str, Any]) -> TenantTable
     tenant = get(table, name)
     merged = {**tenant.model_dump(), **_given(limits)}
     changed = _valid(merged)
-    return _with(table, [changed if t.name == name else t for t in table.tenants.values()])
+    return table.with_tenants([changed if t.name == name else t for t in table.tenants.values()])
 
 
 def remove(table: TenantTable, name: str) -> TenantTable:
     get(table, name)
-    return _with(table, [t for t in table.tenants.values() if t.name != name])
+    return table.with_tenants([t for t in table.tenants.values() if t.name != name])
 
 
 def issue_key(table: TenantTable, name: str) -> tuple[TenantTable, str, TenantKey]:
@@ -203,7 +208,7 @@ def issue_key(table: TenantTable, name: str) -> tuple[TenantTable, str, TenantKe
     key, record = new_key()
     changed = tenant.model_copy(update={"keys": [*tenant.keys, record]})
     return (
-        _with(table, [changed if t.name == name else t for t in table.tenants.values()]),
+        table.with_tenants([changed if t.name == name else t for t in table.tenants.values()]),
         key,
         record,
     )
@@ -217,7 +222,7 @@ def revoke_key(table: TenantTable, name: str, key: str) -> TenantTable:
     if len(kept) == len(tenant.keys):
         raise ValueError(f"tenant '{name}' has no key '{wanted[:16]}'")
     changed = tenant.model_copy(update={"keys": kept})
-    return _with(table, [changed if t.name == name else t for t in table.tenants.values()])
+    return table.with_tenants([changed if t.name == name else t for t in table.tenants.values()])
 
 
 def _valid(record: dict[str, Any]) -> Tenant:
@@ -248,10 +253,6 @@ def _given(limits: dict[str, Any]) -> dict[str, Any]:
         if given.get(name) == 0:
             given[name] = None
     return given
-
-
-def _with(table: TenantTable, tenants: list[Tenant]) -> TenantTable:
-    return TenantTable(tenants, legacy=table.legacy)
 
 
 # --- a fleet-wide rate, split across sites ---------------------------------------------
@@ -286,4 +287,4 @@ def for_site(table: TenantTable, rates: dict[str, dict[str, float]], site: str) 
             rate = part if tenant.rate is None else min(part, tenant.rate)
             tenant = tenant.model_copy(update={"rate": rate})
         tenants.append(tenant)
-    return TenantTable(tenants, legacy=table.legacy)
+    return table.with_tenants(tenants)

@@ -14,7 +14,6 @@ Without any tenant, requests are anonymous unless `security.anonymous: deny`.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import json
 import logging
@@ -69,6 +68,7 @@ class Tenants:
         self.admin: bytes | None = None  # the admin token (auth.Credentials sets it)
         self.peer_token: bytes | None = None  # the fleet's (from the desired state)
         self._clock = clock
+        self._counters: dict[tuple[str, str], Any] = {}
         self.table = TenantTable()
         self._buckets: dict[str, Bucket] = {}
         self.inflight: dict[str, int] = {}
@@ -105,7 +105,7 @@ class Tenants:
         except ValueError as exc:
             log.error("tenants from %s ignored: %s", source, exc)
             return False
-        self.replace(TenantTable(list(parsed.tenants.values()), legacy=self.table.legacy))
+        self.replace(self.table.with_tenants(parsed.tenants.values()))
         return True
 
     async def follow(self, path: Path, every_s: float = 1.0) -> None:
@@ -124,7 +124,7 @@ class Tenants:
             except (OSError, ValueError) as exc:
                 log.error("tenants file %s ignored: %s", path, exc)
                 continue
-            self.replace(TenantTable(list(table.tenants.values()), legacy=self.table.legacy))
+            self.replace(self.table.with_tenants(table.tenants.values()))
             log.info("tenants file %s reread: %d tenants", path, len(table.tenants))
 
     def identify(self, authorization: str | None) -> str:
@@ -189,10 +189,14 @@ class Tenants:
         counted(name, "admitted").inc()
         return tenant
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019  # one Tenants per agent, for good
     def _counted(self, name: str, outcome: str) -> Any:
-        """The counter of `name`'s requests with `outcome` (its label lookup once)."""
-        return METRICS.tenant_requests.labels(tenant=name, outcome=outcome)
+        """The counter of `name`'s requests with `outcome` (its label lookup once; the
+        names are this table's tenants, ADMIN and ANONYMOUS only)."""
+        child = self._counters.get((name, outcome))
+        if child is None:
+            child = METRICS.tenant_requests.labels(tenant=name, outcome=outcome)
+            self._counters[(name, outcome)] = child
+        return child
 
     def release(self, name: str) -> None:
         left = self.inflight.get(name, 1) - 1
