@@ -135,13 +135,8 @@ class TenantAdmin:
         shown: str,
     ) -> pb.TenantInfo:
         """Apply `change` to the stored table; the tenant `shown` as it then is."""
-
-        def changed_twice(table: TenantTable) -> tuple[TenantTable, TenantTable]:
-            changed = change(table)
-            return changed, changed  # stored, and returned
-
         try:
-            table = await self._store.change_tenants(changed_twice)
+            table = await self._store.change_tenants(change)
         except tenants.UnknownTenant as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
             raise

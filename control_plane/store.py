@@ -28,7 +28,6 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -39,8 +38,6 @@ from redis.exceptions import WatchError
 
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.tenants import TenantTable
-
-T = TypeVar("T")
 
 P = "edgeplex:"
 EVENTS = P + "events"
@@ -207,21 +204,20 @@ class Store:
         raw = await self.redis.get(P + "tenants")
         return TenantTable.parse(json.loads(raw)) if raw else TenantTable()
 
-    async def change_tenants(self, change: Callable[[TenantTable], tuple[TenantTable, T]]) -> T:
+    async def change_tenants(self, change: Callable[[TenantTable], TenantTable]) -> TenantTable:
         """Apply `change` to the tenant table atomically (retried if another admin
-        call changed it meanwhile); returns what `change` returned beside the table."""
+        call changed it meanwhile); returns the table stored."""
         key = P + "tenants"
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     await pipe.watch(key)
                     raw = await pipe.get(key)
-                    table = TenantTable.parse(json.loads(raw)) if raw else TenantTable()
-                    changed, result = change(table)
+                    changed = change(TenantTable.parse(json.loads(raw)) if raw else TenantTable())
                     pipe.multi()
                     pipe.set(key, json.dumps(changed.dump()))
                     await pipe.execute()
-                    return result
+                    return changed
                 except WatchError:
                     continue
 
