@@ -116,15 +116,24 @@ class Used:
         ticket: Ticket | None,
     ) -> None:
         request, outputs = self.request, self.outputs
+        bytes_in = bytes_out = 0
+        compute_s = 0.0
+        if request is not None:
+            compute_s = request.compute_s
+            for array in request.inputs.values():
+                bytes_in += array.nbytes
+        if outputs is not None:
+            for array in outputs.values():
+                bytes_out += array.nbytes
         journal.record(
             tenant,
             model,
             record.version if record is not None else "",
             self.failure,
-            sum(a.nbytes for a in request.inputs.values()) if request is not None else 0,
-            sum(a.nbytes for a in outputs.values()) if outputs is not None else 0,
-            request.compute_s if request is not None else 0.0,
-            bool(ticket is not None and ticket.cold_start),
+            bytes_in,
+            bytes_out,
+            compute_s,
+            ticket is not None and bool(ticket.cold_start),
             record.device_bytes if record is not None else 0,
         )
 

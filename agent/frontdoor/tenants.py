@@ -34,6 +34,7 @@ log = logging.getLogger("edgeplex.agent.tenants")
 
 ADMIN = "admin"  # the agent's admin token: no tenant's limits
 PEER = "fleet-peer"  # the fleet's peer token: a forward, whose tenant TENANT_HEADER names
+_KNOWN = 4096  # Authorization values remembered as valid (beyond: forgotten, all at once)
 
 
 @dataclass
@@ -65,14 +66,38 @@ class Tenants:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.anonymous = anonymous  # auto | allow | deny
-        self.admin: bytes | None = None  # the admin token (auth.Credentials sets it)
-        self.peer_token: bytes | None = None  # the fleet's (from the desired state)
+        self._admin: bytes | None = None
+        self._peer_token: bytes | None = None
+        # Authorization values found valid, and whose: a keep-alive client sends the
+        # same one on every request, and its hash and constant-time compare are then
+        # done once. Emptied whenever the table or a token changes.
+        self._known: dict[str, str] = {}
         self._clock = clock
         self._counters: dict[tuple[str, str], Any] = {}
         self.table = TenantTable()
         self._buckets: dict[str, Bucket] = {}
         self.inflight: dict[str, int] = {}
         self.replace(table or TenantTable())
+
+    @property
+    def admin(self) -> bytes | None:
+        """The agent's admin token (auth.Credentials sets it)."""
+        return self._admin
+
+    @admin.setter
+    def admin(self, token: bytes | None) -> None:
+        self._admin = token
+        self._known = {}
+
+    @property
+    def peer_token(self) -> bytes | None:
+        """The fleet's peer token (from the signed desired state)."""
+        return self._peer_token
+
+    @peer_token.setter
+    def peer_token(self, token: bytes | None) -> None:
+        self._peer_token = token
+        self._known = {}
 
     @property
     def anonymous_allowed(self) -> bool:
@@ -96,6 +121,7 @@ class Tenants:
             else:  # a new rate (a fleet-wide one rebalanced): the tokens left carry over
                 buckets[name] = Bucket(tenant.rate, burst, min(old.tokens, burst), old.stamp)
         self.table, self._buckets = table, buckets
+        self._known = {}
 
     def replace_from(self, records_json: str, source: str) -> bool:
         """A new table from JSON records (the signed desired state's), the agent's own
@@ -130,6 +156,10 @@ class Tenants:
     def identify(self, authorization: str | None) -> str:
         """Who a request's `Authorization` says it comes from: a tenant's name, ADMIN,
         PEER, or ANONYMOUS where that is allowed; else Unauthenticated."""
+        if authorization:
+            known = self._known.get(authorization)
+            if known is not None:
+                return known
         token = bearer_token(authorization)
         if token is None:
             if self.anonymous_allowed:
@@ -137,14 +167,19 @@ class Tenants:
             raise Unauthenticated("inference needs 'Authorization: Bearer <key>'")
         tenant = self.table.identify(token)
         if tenant is not None:
-            return tenant.name
-        if self.admin is not None and _same(token, self.admin):
-            return ADMIN
-        if self.peer_token and _same(token, self.peer_token):
-            return PEER
-        if not self.table and self.anonymous_allowed:
-            return ANONYMOUS  # no tenants: a token is not asked for, so not checked
-        raise Unauthenticated("inference: the key is not valid")
+            who = tenant.name
+        elif self.admin is not None and _same(token, self.admin):
+            who = ADMIN
+        elif self.peer_token and _same(token, self.peer_token):
+            who = PEER
+        elif not self.table and self.anonymous_allowed:
+            who = ANONYMOUS  # no tenants: a token is not asked for, so not checked
+        else:
+            raise Unauthenticated("inference: the key is not valid")
+        if len(self._known) >= _KNOWN:  # many spellings of valid keys: start again
+            self._known = {}
+        self._known[authorization] = who  # type: ignore[index]
+        return who
 
     def caller(self, header: Callable[[str], str | None]) -> str:
         """The tenant a request is served for: the key's, or for a forward from a

@@ -6,6 +6,9 @@ oldest first and their files removed only once acknowledged."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,41 @@ def test_closed_minutes_ship_oldest_first_and_go_once_acknowledged(tmp_path: Pat
     # Tried again (by the real clock every minute here has closed): 101 and 102 go.
     asyncio.run(ship_closed(journal, "site", send))
     assert sent == [100, 101, 101, 102] and not list(tmp_path.glob("*.usage"))
+
+
+def test_a_killed_writer_keeps_every_whole_line_and_a_restart_appends(tmp_path: Path) -> None:
+    """The journal is a shared mapping: lines copied into it are on disk once the
+    process is gone, SIGKILL included, though its file was never closed."""
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    assert writer.stdout is not None and writer.stdout.readline() == "written\n"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    (path,) = tmp_path.glob("*.usage")
+    assert path.stat().st_size > 5000 * 20  # still the mapping's size: a zeroed tail
+    (record,) = fold(path, 60)
+    assert (record.tenant, record.requests, record.bytes_in) == ("acme", 5000, 5000 * 7)
+    with path.open("r+b") as cut:  # as if killed mid-line: a line without its newline
+        cut.seek(path.read_bytes().rfind(b"\n") + 1)
+        cut.write(b"acme\tm\t1\t\t7\t0")
+    # Restarted within the same minute (the test's minute is a day long): appended
+    # after the last whole line, over the cut one.
+    journal = Journal(tmp_path, interval_s=86_400)
+    journal.record("zeta", "m", "1", "", 9)
+    journal.close()
+    acme, zeta = fold(path, 60)
+    assert (acme.requests, zeta.requests, zeta.bytes_in) == (5000, 1, 9)
+    assert path.read_bytes().endswith(b"\n") and b"\0" not in path.read_bytes()
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+from edgeplex.agent.observability.usage import Journal
+journal = Journal(Path(sys.argv[1]), interval_s=86_400)
+for _ in range(5000):
+    journal.record("acme", "m", "1", "", 7, 3, 0.001, False, 100)
+print("written", flush=True)
+time.sleep(60)
+"""

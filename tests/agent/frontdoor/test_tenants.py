@@ -239,6 +239,13 @@ def test_the_gate_decides_by_tenant() -> None:
         gate.identify(None)  # tenants exist, anonymous is auto
     gate.admin = b"admin-secret"
     assert gate.identify("Bearer admin-secret") == ADMIN
+    gate.admin = b"rotated"  # a value found valid before is checked again after a change
+    with pytest.raises(Unauthenticated):
+        gate.identify("Bearer admin-secret")
+    gate.replace(TenantTable([tenants.Tenant(name="capped", concurrency=1)], legacy=None))
+    with pytest.raises(Unauthenticated):
+        gate.identify("Bearer old-style-key")  # the table changed: its key went with it
+    gate.replace(table)
     gate.admit("capped", "m")
     with pytest.raises(RateLimited):
         gate.admit("capped", "m")
