@@ -229,6 +229,14 @@ def _run_admin(args: argparse.Namespace) -> int:
         except FileError as exc:
             print(f"error: {exc.code}: {exc.details}", file=sys.stderr)
             return 1
+    if args.noun == "usage" and args.journal is not None:  # a standalone agent's journal
+        from edgeplex.control_plane.cli_usage import journal_call
+
+        try:
+            return _show(args, args.call(args, journal_call(args.journal, args.interval_s)))
+        except OSError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     import grpc
 
     from edgeplex.net import is_loopback

@@ -1,5 +1,6 @@
 """`edgeplex admin usage`: what tenants used, summed from the sites' minute records,
-by model, site or hour, as a table, JSON or CSV."""
+by model, site or hour, as a table, JSON or CSV; from the control plane, or with
+`--journal DIR` from a standalone agent's own usage journal (its `usage_dir`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import csv
 import datetime
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 Call = Callable[[str, Any], Any]
@@ -26,7 +28,36 @@ def add_usage_noun(nouns: argparse._SubParsersAction, common: argparse.ArgumentP
         "--by", choices=["model", "site", "hour"], default="model", help="rows per (model)"
     )
     usage.add_argument("--csv", action="store_true", help="print CSV (for a billing system)")
+    usage.add_argument(
+        "--journal", type=Path,
+        help="a standalone agent's usage_dir instead of the control plane (the minute in "
+        "progress included)",
+    )  # fmt: skip
+    usage.add_argument(
+        "--interval-s", type=int, default=60,
+        help="with --journal: the agent's usage_interval_s (default 60)",
+    )  # fmt: skip
     usage.set_defaults(call=_usage)
+
+
+def journal_call(directory: Path, interval_s: int) -> Call:
+    """`call` for a usage journal: GetUsage answered from its minute files, folded as
+    the agent folds them before it sends them (the site is the directory's name)."""
+    from edgeplex.agent.fleet.usage_shipper import report_of
+    from edgeplex.agent.observability.usage import SUFFIX, fold
+    from edgeplex.control_plane.usage import summarize
+
+    def call(method: str, query: Any) -> Any:
+        if not directory.is_dir():
+            raise FileNotFoundError(f"no usage journal at {directory}")
+        reports = [
+            report_of(directory.name, int(path.stem), interval_s, fold(path, interval_s))
+            for path in sorted(directory.glob("*" + SUFFIX))
+            if path.stem.isdigit()
+        ]
+        return summarize(reports, query.tenant, query.from_time, query.to_time, query.by)
+
+    return call
 
 
 def _time(text: str) -> float:

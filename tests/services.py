@@ -286,6 +286,8 @@ def fleet_env(cp: ControlPlane, mqtt_url: str, site_id: str, region: str) -> dic
         # 2-second periods so a test sees them sent.
         "EDGEPLEX_AGENT_USAGE_DIR": str(cp.workdir / f"usage-{site_id}"),
         "EDGEPLEX_AGENT_USAGE_INTERVAL_S": "2",
+        # Every request's access line (tests count them against the usage records).
+        "EDGEPLEX_AGENT_ACCESS_LOG_RATE": "100000",
     }
 
 

@@ -247,6 +247,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 return body
 
             try:
+                access.tenant = agent.tenants.resolve(caller, metadata.get)
                 outcome = await agent.handle(
                     name,
                     request.model_version,
@@ -255,7 +256,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     decode,
                     access.forward_traceparent,
                     arrived=getattr(context, "received", None),  # the native door's; grpcio: now
-                    caller=caller,
+                    caller=access.tenant,
                 )
             except ServeError as exc:
                 access.tier = agent.tier_of(name)

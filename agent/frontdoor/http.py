@@ -377,10 +377,12 @@ class HttpApi:
 
             # Forwarded as received, still encoded, when the core routes it to a peer.
             forward = HttpForward(model, request.path_qs, raw, headers)
+            # Whose request: the native door's check said; a fleet peer's forward names it.
+            access.tenant = agent.tenants.resolve(getattr(request, "caller", ""), headers.get)
             outcome = await agent.handle(
                 model, version, headers.get, forward, decode, access.forward_traceparent,
                 arrived=getattr(request, "received", None),  # the native door's; aiohttp: now
-                caller=getattr(request, "caller", ""),  # the native door's check said
+                caller=access.tenant,
             )  # fmt: skip
             if isinstance(outcome, Forwarded):
                 status, payload, reply_headers = outcome.reply  # type: ignore[misc]

@@ -190,6 +190,11 @@ class Tenants:
             return named if len(named) <= 63 else ANONYMOUS
         return who
 
+    def resolve(self, checked: str, header: Callable[[str], str | None]) -> str:
+        """The tenant a request is served for, from what the door's credentials check
+        found (`checked`: a tenant, ADMIN, PEER, or "" where the door did not check)."""
+        return checked if checked and checked != PEER else self.caller(header)
+
     def admit(self, name: str, model: str) -> Tenant | None:
         """Tenant `name` may send a request to `model` now: PermissionDenied if the
         model is not among its models, RateLimited if its rate or concurrency is

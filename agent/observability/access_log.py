@@ -72,6 +72,7 @@ class AccessEntry:
     started: float = field(default_factory=time.perf_counter)
     cold_start: str = ""
     forwarded_to: str = ""
+    tenant: str = ""  # whose request (frontdoor/tenants.py); "" before the key is checked
 
     @property
     def trace_id(self) -> str:
@@ -147,11 +148,12 @@ class AccessLog:
             "tier": access.tier,
             "cold_start": access.cold_start,
             "forwarded_to": access.forwarded_to,
+            "tenant": access.tenant,
             "status": status,
             "latency_ms": round(ms, 3),
         }
         log.info(
-            "%s %s %s:%s status=%s %.1f ms tier=%s%s%s trace=%s",
+            "%s %s %s:%s status=%s %.1f ms tier=%s%s%s%s trace=%s",
             access.door,
             access.request_id,
             access.model,
@@ -161,6 +163,7 @@ class AccessLog:
             access.tier or "-",
             f" cold_start={access.cold_start}" if access.cold_start else "",
             f" forwarded_to={access.forwarded_to}" if access.forwarded_to else "",
+            f" tenant={access.tenant}" if access.tenant not in ("", "anonymous") else "",
             access.trace_id,
             extra=fields,
         )

@@ -6,6 +6,7 @@ oldest first and their files removed only once acknowledged."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -95,3 +96,30 @@ for _ in range(5000):
 print("written", flush=True)
 time.sleep(60)
 """
+
+
+def test_admin_usage_reads_a_standalone_agents_journal(tmp_path: Path) -> None:
+    """`edgeplex admin usage --journal DIR`: a standalone agent's usage, the minute in
+    progress included, in the control plane's table."""
+    journal = Journal(tmp_path, interval_s=60)
+    for tenant, failure in (("acme", ""), ("acme", ""), ("acme", "REJECTED"), ("zeta", "")):
+        journal.record(tenant, "m", "1", failure, 100, 40, 0.001, False, 1000)
+    # Not closed: the agent is still writing this minute.
+    shown = subprocess.run(
+        [sys.executable, "-m", "edgeplex", "admin", "usage", "--journal", str(tmp_path),
+         "--tenant", "acme", "--json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    (row,) = json.loads(shown.stdout)["rows"]
+    assert (row["tenant"], row["key"], row["requests"], row["failures"]) == (
+        "acme",
+        "m:1",
+        "3",
+        "1",
+    )  # int64: JSON strings
+    assert row["bytes_in"] == "300"
+    missing = subprocess.run(
+        [sys.executable, "-m", "edgeplex", "admin", "usage", "--journal", str(tmp_path / "no")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert missing.returncode == 1 and "no usage journal" in missing.stderr

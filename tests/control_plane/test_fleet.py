@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 
 import aiomqtt
@@ -175,51 +177,6 @@ def test_tenants_reach_every_site_in_the_signed_desired_state(fleet: Fleet) -> N
         fleet.call("RemoveTenant", pb.TenantName(name="acme"))
         wait_until(lambda: status("base") == "OK", what="a1 open again")
         client.close()
-
-
-def test_usage_loses_nothing_and_doubles_nothing_when_an_agent_is_killed(fleet: Fleet) -> None:
-    """Requests answered just before a SIGKILL are in the usage the control plane
-    ends with, exactly once: their lines were on disk before the answers left, and
-    the restarted agent sends the minutes the killed one had not."""
-    fleet.call("AddTenant", pb.TenantSpec(name="meter"))
-    key = fleet.call("IssueTenantKey", pb.TenantName(name="meter")).key  # type: ignore[attr-defined]
-    agent = fleet.agents["b1"]
-    tensor = triton.InferInput("input", [1, 32], "FP32")
-    tensor.set_data_from_numpy(np.ones((1, 32), np.float32))
-    auth = {"authorization": f"Bearer {key}"}
-
-    def served(headers: dict[str, str] | None = auth) -> bool:
-        try:
-            triton.InferenceServerClient(agent.grpc_url).infer("base", [tensor], headers=headers)
-        except InferenceServerException:
-            return False
-        return True
-
-    def meter_requests() -> int:  # at any site: b1 may forward one while it loads the model
-        table = fleet.call("GetUsage", pb.UsageQuery(tenant="meter", by="model"))
-        return sum(r.requests for r in table.rows if r.key.startswith("base"))  # type: ignore[attr-defined]
-
-    try:
-        # Until b1 knows a tenant it is open and a key is not looked at (anonymous); the
-        # tenant and its key reach it in one desired state or two.
-        wait_until(lambda: not served(None), what="tenants at b1")
-        wait_until(served, what="meter's key at b1")
-        answered = 1 + sum(served() for _ in range(30))
-        agent.process.kill()  # mid-minute: the current minute's file is still open
-        agent.process.wait()
-        fleet.start_agent("b1", "b")
-        wait_until(lambda: meter_requests() >= answered, timeout=30, what="meter's usage")
-        time.sleep(3.0)  # a minute sent again would show now
-        assert meter_requests() == answered
-    finally:
-        fleet.call("RemoveTenant", pb.TenantName(name="meter"))
-
-        def open_again() -> bool:
-            with contextlib.suppress(InferenceServerException):
-                return infer(fleet.agents["b1"], "base") is not None
-            return False
-
-        wait_until(open_again, what="b1 open to anonymous requests again")
 
 
 def test_health_and_metrics(fleet: Fleet) -> None:
@@ -494,6 +451,156 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
     finally:
         fleet.cp.start()  # back as a standby; the fleet stays usable
         standby.stop()
+
+
+ACCESS_LINE = re.compile(r" (?:grpc|http) \S+ ([\w.-]+):\S+ status=(?:OK|200) .*tenant=(\S+) ")
+
+
+def served_in_access_log(log: str) -> Counter[tuple[str, str]]:
+    """Successes an agent served itself (forwards it passed on excluded), by
+    (tenant, model), as its access lines say."""
+    found: Counter[tuple[str, str]] = Counter()
+    for line in log.splitlines():
+        if "forwarded_to=" not in line and (match := ACCESS_LINE.search(line)):
+            found[(match[2], match[1])] += 1
+    return found
+
+
+class Caller:
+    """One tenant's closed-loop caller of one model at one site (whichever process
+    serves the site now), counting what it was answered."""
+
+    def __init__(self, fleet: Fleet, site: str, model: str, tenant: str, key: str) -> None:
+        self.fleet, self.site, self.model, self.tenant = fleet, site, model, tenant
+        self.headers = {"authorization": f"Bearer {key}"}
+        self.ok = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        tensor = triton.InferInput("input", [1, 32], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 32), np.float32))
+        agent, client = None, None
+        while not self._stop.is_set():
+            if agent is not self.fleet.agents[self.site]:  # restarted: its new ports
+                agent = self.fleet.agents[self.site]
+                client = triton.InferenceServerClient(agent.grpc_url)
+            try:
+                client.infer(self.model, [tensor], headers=self.headers, client_timeout=5)  # type: ignore[union-attr]
+                self.ok += 1
+            except InferenceServerException:
+                time.sleep(0.05)
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_usage_is_exact_across_tenants_forwarding_a_killed_agent_and_a_failover(
+    fleet: Fleet,
+) -> None:
+    """Two tenants call a model only b1 holds, through a1 (forwarded) and at b1, and
+    a model each site holds, at both. Mid-traffic b1 is SIGKILLed and restarted,
+    then the leading control plane is killed and its standby takes over. Per tenant
+    and model, the usage the control plane ends with equals the successes the
+    serving agents' access logs show (a request answered just before the kill had
+    its line on disk before its answer left; a minute sent again is stored in the
+    same place), and exceeds what the clients saw by at most the requests in
+    flight to b1 at the kill."""
+    standby = fleet.standby
+    assert standby is not None
+    fleet.add_model("billed", fleet.artifacts["hot"], regions=["b"], min_replicas=1)
+    wait_until(lambda: "billed" in fleet.loaded_at("b1"), what="billed placed at b1")
+    keys = {}
+    for tenant in ("red", "blue"):
+        fleet.call("AddTenant", pb.TenantSpec(name=tenant))
+        keys[tenant] = fleet.call("IssueTenantKey", pb.TenantName(name=tenant)).key  # type: ignore[attr-defined]
+    killed_b1 = fleet.agents["b1"]
+    try:
+        standby.start()
+        for site in ("a1", "b1"):  # the tenants reach both sites; each key then works
+            client = triton.InferenceServerClient(fleet.agents[site].grpc_url)
+            tensor = triton.InferInput("input", [1, 32], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 32), np.float32))
+
+            def refused_anonymous() -> bool:
+                try:
+                    client.infer("base", [tensor], client_timeout=5)  # noqa: B023
+                except InferenceServerException:
+                    return True
+                return False
+
+            wait_until(refused_anonymous, what=f"tenants at {site}")
+        callers = [
+            Caller(fleet, site, model, tenant, keys[tenant])
+            for tenant in ("red", "blue")
+            for site, model in (("a1", "billed"), ("b1", "billed"), ("a1", "base"), ("b1", "base"))
+        ]
+        try:
+            wait_until(lambda: all(c.ok >= 5 for c in callers), what="every caller served")
+            time.sleep(1.0)
+            killed_b1.process.kill()  # mid-minute: its journal's minute file still open
+            killed_b1.process.wait()
+            fleet.start_agent("b1", "b")
+            wait_until(lambda: "billed" in fleet.loaded_at("b1"), what="billed back at b1")
+            served_again = {id(c): c.ok for c in callers}
+            wait_until(
+                lambda: all(c.ok >= served_again[id(c)] + 5 for c in callers),
+                timeout=30, what="every caller served by the restarted b1",
+            )  # fmt: skip
+            fleet.cp.stop(signal.SIGKILL)
+            wait_until(
+                lambda: fleet.call("GetPlacement", pb.PlacementRequest(), standby).leader  # type: ignore[attr-defined]
+                == standby.replica,
+                timeout=10, what="the standby leads",
+            )  # fmt: skip
+            time.sleep(2.0)  # served, and journaled, under the new leader
+        finally:
+            for caller in callers:
+                caller.stop()
+        logs = killed_b1.log() + fleet.agents["b1"].log() + fleet.agents["a1"].log()
+        served = served_in_access_log(logs)
+        clients: Counter[tuple[str, str]] = Counter()
+        for caller in callers:
+            clients[(caller.tenant, caller.model)] += caller.ok
+
+        def usage() -> Counter[tuple[str, str]]:
+            table = fleet.call("GetUsage", pb.UsageQuery(by="model"), standby)
+            found: Counter[tuple[str, str]] = Counter()
+            for row in table.rows:  # type: ignore[attr-defined]
+                if row.tenant in keys:
+                    found[(row.tenant, row.key.split(":")[0])] += row.requests - row.failures
+            return found
+
+        wait_until(
+            lambda: all(usage()[k] >= n for k, n in served.items()),
+            timeout=30, what="every minute's usage at the new leader",
+        )  # fmt: skip
+        time.sleep(3.0)  # a minute sent twice would show now
+        final = usage()
+        assert final == served, (final, served)
+        assert set(served) == {(t, m) for t in keys for m in ("billed", "base")}, served
+        for pair, count in served.items():  # b1's callers (one each, through a1 too)
+            assert 0 <= count - clients[pair] <= 3, (pair, count, clients[pair])
+    finally:
+        fleet.cp.start()  # back as a standby, then the leader again
+        standby.stop()
+        wait_until(
+            lambda: fleet.placement().leader == fleet.cp.replica,  # type: ignore[attr-defined]
+            timeout=20, what="the first replica leads again",
+        )  # fmt: skip
+        for tenant in keys:
+            fleet.call("RemoveTenant", pb.TenantName(name=tenant))
+        fleet.call("RemoveModel", pb.ModelName(name="billed"))
+
+        def open_again() -> bool:
+            with contextlib.suppress(InferenceServerException):
+                return all(infer(fleet.agents[s], "base") is not None for s in ("a1", "b1"))
+            return False
+
+        wait_until(open_again, what="both sites open to anonymous requests again")
 
 
 def test_forwarding_to_the_site_that_holds_the_model(fleet: Fleet) -> None:
