@@ -202,6 +202,9 @@ class Agent:
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
         self.ensembles: dict[str, Ensemble] = {}  # Triton ensembles, run by this core
         self.ensembles_off: set[str] = set()  # unloaded (explicit mode) until loaded
+        # An ensemble's own statistics: its requests end to end (its steps' models
+        # count their own), kept across repository rescans.
+        self.ensemble_stats: dict[tuple[str, str], ModelStats] = {}
         # Live sequences of stateful models; each holds its model resident.
         self.sequences = Sequences(self._hold, self.residency.release)
 
@@ -274,7 +277,12 @@ class Agent:
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         """OIP statistics of every version of every model, of every version of `name`,
-        or of that one version."""
+        or of that one version; an ensemble's are its requests end to end."""
+        ensemble = self.ensembles.get(name)
+        if ensemble is not None:
+            if version and version != ensemble.version:
+                raise ModelNotFound.unknown(name, version, f"serving version {ensemble.version}")
+            return [self._ensemble_stats(ensemble).to_json(name, ensemble.version)]
         if name and version:
             entries = [self.entry(name, version)]
         elif name:
@@ -282,7 +290,20 @@ class Agent:
             entries = self.residency.every_version(name)
         else:
             entries = self.residency.every_version()
-        return [self.queues.stats(e.key).to_json(e.name, e.version) for e in entries]
+        found = [self.queues.stats(e.key).to_json(e.name, e.version) for e in entries]
+        if not name:
+            found += [self._ensemble_stats(e).to_json(e.name, e.version) for e in self._ensembles()]
+        return found
+
+    def _ensembles(self) -> list[Ensemble]:
+        return [e for n, e in sorted(self.ensembles.items()) if n not in self.ensembles_off]
+
+    def _ensemble_stats(self, ensemble: Ensemble) -> ModelStats:
+        key = (ensemble.name, ensemble.version)
+        stats = self.ensemble_stats.get(key)
+        if stats is None:
+            stats = self.ensemble_stats[key] = ModelStats()
+        return stats
 
     def model_counts(self) -> list[tuple[str, str, ModelStats, int]]:
         """Each model version's statistics and its pending requests (queued, or
@@ -291,7 +312,7 @@ class Agent:
         return [
             (e.name, e.version, queues.stats(e.key), queues.pending(e.key) + len(e.waiters))
             for e in self.residency.every_version()
-        ]
+        ] + [(e.name, e.version, self._ensemble_stats(e), 0) for e in self._ensembles()]
 
     # --- repository ---------------------------------------------------------------------------
 
@@ -584,8 +605,18 @@ class Agent:
             tenants.admit(caller, name)
             self._inflight += 1  # between its steps too: a drain waits for it
             self._idle.clear()
+            ensemble = self.ensembles[name]
+            stats = self._ensemble_stats(ensemble)
             try:
-                return await self._run_ensemble(self.ensembles[name], decode, arrived, caller)
+                result = await self._run_ensemble(ensemble, decode, arrived, caller)
+                stats.record_request(loop.time() - arrived, _rows(ensemble, result.outputs))
+                return result
+            except ServeError as exc:
+                stats.record_failure(loop.time() - arrived, exc.failure_reason)
+                raise
+            except asyncio.CancelledError:
+                stats.record_failure(loop.time() - arrived, "CANCELED")
+                raise
             finally:
                 tenants.release(caller)
                 self._inflight -= 1
@@ -842,3 +873,11 @@ def ensemble_inputs(ensemble: Ensemble, given: list[InferInput]) -> dict[str, np
 def _time_out(future: asyncio.Future[dict[str, np.ndarray]], model: str) -> None:
     if not future.done():
         future.set_exception(DeadlineExceeded(f"model '{model}': request timed out"))
+
+
+def _rows(ensemble: Ensemble, outputs: dict[str, np.ndarray]) -> int:
+    """An ensemble request's inference count: its batch's rows, or 1 unbatched."""
+    if ensemble.max_batch_size <= 0 or not outputs:
+        return 1
+    first = next(iter(outputs.values()))
+    return int(first.shape[0]) if first.ndim else 1

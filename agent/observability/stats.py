@@ -81,6 +81,14 @@ class ModelStats:
         self.compute_infer.add(n * compute, n)
         self.compute_output.add(n * (done - returned + ipc_overhead), n)
 
+    def record_request(self, seconds: float, count: int = 1) -> None:
+        """A request that succeeded, counted whole (an ensemble's: its steps' models
+        count their queue and compute times)."""
+        self.execution_count += 1
+        self.inference_count += count
+        self.last_inference_ms = int(time.time() * 1000)
+        self.success.add(seconds)
+
     def record_failure(self, seconds: float, reason: str = "OTHER") -> None:
         self.fail.add(seconds)
         self.failures[reason] = self.failures.get(reason, 0) + 1

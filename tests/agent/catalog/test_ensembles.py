@@ -136,6 +136,20 @@ def test_an_ensemble_chains_its_steps(agent: AgentProcess) -> None:
     with pytest.raises(InferenceServerException, match="for model 'add_sub'"):
         client.infer("pipeline", short)
 
+    # The ensemble's own statistics: its requests end to end, rows counted.
+    # (Three succeeded: by gRPC, by HTTP, and as the step of `outer`; three failed.)
+    (stats,) = http.get_inference_statistics("pipeline")["model_stats"]
+    assert (stats["inference_count"], stats["execution_count"]) == (6, 3), stats
+    assert stats["inference_stats"]["success"]["count"] == 3, stats
+    assert stats["inference_stats"]["fail"]["count"] == 3, stats
+    everything = http.get_inference_statistics()["model_stats"]
+    (outer,) = [m for m in everything if m["name"] == "outer"]
+    assert outer["inference_stats"]["success"]["count"] == 1, outer
+    grpc_stats = client.get_inference_statistics("pipeline").model_stats[0]
+    assert grpc_stats.inference_stats.success.count == 3
+    _, metrics = agent.http_get("/metrics")
+    assert b'nv_inference_request_success{model="pipeline",version="1"} 3\n' in metrics
+
 
 @pytest.mark.parametrize(
     ("change", "error"),
