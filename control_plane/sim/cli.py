@@ -51,6 +51,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--search-step-min", type=int, default=15,
         help="simulated minutes per step of the sizing runs (coarser steps hide cold starts)",
     )  # fmt: skip
+    p.add_argument(
+        "--model-overhead", default="0",
+        help="device memory a resident model takes beyond its weights (CUDA context share, "
+        "arena, workspace), e.g. 300MiB",
+    )  # fmt: skip
+    p.add_argument(
+        "--bound-cell-min", type=int, default=15, help="the lower bound's grid, in minutes"
+    )
     p.add_argument("--write-trace", type=Path, help="write the generated trace as CSV and stop")
     p.set_defaults(run=_run)
 
@@ -74,6 +82,7 @@ def _run(args: argparse.Namespace) -> int:
         read_rows,
         write_csv,
     )
+    from edgeplex.sizes import parse_size
 
     knobs, trace_knobs = StandardKnobs(), TraceKnobs()
     if args.standard:
@@ -112,10 +121,12 @@ def _run(args: argparse.Namespace) -> int:
         step_min=args.step_min,
         placement_period_min=args.placement_period_min,
         churn_cost=args.churn_cost,
+        model_overhead_bytes=parse_size(args.model_overhead),
     )
     study = Study(
-        fleet, catalog, trace, minutes, config, args.target, args.search_days, args.search_step_min
-    )
+        fleet, catalog, trace, minutes, config, args.target, args.search_days,
+        args.search_step_min, bound_cell_min=args.bound_cell_min,
+    )  # fmt: skip
     print(
         f"simulating {minutes / 1440:g} days: {len(fleet.regions)} regions, {fleet.gpus} sites, "
         f"{len(catalog)} models, seed {args.seed}"
@@ -134,7 +145,9 @@ def _run(args: argparse.Namespace) -> int:
         "search_days": args.search_days,
     }
     sim_report.write(report, args.out, config.step_min)
-    summary = {k: report[k] for k in ("dedicated", "lru", "reactive", "forecast")}
+    summary = {
+        k: report[k] for k in ("lower_bound", "dedicated", "lru", "static", "reactive", "forecast")
+    }
     print(json.dumps(summary, indent=1))
     for goal in report["goals"]:  # type: ignore[attr-defined]
         print(f"{'met' if goal['met'] else 'NOT met'}: {goal['goal']} = {goal['value']}")

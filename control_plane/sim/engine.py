@@ -17,7 +17,10 @@ Every step (`step_min` simulated minutes) reads the trace's requests per
    serves in time.
 
 `lru` is per-site LRU caching with no central placement: the same agents
-without placement or forwarding.
+without placement or forwarding. `static` is what an operator sizing a fixed
+deployment would run (Triton with a fixed model list per region): placement
+once, from each region's peak demand for each model over the whole trace, and
+no moves, loads on demand or forwarding after.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from edgeplex.eviction import (
     LeastRecentlyUsedByCount,
 )
 
-STRATEGIES = ("lru", "reactive", "forecast")
+STRATEGIES = ("lru", "static", "reactive", "forecast")
 TRACE_EPOCH = 4 * 86400.0  # unix time of the trace's minute 0: Monday 1970-01-05 00:00 UTC
 
 
@@ -56,6 +59,9 @@ class SimConfig:
     siblings_see_loads: bool = True
     # Simulated, not counted: every strategy starts from an empty fleet.
     warmup_min: int = 60
+    # Device memory a resident model takes beyond its weights (CUDA context share,
+    # ONNX Runtime's arena and workspace); the lower bound charges it too.
+    model_overhead_bytes: int = 0
 
 
 @dataclass
@@ -108,7 +114,9 @@ class Outcome:
 class _Fleet:
     """Dense state of one simulated fleet."""
 
-    def __init__(self, fleet: FleetSpec, catalog: Catalog, policy: str) -> None:
+    def __init__(
+        self, fleet: FleetSpec, catalog: Catalog, policy: str, overhead_bytes: int = 0
+    ) -> None:
         self.regions = [r.name for r in fleet.regions]
         region_ix = {r: i for i, r in enumerate(self.regions)}
         self.site_ids: list[str] = []
@@ -143,7 +151,7 @@ class _Fleet:
         self.last_used = np.zeros((n_s, n_m))
         self.freq = np.zeros((n_s, n_m))
         self.credit = np.zeros((n_s, n_m))
-        self.size = catalog.size_bytes.astype(np.float64)
+        self.size = catalog.size_bytes.astype(np.float64) + overhead_bytes
         self.load_s = catalog.load_s
         self.lru = policy == "lru"
         self.rng = np.random.default_rng(0)  # deterministic: the simulator's runs repeat
@@ -207,19 +215,25 @@ def simulate(
     strategy: str,
     config: SimConfig | None = None,
     record: bool = True,
+    peak_rps: np.ndarray | None = None,
 ) -> Outcome:
+    """`strategy` over `minutes` of the trace on `fleet`. `static` places from
+    `peak_rps` [region, model] (each one's peak over the trace; found here when not
+    given)."""
     config = config or SimConfig()
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
-    state = _Fleet(fleet, catalog, "lru" if strategy == "lru" else "gdsf")
+    state = _Fleet(
+        fleet, catalog, "lru" if strategy == "lru" else "gdsf", config.model_overhead_bytes
+    )
     if minutes <= config.warmup_min:
         raise ValueError(f"the trace must be longer than the warm-up ({config.warmup_min} min)")
     out = Outcome(strategy, gpus=len(state.site_ids), hours=minutes / 60.0)
-    central = strategy != "lru"
+    central = strategy in ("reactive", "forecast")
     specs = tuple(
         ModelSpec(
             name=n,
-            size_bytes=int(catalog.size_bytes[j]),
+            size_bytes=int(catalog.size_bytes[j]) + config.model_overhead_bytes,
             slo_ms=float(catalog.slo_ms[j]),
             compute_ms=float(catalog.compute_ms[j]),
         )
@@ -240,6 +254,11 @@ def simulate(
         for k, b in enumerate(state.regions)
         if i < k and np.isfinite(state.rtt[i, k])
     }
+    if strategy == "static":  # placed once for the peak, then never moved
+        if peak_rps is None:
+            peak_rps = peak_rates(trace, minutes, len(state.regions), len(catalog))
+        planned = _as_demand(peak_rps, state.regions, catalog.names)
+        _apply_placement(state, out, sites, specs, planned, latency, config, catalog, TRACE_EPOCH)
     compute_s = catalog.compute_ms / 1000.0
     demand_seen: dict[tuple[str, str], float] = {}
     demand_at = 0.0
@@ -282,12 +301,21 @@ def simulate(
         period_requests += requests
         serve_step(
             state, out, requests, step, now, central, compute_s, catalog, record,
-            config.siblings_see_loads,
+            config.siblings_see_loads, loads_on_demand=strategy != "static",
         )  # fmt: skip
     out.models_moved += int(state.moved.sum())
     out.models_cached += int(state.cached.sum())
     out.bytes_moved = state.bytes_loaded
     return out
+
+
+def peak_rates(trace: DemandSource, minutes: int, regions: int, models: int,
+               step_min: int = 5) -> np.ndarray:  # fmt: skip
+    """Per (region, model), the highest requests/s over any `step_min` of the trace."""
+    peak = np.zeros((regions, models))
+    for t in range(0, minutes, step_min):
+        np.maximum(peak, trace.demand(t, step_min) / (step_min * 60.0), out=peak)
+    return peak
 
 
 def _as_demand(

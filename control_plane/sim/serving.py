@@ -60,6 +60,7 @@ def serve_step(
     catalog: Catalog,
     record: bool,
     siblings_see_loads: bool = True,
+    loads_on_demand: bool = True,
 ) -> None:
     n_r = len(state.regions)
     step_s = step * 60.0
@@ -87,7 +88,7 @@ def serve_step(
         np.add.at(forwarded_late, (to[~in_slo], m_sent[~in_slo]), n_sent[~in_slo])
         rs, ms = rs[~sent], ms[~sent]
     misses: dict[int, list[int]] = {}  # region -> models it must load
-    for r, m in zip(rs.tolist(), ms.tolist(), strict=True):
+    for r, m in zip(rs.tolist(), ms.tolist(), strict=True) if loads_on_demand else ():
         misses.setdefault(r, []).append(m)
     # The models held at the step's start serve it, and are credited with that
     # use before its loads on demand choose victims (an agent sees each request

@@ -6,9 +6,10 @@ A strategy's GPU count is found by bisection over fleet sizes (every site
 group scaled by one factor, one GPU per site), each candidate simulated over
 `search_days` at `search_step_min` steps (coarser than the final run, so the
 search stays cheap). At that size the strategy is then simulated over the
-whole trace at `step_min`, which gives the figures reported. `dedicated` (one
-model per GPU) needs no simulation: in each region where a model has demand,
-the GPUs its regional peak needs.
+whole trace at `step_min`, which gives the figures reported. Two counts need
+no simulation: the lower bound (sim/bound.py: no placement can do with fewer)
+and `dedicated` (one model per GPU: in each region where a model has demand,
+the GPUs its regional peak needs), kept as context.
 
 Reactive and forecasting placement are also compared at one fleet size (the
 one forecasting needs), so that cold starts at each region's peak onset are
@@ -23,10 +24,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from edgeplex.control_plane.sim import bound
 from edgeplex.control_plane.sim.engine import (
     STRATEGIES,
     Outcome,
     SimConfig,
+    peak_rates,
     simulate,
 )
 from edgeplex.control_plane.sim.spec import Catalog, FleetSpec
@@ -46,6 +49,7 @@ class Study:
     search_days: float = 2.0
     search_step_min: int = 15
     log: Callable[[str], None] = lambda line: print(line, flush=True)
+    bound_cell_min: int = 15  # the lower bound's grid
 
 
 @dataclass
@@ -60,8 +64,9 @@ def served(outcome: Outcome) -> float:
     return outcome.in_region_within_slo / max(outcome.requests, 1.0)
 
 
-def size_strategy(study: Study, strategy: str) -> Sized:
-    """The smallest fleet at which `strategy` meets the target, and its full run."""
+def size_strategy(study: Study, strategy: str, peak: np.ndarray | None = None) -> Sized:
+    """The smallest fleet at which `strategy` meets the target, and its full run
+    (`static` places from `peak`, each region's and model's peak rate)."""
     minutes = min(study.minutes, max(int(study.search_days * 1440), study.config.warmup_min + 60))
     step = study.search_step_min
     period = max(study.config.placement_period_min, step)
@@ -72,7 +77,9 @@ def size_strategy(study: Study, strategy: str) -> Sized:
         fleet = study.fleet.scaled(factor)
         if fleet.gpus not in cache:
             started = time.perf_counter()
-            outcome = simulate(fleet, study.catalog, study.trace, minutes, strategy, search, False)
+            outcome = simulate(
+                fleet, study.catalog, study.trace, minutes, strategy, search, False, peak
+            )
             cache[fleet.gpus] = (fleet, served(outcome))
             study.log(
                 f"  {strategy}: {fleet.gpus} GPUs -> {served(outcome):.2%} in region within "
@@ -86,8 +93,9 @@ def size_strategy(study: Study, strategy: str) -> Sized:
         if hi > MAX_SCALE:
             fleet = study.fleet.scaled(MAX_SCALE)
             final = simulate(
-                fleet, study.catalog, study.trace, study.minutes, strategy, study.config
-            )
+                fleet, study.catalog, study.trace, study.minutes, strategy, study.config,
+                peak_rps=peak,
+            )  # fmt: skip
             return Sized(strategy, None, fleet, final)
     for _ in range(12):
         gpus_lo, gpus_hi = study.fleet.scaled(lo).gpus, study.fleet.scaled(hi).gpus
@@ -100,16 +108,10 @@ def size_strategy(study: Study, strategy: str) -> Sized:
         else:
             lo = mid
     fleet = study.fleet.scaled(hi)
-    final = simulate(fleet, study.catalog, study.trace, study.minutes, strategy, study.config)
+    final = simulate(
+        fleet, study.catalog, study.trace, study.minutes, strategy, study.config, peak_rps=peak
+    )
     return Sized(strategy, fleet.gpus, fleet, final)
-
-
-def peak_rates(study: Study, step_min: int = 5) -> np.ndarray:
-    """Per (region, model), the highest requests/s over any step of the trace."""
-    peak = np.zeros((len(study.fleet.regions), len(study.catalog)))
-    for t in range(0, study.minutes, step_min):
-        np.maximum(peak, study.trace.demand(t, step_min) / (step_min * 60.0), out=peak)
-    return peak
 
 
 def peak_onset_cold_starts(outcome: Outcome, step_min: int, lead_min: int = 60) -> int:
@@ -159,8 +161,10 @@ def at_peak_onset(
 def run_study(study: Study) -> dict[str, object]:
     started = time.perf_counter()
     n_models = len(study.catalog)
-    peak = peak_rates(study)
+    peak = peak_rates(study.trace, study.minutes, len(study.fleet.regions), n_models)
     report: dict[str, object] = {}
+    study.log("the lower bound")
+    report["lower_bound"] = lower_bound(study)
     report["dedicated"] = {
         "gpus": dedicated_gpus(study.fleet, study.catalog, peak),
         "served_in_region_within_slo": 1.0,
@@ -174,7 +178,7 @@ def run_study(study: Study) -> dict[str, object]:
     sized: dict[str, Sized] = {}
     for strategy in STRATEGIES:
         study.log(f"sizing {strategy}")
-        sized[strategy] = size_strategy(study, strategy)
+        sized[strategy] = size_strategy(study, strategy, peak if strategy == "static" else None)
         s = sized[strategy]
         entry: dict[str, object] = dict(s.outcome.summary(n_models))
         entry["gpus"] = s.gpus
@@ -211,3 +215,29 @@ def dedicated_gpus(fleet: FleetSpec, catalog: Catalog, peak_rps: np.ndarray) -> 
     concurrency = np.mean([g.concurrency for g in fleet.sites]) if fleet.sites else 1.0
     need = np.ceil(peak_rps * (catalog.compute_ms / 1000.0)[None, :] / concurrency)
     return int(np.where(peak_rps > 0, np.maximum(need, 1), 0).sum())
+
+
+def lower_bound(study: Study) -> dict[str, object]:
+    """The fewest GPUs any placement could serve the trace with (sim/bound.py), on a
+    grid of `bound_cell_min`, counted after the warm-up as the strategies are."""
+    started = time.perf_counter()
+    cat, fleet = study.catalog, study.fleet
+    grid = bound.grid_of(
+        study.trace.demand, study.minutes, study.bound_cell_min, study.config.warmup_min
+    )
+    memory = float(np.mean([g.gpu_memory for g in fleet.sites]))
+    concurrency = float(np.mean([g.concurrency for g in fleet.sites]))
+    gpus, per_region = bound.lower_bound(
+        grid,
+        cat.size_bytes.astype(np.float64) + study.config.model_overhead_bytes,
+        cat.compute_ms,
+        cat.slo_ms,
+        bound.Hardware(memory, concurrency),
+        study.target,
+    )
+    return {
+        "gpus": gpus,
+        "per_region": dict(zip([r.name for r in fleet.regions], per_region, strict=True)),
+        "cell_min": study.bound_cell_min,
+        "runtime_s": time.perf_counter() - started,
+    }

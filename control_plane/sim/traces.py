@@ -19,7 +19,13 @@ requests in that window):
   - `bursts_per_day` (4): a random model of the top 200 in a random region
     runs 5-20x its rate for 15-60 minutes;
   - `launch_share` / `retire_share` (0.05 each): that share of models appears
-    (or disappears) at a random minute of the trace.
+    (or disappears) at a random minute of the trace;
+  - days that differ, so no day repeats the last: each model's rate on each
+    day times a lognormal factor of mean 1 (`day_sigma`, 0.3); each model's
+    trend, drawn once, uniform within ±`weekly_trend` (0.2) a week; and
+    `daily_burst_share` (0.05) of the models, drawn once, each with one
+    unannounced burst a day of `daily_burst_factor` (10x) for an hour, at a
+    random minute in one random region.
   Request counts are Poisson draws around the rates, from a generator seeded
   by (seed, minute): the same seed gives the same trace.
 - `TraceFile`: a CSV (`minute,region,model,requests`, with that header) or
@@ -69,6 +75,10 @@ class TraceKnobs:
     bursts_per_day: float = 4.0
     launch_share: float = 0.05
     retire_share: float = 0.05
+    day_sigma: float = 0.3
+    weekly_trend: float = 0.2
+    daily_burst_share: float = 0.05
+    daily_burst_factor: float = 10.0
 
 
 class SyntheticTrace:
@@ -116,6 +126,9 @@ class SyntheticTrace:
             )
             for _ in range(n_bursts)
         ]
+        self.trend = rng.uniform(-knobs.weekly_trend, knobs.weekly_trend, n_m)
+        self.bursty = np.nonzero(rng.random(n_m) < knobs.daily_burst_share)[0]
+        self._days: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         week = np.arange(MINUTES_PER_WEEK, dtype=float)
         fleet_rate = sum(
             self.region_weight[r] * self._shape(week, r) for r in range(n_r)
@@ -146,7 +159,27 @@ class SyntheticTrace:
         for r, m, start, length, factor in self.bursts:
             if start <= minute < start + length:
                 rate[r, m] *= factor
+        noise, burst_region, burst_start = self._day(int(minute // MINUTES_PER_DAY))
+        rate *= (noise * np.maximum(0.05, 1.0 + self.trend * minute / MINUTES_PER_WEEK))[None, :]
+        on = (burst_start <= minute % MINUTES_PER_DAY) & (
+            minute % MINUTES_PER_DAY < burst_start + 60
+        )
+        if on.any():
+            rate[burst_region[on], self.bursty[on]] *= self.knobs.daily_burst_factor
         return rate
+
+    def _day(self, day: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Day `day`'s factor per model (lognormal, mean 1), and the region and the
+        minute of the day of each bursty model's burst; drawn from (seed, day)."""
+        found = self._days.get(day)
+        if found is None:
+            k, n_m, n_r = self.knobs, self.popularity.shape[1], self.popularity.shape[0]
+            rng = np.random.default_rng([self.seed, 7, day])
+            noise = np.exp(rng.normal(-(k.day_sigma**2) / 2, k.day_sigma, n_m))
+            regions = rng.integers(n_r, size=len(self.bursty))
+            starts = rng.uniform(0, MINUTES_PER_DAY - 60, len(self.bursty))
+            found = self._days[day] = (noise, regions, starts)
+        return found
 
     def demand(self, minute: int, minutes: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, minute, minutes])

@@ -177,11 +177,19 @@ def test_simulate_cli_writes_the_report(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "report.json").read_text())
-    for strategy in ("dedicated", "lru", "reactive", "forecast"):
+    for strategy in ("dedicated", "lru", "static", "reactive", "forecast"):
         for key in ("gpus", "served_in_region_within_slo", "forwarded", "cold_starts",
                     "churn_per_hour", "cold_starts_peak_onset", "bytes_moved"):  # fmt: skip
             assert key in report[strategy], (strategy, key)
     assert report["dedicated"]["gpus"] >= report["forecast"]["gpus"]
+    # No strategy beats the lower bound; the static packing never moves.
+    floor = report["lower_bound"]["gpus"]
+    assert 0 < floor <= min(report[k]["gpus"] or 10**6 for k in ("lru", "static", "forecast"))
+    assert report["static"]["churn_per_hour"] == 0 and report["static"]["cold_starts"] == 0
+    assert {g["goal"] for g in report["goals"]} >= {
+        "GPUs against the lower bound (no placement needs fewer)",
+        "GPUs saved against the better of per-site LRU and static",
+    }
     page = (out / "report.html").read_text()
     for png in ("demand.png", "gpus.png", "residency.png", "cold_starts.png", "forwarded.png"):
         assert (out / png).stat().st_size > 1000 and png in page
@@ -224,3 +232,27 @@ def test_the_simulator_routes_a_miss_as_the_agent_does() -> None:
         assert (route.where == Where.FORWARD) == bool(sent[i]), i
         if sent[i]:
             assert float(rtt[i, int(route.peers[0])]) == float(rtt[i, nearest[i]]), i
+
+
+def test_the_standard_trace_differs_from_day_to_day() -> None:
+    """Per model and day a lognormal factor (sigma 0.3), a trend of up to 20% a
+    week, and 5% of the models with one unannounced 10x burst of an hour a day:
+    the same hour of two days differs by far more than Poisson noise would."""
+    fleet, catalog = small_fleet(), standard_catalog(KNOBS, seed=1)
+    trace = SyntheticTrace(fleet, catalog, 3, TraceKnobs(peak_rps=5000), seed=1)
+    day = [trace.rates(d * 1440 + 600.0) for d in range(3)]
+    ratio = day[1].sum(axis=0) / np.maximum(day[0].sum(axis=0), 1e-12)
+    live = day[0].sum(axis=0) > 0
+    assert 0.2 < float(np.log(ratio[live & (ratio > 0)]).std()) < 0.7  # sqrt(2) x 0.3
+    assert len(trace.bursty) == pytest.approx(0.05 * len(catalog), abs=15)
+    m = int(trace.bursty[0])
+    _, regions, starts = trace._day(1)
+    r, start = int(regions[0]), float(starts[0])
+    inside, before = trace.rates(1440 + start + 30), trace.rates(1440 + start - 30)
+    assert inside[r, m] > 5 * before[r, m]
+    quiet = TraceKnobs(peak_rps=5000, day_sigma=0.0, weekly_trend=0.0, daily_burst_share=0.0,
+                       bursts_per_day=0)  # fmt: skip
+    flat = SyntheticTrace(fleet, catalog, 3, quiet, seed=1)  # the repeatable trace, as before
+    same = [flat.rates(d * 1440 + 600.0) for d in (1, 2)]  # Tuesday, Wednesday
+    alive = (same[0] > 0) & (same[1] > 0)
+    np.testing.assert_allclose(same[0][alive], same[1][alive], rtol=1e-9)
