@@ -80,6 +80,19 @@ class FleetSpec(BaseModel):
                 mine[0].count = 1
         return self.model_copy(update={"sites": groups})
 
+    def less_one(self, region: str) -> FleetSpec | None:
+        """The same fleet with one site fewer in `region` (from its largest group), or
+        None when the region is down to one site."""
+        mine = [g for g in self.sites if g.region == region]
+        if sum(g.count for g in mine) <= 1:
+            return None
+        largest = max(mine, key=lambda g: g.count)
+        groups = [
+            g.model_copy(update={"count": g.count - 1}) if g is largest else g
+            for g in self.sites
+        ]
+        return self.model_copy(update={"sites": groups})
+
     @property
     def gpus(self) -> int:
         return sum(g.count for g in self.sites)

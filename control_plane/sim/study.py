@@ -3,9 +3,11 @@ target share of requests within SLO from their own region, and what it does
 there.
 
 A strategy's GPU count is found by bisection over fleet sizes (every site
-group scaled by one factor, one GPU per site), each candidate simulated over
-`search_days` at `search_step_min` steps (coarser than the final run, so the
-search stays cheap). At that size the strategy is then simulated over the
+group scaled by one factor, one GPU per site), then site by site: one site
+fewer in each region in turn, kept while the target still holds, until no
+region can lose one. Each candidate is simulated over `search_days` at
+`search_step_min` steps (coarser than the final run, so the search stays
+cheap). At that size the strategy is then simulated over the
 whole trace at `step_min`, which gives the figures reported. Two counts need
 no simulation: the lower bound (sim/bound.py: no placement can do with fewer)
 and `dedicated` (one model per GPU: in each region where a model has demand,
@@ -71,21 +73,25 @@ def size_strategy(study: Study, strategy: str, peak: np.ndarray | None = None) -
     step = study.search_step_min
     period = max(study.config.placement_period_min, step)
     search = replace(study.config, step_min=step, placement_period_min=period)
-    cache: dict[int, tuple[FleetSpec, float]] = {}
+    cache: dict[tuple[int, ...], float] = {}
 
-    def trial(factor: float) -> tuple[int, float]:
-        fleet = study.fleet.scaled(factor)
-        if fleet.gpus not in cache:
+    def evaluate(fleet: FleetSpec) -> float:
+        key = tuple(g.count for g in fleet.sites)
+        if key not in cache:
             started = time.perf_counter()
             outcome = simulate(
                 fleet, study.catalog, study.trace, minutes, strategy, search, False, peak
             )
-            cache[fleet.gpus] = (fleet, served(outcome))
+            cache[key] = served(outcome)
             study.log(
-                f"  {strategy}: {fleet.gpus} GPUs -> {served(outcome):.2%} in region within "
-                f"SLO ({time.perf_counter() - started:.1f} s)"
+                f"  {strategy}: {fleet.gpus} GPUs {list(key)} -> {served(outcome):.2%} in "
+                f"region within SLO ({time.perf_counter() - started:.1f} s)"
             )
-        return fleet.gpus, cache[fleet.gpus][1]
+        return cache[key]
+
+    def trial(factor: float) -> tuple[int, float]:
+        fleet = study.fleet.scaled(factor)
+        return fleet.gpus, evaluate(fleet)
 
     lo, hi = 0.0, 1.0
     while trial(hi)[1] < study.target:
@@ -107,11 +113,28 @@ def size_strategy(study: Study, strategy: str, peak: np.ndarray | None = None) -
             hi = mid
         else:
             lo = mid
-    fleet = study.fleet.scaled(hi)
+    fleet = trim(study.fleet.scaled(hi), lambda f: evaluate(f) >= study.target)
     final = simulate(
         fleet, study.catalog, study.trace, study.minutes, strategy, study.config, peak_rps=peak
     )
     return Sized(strategy, fleet.gpus, fleet, final)
+
+
+def trim(fleet: FleetSpec, enough: Callable[[FleetSpec], bool]) -> FleetSpec:
+    """`fleet` with sites taken away one at a time, a region at a time in turn, as
+    long as what is left is still `enough`."""
+    regions = [r.name for r in fleet.regions]
+    stuck: set[str] = set()
+    while len(stuck) < len(regions):
+        for region in regions:
+            if region in stuck:
+                continue
+            smaller = fleet.less_one(region)
+            if smaller is not None and enough(smaller):
+                fleet = smaller
+            else:
+                stuck.add(region)
+    return fleet
 
 
 def peak_onset_cold_starts(outcome: Outcome, step_min: int, lead_min: int = 60) -> int:

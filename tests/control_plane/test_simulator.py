@@ -256,3 +256,21 @@ def test_the_standard_trace_differs_from_day_to_day() -> None:
     same = [flat.rates(d * 1440 + 600.0) for d in (1, 2)]  # Tuesday, Wednesday
     alive = (same[0] > 0) & (same[1] > 0)
     np.testing.assert_allclose(same[0][alive], same[1][alive], rtol=1e-9)
+
+
+def test_fleet_sizes_are_trimmed_site_by_site() -> None:
+    """After the bisection over one factor, each region loses sites one at a time
+    while the target holds: the sizes found are per region, not in steps of the
+    number of regions."""
+    from edgeplex.control_plane.sim.study import trim
+
+    needed = {"east": 3, "west": 5, "south": 1}
+
+    def enough(fleet: FleetSpec) -> bool:
+        return all(
+            sum(g.count for g in fleet.sites if g.region == r) >= n for r, n in needed.items()
+        )
+
+    trimmed = trim(small_fleet(sites_per_region=7), enough)
+    assert {g.region: g.count for g in trimmed.sites} == needed
+    assert trimmed.gpus == 9
