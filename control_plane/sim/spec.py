@@ -88,8 +88,7 @@ class FleetSpec(BaseModel):
             return None
         largest = max(mine, key=lambda g: g.count)
         groups = [
-            g.model_copy(update={"count": g.count - 1}) if g is largest else g
-            for g in self.sites
+            g.model_copy(update={"count": g.count - 1}) if g is largest else g for g in self.sites
         ]
         return self.model_copy(update={"sites": groups})
 
