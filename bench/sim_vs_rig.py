@@ -303,6 +303,8 @@ def simulate_replay(args: argparse.Namespace, trace: np.ndarray, rig: dict) -> d
         demand_half_life_s=60.0,
         warmup_min=args.warmup_min,
         siblings_see_loads=False,  # the agents' routes list placement's holders only
+        wan_mbps=float("inf"),  # the rig's artifacts are files on the same machine
+        region_rtt_ms=0.0,  # no delay inside a region's namespace
     )
     names = model_names()
     rows = [

@@ -17,7 +17,8 @@ lower the count, so what it returns is a bound no placement can beat:
   its memory alone (most requests per byte first) and its compute alone
   (cheapest requests first) could serve, each a fractional knapsack;
 - within a cell the rate is flat (its busiest minute needs more), and a request
-  in its region meets the SLO when its compute does (no queueing, no round trip).
+  in its region meets the SLO when its compute does (no queueing; the caller
+  passes the SLO less the round trip to the site).
 What a region serves is then concave in its GPU count (a sum over cells of the
 smaller of two concave piecewise-linear functions), so adding GPUs one at a
 time where they serve the most requests gives the fewest in total.

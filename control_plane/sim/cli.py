@@ -57,6 +57,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "arena, workspace), e.g. 300MiB",
     )  # fmt: skip
     p.add_argument(
+        "--wan-mbps", type=float, default=1000.0,
+        help="download rate of a site's first copy of a model, megabits/s (inf: free)",
+    )  # fmt: skip
+    p.add_argument(
+        "--region-rtt-ms", type=float, default=10.0,
+        help="round trip from a client to a site of its region, counted against the SLO",
+    )  # fmt: skip
+    p.add_argument(
         "--bound-cell-min", type=int, default=15, help="the lower bound's grid, in minutes"
     )
     p.add_argument("--write-trace", type=Path, help="write the generated trace as CSV and stop")
@@ -122,6 +130,8 @@ def _run(args: argparse.Namespace) -> int:
         placement_period_min=args.placement_period_min,
         churn_cost=args.churn_cost,
         model_overhead_bytes=parse_size(args.model_overhead),
+        wan_mbps=args.wan_mbps,
+        region_rtt_ms=args.region_rtt_ms,
     )
     study = Study(
         fleet, catalog, trace, minutes, config, args.target, args.search_days,

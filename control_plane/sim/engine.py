@@ -62,6 +62,12 @@ class SimConfig:
     # Device memory a resident model takes beyond its weights (CUDA context share,
     # ONNX Runtime's arena and workspace); the lower bound charges it too.
     model_overhead_bytes: int = 0
+    # A site's first copy of a model is downloaded at this rate (megabits a
+    # second) before its promotion; inf: artifacts cost nothing to fetch.
+    wan_mbps: float = 1000.0
+    # The round trip from a client to a site of its own region; with the queueing
+    # delay at the site (serving.py) it counts against the SLO.
+    region_rtt_ms: float = 10.0
 
 
 @dataclass
@@ -115,7 +121,12 @@ class _Fleet:
     """Dense state of one simulated fleet."""
 
     def __init__(
-        self, fleet: FleetSpec, catalog: Catalog, policy: str, overhead_bytes: int = 0
+        self,
+        fleet: FleetSpec,
+        catalog: Catalog,
+        policy: str,
+        overhead_bytes: int = 0,
+        wan_mbps: float = float("inf"),
     ) -> None:
         self.regions = [r.name for r in fleet.regions]
         region_ix = {r: i for i, r in enumerate(self.regions)}
@@ -148,10 +159,16 @@ class _Fleet:
         # an agent without it forwards to any holder rather than fetch it.
         self.installed = np.zeros((n_s, n_m), dtype=bool)
         self.util = np.zeros(n_s)  # each site's utilisation in the last step
+        # Loads take time: when each (site, model) is promoted and serving, and when
+        # each site's queue of loads (one at a time) is done.
+        self.ready_at = np.zeros((n_s, n_m))
+        self.loading_until = np.zeros(n_s)
         self.last_used = np.zeros((n_s, n_m))
         self.freq = np.zeros((n_s, n_m))
         self.credit = np.zeros((n_s, n_m))
         self.size = catalog.size_bytes.astype(np.float64) + overhead_bytes
+        # Seconds to download each model's artifact to a site without it.
+        self.download_s = catalog.size_bytes * 8.0 / (wan_mbps * 1e6)
         self.load_s = catalog.load_s
         self.lru = policy == "lru"
         self.rng = np.random.default_rng(0)  # deterministic: the simulator's runs repeat
@@ -224,8 +241,9 @@ def simulate(
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
     state = _Fleet(
-        fleet, catalog, "lru" if strategy == "lru" else "gdsf", config.model_overhead_bytes
-    )
+        fleet, catalog, "lru" if strategy == "lru" else "gdsf", config.model_overhead_bytes,
+        config.wan_mbps,
+    )  # fmt: skip
     if minutes <= config.warmup_min:
         raise ValueError(f"the trace must be longer than the warm-up ({config.warmup_min} min)")
     out = Outcome(strategy, gpus=len(state.site_ids), hours=minutes / 60.0)
@@ -302,6 +320,7 @@ def simulate(
         serve_step(
             state, out, requests, step, now, central, compute_s, catalog, record,
             config.siblings_see_loads, loads_on_demand=strategy != "static",
+            region_rtt_ms=config.region_rtt_ms,
         )  # fmt: skip
     out.models_moved += int(state.moved.sum())
     out.models_cached += int(state.cached.sum())
@@ -350,9 +369,21 @@ def _apply_placement(state, out, sites, specs, demand, latency, config, catalog,
             state.installed[i, index[name]] = True
         for name in result.loaded.get(sid, ()):
             state.placed[i, index[name]] = True
+    installed_before = state.installed.copy()
     state.holds[:] = state.placed  # agents demote what the desired state does not load
     state.installed |= state.placed
     added = state.holds & ~before
+    # Each site loads what placement added one at a time, after the loads it has
+    # queued: the artifact's download first where the site has none, then the
+    # promotion. A model serves from when it is ready (serving.py).
+    for site in np.nonzero(added.any(axis=1))[0].tolist():
+        ready = max(now, float(state.loading_until[site]))
+        for m in np.nonzero(added[site])[0].tolist():
+            ready += float(catalog.load_s[m])
+            if not installed_before[site, m]:
+                ready += float(state.download_s[m])
+            state.ready_at[site, m] = ready
+        state.loading_until[site] = ready
     state.bytes_loaded += int((added * state.size[None, :]).sum())
     state.moved |= np.any(state.placed != placed_before, axis=0)
     for i, j in zip(*np.nonzero(added), strict=True):

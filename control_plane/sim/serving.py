@@ -8,10 +8,15 @@ sites have measured promotions (so estimate m's, `load_s`) and the round trip
 is no faster than that.
 Otherwise m is loaded on demand at the site of r with the most free memory,
 making room with the site's eviction policy object after the step's use of
-what is held is counted. A site loads one model at a time: a cold start's
-requests miss the SLO until the loads before it and its own are done. A
-site's utilisation is the compute of what it serves over its concurrency; a
-site over 1 serves only 1/utilisation of its requests in time.
+what is held is counted. A site loads one model at a time, placement's loads
+and loads on demand in one queue, each downloading the artifact first where
+the site has none: a model's requests at a site miss the SLO until the loads
+before it and its own are done. A site's utilisation is the compute of what
+it serves over its concurrency. Below 1, a request meets the SLO when the
+round trip to its site, its wait in the site's queue and its compute fit:
+the wait is an M/M/c queue's (Erlang C; c the site's concurrency, the
+service time the mean compute of what the site serves). At 1 and above, the
+site serves only 1/utilisation of its requests in time.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ def serve_step(
     record: bool,
     siblings_see_loads: bool = True,
     loads_on_demand: bool = True,
+    region_rtt_ms: float = 0.0,
 ) -> None:
     n_r = len(state.regions)
     step_s = step * 60.0
@@ -130,15 +136,18 @@ def serve_step(
             # sessions one after another): each waits for the loads before it.
             # What does not fit beside the rest is loaded in turn, evicting
             # (`cycled`: served this step, not held at its end).
-            ready_s = 0.0
+            ready_s = max(0.0, float(state.loading_until[i]) - now)  # loads queued there
+            had = state.installed[i].copy()
             loaded = state.load_on_demand(i, batch, now)
             for m in loaded + [m for m in batch if m not in loaded]:
-                ready_s += catalog.load_s[m]
+                ready_s += catalog.load_s[m] + (0.0 if had[m] else state.download_s[m])
                 cold[r] += 1
                 first_loads[i] += 1
                 cycled[i, m] = not state.holds[i, m]
                 first_ready[m] = min(first_ready.get(m, np.inf), ready_s)
-            busy_s[i] = ready_s
+                state.ready_at[i, m] = now + ready_s
+            busy_s[i] = min(ready_s, step_s)
+            state.loading_until[i] = now + ready_s
         for m, ready_s in first_ready.items():  # served from the first site ready
             served_at[r, m] += requests[r, m] * (1.0 - min(1.0, ready_s / step_s))
             holders[r, m] += 1
@@ -151,14 +160,16 @@ def serve_step(
     per_site_fwd = serving * (forwarded_at / spread)[state.region]
     per_site_late = serving * (forwarded_late / spread)[state.region]
     reloads, late = _thrash(state, per_site, first_loads, busy_s, step_s, catalog)
+    # What placement loaded is held from its step, but serves only once ready.
+    pending = np.clip((state.ready_at - now) / step_s, 0.0, 1.0) * before
+    late = np.minimum(per_site, late + per_site * pending)
     cold += (state.onehot @ reloads).round().astype(np.int64)
     util = (per_site * compute_s[None, :]).sum(axis=1) / (state.concurrency * step_s)
     state.util = util  # what the next step's routes report as headroom
-    in_time = np.minimum(1.0, 1.0 / np.maximum(util, 1e-12))  # [S]
-    fits = (catalog.compute_ms <= catalog.slo_ms).astype(np.float64)
-    total_in_time = float((((per_site - late) * fits).sum(axis=1) * in_time).sum())
-    forwarded_in_time = float(((per_site_fwd * fits).sum(axis=1) * in_time).sum())
-    late_in_time = float(((per_site_late * fits).sum(axis=1) * in_time).sum())
+    within = within_slo(util, state.concurrency, per_site, compute_s, catalog, region_rtt_ms)
+    total_in_time = float(((per_site - late) * within).sum())
+    forwarded_in_time = float((per_site_fwd * within).sum())
+    late_in_time = float((per_site_late * within).sum())
     forwarded = float(forwarded_at.sum())
     share = per_site  # what each site served of each model (for its usage stats)
     out.requests += float(requests.sum())
@@ -178,6 +189,36 @@ def serve_step(
         tl.holders.append(state.holds.sum(axis=0).astype(np.int16))
         tl.cold_by_region.append(cold)
         tl.missed_by_region.append(missed)
+
+
+def within_slo(
+    util: np.ndarray,
+    concurrency: np.ndarray,
+    per_site: np.ndarray,
+    compute_s: np.ndarray,
+    catalog: Catalog,
+    rtt_ms: float,
+) -> np.ndarray:
+    """[S, M]: the share of model m's requests at site s answered within its SLO.
+    Below full utilisation, an M/M/c queue's (Erlang C): a request waits with
+    probability C, and then longer than t with probability C exp(-(c/s - l) t)
+    (c servers, mean service time s, arrival rate l); it meets the SLO if the round
+    trip, the wait and its compute fit. At and above 1: 1/utilisation."""
+    c = np.maximum(1, np.round(concurrency)).astype(np.int64)
+    offered = util * c  # Erlangs
+    erlang_b = np.ones_like(util)
+    for k in range(1, int(c.max(initial=1)) + 1):  # B(k) from B(k-1), stable
+        step = offered * erlang_b / (k + offered * erlang_b)
+        erlang_b = np.where(k <= c, step, erlang_b)
+    busy = util < 1.0
+    waits = np.where(busy, erlang_b / np.maximum(1e-12, 1.0 - util * (1.0 - erlang_b)), 1.0)
+    served = per_site.sum(axis=1)
+    mean_s = (per_site * compute_s[None, :]).sum(axis=1) / np.maximum(served, 1e-12)
+    drain = np.where(mean_s > 0, (c - offered) / np.maximum(mean_s, 1e-12), np.inf)  # per s
+    slack_s = (catalog.slo_ms - catalog.compute_ms - rtt_ms) / 1000.0  # [M]
+    late = waits[:, None] * np.exp(-np.outer(drain, np.maximum(slack_s, 0.0)))
+    ok = np.where(busy[:, None], 1.0 - late, 1.0 / np.maximum(util, 1e-12)[:, None])
+    return np.clip(ok, 0.0, 1.0) * (slack_s >= 0)[None, :]
 
 
 def _thrash(

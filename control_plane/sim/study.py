@@ -254,7 +254,7 @@ def lower_bound(study: Study) -> dict[str, object]:
         grid,
         cat.size_bytes.astype(np.float64) + study.config.model_overhead_bytes,
         cat.compute_ms,
-        cat.slo_ms,
+        cat.slo_ms - study.config.region_rtt_ms,  # the round trip to the site comes first
         bound.Hardware(memory, concurrency),
         study.target,
     )
