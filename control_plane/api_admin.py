@@ -116,6 +116,9 @@ class AdminServicer(BatchAdmin, TenantAdmin, pb_grpc.AdminServiceServicer):
         self._artifacts = artifacts
         self._poke = poke
         self._verifying: set[str] = set()
+        # Artifacts already verified, by sha256: their size (content-addressed, so a
+        # second model with the same artifact needs no second probe).
+        self._verified: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- catalog --------------------------------------------------------------------------
@@ -190,15 +193,17 @@ class AdminServicer(BatchAdmin, TenantAdmin, pb_grpc.AdminServiceServicer):
             if model is None:
                 return
             try:
-                path = await asyncio.to_thread(
-                    self._artifacts.fetch,
-                    model.artifact_uri,
-                    model.sha256,
-                    progress=log_progress(log, f"model {model.name}"),
-                )
-                onnx = model_file(path)
-                await asyncio.to_thread(probe_onnx, onnx)
-                size = artifact_bytes(path)
+                size = self._verified.get(model.sha256, -1)
+                if size < 0:
+                    path = await asyncio.to_thread(
+                        self._artifacts.fetch,
+                        model.artifact_uri,
+                        model.sha256,
+                        progress=log_progress(log, f"model {model.name}"),
+                    )
+                    onnx = model_file(path)
+                    await asyncio.to_thread(probe_onnx, onnx)
+                    size = self._verified[model.sha256] = artifact_bytes(path)
                 state, reason = "READY", ""
             except ArtifactError as exc:
                 state, reason, size = "FAILED", str(exc), 0

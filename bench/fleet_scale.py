@@ -1,0 +1,373 @@
+"""The control plane at fleet size: a thousand light agents against one control plane.
+
+    python bench/fleet_scale.py [--sites 1000] [--models 10000] [--duration 30]
+        [--json out.json]
+
+Starts Redis, mosquitto and `edgeplex control-plane` on this machine. The
+control plane manages the broker's password and ACL files, as the rig does:
+`admin site add` gives each site its own broker user, which reads only its own
+desired state. Then it enrols `--models` catalog models (AddModel: each
+verified, sha256 and ONNX probe) and `--sites` sites (AddSite: a join token
+and a broker password each).
+
+A harness process then runs every site as its agent would, without ONNX:
+Register with its join token; one Report stream, a LoadReport every 2 s with
+its share of the demand (rates by region for 20 models, with their device
+bytes, which placement packs by); one MQTT session as its own broker user,
+subscribed to its desired-state topic. Once every site is registered and
+subscribed, for `--duration` seconds it measures:
+- ingestion: reports the control plane received a second, and the control
+  plane's CPU (its own process, read from /proc: the harness's is reported
+  apart);
+- placement: the rounds' time (edgeplex_cp_placement_seconds: mean, and the
+  bucket the slowest fell in);
+- fan-out: a tenant added through the admin API changes every site's desired
+  state; the time until each site's subscriber has the new state (median and
+  the last of them);
+- memory: the control plane's resident set.
+Goals (issue text): placement round <= 2 s, a desired-state change at every
+site within 5 s, 500 reports a second ingested using under one core.
+Everything shares this machine's cores, harness included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from edgeplex.proto import edgeplex_control_pb2 as pb  # noqa: E402
+from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer  # noqa: E402
+
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+REGIONS = ("us-west", "us-east", "eu", "asia", "oceania")
+PROBE_TENANT = "scale-probe"
+
+
+class ManagedMosquitto(Mosquitto):
+    """mosquitto with the password and ACL files the control plane rewrites, and a
+    pid file it sends SIGHUP to reload them."""
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir, workdir / "passwd")
+        self.acl_file, self.pid_file = workdir / "acl", workdir / "mosquitto.pid"
+
+    def command(self) -> list[str]:
+        command = super().command()
+        conf = Path(command[-1])
+        conf.write_text(
+            conf.read_text() + f"acl_file {self.acl_file}\npid_file {self.pid_file}\n"
+            "max_queued_messages 10000\n"
+        )
+        return command
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    found = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+    return int(found.group(1)) * 1024 if found else 0
+
+
+def metrics(http_port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def sample(text: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def buckets(text: str) -> dict[str, float]:
+    found = re.findall(r'^edgeplex_cp_placement_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)
+    return {le: float(n) for le, n in found}
+
+
+def model_bytes(name: str) -> int:
+    """A model's device bytes, log-uniform from 10 MB to 2 GB by its name's hash."""
+    u = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return int(10e6 * (200.0**u))
+
+
+# --- the harness: every site as its agent runs, without ONNX ---------------------------
+
+
+async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
+                  duration: float) -> dict:  # fmt: skip
+    import aiomqtt
+    import grpc
+
+    started = time.monotonic()
+    arrivals: dict[str, float] = {}
+    connected = sent = 0
+    probe_at: list[float] = []
+    stop = asyncio.Event()
+
+    async def subscriber(site: dict) -> None:
+        nonlocal connected
+        topic = f"edgeplex/v1/sites/{site['site_id']}/desired"
+        client = aiomqtt.Client(
+            "127.0.0.1", mqtt_port, identifier=site["site_id"], username=site["site_id"],
+            password=site["mqtt_password"], keepalive=60,
+        )  # fmt: skip
+        async with client:
+            await client.subscribe(topic, qos=1)
+            connected += 1
+            async for message in client.messages:
+                payload = bytes(message.payload)  # type: ignore[arg-type]
+                first = probe_at and site["site_id"] not in arrivals
+                if first and PROBE_TENANT.encode() in payload:
+                    arrivals[site["site_id"]] = time.monotonic()
+                if stop.is_set():
+                    return
+
+    async def agent(site: dict, stub: pb_grpc.AgentServiceStub, index: int) -> None:
+        metadata = (("authorization", f"Bearer {site['join_token']}"),)
+        await stub.Register(
+            pb.RegisterRequest(
+                site_id=site["site_id"], region=site["region"],
+                address=f"127.0.0.1:{20000 + index}", http_address=f"127.0.0.1:{40000 + index}",
+                budgets=pb.TierBudgets(device_bytes=24 << 30, host_bytes=128 << 30),
+                devices=[pb.Device(kind="cuda", index=0, memory_bytes=24 << 30)],
+            ),
+            metadata=metadata, timeout=30,
+        )  # fmt: skip
+        # Its share of the demand: 20 models, Zipf-like over the catalog, by region.
+        picks = [(index * 7919 + k * k * 104729) % models for k in range(20)]
+        loads = [
+            pb.ModelLoad(
+                name=f"m{j}", version="1", tier="loaded", state="READY",
+                memory_bytes=model_bytes(f"m{j}"),
+                rate_by_region={site["region"]: 50.0 / (1 + k)},
+            )
+            for k, j in enumerate(picks)
+        ]  # fmt: skip
+
+        async def reports():  # type: ignore[no-untyped-def]
+            nonlocal sent
+            await asyncio.sleep((index % 100) / 50.0)  # the fleet's reports spread out
+            while not stop.is_set():
+                device = pb.DeviceLoad(index=0, budget_bytes=24 << 30)
+                yield pb.LoadReport(
+                    site_id=site["site_id"], sent_at=time.time(), models=loads, devices=[device]
+                )
+                sent += 1
+                await asyncio.sleep(2.0)
+
+        await stub.Report(reports(), metadata=metadata)
+
+    channels = [grpc.aio.insecure_channel(address) for _ in range(8)]
+    stubs = [pb_grpc.AgentServiceStub(c) for c in channels]
+    subscribers = []
+    for i, site in enumerate(sites):  # connect in small groups: a thousand at once is a flood
+        subscribers.append(asyncio.create_task(subscriber(site)))
+        if i % 50 == 49:
+            await asyncio.sleep(0.2)
+    agents = [asyncio.create_task(agent(s, stubs[i % len(stubs)], i)) for i, s in enumerate(sites)]
+    while connected < len(sites) and time.monotonic() - started < 300:
+        await asyncio.sleep(0.5)
+    ready_s = time.monotonic() - started
+    print(json.dumps({"event": "ready", "connected": connected, "ready_s": ready_s}), flush=True)
+    await asyncio.sleep(duration / 2)
+    cpu0 = time.process_time()
+    with grpc.insecure_channel(address) as admin:  # the change that reaches every site
+        probe_at.append(time.monotonic())
+        pb_grpc.AdminServiceStub(admin).AddTenant(pb.TenantSpec(name=PROBE_TENANT), metadata=AUTH)
+    deadline = probe_at[0] + 60
+    while len(arrivals) < len(sites) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(max(0.0, started + ready_s + duration - time.monotonic()))
+    harness_cpu = time.process_time() - cpu0
+    stop.set()
+    for task in subscribers:
+        task.cancel()
+    await asyncio.wait(agents, timeout=5)  # the streams end with their next report
+    for channel in channels:
+        await channel.close()
+    times = sorted(t - probe_at[0] for t in arrivals.values())
+    return {
+        "event": "done",
+        "connected": connected,
+        "reports_sent": sent,
+        "fanout_reached": len(times),
+        "fanout_p50_s": times[len(times) // 2] if times else None,
+        "fanout_last_s": times[-1] if times else None,
+        "harness_cpu_s_second_half": harness_cpu,
+    }
+
+
+def run_harness(argv: list[str]) -> None:
+    config = json.loads(Path(argv[0]).read_text())
+    result = asyncio.run(harness(**config))
+    print(json.dumps(result), flush=True)
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+def enrol(address: str, n_sites: int, n_models: int, artifact: Path) -> list[dict]:
+    import grpc
+
+    from edgeplex.artifacts import sha256_of
+
+    sha = sha256_of(artifact)
+    began = time.monotonic()
+    with grpc.insecure_channel(address) as channel:
+        admin = pb_grpc.AdminServiceStub(channel)
+        sites = []
+        for i in range(n_sites):
+            region = REGIONS[i % len(REGIONS)]
+            reply = admin.AddSite(pb.AddSiteRequest(site_id=f"site-{i:04d}", region=region),
+                                  metadata=AUTH, timeout=60)  # fmt: skip
+            sites.append({
+                "site_id": reply.site_id, "region": region,
+                "join_token": reply.join_token, "mqtt_password": reply.mqtt_password,
+            })  # fmt: skip
+        print(f"  {n_sites} sites added: {time.monotonic() - began:.1f} s", flush=True)
+        for first in range(0, n_models, 50):  # 50 calls in flight
+            calls = [
+                admin.AddModel.future(
+                    pb.CatalogModel(name=f"m{j}", artifact_uri=artifact.as_uri(), sha256=sha),
+                    metadata=AUTH,
+                    timeout=60,
+                )
+                for j in range(first, min(n_models, first + 50))
+            ]
+            for call in calls:
+                call.result()
+        print(f"  {n_models} models added: {time.monotonic() - began:.1f} s", flush=True)
+        while True:  # every model verified before the clock starts
+            listed = admin.ListModels(pb.ListModelsRequest(), metadata=AUTH, timeout=60).models
+            if all(m.state != "PENDING" for m in listed):
+                return sites
+            time.sleep(1.0)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_harness":
+        run_harness(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sites", type=int, default=1000)
+    parser.add_argument("--models", type=int, default=10_000)
+    parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    from edgeplex.agent.catalog import demo
+    from edgeplex.control_plane.broker_files import acl_text, set_password
+
+    work = Path(tempfile.mkdtemp(prefix="edgeplex-fleet-scale-"))
+    demo.make_mlp(work / "src" / "tiny", width=8, layers=1, in_width=8)
+    artifact = work / "src" / "tiny" / "1" / "model.onnx"
+    redis, mqtt = RedisServer(work), ManagedMosquitto(work)
+    cp_password = set_password(mqtt.password_file, "edgeplex-cp")  # type: ignore[arg-type]
+    mqtt.acl_file.write_text(acl_text({}))  # the control plane's user; sites as they join
+    redis.start()
+    mqtt.start()
+    http_port = free_port()
+    cp = ControlPlane(
+        work, redis, mqtt.url("edgeplex-cp", cp_password),
+        EDGEPLEX_CP_HTTP_PORT=str(http_port),
+        EDGEPLEX_CP_PLACEMENT_INTERVAL_S="2",
+        EDGEPLEX_CP_REPORT_INTERVAL_S="2",
+        EDGEPLEX_CP_SITE_LEASE_S="20",
+        EDGEPLEX_CP_DEMAND_HALF_LIFE_S="60",
+        EDGEPLEX_CP_LOG_LEVEL="WARNING",
+        EDGEPLEX_CP_MQTT_PASSWORD_FILE=str(mqtt.password_file),
+        EDGEPLEX_CP_MQTT_ACL_FILE=str(mqtt.acl_file),
+        EDGEPLEX_CP_MQTT_PID_FILE=str(mqtt.pid_file),
+    )  # fmt: skip
+    cp.start()
+    report: dict[str, object] = {
+        "command": "python bench/fleet_scale.py " + " ".join(sys.argv[1:]),
+        "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, "
+        f"Python {platform.python_version()}",
+    }
+    harness_proc = None
+    try:
+        assert cp.process is not None
+        began = time.monotonic()
+        sites = enrol(cp.address, args.sites, args.models, artifact)
+        report["enrol_s"] = time.monotonic() - began
+        print(f"enrolled {args.models} models and {args.sites} sites in {report['enrol_s']:.0f} s",
+              flush=True)  # fmt: skip
+        config = work / "harness.json"
+        config.write_text(json.dumps({"address": cp.address, "mqtt_port": mqtt.port,
+                                      "sites": sites, "models": args.models,
+                                      "duration": args.duration}))  # fmt: skip
+        harness_proc = subprocess.Popen(
+            [sys.executable, __file__, "_harness", str(config)], stdout=subprocess.PIPE, text=True
+        )
+        assert harness_proc.stdout is not None
+        ready = json.loads(harness_proc.stdout.readline())
+        print(f"harness: {ready['connected']} sites subscribed and reporting after "
+              f"{ready['ready_s']:.0f} s", flush=True)  # fmt: skip
+        time.sleep(4.0)  # the first reports of every site in
+        before, cpu0, t0 = metrics(http_port), cpu_seconds(cp.process.pid), time.monotonic()
+        done = json.loads(harness_proc.stdout.readline())
+        after, cpu1, t1 = metrics(http_port), cpu_seconds(cp.process.pid), time.monotonic()
+        rss = rss_bytes(cp.process.pid)
+    finally:
+        if harness_proc is not None and harness_proc.poll() is None:
+            harness_proc.kill()
+        cp.stop()
+        mqtt.stop()
+        redis.stop()
+    window = t1 - t0
+    total = "edgeplex_cp_reports_total"
+    reports = sample(after, total) - sample(before, total)
+    rounds = sample(after, "edgeplex_cp_placement_seconds_count") - sample(
+        before, "edgeplex_cp_placement_seconds_count"
+    )
+    spent = sample(after, "edgeplex_cp_placement_seconds_sum") - sample(
+        before, "edgeplex_cp_placement_seconds_sum"
+    )
+    b0, b1 = buckets(before), buckets(after)
+    slowest = next((le for le in b1 if b1[le] - b0.get(le, 0.0) >= rounds), "+Inf")
+    report.update({
+        "sites": args.sites, "models": args.models, "window_s": window,
+        "reports_per_s": reports / window, "cp_cpu_cores": (cpu1 - cpu0) / window,
+        "placement_rounds": rounds, "placement_mean_s": spent / rounds if rounds else None,
+        "placement_slowest_le_s": slowest, "cp_rss_bytes": rss,
+        "fanout_reached": done["fanout_reached"], "fanout_p50_s": done["fanout_p50_s"],
+        "fanout_last_s": done["fanout_last_s"],
+        "harness_cpu_cores": done["harness_cpu_s_second_half"] / (args.duration / 2),
+    })  # fmt: skip
+    print(f"# {report['command']} on {report['machine']}")
+    print(f"ingestion  {report['reports_per_s']:.0f} reports/s, control plane "
+          f"{report['cp_cpu_cores']:.2f} cores (goal: 500/s under 1 core)")  # fmt: skip
+    mean = report["placement_mean_s"]
+    print(f"placement  {rounds:.0f} rounds, mean {mean if mean is None else f'{mean:.2f}'} s, "
+          f"slowest <= {slowest} s (goal: <= 2 s)")  # fmt: skip
+    print(
+        f"fan-out    a desired-state change reached {done['fanout_reached']}/{args.sites} "
+        f"sites: median {done['fanout_p50_s']} s, last {done['fanout_last_s']} s (goal: 5 s)"
+    )
+    print(f"memory     control plane {rss / 2**20:.0f} MiB resident; harness "
+          f"{report['harness_cpu_cores']:.2f} cores")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+if __name__ == "__main__":
+    main()
