@@ -271,6 +271,9 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=10_000)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--py-spy", type=Path, help="record the control plane with py-spy over the window"
+    )
     args = parser.parse_args()
     from edgeplex.agent.catalog import demo
     from edgeplex.control_plane.broker_files import acl_text, set_password
@@ -323,7 +326,17 @@ def main() -> None:
               f"{ready['ready_s']:.0f} s", flush=True)  # fmt: skip
         time.sleep(4.0)  # the first reports of every site in
         before, cpu0, t0 = metrics(http_port), cpu_seconds(cp.process.pid), time.monotonic()
+        spy = None
+        if args.py_spy:
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).with_name("py-spy")), "record", "-p",
+                 str(cp.process.pid), "-d", str(int(args.duration)), "-f", "raw",
+                 "-o", str(args.py_spy), "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
         done = json.loads(harness_proc.stdout.readline())
+        if spy is not None:
+            spy.wait()
         after, cpu1, t1 = metrics(http_port), cpu_seconds(cp.process.pid), time.monotonic()
         rss = rss_bytes(cp.process.pid)
     finally:

@@ -64,6 +64,11 @@ class Planner:
         self._lease = lease
         self._wake = asyncio.Event()
         self._routes_sent: dict[str, bytes] = {}  # region -> unversioned routes last published
+        # Per site, the desired state this leader last published, with what decides
+        # whether it changed (its models' bytes, the peer token, the tenants) and its
+        # bytes: a round compares tuples instead of reading and parsing every site's
+        # state back from Redis. Emptied when leadership is lost.
+        self._published: dict[str, tuple[tuple[object, ...], pb.DesiredState, bytes]] = {}
         self._forecaster: Forecaster | None = None  # loaded from Redis on first use
         self.observed: Demand = {}  # the last round's demand EWMA (explain shows it)
         self.forecast: Demand = {}  # and its forecast one horizon ahead
@@ -87,6 +92,7 @@ class Planner:
                         self._publisher.forget()
                     was_leader = False
                     self._routes_sent.clear()
+                    self._published.clear()
                     continue
                 due = time.monotonic() - last_round >= self._settings.placement_interval_s
                 try:
@@ -326,47 +332,67 @@ class Planner:
         headroom: dict[str, float],
     ) -> None:
         by_name = {m.name: m for m in catalog}
-        published = await self._store.desired()
+        known = self._published
+        # A new leader reads what was published before it; later rounds remember.
+        stored = await self._store.desired() if any(s.site_id not in known for s in sites) else {}
         peer_token = await self._store.peer_token()
         tenants = await self._store.tenants()
         now = time.time()
         rates = await self._fleet_rates(tenants, [s.site_id for s in sites], now)
+        made: dict[tuple[str, str], tuple[pb.DesiredModel, bytes]] = {}  # built once a round
+
+        def entry(name: str, tier: str) -> tuple[pb.DesiredModel, bytes]:
+            found = made.get((name, tier))
+            if found is None:
+                model = desired_model(by_name[name], tier)
+                found = made[(name, tier)] = (model, model.SerializeToString())
+            return found
+
         for site in sites:
-            models = [
-                desired_model(by_name[name], "loaded") for name in result.loaded[site.site_id]
-            ] + [desired_model(by_name[name], "staged") for name in result.staged[site.site_id]]
-            previous = published.get(site.site_id)
+            entries = [entry(name, "loaded") for name in result.loaded[site.site_id]] + [
+                entry(name, "staged") for name in result.staged[site.site_id]
+            ]
             table = for_site(tenants, rates, site.site_id)
             tenants_json = json.dumps(table.dump(), sort_keys=True)
-            if (
-                previous is not None
-                and list(previous.models) == models
-                and previous.peer_token == peer_token
-                and previous.tenants_json == tenants_json
-            ):
-                desired = previous  # unchanged: keep its version, agents have applied it
+            key = (tuple(b for _, b in entries), peer_token, tenants_json)
+            last = known.get(site.site_id)
+            if last is None and site.site_id in stored:
+                previous = stored[site.site_id]
+                last = (_key(previous), previous, previous.SerializeToString())
+            if last is not None and last[0] == key:
+                desired, payload = last[1], last[2]  # unchanged: agents have applied it
             else:
                 desired = pb.DesiredState(
                     version=version,
                     site_id=site.site_id,
                     issued_at=now,
-                    models=models,
+                    models=[m for m, _ in entries],
                     peer_token=peer_token,
                     tenants_json=tenants_json,
                 )
+                payload = desired.SerializeToString()
                 await self._store.put_desired(desired)
+            known[site.site_id] = (key, desired, payload)
             self._publisher.publish(
                 desired_topic(site.site_id),
                 DESIRED,
                 site_audience(site.site_id),
                 desired.version,
-                desired.SerializeToString(),
+                payload,
             )
+        # Each model's holders, found once (not a scan of every site per model).
+        holding: dict[str, list[pb.Site]] = {}
+        for site in sites:
+            if site.up:
+                for model in result.loaded.get(site.site_id, ()):
+                    holding.setdefault(model, []).append(site)
         for region in sorted({s.region for s in sites}):
             routes = pb.Routes(version=version, region=region, issued_at=now)
             for model in sorted(by_name):
-                holders = [s for s in sites if s.up and model in result.loaded.get(s.site_id, ())]
-                holders.sort(key=lambda s: (latency(inp, region, s.region), s.site_id))
+                holders = sorted(
+                    holding.get(model, ()),
+                    key=lambda s: (latency(inp, region, s.region), s.site_id),
+                )
                 if holders:
                     routes.routes.append(
                         pb.Route(
@@ -418,6 +444,12 @@ def desired_model(m: pb.CatalogModel, tier: str) -> pb.DesiredModel:
         variants=m.variants,
         quality=m.quality,
     )
+
+
+def _key(desired: pb.DesiredState) -> tuple[object, ...]:
+    """What decides whether a site's desired state changed (see Planner._published)."""
+    models = tuple(m.SerializeToString() for m in desired.models)
+    return (models, desired.peer_token, desired.tenants_json)
 
 
 def _unversioned(routes: pb.Routes) -> bytes:
