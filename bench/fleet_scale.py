@@ -119,6 +119,7 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
     started = time.monotonic()
     arrivals: dict[str, float] = {}
     connected = sent = 0
+    failures: list[str] = []  # calls that failed while the harness ran
     probe_at: list[float] = []
     stop = asyncio.Event()
 
@@ -141,6 +142,17 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
                     return
 
     async def agent(site: dict, stub: pb_grpc.AgentServiceStub, index: int) -> None:
+        """Register and report until stopped; a failed call is counted and tried
+        again a second later, as an agent's link does."""
+        while not stop.is_set():
+            try:
+                await session(site, stub, index)
+            except grpc.aio.AioRpcError as exc:
+                if not stop.is_set():
+                    failures.append(f"{exc.code().name}: {exc.details()}")
+                    await asyncio.sleep(1.0)
+
+    async def session(site: dict, stub: pb_grpc.AgentServiceStub, index: int) -> None:
         metadata = (("authorization", f"Bearer {site['join_token']}"),)
         await stub.Register(
             pb.RegisterRequest(
@@ -208,6 +220,8 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
         "event": "done",
         "connected": connected,
         "reports_sent": sent,
+        "failed_calls": len(failures),
+        "failures_seen": sorted(set(failures))[:5],
         "fanout_reached": len(times),
         "fanout_p50_s": times[len(times) // 2] if times else None,
         "fanout_last_s": times[-1] if times else None,
@@ -361,6 +375,7 @@ def main() -> None:
         "reports_per_s": reports / window, "cp_cpu_cores": (cpu1 - cpu0) / window,
         "placement_rounds": rounds, "placement_mean_s": spent / rounds if rounds else None,
         "placement_slowest_le_s": slowest, "cp_rss_bytes": rss,
+        "failed_calls": done["failed_calls"], "failures_seen": done["failures_seen"],
         "fanout_reached": done["fanout_reached"], "fanout_p50_s": done["fanout_p50_s"],
         "fanout_last_s": done["fanout_last_s"],
         "harness_cpu_cores": done["harness_cpu_s_second_half"] / (args.duration / 2),
@@ -375,6 +390,8 @@ def main() -> None:
         f"fan-out    a desired-state change reached {done['fanout_reached']}/{args.sites} "
         f"sites: median {done['fanout_p50_s']} s, last {done['fanout_last_s']} s (goal: 5 s)"
     )
+    print(f"failures   {done['failed_calls']} agent calls failed (tried again after 1 s): "
+          f"{done['failures_seen']}")  # fmt: skip
     print(f"memory     control plane {rss / 2**20:.0f} MiB resident; harness "
           f"{report['harness_cpu_cores']:.2f} cores")  # fmt: skip
     if args.json:

@@ -43,18 +43,27 @@ P = "edgeplex:"
 EVENTS = P + "events"
 
 
+POOL = 32  # Redis connections of one control-plane process
+
+
 class Store:
     def __init__(self, url: str) -> None:
         # A restarted Redis leaves the pool's idle connections broken: each command
-        # on one reconnects and is retried instead of failing the caller.
-        self.redis = aioredis.from_url(
+        # on one reconnects and is retried instead of failing the caller. The pool is
+        # bounded: a thousand agents reporting at once wait their turn for one of
+        # POOL connections instead of opening a thousand (a burst of connects that
+        # overflows Redis's accept queue, and a file descriptor each).
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=POOL,
+            timeout=10.0,  # waiting for a free connection
             decode_responses=False,
             socket_connect_timeout=2.0,
             socket_timeout=5.0,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
+        self.redis = aioredis.Redis.from_pool(pool)  # closed with the client
 
     async def close(self) -> None:
         await self.redis.aclose()
