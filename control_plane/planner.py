@@ -295,7 +295,8 @@ class Planner:
         await self._store.put_placement(placement)
         reports = await self._store.reports()
         await self._publish(version, inp, result, sites, catalog, site_headroom(reports))
-        METRICS.export_sites(sites, await self._store.desired(), reports)
+        published = {site: desired for site, (_, desired, _) in self._published.items()}
+        METRICS.export_sites(sites, published, reports)
         self.rounds += 1
         METRICS.placement_seconds.observe(time.perf_counter() - started)
         METRICS.placement_version.set(version)
@@ -340,6 +341,7 @@ class Planner:
         now = time.time()
         rates = await self._fleet_rates(tenants, [s.site_id for s in sites], now)
         made: dict[tuple[str, str], tuple[pb.DesiredModel, bytes]] = {}  # built once a round
+        changed: dict[str, bytes] = {}  # the sites whose desired state is new this round
 
         def entry(name: str, tier: str) -> tuple[pb.DesiredModel, bytes]:
             found = made.get((name, tier))
@@ -370,9 +372,11 @@ class Planner:
                     peer_token=peer_token,
                     tenants_json=tenants_json,
                 )
-                payload = desired.SerializeToString()
-                await self._store.put_desired(desired)
+                payload = changed[site.site_id] = desired.SerializeToString()
             known[site.site_id] = (key, desired, payload)
+        await self._store.put_desired_many(changed)  # stored before it is sent
+        for site in sites:
+            _, desired, payload = known[site.site_id]
             self._publisher.publish(
                 desired_topic(site.site_id),
                 DESIRED,

@@ -260,8 +260,10 @@ class Store:
         raw = await self.redis.get(P + "placement")
         return None if raw is None else pb.Placement.FromString(raw)
 
-    async def put_desired(self, desired: pb.DesiredState) -> None:
-        await self.redis.hset(P + "desired", desired.site_id, desired.SerializeToString())
+    async def put_desired_many(self, payloads: dict[str, bytes]) -> None:
+        """Sites' desired states (serialized), in one write."""
+        if payloads:
+            await self.redis.hset(P + "desired", mapping=payloads)  # type: ignore[arg-type]
 
     async def desired(self) -> dict[str, pb.DesiredState]:
         raw = await self.redis.hgetall(P + "desired")
