@@ -120,6 +120,7 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
     arrivals: dict[str, float] = {}
     connected = sent = 0
     failures: list[str] = []  # calls that failed while the harness ran
+    sizes: list[int] = []  # of the desired-state messages received
     probe_at: list[float] = []
     stop = asyncio.Event()
 
@@ -135,6 +136,7 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
             connected += 1
             async for message in client.messages:
                 payload = bytes(message.payload)  # type: ignore[arg-type]
+                sizes.append(len(payload))
                 first = probe_at and site["site_id"] not in arrivals
                 if first and PROBE_TENANT.encode() in payload:
                     arrivals[site["site_id"]] = time.monotonic()
@@ -221,6 +223,8 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
         "connected": connected,
         "reports_sent": sent,
         "failed_calls": len(failures),
+        "desired_messages": len(sizes),
+        "desired_mean_bytes": sum(sizes) / len(sizes) if sizes else 0,
         "failures_seen": sorted(set(failures))[:5],
         "fanout_reached": len(times),
         "fanout_p50_s": times[len(times) // 2] if times else None,
@@ -376,6 +380,8 @@ def main() -> None:
         "placement_rounds": rounds, "placement_mean_s": spent / rounds if rounds else None,
         "placement_slowest_le_s": slowest, "cp_rss_bytes": rss,
         "failed_calls": done["failed_calls"], "failures_seen": done["failures_seen"],
+        "desired_messages": done["desired_messages"],
+        "desired_mean_bytes": done["desired_mean_bytes"],
         "fanout_reached": done["fanout_reached"], "fanout_p50_s": done["fanout_p50_s"],
         "fanout_last_s": done["fanout_last_s"],
         "harness_cpu_cores": done["harness_cpu_s_second_half"] / (args.duration / 2),
@@ -390,6 +396,8 @@ def main() -> None:
         f"fan-out    a desired-state change reached {done['fanout_reached']}/{args.sites} "
         f"sites: median {done['fanout_p50_s']} s, last {done['fanout_last_s']} s (goal: 5 s)"
     )
+    print(f"messages   {done['desired_messages']} desired states received, "
+          f"{done['desired_mean_bytes'] / 1024:.1f} KiB each on average")  # fmt: skip
     print(f"failures   {done['failed_calls']} agent calls failed (tried again after 1 s): "
           f"{done['failures_seen']}")  # fmt: skip
     print(f"memory     control plane {rss / 2**20:.0f} MiB resident; harness "
