@@ -57,7 +57,7 @@ from edgeplex.agent.fleet.routing import Local, Where, choose_route
 from edgeplex.agent.frontdoor.gate import InflightGate
 from edgeplex.agent.frontdoor.overload import OverloadWatch
 from edgeplex.agent.frontdoor.shared_memory import SharedMemory
-from edgeplex.agent.frontdoor.tenants import Tenants, tenants_of
+from edgeplex.agent.frontdoor.tenants import PEER, Tenants, tenants_of
 from edgeplex.agent.observability import views
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
@@ -598,9 +598,12 @@ class Agent:
         arrived = loop.time() if arrived is None else arrived
         tenants = self.tenants
         admitted = step_of is None  # an ensemble's step: its ensemble was admitted
-        # Whose request: the door's check, or the tenant a peer's forward names; an
-        # ensemble's step is its ensemble's caller's.
-        caller = tenants.resolve(caller, header) if admitted else step_of or ""
+        # Whose request: the doors pass it resolved; without them (or for a peer's
+        # forward) it is found here. An ensemble's step is its ensemble's caller's.
+        if not admitted:
+            caller = step_of or ""
+        elif not caller or caller == PEER:
+            caller = tenants.resolve(caller, header)
         if self.ensembles and name in self.ensembles:
             tenants.admit(caller, name)
             self._inflight += 1  # between its steps too: a drain waits for it

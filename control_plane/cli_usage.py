@@ -43,9 +43,8 @@ def add_usage_noun(nouns: argparse._SubParsersAction, common: argparse.ArgumentP
 def journal_call(directory: Path, interval_s: int) -> Call:
     """`call` for a usage journal: GetUsage answered from its minute files, folded as
     the agent folds them before it sends them (the site is the directory's name)."""
-    from edgeplex.agent.fleet.usage_shipper import report_of
-    from edgeplex.agent.observability.usage import SUFFIX, fold
     from edgeplex.control_plane.usage import summarize
+    from edgeplex.usage import SUFFIX, fold, report_of
 
     def call(method: str, query: Any) -> Any:
         if not directory.is_dir():

@@ -10,26 +10,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from edgeplex.agent.observability.usage import Journal, Record, fold
+from edgeplex.agent.observability.usage import Journal
 from edgeplex.proto import edgeplex_control_pb2 as pb
+from edgeplex.usage import fold, report_of
 
 log = logging.getLogger("edgeplex.agent.usage")
 
 Send = Callable[[pb.UsageReport], Awaitable[object]]
-
-
-def report_of(site_id: str, minute: int, interval_s: int, records: list[Record]) -> pb.UsageReport:
-    report = pb.UsageReport(site_id=site_id, minute=minute, interval_s=interval_s)
-    for r in records:
-        report.records.append(
-            pb.UsageRecord(
-                tenant=r.tenant, model=r.model, version=r.version, requests=r.requests,
-                failures=r.failures, bytes_in=r.bytes_in, bytes_out=r.bytes_out,
-                compute_s=r.compute_s, cold_starts=r.cold_starts,
-                device_byte_seconds=r.device_byte_seconds,
-            )
-        )  # fmt: skip
-    return report
 
 
 async def ship_closed(journal: Journal, site_id: str, send: Send) -> int:

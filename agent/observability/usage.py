@@ -7,8 +7,8 @@ directory) before its answer leaves. The file is mapped shared, so a line is in 
 kernel's page cache as soon as it is copied, with no system call on the request
 path: an agent killed at any instant has on disk every request it answered (its
 newline is stored last, so a line cut short is seen as such). A minute closes
-`grace_s` after it ends. `fold` then turns its file into one record per (tenant,
-model, version): the requests, failures by reason, bytes in and out, runner
+`grace_s` after it ends. `fold` (edgeplex/usage.py) then turns its file into one
+record per (tenant, model, version): the requests, failures by reason, bytes in and out, runner
 compute time (a batch's execution time divided among its requests), cold starts
 caused, and the device memory the model held over the minute, attributed by share
 of requests. The fleet
@@ -24,29 +24,12 @@ import contextlib
 import mmap
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-SUFFIX = ".usage"
-_FIELDS = 9
+from edgeplex.usage import SUFFIX
+
 _CHUNK = 1 << 20  # a minute file grows by this much at a time
 _HEADS = 4096  # (tenant, model, version, failure) line heads kept encoded
-
-
-@dataclass
-class Record:
-    """One (tenant, model, version)'s use in one minute at one site."""
-
-    tenant: str
-    model: str
-    version: str
-    requests: int = 0
-    failures: dict[str, int] = field(default_factory=dict)  # by reason
-    bytes_in: int = 0
-    bytes_out: int = 0
-    compute_s: float = 0.0
-    cold_starts: int = 0
-    device_byte_seconds: float = 0.0
 
 
 class Journal:
@@ -138,37 +121,3 @@ class Journal:
         os.ftruncate(fd, end + _CHUNK)  # ...and room ahead, zeros
         self._fd, self._map, self._end = fd, mmap.mmap(fd, end + _CHUNK), end
         self._until = (minute + 1) * self.interval_s
-
-
-def fold(path: Path, interval_s: int) -> list[Record]:
-    """A minute file's lines as one record per (tenant, model, version). A line cut
-    short by a crash (no newline, or too few fields) is not counted: its request's
-    answer had not left; nor is the zeroed tail of a file still mapped or left by a
-    crash."""
-    records: dict[tuple[str, str, str], Record] = {}
-    model_requests: dict[tuple[str, str], int] = {}
-    model_bytes: dict[tuple[str, str], int] = {}
-    with path.open("rb") as journal:
-        for raw in journal:
-            if not raw.endswith(b"\n"):
-                continue
-            parts = raw.decode(errors="replace").rstrip("\n").split("\t")
-            if len(parts) != _FIELDS:
-                continue
-            tenant, model, version, failure, b_in, b_out, compute_us, cold, held = parts
-            key = (tenant, model, version)
-            record = records.get(key) or records.setdefault(key, Record(*key))
-            record.requests += 1
-            if failure:
-                record.failures[failure] = record.failures.get(failure, 0) + 1
-            record.bytes_in += int(b_in)
-            record.bytes_out += int(b_out)
-            record.compute_s += int(compute_us) / 1e6
-            record.cold_starts += cold == "1"
-            model_requests[(model, version)] = model_requests.get((model, version), 0) + 1
-            model_bytes[(model, version)] = max(model_bytes.get((model, version), 0), int(held))
-    for record in records.values():
-        mv = (record.model, record.version)
-        share = record.requests / model_requests[mv]
-        record.device_byte_seconds = model_bytes[mv] * interval_s * share
-    return sorted(records.values(), key=lambda r: (r.tenant, r.model, r.version))

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from edgeplex.agent.fleet.usage_shipper import ship_closed
-from edgeplex.agent.observability.usage import Journal, fold
+from edgeplex.agent.observability.usage import Journal
+from edgeplex.usage import fold
 
 
 def test_lines_fold_into_records(tmp_path: Path) -> None:
