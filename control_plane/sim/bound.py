@@ -53,21 +53,29 @@ class Hardware:
     concurrency: float  # requests' worth of compute one GPU completes in parallel
 
 
+@dataclass(frozen=True)
+class Problem:
+    """A trace on the grid, the catalog's figures, the GPUs, and the share of the
+    requests to serve in region within the SLO."""
+
+    grid: Grid
+    size_bytes: np.ndarray  # [M] device bytes of each model
+    compute_ms: np.ndarray  # [M]
+    slo_ms: np.ndarray  # [M] (less the round trip to the site)
+    hardware: Hardware
+    target: float
+
+
 def grid_of(demand, minutes: int, cell_min: int, start_min: int = 0) -> Grid:  # type: ignore[no-untyped-def]
     """`demand(minute, minutes)` (a DemandSource's) summed into cells."""
     cells = [demand(t, cell_min) for t in range(start_min, minutes, cell_min)]
     return Grid(np.array(cells, dtype=np.float64), cell_min * 60.0)
 
 
-def lower_bound(
-    grid: Grid,
-    size_bytes: np.ndarray,
-    compute_ms: np.ndarray,
-    slo_ms: np.ndarray,
-    hardware: Hardware,
-    target: float,
-) -> tuple[int, list[int]]:
+def lower_bound(problem: Problem) -> tuple[int, list[int]]:
     """The bound: the fewest GPUs in total, and their split over the regions."""
+    grid, size_bytes, compute_ms = problem.grid, problem.size_bytes, problem.compute_ms
+    slo_ms, hardware, target = problem.slo_ms, problem.hardware, problem.target
     n_r = grid.requests.shape[1]
     servable = compute_ms <= slo_ms
     total = float(grid.requests.sum())
@@ -134,17 +142,11 @@ def _region_curve(
     return served
 
 
-def exact_gpus(
-    grid: Grid,
-    size_bytes: np.ndarray,
-    compute_ms: np.ndarray,
-    slo_ms: np.ndarray,
-    hardware: Hardware,
-    target: float,
-    most_per_region: int,
-) -> int:
+def exact_gpus(problem: Problem, most_per_region: int) -> int:
     """The exact optimum of the coarse-grid problem (see the module's docstring),
     with at most `most_per_region` GPUs a region. For small instances."""
+    grid, size_bytes, compute_ms = problem.grid, problem.size_bytes, problem.compute_ms
+    slo_ms, hardware, target = problem.slo_ms, problem.hardware, problem.target
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import lil_matrix
 

@@ -251,12 +251,14 @@ def lower_bound(study: Study) -> dict[str, object]:
     memory = float(np.mean([g.gpu_memory for g in fleet.sites]))
     concurrency = float(np.mean([g.concurrency for g in fleet.sites]))
     gpus, per_region = bound.lower_bound(
-        grid,
-        cat.size_bytes.astype(np.float64) + study.config.model_overhead_bytes,
-        cat.compute_ms,
-        cat.slo_ms - study.config.region_rtt_ms,  # the round trip to the site comes first
-        bound.Hardware(memory, concurrency),
-        study.target,
+        bound.Problem(
+            grid,
+            cat.size_bytes.astype(np.float64) + study.config.model_overhead_bytes,
+            cat.compute_ms,
+            cat.slo_ms - study.config.region_rtt_ms,  # the round trip to the site comes first
+            bound.Hardware(memory, concurrency),
+            study.target,
+        )
     )
     return {
         "gpus": gpus,

@@ -8,7 +8,8 @@ another on the request's way. Returns and a coroutine's resumption are not hops,
 nor are calls into metrics, logs and stats, error types, or the data a request
 carries (a model's record, tensors, the runner wire format). A callback the event
 loop runs (a task's first step, a future's done callback, the runner's reply
-arriving) counts as a hop when its part is not the one that ran last. The agent
+arriving) counts as a hop when its part is not the one of the request's frames
+that ran last (a background loop resuming between them does not count). The agent
 runs in this process with its real runner; the path is recorded with
 sys.setprofile for one request after warm-up, and printed, with every call
 between modules, when a check fails.
@@ -65,6 +66,7 @@ class PathRecorder:
         self._seen: set[int] = set()
         self._frames: list[FrameType] = []  # kept alive: their ids stay theirs
         self._last: str | None = None
+        self._path: set[int] = set()  # frames first called while recording
         self.recording = False
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
@@ -74,12 +76,17 @@ class PathRecorder:
         if module is None:
             return
         if id(frame) in self._seen or _resumed(frame):  # a value coming back
-            self._last = module
+            # Only the request's own frames: a background loop resuming meanwhile
+            # (the overload watch's tick) is not where the next callback came from.
+            if id(frame) in self._path:
+                self._last = module
             return
         self._seen.add(id(frame))
         self._frames.append(frame)
         if frame.f_code.co_name == "data_received" and module == "frontdoor/http_native":
             self.recording = True  # the door's read callback: the path starts
+        if self.recording:
+            self._path.add(id(frame))
         if not self.recording or module.startswith(NOT_HOPS):
             return
         caller = frame.f_back

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeplex.control_plane.sim.bound import Grid, Hardware, exact_gpus, lower_bound
+from edgeplex.control_plane.sim.bound import Grid, Hardware, Problem, exact_gpus, lower_bound
 
 GIB = float(1 << 30)
 
@@ -27,9 +27,9 @@ def gaps(seeds: range, target: float) -> list[tuple[int, int]]:
     hardware = Hardware(memory=12 * GIB, concurrency=4.0)
     found = []
     for seed in seeds:
-        grid, size, compute, slo = instance(seed)
-        bound, _ = lower_bound(grid, size, compute, slo, hardware, target)
-        exact = exact_gpus(grid, size, compute, slo, hardware, target, most_per_region=5)
+        problem = Problem(*instance(seed), hardware, target)
+        bound, _ = lower_bound(problem)
+        exact = exact_gpus(problem, most_per_region=5)
         found.append((bound, exact))
     return found
 
@@ -45,9 +45,11 @@ def test_the_bound_is_never_above_the_exact_optimum(target: float) -> None:
 def test_one_model_one_gpu_is_exact() -> None:
     """A model that fits one GPU and whose compute needs half of it: one GPU."""
     grid = Grid(np.full((2, 1, 1), 0.5 * 4 / 0.010 * 60.0), 60.0)  # 200 requests/s of 10 ms
-    args = (np.array([GIB]), np.array([10.0]), np.array([100.0]), Hardware(24 * GIB, 4.0), 1.0)
-    assert lower_bound(grid, *args) == (1, [1])
-    assert exact_gpus(grid, *args, most_per_region=3) == 1
+    one = Problem(grid, np.array([GIB]), np.array([10.0]), np.array([100.0]),
+                  Hardware(24 * GIB, 4.0), 1.0)  # fmt: skip
+    assert lower_bound(one) == (1, [1])
+    assert exact_gpus(one, most_per_region=3) == 1
+    too_slow = Problem(grid, np.array([GIB]), np.array([200.0]), np.array([100.0]),
+                       Hardware(24 * GIB, 4.0), 0.5)  # fmt: skip
     with pytest.raises(ValueError, match="no fleet serves"):
-        lower_bound(grid, np.array([GIB]), np.array([200.0]), np.array([100.0]),
-                    Hardware(24 * GIB, 4.0), 0.5)  # fmt: skip
+        lower_bound(too_slow)
