@@ -76,7 +76,7 @@ from edgeplex.agent.oip.requests import InferInput, validate
 from edgeplex.agent.oip.tensors import oip_datatype
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.promotions import Promotions
-from edgeplex.agent.residency.state import ModelRecord, Phase, Tier
+from edgeplex.agent.residency.state import ModelKey, ModelRecord, Phase, Tier
 from edgeplex.agent.residency.tickets import Ticket
 from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.names import valid_name
@@ -202,9 +202,6 @@ class Agent:
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
         self.ensembles: dict[str, Ensemble] = {}  # Triton ensembles, run by this core
         self.ensembles_off: set[str] = set()  # unloaded (explicit mode) until loaded
-        # An ensemble's own statistics: its requests end to end (its steps' models
-        # count their own), kept across repository rescans.
-        self.ensemble_stats: dict[tuple[str, str], ModelStats] = {}
         # Live sequences of stateful models; each holds its model resident.
         self.sequences = Sequences(self._hold, self.residency.release)
 
@@ -299,11 +296,9 @@ class Agent:
         return [e for n, e in sorted(self.ensembles.items()) if n not in self.ensembles_off]
 
     def _ensemble_stats(self, ensemble: Ensemble) -> ModelStats:
-        key = (ensemble.name, ensemble.version)
-        stats = self.ensemble_stats.get(key)
-        if stats is None:
-            stats = self.ensemble_stats[key] = ModelStats()
-        return stats
+        """An ensemble's own statistics, kept with the models' (a name is a model or an
+        ensemble, never both): its requests end to end; its steps count their own."""
+        return self.queues.stats(ModelKey(ensemble.name, ensemble.version))
 
     def model_counts(self) -> list[tuple[str, str, ModelStats, int]]:
         """Each model version's statistics and its pending requests (queued, or
@@ -603,7 +598,7 @@ class Agent:
         if not admitted:
             caller = step_of or ""
         elif not caller or caller == PEER:
-            caller = tenants.resolve(caller, header)
+            caller = tenants.caller(header)
         if self.ensembles and name in self.ensembles:
             tenants.admit(caller, name)
             self._inflight += 1  # between its steps too: a drain waits for it
