@@ -21,6 +21,20 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process `pid`, all its threads (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process `pid` (/proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 class Agent:
     """`edgeplex agent` as a subprocess; settings go in through EDGEPLEX_AGENT_* env."""
 

@@ -34,19 +34,12 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from ab import base_python  # noqa: E402
 from agent_overhead import run_wrk  # noqa: E402
-from common import Agent  # noqa: E402
+from common import Agent, cpu_seconds  # noqa: E402
 from profile_agent import grpc_load  # noqa: E402
 
 from edgeplex.agent.catalog import demo  # noqa: E402
 
 MODEL, WIDTH = "mlp_small", 512
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process `pid`, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
 
 
 def measured(agent: Agent, drive: Callable[[Agent], dict]) -> dict[str, float]:

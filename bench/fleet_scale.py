@@ -48,10 +48,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import cpu_seconds, free_port, rss_bytes  # noqa: E402
 
 from edgeplex.proto import edgeplex_control_pb2 as pb  # noqa: E402
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer  # noqa: E402
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
@@ -75,16 +77,6 @@ class ManagedMosquitto(Mosquitto):
             "max_queued_messages 10000\n"
         )
         return command
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_bytes(pid: int) -> int:
-    found = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
-    return int(found.group(1)) * 1024 if found else 0
 
 
 def metrics(http_port: int) -> str:

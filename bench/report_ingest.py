@@ -27,16 +27,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import cpu_seconds, free_port  # noqa: E402
 
 from edgeplex.proto import edgeplex_control_pb2 as pb  # noqa: E402
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
 from tests.services import ControlPlane, Mosquitto, RedisServer  # noqa: E402
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def reports_counter(http_port: int) -> float:
@@ -101,6 +98,9 @@ def main() -> None:
             EDGEPLEX_CP_HTTP_PORT=str(http_port),
             EDGEPLEX_CP_PLACEMENT_INTERVAL_S="5",
             EDGEPLEX_CP_LOG_LEVEL="WARNING",
+            # Sites register without join tokens: this measures ingestion, not joins
+            # (bench/fleet_scale.py runs the same with a token and broker user each).
+            EDGEPLEX_CP_OPEN_REGISTRATION="true",
         )
         cp.start()
         try:
