@@ -99,43 +99,30 @@ def usage_journal(settings: AgentSettings) -> Journal | None:
     return Journal(directory, settings.usage_interval_s) if directory is not None else None
 
 
-@dataclass(slots=True)
-class Used:
-    """What one request served here used, written to its tenant's usage record."""
-
-    request: Request | None = None
-    outputs: dict[str, np.ndarray] | None = None
-    failure: str = ""
-
-    def write(
-        self,
-        journal: Journal,
-        tenant: str,
-        model: str,
-        record: ModelRecord | None,
-        ticket: Ticket | None,
-    ) -> None:
-        request, outputs = self.request, self.outputs
-        bytes_in = bytes_out = 0
-        compute_s = 0.0
-        if request is not None:
-            compute_s = request.compute_s
-            for array in request.inputs.values():
-                bytes_in += array.nbytes
-        if outputs is not None:
-            for array in outputs.values():
-                bytes_out += array.nbytes
-        journal.record(
-            tenant,
-            model,
-            record.version if record is not None else "",
-            self.failure,
-            bytes_in,
-            bytes_out,
-            compute_s,
-            ticket is not None and bool(ticket.cold_start),
-            record.device_bytes if record is not None else 0,
-        )
+def count_failure(
+    journal: Journal,
+    tenant: str,
+    model: str,
+    record: ModelRecord | None,
+    ticket: Ticket | None,
+    request: Request | None,
+    failure: str,
+) -> None:
+    """A request that failed here, counted under its failure reason (served requests
+    are counted by their batcher, observability/usage.py). One its batcher answered
+    and counted as served, whose caller then went away or whose sequence state could
+    not be kept, moves from served to failed."""
+    version = record.version if record is not None else ""
+    bytes_in, cold = 0, ticket is not None and bool(ticket.cold_start)
+    if request is not None:
+        future = request.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            journal.record(tenant, model, version, "", requests=-1)
+            cold = False  # counted with the batch
+        else:
+            bytes_in = sum(array.nbytes for array in request.inputs.values())
+    held = record.device_bytes if record is not None else 0
+    journal.record(tenant, model, version, failure, bytes_in, 0, 0.0, cold, held)
 
 
 @dataclass
@@ -196,7 +183,7 @@ class Agent:
         self.gpu = settings.runner.execution_provider == "cuda"  # KIND_GPU needs it
         security = settings.security
         self.tenants = Tenants(tenants_of(security), security.anonymous)  # who calls, limits
-        self.usage = usage_journal(settings)  # what each tenant used (None: not kept)
+        self.usage = queues.usage  # what each tenant used (None: not kept)
         self.shared_memory = SharedMemory(settings.shared_memory, self.gpu)  # Triton's extension
         self.overrides: dict[str, Message] = {}  # config given with a load, by model
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
@@ -651,7 +638,8 @@ class Agent:
         ticket: Ticket | None = None
         live: Live | None = None  # a stateful model's sequence, its turn taken
         served = False
-        used = Used()  # what it used, for its tenant's usage record
+        request: Request | None = None
+        failure = ""  # why it failed, for its tenant's usage record
         self._inflight += 1
         self._idle.clear()
         try:
@@ -685,7 +673,7 @@ class Agent:
                 raise ticket.error
             request = Request(given, wanted, batch, deadline, loop.create_future())
             request.tenant, request.weight = caller, weight
-            used.request = request
+            request.cold_start = ticket.cold_start
             self.queues.submit(ticket.key, request)
             # A timer, not wait_for: one fewer task and loop hop on the hot path. The
             # batcher skips requests whose future is already done.
@@ -700,17 +688,16 @@ class Agent:
                 outputs = Sequences.keep(live, outputs, body.outputs)
                 served = True
             served_by = router.site_id if router is not None else ""
-            used.outputs = outputs
             return InferResult(record, outputs, ticket.cold_start, request.form, served_by)
         except asyncio.CancelledError:  # the caller went away (Triton: CANCELED)
-            used.failure = "CANCELED"
+            failure = "CANCELED"
             if record is not None:
                 self.queues.stats(record.key).record_failure(loop.time() - arrived, "CANCELED")
             raise
         except ServeError as exc:
             # Series exist only for models in the repository: an unknown name counts
             # under the empty label, so a client cannot mint series.
-            used.failure = exc.failure_reason
+            failure = exc.failure_reason
             label = name if record is not None else ""
             if isinstance(exc, Overloaded):
                 METRICS.refused.labels(model=label).inc()
@@ -723,8 +710,8 @@ class Agent:
         finally:
             if admitted:
                 tenants.release(caller)
-            if self.usage is not None:
-                used.write(self.usage, caller, name, record, ticket)
+            if failure and self.usage is not None:
+                count_failure(self.usage, caller, name, record, ticket, request, failure)
             if ticket is not None:
                 self.residency.release(ticket)
             if live is not None:

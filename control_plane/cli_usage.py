@@ -44,15 +44,14 @@ def journal_call(directory: Path, interval_s: int) -> Call:
     """`call` for a usage journal: GetUsage answered from its minute files, folded as
     the agent folds them before it sends them (the site is the directory's name)."""
     from edgeplex.control_plane.usage import summarize
-    from edgeplex.usage import SUFFIX, fold, report_of
+    from edgeplex.usage import fold, minute_files, report_of
 
     def call(method: str, query: Any) -> Any:
         if not directory.is_dir():
             raise FileNotFoundError(f"no usage journal at {directory}")
         reports = [
-            report_of(directory.name, int(path.stem), interval_s, fold(path, interval_s))
-            for path in sorted(directory.glob("*" + SUFFIX))
-            if path.stem.isdigit()
+            report_of(directory.name, minute, interval_s, fold(path, interval_s))
+            for minute, path in minute_files(directory)
         ]
         return summarize(reports, query.tenant, query.from_time, query.to_time, query.by)
 

@@ -50,6 +50,10 @@ BatchResult = tuple[dict[str, np.ndarray], int, str]
 # awaited, then given to `read` for the batch's result (or its error).
 Execute = Callable[[dict[str, np.ndarray], list[str] | None], Awaitable[Any]]
 Read = Callable[["asyncio.Future[Any]"], BatchResult]
+# count(served, batch length, rows, input bytes, outputs, compute_ns): the requests a
+# batch answered, counted for their tenants' usage (observability/usage.py) before
+# any answer leaves.
+Count = Callable[[list[Request], int, int, int, dict[str, np.ndarray], int], None]
 
 
 class Batcher:
@@ -65,6 +69,7 @@ class Batcher:
         ready: asyncio.Event,
         read: Read | None = None,
         stats: ModelStats,
+        count: Count | None = None,
     ) -> None:
         self.model = model
         self.max_batch_size = max_batch_size
@@ -74,6 +79,7 @@ class Batcher:
         self._read: Read = read or _result
         self._ready = ready  # set by the model table while the model can serve
         self._stats = stats
+        self._count = count
         self._queue: deque[Request] = deque()  # in virtual finish order (_enqueue)
         self._virtual = 0.0  # fair queueing's virtual time
         self._finish: dict[str, float] = {}  # each tenant's last finish tag queued
@@ -212,6 +218,7 @@ class Batcher:
         else:
             inputs = {n: np.concatenate([r.inputs[n] for r in batch]) for n in batch[0].inputs}
         wanted = _union_outputs(batch)
+        bytes_in = sum(a.nbytes for a in inputs.values()) if self._count else 0
         assembled = time.monotonic()
         try:
             outcome = self._execute(inputs, wanted)
@@ -222,7 +229,9 @@ class Batcher:
             result = asyncio.get_running_loop().create_future()
             result.set_exception(exc)
         self._inflight.add(result)
-        result.add_done_callback(functools.partial(self._finished, batch, started, assembled))
+        result.add_done_callback(
+            functools.partial(self._finished, batch, started, assembled, bytes_in)
+        )
 
     async def _ready_or_expire(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait for the model to serve, at most until the earliest queued deadline."""
@@ -270,20 +279,30 @@ class Batcher:
         self._depth.set(len(keep))
 
     def _finished(
-        self, batch: list[Request], started: float, assembled: float, result: asyncio.Future[Any]
+        self,
+        batch: list[Request],
+        started: float,
+        assembled: float,
+        bytes_in: int,
+        result: asyncio.Future[Any],
     ) -> None:
         """A batch's result is in (or its error): answer its requests, free its slot."""
         self._inflight.discard(result)
         try:
             if not result.cancelled():
-                self._answer(batch, result, started, assembled)
+                self._answer(batch, result, started, assembled, bytes_in)
         finally:
             self._free_slots += 1
             self._running -= len(batch)
             self._slot_freed.set()
 
     def _answer(
-        self, batch: list[Request], result: asyncio.Future[Any], started: float, assembled: float
+        self,
+        batch: list[Request],
+        result: asyncio.Future[Any],
+        started: float,
+        assembled: float,
+        bytes_in: int,
     ) -> None:
         batching = self.max_batch_size > 0
         try:
@@ -302,9 +321,8 @@ class Batcher:
             return
         finished = time.monotonic()
         offset = 0
-        share_s = compute_ns / 1e9 / len(batch)  # each request's part of the runner's time
+        served = []
         for request in batch:
-            request.compute_s = share_s
             if batching:
                 mine = {n: a[offset : offset + request.batch_size] for n, a in outputs.items()}
                 offset += request.batch_size
@@ -315,6 +333,9 @@ class Batcher:
             if not request.future.done():
                 request.form = form
                 request.future.set_result(mine)
+                served.append(request)
+        if self._count is not None and served:
+            self._count(served, len(batch), offset, bytes_in, outputs, compute_ns)
         self._stats.record_batch(batch, started, assembled, compute_ns, time.monotonic(), finished)
         series = METRICS.of_model(self.model)
         series.batch_size.observe(len(batch))

@@ -17,6 +17,7 @@ from edgeplex.agent.batching.batcher import Batcher, BatchResult
 from edgeplex.agent.catalog.model_config import ModelConfig
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
+from edgeplex.agent.observability.usage import BatchUsage, Journal
 from edgeplex.agent.oip.errors import InferenceFailed, InvalidInput, RunnerLost
 from edgeplex.agent.runners import framing, ipc
 from edgeplex.agent.runners.supervisor import RunnerPool
@@ -32,6 +33,10 @@ class Served(Protocol):
     @property
     def name(self) -> str: ...
     @property
+    def version(self) -> str: ...
+    @property
+    def device_bytes(self) -> int: ...
+    @property
     def runner_id(self) -> str: ...
     @property
     def config(self) -> ModelConfig: ...
@@ -40,9 +45,14 @@ class Served(Protocol):
 
 
 def make_batcher(
-    entry: Served, pool: RunnerPool, ready: asyncio.Event, stats: ModelStats
+    entry: Served,
+    pool: RunnerPool,
+    ready: asyncio.Event,
+    stats: ModelStats,
+    usage: Journal | None = None,
 ) -> Batcher:
-    """The model's queue and batcher, executing each batch on the model's runner."""
+    """The model's queue and batcher, executing each batch on the model's runner and
+    counting the requests it answers into the usage journal (when one is kept)."""
     config = entry.config
     model_id = str(entry.key)
     timeout_s = config.execution_timeout_ms / 1000
@@ -92,4 +102,5 @@ def make_batcher(
         read=read,
         ready=ready,
         stats=stats,
+        count=BatchUsage(usage, entry) if usage is not None else None,
     )

@@ -38,7 +38,7 @@ class Request:
     weight: float = 1.0
     start: float = 0.0
     tag: float = 0.0
-    compute_s: float = 0.0  # its share of its batch's execution time (usage records)
+    cold_start: str = ""  # the tier its model was promoted from for it ("": loaded)
 
 
 def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:

@@ -16,13 +16,15 @@ from edgeplex.agent.batching.dispatch import Served, make_batcher
 from edgeplex.agent.batching.policy import Request
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
+from edgeplex.agent.observability.usage import Journal
 from edgeplex.agent.oip.errors import ServeError, Unavailable
 from edgeplex.agent.runners.supervisor import RunnerPool
 
 
 class Queues:
-    def __init__(self, pool: RunnerPool) -> None:
+    def __init__(self, pool: RunnerPool, usage: Journal | None = None) -> None:
         self._pool = pool
+        self.usage = usage  # where batchers count the requests they answer
         self._queues: dict[Hashable, Batcher] = {}
         self._ready: dict[Hashable, asyncio.Event] = {}
         self._made_from: dict[Hashable, object] = {}  # the source each queue was made for
@@ -57,7 +59,9 @@ class Queues:
             self._close(queue, Unavailable(f"model '{model.name}' changed"), drain=True)
             queue = None
         if queue is None:
-            self._queues[key] = make_batcher(model, self._pool, ready, self.stats(model.key))
+            self._queues[key] = make_batcher(
+                model, self._pool, ready, self.stats(model.key), self.usage
+            )
             self._made_from[key] = source
         else:  # a reload starts over at the configured instance count
             queue.set_instances(instances)

@@ -418,7 +418,7 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
         before = fleet.settled_placement()
         assert before.leader == fleet.cp.replica  # type: ignore[attr-defined]
         journal = fleet.workdir / "usage-a1"  # every earlier minute of a1's sent first
-        wait_until(lambda: not list(journal.glob("*.usage")), what="a1's journal sent")
+        wait_until(lambda: not list(journal.glob("*.counts")), what="a1's journal sent")
         used_before = used_at_a1(fleet.cp)
         with Hammer(fleet.agents["a1"], "base") as hammer:
             fleet.cp.stop(signal.SIGKILL)

@@ -28,6 +28,7 @@ from edgeplex.agent.catalog import demo
 from edgeplex.agent.frontdoor.tenants import ADMIN, ANONYMOUS, Bucket, Tenants
 from edgeplex.agent.oip.errors import PermissionDenied, RateLimited, Unauthenticated
 from edgeplex.tenants import TenantTable
+from edgeplex.usage import fold, minute_files
 from tests.conftest import ADMIN_TOKEN, AgentProcess, start_agent
 from tests.support.waiting import wait_until
 
@@ -80,7 +81,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AgentProces
     admin("add", "light", "--weight", "1", "--file", str(file))
     admin("add", "heavy", "--weight", "3", "--file", str(file))
     admin("add", "flood", "--file", str(file))
-    env = {"EDGEPLEX_AGENT_SECURITY__TENANTS_FILE": str(file)}
+    env = {
+        "EDGEPLEX_AGENT_SECURITY__TENANTS_FILE": str(file),
+        "EDGEPLEX_AGENT_USAGE_DIR": str(root / "usage"),
+    }
     process = start_agent(root / "repo", root, env=env)
     yield process, file
     assert process.stop() == 0, process.log()
@@ -153,6 +157,7 @@ def test_backlogged_tenants_share_a_saturated_model_by_weight(site) -> None:
     agent, file = site
     keys = {tenant: key_of(file, tenant) for tenant in ("light", "heavy")}
     wait_until(lambda: Client(agent, keys["heavy"]).infer("slow")[0] == 200, what="the keys")
+    before = journaled(file.parent / "usage", "slow")
     served: Counter[str] = Counter()
     stop = time.monotonic() + 4.0
 
@@ -169,6 +174,29 @@ def test_backlogged_tenants_share_a_saturated_model_by_weight(site) -> None:
         thread.join()
     ratio = served["heavy"] / served["light"]
     assert abs(ratio - 3.0) <= 0.3, served
+    # Their batches were shared (4 a batch, the two tenants interleaved): each
+    # tenant's usage is still exactly its own requests, bytes and no failures.
+    after = journaled(file.parent / "usage", "slow")
+    used = {t: [a - b for a, b in zip(after[t], before.get(t, (0, 0, 0, 0)), strict=True)]
+            for t in ("light", "heavy")}  # fmt: skip
+    for tenant in ("light", "heavy"):
+        requests, bytes_in, bytes_out, failures = used[tenant]
+        assert (requests, failures) == (served[tenant], 0), (tenant, used, served)
+        assert bytes_in == requests * 64 * 4, used
+        assert bytes_out == requests * (used["heavy"][2] // used["heavy"][0]), used
+
+
+def journaled(directory: Path, model: str) -> dict[str, tuple[int, int, int, int]]:
+    """Each tenant's usage of `model` in the agent's journal so far (the minute being
+    written included): requests, bytes in, bytes out, failures."""
+    totals: dict[str, tuple[int, int, int, int]] = {}
+    for _, path in minute_files(directory):
+        for r in fold(path, 60):
+            if r.model == model:
+                was = totals.get(r.tenant, (0, 0, 0, 0))
+                now = (r.requests, r.bytes_in, r.bytes_out, sum(r.failures.values()))
+                totals[r.tenant] = tuple(a + b for a, b in zip(was, now, strict=True))  # type: ignore[assignment]
+    return totals
 
 
 def test_a_light_tenant_keeps_its_latency_beside_a_flood(site) -> None:
