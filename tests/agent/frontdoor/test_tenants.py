@@ -204,7 +204,7 @@ def test_a_light_tenant_keeps_its_latency_beside_a_flood(site) -> None:
     beside 32 callers of another tenant that never pause (in their own process):
     fair queueing puts its request in the next batch, so it waits for at most the
     batch running. First-come order would put it behind 32 requests (8 batches).
-    (bench/tenants.py measures the same with wrk as the flood: within 2x.)"""
+    (bench/tenants.py measures the same with wrk as the flood.)"""
     agent, file = site
     light, flood = key_of(file, "light"), key_of(file, "flood")
     wait_until(lambda: Client(agent, flood).infer("slow")[0] == 200, what="the keys")
@@ -218,40 +218,38 @@ def test_a_light_tenant_keeps_its_latency_beside_a_flood(site) -> None:
             latencies.append(time.perf_counter() - sent)
         return float(np.percentile(latencies, 99))
 
-    alone = p99(3.0)
+    alone = p99(5.0)
     # The flood's client at the lowest CPU priority: its callers come from another
     # machine in real life, and only the agent's share of this one is measured.
+    host, port = agent.http_url.rsplit(":", 1)
     flooding = subprocess.Popen(
-        ["nice", "-n", "19", sys.executable, "-c", FLOOD, f"http://{agent.http_url}", flood],
+        ["nice", "-n", "19", sys.executable, "-c", FLOOD, host, port, flood],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert flooding.stdout is not None and flooding.stdout.readline() == "flooding\n"
-    beside = p99(3.0)
+    time.sleep(1.0)  # its backlog builds first
+    beside = p99(5.0)
     out, _ = flooding.communicate(timeout=30)
     served = json.loads(out)
     assert served.get("200", 0) > 0 and set(served) == {"200"}, served
-    # Its floor: the batch running when it arrives, then a full batch of 4 (about 3x
-    # its batch of 1 alone here); first-come order measures 7-8x.
-    assert beside <= 4 * alone, (f"{alone * 1000:.2f} ms alone", f"{beside * 1000:.2f} ms")
+    # Its floor: the batch running when it arrives, then a full batch of 4. With the
+    # flood from a lean client (tests/support/load.py), 12 runs here measured 1.26x
+    # to 2.26x, median 1.7x (the goal: 2x); first-come order measures 7-8x. The
+    # bound leaves room for this machine's noise in a p99 of 5 s.
+    ratio = beside / alone
+    assert ratio <= 3.0, f"{alone * 1000:.2f} ms alone, {beside * 1000:.2f} ms beside"
 
 
 FLOOD = """
-import asyncio, json, sys, time
-from tests.support.load import closed_loop
-url, key = sys.argv[1], sys.argv[2]
-async def main():
-    flood = asyncio.create_task(closed_loop(url, ["slow"], 32, 4.5, 1,
-                                            body=body(key)))
-    await asyncio.sleep(1.0)  # its backlog builds first
-    print("flooding", flush=True)
-    return await flood
-def body(key):
-    import numpy as np
-    from tests.support.load import binary_body
-    data, headers = binary_body(np.full((1, 64), 0.5, np.float32), binary_output=True)
-    return data, {**headers, "Authorization": f"Bearer {key}"}
-result = asyncio.run(main())
-print(json.dumps({str(k): v for k, v in result.codes.items()}))
+import json, sys
+import numpy as np
+from tests.support.load import binary_body, lean_flood
+host, port, key = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+data, headers = binary_body(np.full((1, 64), 0.5, np.float32), binary_output=True)
+print("flooding", flush=True)
+codes = lean_flood(host, port, "/v2/models/slow/infer",
+                   (data, {**headers, "Authorization": f"Bearer {key}"}), 32, 7.0)
+print(json.dumps({str(k): v for k, v in codes.items()}))
 """
 
 
