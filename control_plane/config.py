@@ -31,7 +31,20 @@ class ControlPlaneSettings(FileSettings):
     model_config = SettingsConfigDict(env_prefix="EDGEPLEX_CP_", extra="forbid")
 
     redis_url: str = Field(
-        default="redis://127.0.0.1:6379/0", description="Redis holding all control-plane state."
+        default="redis://127.0.0.1:6379/0",
+        description="Redis holding all control-plane state: redis://[user:password@]host:port/db "
+        "(rediss:// for TLS), or redis+sentinel://host:port[,host:port...]/service[/db] for "
+        "a primary that Sentinels watch and fail over (docs/deployment.md).",
+    )
+    redis_wait_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Replicas that must have a write that has to survive a failover (catalog, "
+        "sites, tenants, usage, batch jobs) before it is acknowledged (Redis WAIT); until "
+        "then the caller is answered UNAVAILABLE. Unset: 1 with Sentinels, else 0.",
+    )
+    redis_wait_ms: int = Field(
+        default=2000, ge=1, description="How long a write waits for those replicas."
     )
     mqtt_url: str = Field(
         default="mqtt://127.0.0.1:1883",

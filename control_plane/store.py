@@ -19,6 +19,13 @@
 Values are protobuf bytes from proto/edgeplex_control.proto, never pickle.
 Every method is a coroutine that may raise redis.exceptions.ConnectionError
 while Redis is down; callers decide whether to retry or to answer UNAVAILABLE.
+
+Redis may be one server or a primary watched by Sentinels (`connect`). Then the
+writes that must survive a failover (the catalog, sites and join tokens, tenants,
+the peer token, usage minutes, batch jobs and their outputs) return only once a
+replica has them (`replicated`, Redis's WAIT): an acknowledged write is on the
+replica the Sentinels would promote. Everything else (reports, demand, placement,
+desired states, leases) is rebuilt within a round and is not waited for.
 """
 
 from __future__ import annotations
@@ -26,11 +33,15 @@ from __future__ import annotations
 import json
 import secrets
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -44,26 +55,91 @@ EVENTS = P + "events"
 
 
 POOL = 32  # Redis connections of one control-plane process
+SENTINEL = "redis+sentinel"
+
+
+class NotReplicated(RedisConnectionError):
+    """A write that must survive a failover reached the primary but not enough
+    replicas in time: not acknowledged (the caller answers UNAVAILABLE or retries)."""
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """The primary's connections as Sentinel names it, bounded like the plain pool
+    (a caller waits for a free connection rather than failing)."""
+
+
+def connect(url: str) -> tuple[aioredis.Redis, bool]:
+    """A client of the Redis that `url` names, and whether Sentinels watch it:
+    `redis://[user:password@]host:port/db`, or
+    `redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]` for the
+    primary that those Sentinels name `service` (the password is the primary's)."""
+    # A restarted Redis leaves the pool's idle connections broken: each command on one
+    # reconnects and is retried instead of failing the caller. The pool is bounded: a
+    # thousand agents reporting at once wait their turn for one of POOL connections
+    # instead of opening a thousand (a burst of connects that overflows Redis's accept
+    # queue, and a file descriptor each).
+    options: dict[str, Any] = {
+        "max_connections": POOL,
+        "timeout": 10.0,  # waiting for a free connection
+        "decode_responses": False,
+        "socket_connect_timeout": 2.0,
+        "socket_timeout": 5.0,
+        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+    }
+    scheme, _, rest = url.partition("://")
+    if scheme != SENTINEL:
+        pool = aioredis.BlockingConnectionPool.from_url(url, **options)
+        return aioredis.Redis.from_pool(pool), False
+    where, _, path = rest.partition("/")
+    credentials, _, hosts = where.rpartition("@")
+    user, _, password = credentials.partition(":")
+    service, _, db = path.partition("/")
+    sentinels = []
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit() or not service:
+            raise ValueError(
+                f"redis URL {url!r}: expected {SENTINEL}://host:port[,host:port...]/service[/db]"
+            )
+        sentinels.append((name.strip("[]"), int(port)))
+    manager = Sentinel(sentinels, socket_connect_timeout=2.0, socket_timeout=2.0)
+    client = manager.master_for(
+        urllib.parse.unquote(service),
+        connection_pool_class=_BlockingSentinelPool,
+        db=int(db or 0),
+        username=urllib.parse.unquote(user) or None,
+        password=urllib.parse.unquote(password) or None,
+        **options,
+    )
+    return client, True
 
 
 class Store:
-    def __init__(self, url: str) -> None:
-        # A restarted Redis leaves the pool's idle connections broken: each command
-        # on one reconnects and is retried instead of failing the caller. The pool is
-        # bounded: a thousand agents reporting at once wait their turn for one of
-        # POOL connections instead of opening a thousand (a burst of connects that
-        # overflows Redis's accept queue, and a file descriptor each).
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=POOL,
-            timeout=10.0,  # waiting for a free connection
-            decode_responses=False,
-            socket_connect_timeout=2.0,
-            socket_timeout=5.0,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
-        self.redis = aioredis.Redis.from_pool(pool)  # closed with the client
+    def __init__(self, url: str, wait_replicas: int | None = None, wait_ms: int = 2000) -> None:
+        """`wait_replicas`: replicas that must have a write that has to survive a
+        failover (catalog, sites, tenants, usage, batch jobs) before it is
+        acknowledged; None: one when Sentinels watch the primary, else none."""
+        self.redis, watched = connect(url)
+        self.wait_replicas = (1 if watched else 0) if wait_replicas is None else wait_replicas
+        self.wait_ms = wait_ms
+
+    async def replicated(self) -> None:
+        """Returns once `wait_replicas` replicas have every write made so far, on any
+        connection (replication is one ordered stream: a replica that has this
+        connection's last write has every earlier one); NotReplicated if they do not
+        within `wait_ms`."""
+        if not self.wait_replicas:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.incr(P + "durable")  # this connection's own last write, to wait for
+            pipe.wait(self.wait_replicas, self.wait_ms)
+            _, acked = await pipe.execute()
+        if acked < self.wait_replicas:
+            raise NotReplicated(
+                f"Redis: {acked} of {self.wait_replicas} replicas have the write after "
+                f"{self.wait_ms} ms"
+            )
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -75,6 +151,7 @@ class Store:
 
     async def put_model(self, model: pb.CatalogModel) -> None:
         await self.redis.hset(P + "models", model.name, model.SerializeToString())
+        await self.replicated()
 
     async def get_model(self, name: str) -> pb.CatalogModel | None:
         raw = await self.redis.hget(P + "models", name)
@@ -85,12 +162,15 @@ class Store:
         return sorted((pb.CatalogModel.FromString(v) for v in raw.values()), key=lambda m: m.name)
 
     async def remove_model(self, name: str) -> bool:
-        return bool(await self.redis.hdel(P + "models", name))
+        removed = bool(await self.redis.hdel(P + "models", name))
+        await self.replicated()
+        return removed
 
     # --- sites ----------------------------------------------------------------------------
 
     async def put_site(self, site: pb.Site) -> None:
         await self.redis.hset(P + "sites", site.site_id, site.SerializeToString())
+        await self.replicated()
 
     async def get_site(self, site_id: str) -> pb.Site | None:
         raw = await self.redis.hget(P + "sites", site_id)
@@ -110,6 +190,7 @@ class Store:
             pipe.hset(P + "join_tokens", site_id, f"{digest} {region}")
             pipe.hset(P + "join_token_sites", digest, site_id)
             await pipe.execute()
+        await self.replicated()
 
     async def join_token(self, site_id: str) -> tuple[str, str] | None:
         """(sha256 of the site's join token, its region), or None."""
@@ -203,7 +284,8 @@ class Store:
     async def peer_token(self) -> str:
         """The fleet's peer token (created once): what forwarding sites present so
         that their hop headers are honoured. Carried in each signed desired state."""
-        await self.redis.set(P + "peer_token", secrets.token_urlsafe(24), nx=True)
+        if await self.redis.set(P + "peer_token", secrets.token_urlsafe(24), nx=True):
+            await self.replicated()
         token = await self.redis.get(P + "peer_token")
         return text(token) if token is not None else ""
 
@@ -226,9 +308,11 @@ class Store:
                     pipe.multi()
                     pipe.set(key, json.dumps(changed.dump()))
                     await pipe.execute()
-                    return changed
+                    break
                 except WatchError:
                     continue
+        await self.replicated()
+        return changed
 
     # --- usage ------------------------------------------------------------------------
 
@@ -241,6 +325,7 @@ class Store:
             pipe.hset(P + "usage", member, report.SerializeToString())
             pipe.zadd(P + "usage:minutes", {member: start})
             await pipe.execute()
+        await self.replicated()
 
     async def usage_reports(self, from_time: float, to_time: float) -> list[pb.UsageReport]:
         """The stored minutes that start in [from_time, to_time) (0: no end)."""
@@ -276,9 +361,11 @@ class Store:
             pipe.hset(f"{P}batch:{job.job_id}:in", mapping=dict(enumerate(shards)))
             pipe.hset(P + "batch:jobs", job.job_id, job.SerializeToString())
             await pipe.execute()
+        await self.replicated()
 
     async def update_batch(self, job: pb.BatchJob) -> None:
         await self.redis.hset(P + "batch:jobs", job.job_id, job.SerializeToString())
+        await self.replicated()
 
     async def batch_jobs(self) -> list[pb.BatchJob]:
         raw = await self.redis.hgetall(P + "batch:jobs")
@@ -302,7 +389,9 @@ class Store:
 
     async def put_batch_output(self, job_id: str, index: int, outputs: bytes) -> bool:
         """Record a shard's outputs unless some run of it already did (no duplicates)."""
-        return bool(await self.redis.hsetnx(f"{P}batch:{job_id}:out", str(index), outputs))
+        stored = bool(await self.redis.hsetnx(f"{P}batch:{job_id}:out", str(index), outputs))
+        await self.replicated()  # also when another run stored it: it is then kept
+        return stored
 
     async def drop_batch(self, job_id: str) -> None:
         """Forget a job and everything it stored (its inputs, results, leases)."""
@@ -311,6 +400,7 @@ class Store:
             pipe.delete(*keys)
             pipe.hdel(P + "batch:jobs", job_id)
             await pipe.execute()
+        await self.replicated()
 
     async def batch_leases(self, job_id: str) -> dict[int, ShardLease]:
         raw = await self.redis.hgetall(f"{P}batch:{job_id}:lease")

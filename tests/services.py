@@ -205,9 +205,17 @@ TOKEN = "test-admin-token"
 class ControlPlane(Service):
     name = "control-plane"
 
-    def __init__(self, workdir: Path, redis: RedisServer, mqtt_url: str, **env: str) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        redis: RedisServer,
+        mqtt_url: str,
+        redis_url: str | None = None,  # else `redis`'s
+        **env: str,
+    ) -> None:
         super().__init__(workdir)
         self.redis = redis
+        self.redis_url = redis_url or redis.url
         self.mqtt_url = mqtt_url
         self.env = env
         self.replica = f"cp-{self.port}"
@@ -216,7 +224,7 @@ class ControlPlane(Service):
     def command(self) -> list[str]:
         return [
             sys.executable, "-m", "edgeplex", "control-plane",
-            "--redis", self.redis.url,
+            "--redis", self.redis_url,
             "--mqtt", self.mqtt_url,
             "--grpc-port", str(self.port),
         ]  # fmt: skip
