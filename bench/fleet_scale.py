@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +114,8 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
     connected = sent = 0
     failures: list[str] = []  # calls that failed while the harness ran
     sizes: list[int] = []  # of the desired-state messages received
+    inflated: list[int] = []  # ...and of their payloads, inflated
+    distinct: list[int] = []  # ...deflated as if each model had its own artifact
     probe_at: list[float] = []
     stop = asyncio.Event()
 
@@ -129,6 +132,11 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
             async for message in client.messages:
                 payload = bytes(message.payload)  # type: ignore[arg-type]
                 sizes.append(len(payload))
+                body = pb.SignedBody.FromString(pb.SignedMessage.FromString(payload).body)
+                payload = zlib.decompress(body.payload) if body.encoding else body.payload
+                inflated.append(len(payload))
+                if len(sizes) % 20 == 0:  # a sample across the run
+                    distinct.append(len(zlib.compress(every_model_its_own(payload), 6)))
                 first = probe_at and site["site_id"] not in arrivals
                 if first and PROBE_TENANT.encode() in payload:
                     arrivals[site["site_id"]] = time.monotonic()
@@ -217,12 +225,24 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
         "failed_calls": len(failures),
         "desired_messages": len(sizes),
         "desired_mean_bytes": sum(sizes) / len(sizes) if sizes else 0,
+        "desired_mean_inflated_bytes": sum(inflated) / len(inflated) if inflated else 0,
+        "desired_mean_distinct_deflated_bytes": sum(distinct) / len(distinct) if distinct else 0,
         "failures_seen": sorted(set(failures))[:5],
         "fanout_reached": len(times),
         "fanout_p50_s": times[len(times) // 2] if times else None,
         "fanout_last_s": times[-1] if times else None,
         "harness_cpu_s_second_half": harness_cpu,
     }
+
+
+def every_model_its_own(payload: bytes) -> bytes:
+    """A desired state as it would be if each model had its own artifact (URI and
+    sha256): what a real catalog sends, and deflates less well than the bench's."""
+    state = pb.DesiredState.FromString(payload)
+    for model in state.models:
+        model.artifact_uri = f"https://artifacts.example.com/{model.name}/{model.version}/m.onnx"
+        model.sha256 = hashlib.sha256(model.artifact_uri.encode()).hexdigest()
+    return state.SerializeToString()
 
 
 def run_harness(argv: list[str]) -> None:
@@ -234,13 +254,35 @@ def run_harness(argv: list[str]) -> None:
 # --- the run ---------------------------------------------------------------------------
 
 
-def enrol(address: str, n_sites: int, n_models: int, artifact: Path) -> list[dict]:
+def artifacts(base: Path, directory: Path, n: int) -> list[tuple[str, str]]:
+    """`n` distinct copies of the ONNX model `base` (each its own metadata, so its own
+    bytes and sha256): (URI, sha256) of each, which the catalog's models take in
+    turn. The control plane verifies each (an ONNX probe in a process of its own,
+    about a second here), so `n` stays far below a real catalog's count; the
+    harness also reports the size a desired state would deflate to if every model
+    had its own artifact."""
+    import onnx
+
+    model = onnx.load(str(base))
+    directory.mkdir(parents=True)
+    made = []
+    for j in range(n):
+        del model.metadata_props[:]
+        model.metadata_props.add(key="edgeplex-bench-copy", value=str(j))
+        data = model.SerializeToString()
+        path = directory / f"m{j}.onnx"
+        path.write_bytes(data)
+        made.append((path.as_uri(), hashlib.sha256(data).hexdigest()))
+    return made
+
+
+def enrol(
+    address: str, n_sites: int, n_models: int, artifact: Path, n_artifacts: int
+) -> list[dict]:
     import grpc
 
-    from edgeplex.artifacts import sha256_of
-
-    sha = sha256_of(artifact)
     began = time.monotonic()
+    made = artifacts(artifact, artifact.parent.parent.parent / "artifacts", n_artifacts)
     with grpc.insecure_channel(address) as channel:
         admin = pb_grpc.AdminServiceStub(channel)
         sites = []
@@ -256,7 +298,11 @@ def enrol(address: str, n_sites: int, n_models: int, artifact: Path) -> list[dic
         for first in range(0, n_models, 50):  # 50 calls in flight
             calls = [
                 admin.AddModel.future(
-                    pb.CatalogModel(name=f"m{j}", artifact_uri=artifact.as_uri(), sha256=sha),
+                    pb.CatalogModel(
+                        name=f"m{j}",
+                        artifact_uri=made[j % n_artifacts][0],
+                        sha256=made[j % n_artifacts][1],
+                    ),
                     metadata=AUTH,
                     timeout=60,
                 )
@@ -280,6 +326,9 @@ def main() -> None:
     parser.add_argument("--sites", type=int, default=1000)
     parser.add_argument("--models", type=int, default=10_000)
     parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument(
+        "--artifacts", type=int, default=200, help="distinct artifacts the models take in turn"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--py-spy", type=Path, help="record the control plane with py-spy over the window"
@@ -319,7 +368,7 @@ def main() -> None:
     try:
         assert cp.process is not None
         began = time.monotonic()
-        sites = enrol(cp.address, args.sites, args.models, artifact)
+        sites = enrol(cp.address, args.sites, args.models, artifact, args.artifacts)
         report["enrol_s"] = time.monotonic() - began
         print(f"enrolled {args.models} models and {args.sites} sites in {report['enrol_s']:.0f} s",
               flush=True)  # fmt: skip
@@ -374,6 +423,8 @@ def main() -> None:
         "failed_calls": done["failed_calls"], "failures_seen": done["failures_seen"],
         "desired_messages": done["desired_messages"],
         "desired_mean_bytes": done["desired_mean_bytes"],
+        "desired_mean_inflated_bytes": done["desired_mean_inflated_bytes"],
+        "desired_mean_distinct_deflated_bytes": done["desired_mean_distinct_deflated_bytes"],
         "fanout_reached": done["fanout_reached"], "fanout_p50_s": done["fanout_p50_s"],
         "fanout_last_s": done["fanout_last_s"],
         "harness_cpu_cores": done["harness_cpu_s_second_half"] / (args.duration / 2),
@@ -386,10 +437,14 @@ def main() -> None:
           f"slowest <= {slowest} s (goal: <= 2 s)")  # fmt: skip
     print(
         f"fan-out    a desired-state change reached {done['fanout_reached']}/{args.sites} "
-        f"sites: median {done['fanout_p50_s']} s, last {done['fanout_last_s']} s (goal: 5 s)"
+        f"sites: median {done['fanout_p50_s']:.2f} s, last {done['fanout_last_s']:.2f} s "
+        "(goal: 5 s)"
     )
     print(f"messages   {done['desired_messages']} desired states received, "
-          f"{done['desired_mean_bytes'] / 1024:.1f} KiB each on average")  # fmt: skip
+          f"{done['desired_mean_bytes'] / 1024:.1f} KiB each on average as sent "
+          f"({done['desired_mean_inflated_bytes'] / 1024:.1f} KiB inflated; "
+          f"{done['desired_mean_distinct_deflated_bytes'] / 1024:.1f} KiB deflated if every "
+          "model had its own artifact)")  # fmt: skip
     print(f"failures   {done['failed_calls']} agent calls failed (tried again after 1 s): "
           f"{done['failures_seen']}")  # fmt: skip
     print(f"memory     control plane {rss / 2**20:.0f} MiB resident; harness "

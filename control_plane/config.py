@@ -180,6 +180,12 @@ class ControlPlaneSettings(FileSettings):
         "when missing. Every replica needs the same one. Unset: `signing-key` in the state "
         "directory ($STATE_DIRECTORY under systemd, else ~/.local/state/edgeplex).",
     )
+    message_compression: bool = Field(
+        default=True,
+        description="Deflate the desired states and routes sent to agents (about 2.7x smaller "
+        "at a thousand models a site). Agents before this setting existed cannot read them: "
+        "upgrade the agents first, or turn this off until they are.",
+    )
     message_ttl_s: float = Field(
         default=6 * 3600.0,
         gt=60,

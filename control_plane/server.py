@@ -93,6 +93,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
         signer,
         settings.message_ttl_s,
         settings.mqtt_tls_ca,
+        settings.message_compression,
     )
     planner = Planner(settings, store, publisher, lease)
     sink = ReportSink(store)

@@ -535,18 +535,20 @@ class SignedMessage(_message.Message):
     def __init__(self, body: _Optional[bytes] = ..., key_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class SignedBody(_message.Message):
-    __slots__ = ("kind", "audience", "version", "expires_at", "payload")
+    __slots__ = ("kind", "audience", "version", "expires_at", "payload", "encoding")
     KIND_FIELD_NUMBER: _ClassVar[int]
     AUDIENCE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
     kind: str
     audience: str
     version: int
     expires_at: float
     payload: bytes
-    def __init__(self, kind: _Optional[str] = ..., audience: _Optional[str] = ..., version: _Optional[int] = ..., expires_at: _Optional[float] = ..., payload: _Optional[bytes] = ...) -> None: ...
+    encoding: str
+    def __init__(self, kind: _Optional[str] = ..., audience: _Optional[str] = ..., version: _Optional[int] = ..., expires_at: _Optional[float] = ..., payload: _Optional[bytes] = ..., encoding: _Optional[str] = ...) -> None: ...
 
 class KeyRollover(_message.Message):
     __slots__ = ("key_id", "public_key")

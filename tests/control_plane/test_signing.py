@@ -3,7 +3,10 @@ drops and why, key pinning and rollover. Pure: no broker, no processes."""
 
 from __future__ import annotations
 
+import hashlib
 import stat
+import time
+import zlib
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -11,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.signing import (
     DESIRED,
+    MAX_MESSAGE_BYTES,
     ROLLOVER,
     ROUTES,
     Rejected,
@@ -167,3 +171,46 @@ def test_an_empty_or_damaged_pin_file_is_refused_not_trusted_anew(tmp_path):
         pin.write_text(damaged)
         with pytest.raises(ValueError, match="holds no key"):
             TrustStore.load(None, pin)
+
+
+def big_desired(version: int, models: int = 500) -> bytes:
+    state = pb.DesiredState(version=version, site_id="s1")
+    for j in range(models):
+        uri = f"https://artifacts.example.com/m{j}/1/model.onnx"
+        digest = hashlib.sha256(uri.encode()).hexdigest()
+        state.models.add(name=f"m{j}", version="1", tier="staged", sha256=digest, artifact_uri=uri)
+    return state.SerializeToString()
+
+
+def test_a_deflated_message_opens_to_what_was_sealed(signer, store):
+    payload = big_desired(4)
+    sealed = signer.seal(DESIRED, SITE, 4, payload, 60, compress=True)
+    body = pb.SignedBody.FromString(pb.SignedMessage.FromString(sealed).body)
+    assert body.encoding == "zlib" and len(sealed) * 2 < len(payload)
+    assert store.open(sealed, DESIRED, SITE).payload == payload
+    # A small payload is sent as it is: deflating it would not pay.
+    small = pb.SignedBody.FromString(
+        pb.SignedMessage.FromString(signer.seal(DESIRED, SITE, 5, desired(5), 60, True)).body
+    )
+    assert small.encoding == "" and small.payload == desired(5)
+
+
+def sealed_with(signer: Signer, payload: bytes, encoding: str) -> bytes:
+    """A message signed by the trusted key whose body says `encoding` (as a control
+    plane with a bug, or a stolen key, could send)."""
+    body = pb.SignedBody(
+        kind=DESIRED, audience=SITE, version=9, payload=payload, encoding=encoding,
+        expires_at=time.time() + 60,
+    ).SerializeToString()  # fmt: skip
+    return pb.SignedMessage(
+        body=body, key_id=signer.key_id, signature=signer._private.sign(body)
+    ).SerializeToString()
+
+
+def test_a_payload_that_inflates_too_far_or_not_at_all_is_rejected(signer, store):
+    bomb = zlib.compress(b"\0" * (MAX_MESSAGE_BYTES + 1), 9)  # 16 KiB that inflate to 16 MiB
+    assert len(bomb) < 64 << 10
+    assert reason(store, sealed_with(signer, bomb, "zlib")) == "malformed"
+    assert reason(store, sealed_with(signer, b"not deflated", "zlib")) == "malformed"
+    assert reason(store, sealed_with(signer, zlib.compress(desired(9)), "lz4")) == "malformed"
+    assert store.last.get(DESIRED) is None  # nothing rejected counts as accepted
