@@ -32,7 +32,13 @@ def reserved_site(site_id: str, cp_user: str = CP_USER) -> bool:
     return site_id == cp_user or site_id.lower().startswith(RESERVED_PREFIX)
 
 
-def acl_text(site_regions: dict[str, str], cp_user: str = CP_USER) -> str:
+def acl_text(
+    site_regions: dict[str, str], cp_user: str = CP_USER, bridges: list[str] | tuple[str, ...] = ()
+) -> str:
+    """The broker's ACL: the control plane writes every fleet topic; each site reads
+    its own desired state and its region's routes and writes its presence; each
+    bridge (another broker's connection, bringing the fleet's topics to the sites
+    there) reads every fleet topic."""
     lines = [
         f"user {cp_user}",
         "topic readwrite edgeplex/v1/#",
@@ -41,6 +47,8 @@ def acl_text(site_regions: dict[str, str], cp_user: str = CP_USER) -> str:
         "pattern readwrite edgeplex/v1/sites/%u/presence",
         "pattern read edgeplex/v1/fleet/key",
     ]
+    for bridge in bridges:
+        lines += ["", f"user {bridge}", "topic read edgeplex/v1/#"]
     for site, region in sorted(site_regions.items()):
         lines += ["", f"user {site}", f"topic read edgeplex/v1/regions/{region}/routes"]
     return "\n".join(lines) + "\n"
@@ -61,12 +69,18 @@ def set_password(password_file: Path, user: str) -> str:
 
 class BrokerFiles:
     def __init__(
-        self, password_file: Path, acl_file: Path, pid_file: Path | None, cp_user: str
+        self,
+        password_file: Path,
+        acl_file: Path,
+        pid_file: Path | None,
+        cp_user: str,
+        bridges: list[str] | tuple[str, ...] = (),
     ) -> None:
         self.password_file = password_file
         self.acl_file = acl_file
         self.pid_file = pid_file
         self.cp_user = cp_user
+        self.bridges = bridges
 
     def add_site(self, site_id: str, site_regions: dict[str, str]) -> str:
         """Give `site_id` a user with a new password and rewrite the ACL for every
@@ -74,7 +88,8 @@ class BrokerFiles:
         if reserved_site(site_id, self.cp_user):
             raise ValueError(f"site_id {site_id!r} is reserved")
         password = set_password(self.password_file, site_id)
-        write_atomic(self.acl_file, acl_text(site_regions, self.cp_user).encode(), 0o600)
+        text = acl_text(site_regions, self.cp_user, self.bridges)
+        write_atomic(self.acl_file, text.encode(), 0o600)
         self.reload()
         return password
 

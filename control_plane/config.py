@@ -168,6 +168,12 @@ class ControlPlaneSettings(FileSettings):
     mqtt_cp_user: str = Field(
         default="edgeplex-cp", description="The control plane's own user in that ACL."
     )
+    mqtt_bridge_users: list[str] = Field(
+        default=[],
+        description="Broker users of bridges from other brokers (docs/deployment.md, bridged "
+        "brokers): the managed ACL lets each read every fleet topic. Each is named edgeplex-... "
+        "so no site can take it.",
+    )
     open_registration: bool = Field(
         default=False,
         description="Accept Register and Report without a join token or a certificate that "
@@ -205,6 +211,14 @@ class ControlPlaneSettings(FileSettings):
     @classmethod
     def _replica_id(cls, value: Any) -> Any:
         return value or f"{os.uname().nodename}-{os.getpid()}"
+
+    @field_validator("mqtt_bridge_users")
+    @classmethod
+    def _bridges_reserved(cls, value: list[str]) -> list[str]:
+        for user in value:
+            if not user.lower().startswith("edgeplex-") or not user.isprintable() or " " in user:
+                raise ValueError(f"mqtt_bridge_users: {user!r} must be named edgeplex-...")
+        return value
 
     @field_validator("admin_token", mode="before")
     @classmethod

@@ -111,6 +111,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
             settings.mqtt_acl_file,
             settings.mqtt_pid_file,
             settings.mqtt_cp_user,
+            settings.mqtt_bridge_users,
         )
         if settings.mqtt_password_file and settings.mqtt_acl_file
         else None,
