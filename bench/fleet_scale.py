@@ -25,7 +25,7 @@ subscribed, for `--duration` seconds it measures:
   state; the time until each site's subscriber has the new state (median and
   the last of them);
 - memory: the control plane's resident set.
-Goals (issue text): placement round <= 2 s, a desired-state change at every
+Goals: placement round <= 2 s, a desired-state change at every
 site within 5 s, 500 reports a second ingested using under one core.
 Everything shares this machine's cores, harness included.
 """

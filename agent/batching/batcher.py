@@ -109,6 +109,8 @@ class Batcher:
             raise self._closed
         request.key = batch_key(request.inputs, self.max_batch_size > 0)
         if len(self._queue) >= self.max_queue_size:
+            self._drop_abandoned()
+        if len(self._queue) >= self.max_queue_size:
             raise QueueFull(
                 f"model '{self.model}': queue is full ({self.max_queue_size} requests waiting)"
             )
@@ -125,6 +127,13 @@ class Batcher:
         self.last_queued = time.monotonic()
         self._depth.set(len(self._queue))
         self._arrived.set()
+
+    def _drop_abandoned(self) -> None:
+        """Requests whose callers went away (their futures cancelled, or timed out)
+        hold no place in a full queue: a burst of cancelled calls must not refuse the
+        next caller."""
+        self._queue = deque(r for r in self._queue if not r.future.done())
+        self._depth.set(len(self._queue))
 
     def _enqueue(self, request: Request) -> None:
         """Queue `request` in order of its virtual finish tag (start-time fair

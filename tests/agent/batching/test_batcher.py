@@ -175,6 +175,31 @@ async def test_queue_bound_and_queued_deadlines():
     await b.close(Unavailable("done"), drain=True)
 
 
+async def test_cancelled_requests_hold_no_place_in_a_full_queue():
+    gate = asyncio.Event()
+
+    async def execute(inputs, outputs):
+        await gate.wait()
+        return {"y": inputs["x"]}, 0, ""
+
+    loop = asyncio.get_running_loop()
+    b = batcher(execute, queue=2, max_batch=0)
+    running = make_request(loop)
+    b.submit(running)
+    await asyncio.sleep(0)
+    gone = [make_request(loop), make_request(loop)]
+    for request in gone:
+        b.submit(request)
+        request.future.cancel()  # their callers went away
+    waiting = make_request(loop)
+    b.submit(waiting)  # the queue was full of abandoned requests only
+    assert b.depth == 1
+    gate.set()
+    await running.future
+    await waiting.future
+    await b.close(Unavailable("done"), drain=True)
+
+
 async def test_an_idle_model_hands_the_request_on_before_submit_returns():
     """The batch leaves within the loop iteration that admitted it: `execute` runs
     during `submit`, and only its result is awaited later. An error raised there
