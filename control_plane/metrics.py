@@ -68,16 +68,17 @@ class ControlPlaneMetrics:
     def export_sites(
         self,
         sites: list[pb.Site],
-        desired: dict[str, pb.DesiredState],
+        desired: dict[str, int],
         reports: dict[str, pb.LoadReport],
     ) -> None:
-        """Per site, after a placement round: up or down, and behind its desired state."""
+        """Per site, after a placement round: up or down, and behind its desired state
+        (`desired`: the version of each site's last published state)."""
         for site in sites:
             self.site_up.labels(site=site.site_id, region=site.region).set(1 if site.up else 0)
             published = desired.get(site.site_id)
             report = reports.get(site.site_id)
             applied = report.desired_version if report is not None else 0
-            behind = published is not None and applied < published.version
+            behind = published is not None and applied < published
             self.site_desired_behind.labels(site=site.site_id).set(1 if behind else 0)
 
 

@@ -98,8 +98,19 @@ class Publisher:
         thousand sites' messages took a thousand broker round trips (about 10 s
         under load). A message not acknowledged stays pending."""
         batch = [self._pending.popitem() for _ in range(min(WINDOW, len(self._pending)))]
+        # Sealed in a thread: deflating and signing a thousand sites' states is about
+        # a second of work, which the loop's other tasks (reports) need not wait out.
+        try:
+            sealed = await asyncio.to_thread(lambda: [self._seal(m) for _, m in batch])
+        except BaseException:
+            for topic, message in batch:
+                self._pending.setdefault(topic, message)
+            raise
         results = await asyncio.gather(
-            *(client.publish(t, self._seal(m), qos=1, retain=True) for t, m in batch),
+            *(
+                client.publish(t, data, qos=1, retain=True)
+                for (t, _), data in zip(batch, sealed, strict=True)
+            ),
             return_exceptions=True,
         )
         failed = None
