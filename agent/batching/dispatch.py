@@ -17,7 +17,7 @@ from edgeplex.agent.batching.batcher import Batcher, BatchResult
 from edgeplex.agent.catalog.model_config import ModelConfig
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
-from edgeplex.agent.observability.usage import BatchUsage, Journal
+from edgeplex.agent.observability.usage import BatchUsage, Journal, Model
 from edgeplex.agent.oip.errors import InferenceFailed, InvalidInput, RunnerLost
 from edgeplex.agent.runners import framing, ipc
 from edgeplex.agent.runners.supervisor import RunnerPool
@@ -25,17 +25,12 @@ from edgeplex.agent.runners.supervisor import RunnerPool
 log = logging.getLogger("edgeplex.agent.batching")
 
 
-class Served(Protocol):
-    """What the batcher needs to know of a model (a residency record is one)."""
+class Served(Model, Protocol):
+    """What the batcher needs to know of a model (a residency record is one): what
+    its usage is counted under (Model), and how its batches reach its runner."""
 
     @property
     def key(self) -> Hashable: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def version(self) -> str: ...
-    @property
-    def device_bytes(self) -> int: ...
     @property
     def runner_id(self) -> str: ...
     @property

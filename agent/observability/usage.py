@@ -89,8 +89,9 @@ class Journal:
         """`requests` requests (one, or a batch's of one tenant) and what they used,
         counted in the minute they end in: `cold` of them caused a cold start, the
         model held `model_bytes` on the device."""
-        if time.time() >= self._until:
-            self._open(int(time.time()) // self.interval_s)
+        now = time.time()
+        if now >= self._until:
+            self._open(int(now) // self.interval_s)
         key = (tenant, model, version, failure)
         at = self._at.get(key)
         if at is None:
@@ -172,7 +173,7 @@ class Journal:
             self._map = None
 
 
-class Served(Protocol):
+class Answered(Protocol):
     """What the journal reads of a request its batcher answered (batching/policy.py's
     Request)."""
 
@@ -206,7 +207,7 @@ class BatchUsage:
 
     def __call__(
         self,
-        served: Sequence[Served],
+        served: Sequence[Answered],
         batch_len: int,
         rows: int,
         bytes_in: int,
@@ -244,7 +245,7 @@ class BatchUsage:
                    cold, model.device_bytes, requests)  # fmt: skip
 
 
-def _subset(request: Served, outputs: dict[str, np.ndarray]) -> int:
+def _subset(request: Answered, outputs: dict[str, np.ndarray]) -> int:
     """The bytes of the outputs `request` asked for, of all the batch's rows."""
     assert request.outputs is not None
     return sum(outputs[n].nbytes for n in request.outputs if n in outputs)

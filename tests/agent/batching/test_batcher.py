@@ -151,18 +151,27 @@ async def test_a_poison_request_is_split_out_and_the_rest_are_served():
     await b.close(Unavailable("done"), drain=False)
 
 
-async def test_queue_bound_and_queued_deadlines():
+async def busy_batcher(
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[Batcher, asyncio.Event, Request]:
+    """A batcher with a queue of 2, its one instance busy on a request until `gate`
+    is set."""
     gate = asyncio.Event()
 
     async def execute(inputs, outputs):
         await gate.wait()
         return {"y": inputs["x"]}, 0, ""
 
-    loop = asyncio.get_running_loop()
     b = batcher(execute, queue=2, max_batch=0)
     running = make_request(loop)
     b.submit(running)
     await asyncio.sleep(0)
+    return b, gate, running
+
+
+async def test_queue_bound_and_queued_deadlines():
+    loop = asyncio.get_running_loop()
+    b, gate, running = await busy_batcher(loop)
     short = make_request(loop, timeout=0.05)
     b.submit(short)
     b.submit(make_request(loop))
@@ -176,17 +185,8 @@ async def test_queue_bound_and_queued_deadlines():
 
 
 async def test_cancelled_requests_hold_no_place_in_a_full_queue():
-    gate = asyncio.Event()
-
-    async def execute(inputs, outputs):
-        await gate.wait()
-        return {"y": inputs["x"]}, 0, ""
-
     loop = asyncio.get_running_loop()
-    b = batcher(execute, queue=2, max_batch=0)
-    running = make_request(loop)
-    b.submit(running)
-    await asyncio.sleep(0)
+    b, gate, running = await busy_batcher(loop)
     gone = [make_request(loop), make_request(loop)]
     for request in gone:
         b.submit(request)
