@@ -10,6 +10,7 @@ one synchronously would cap ingestion at Redis round trips.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -32,7 +33,8 @@ from edgeplex.signing import CATALOG_ENTRY, site_audience
 
 log = logging.getLogger("edgeplex.control_plane.agents")
 
-REGISTRATION_CHECK_S = 2.0
+CREDENTIALS_POLL_S = 1.0
+RECHECK_S = 10.0  # a report stream's site is checked again at least this often
 CATALOG_ENTRY_TTL_S = 60.0
 
 
@@ -68,16 +70,42 @@ class ReportSink:
         METRICS.report_flush_seconds.observe(time.perf_counter() - started)
 
 
+class CredentialWatch:
+    """The join tokens' epoch (Store.credentials_epoch), read once a second for all
+    report streams. A stream checks its site's token and registration again when
+    the epoch moves (a token rotated or revoked ends its streams within about a
+    second) and every RECHECK_S regardless (Redis lost its data), instead of two
+    Redis reads per report: at a thousand sites, a fifth of the control plane's
+    time."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.epoch: bytes | None = None
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(RedisError):
+                self.epoch = await self._store.credentials_epoch()
+            await asyncio.sleep(CREDENTIALS_POLL_S)
+
+
 class AgentServicer(pb_grpc.AgentServiceServicer):
     """Register and Report, each only for the site the caller proves to be
     (site_identity.py)."""
 
     def __init__(
-        self, settings: ControlPlaneSettings, store: Store, sink: ReportSink, on_change, signer
+        self,
+        settings: ControlPlaneSettings,
+        store: Store,
+        sink: ReportSink,
+        credentials: CredentialWatch,
+        on_change,
+        signer,
     ) -> None:  # type: ignore[no-untyped-def]
         self._settings = settings
         self._store = store
         self._sink = sink
+        self._credentials = credentials
         self._on_change = on_change
         self._signer = signer
 
@@ -151,19 +179,20 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def Report(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ReportSummary:  # type: ignore[no-untyped-def]
         count = 0
         known: str | None = None
-        checked = 0.0
+        checked, checked_epoch = 0.0, None
         async for report in request_iterator:
             problem = report_problem(report)
             if problem:
                 METRICS.bad_reports.inc()
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            # The credential and the registration are checked on the first report and
-            # then every few seconds: a rotated or revoked join token ends the stream,
-            # and a control plane that lost the registration (Redis wiped) says so.
-            now = time.monotonic()
-            if report.site_id != known or now - checked > REGISTRATION_CHECK_S:
+            # The credential and the registration are checked on the first report, when
+            # any join token changed, and every RECHECK_S: a rotated or revoked join
+            # token ends the stream, and a control plane that lost the registration
+            # (Redis wiped) says so.
+            now, epoch = time.monotonic(), self._credentials.epoch
+            if report.site_id != known or epoch != checked_epoch or now - checked > RECHECK_S:
                 await self._identify(context, report.site_id, None)
-                checked = now
+                checked, checked_epoch = now, epoch
                 try:
                     site = await self._store.get_site(report.site_id)
                 except RedisError:

@@ -80,7 +80,8 @@ class Forecaster:
             values[self._ix[k]] = v
         return values
 
-    def observe(self, demand: Demand, now: float) -> None:
+    def observe(self, demand: Demand, now: float) -> bool:
+        """Fold in one observation; True when it closed an hour (the profiles moved)."""
         values = self._index(demand)
         dt = 0.0 if self._last is None else max(0.0, now - self._last)
         self._last = now
@@ -91,11 +92,13 @@ class Forecaster:
         )
         self.recent += alpha * (values - self.recent)
         bucket = week_hour(now)
-        if self._bucket is not None and bucket != self._bucket:
+        closed = self._bucket is not None and bucket != self._bucket
+        if closed:
             self._close_bucket()
         self._bucket = bucket
         self._bucket_sum += values
         self._bucket_n += 1
+        return closed
 
     def _close_bucket(self) -> None:
         """Fold the finished hour's mean into both profiles."""

@@ -28,6 +28,13 @@ class ControlPlaneMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
             registry=r,
         )
+        self.placement_phase_seconds = Counter(
+            "edgeplex_cp_placement_phase_seconds",
+            "Time placement rounds spent in each phase: read (Redis state into the "
+            "placement input), place (the algorithm), publish (desired states and routes).",
+            ["phase"],
+            registry=r,
+        )
         self.placement_version = Gauge(
             "edgeplex_cp_placement_version", "Version of the latest placement.", registry=r
         )

@@ -87,6 +87,7 @@ class PlacementInput:
     demand: dict[tuple[str, str], float]  # (origin region, model) -> requests/s
     latency_ms: dict[tuple[str, str], float]  # (region, region) -> one-way ms; absent: unreachable
     current: dict[str, frozenset[str]] = field(default_factory=dict)  # site -> loaded models
+    current_staged: dict[str, frozenset[str]] = field(default_factory=dict)  # site -> staged
     churn_cost: float = 0.1  # objective units (req/s) per GiB newly loaded
     # Replicas of a hot model keep each under the target, and are removed only
     # when they would all run under the floor (replicas.py).
@@ -363,7 +364,7 @@ def place(inp: PlacementInput) -> PlacementResult:
                 np.maximum(best[j], p.w_m[j][:, site_region[i]], out=best[j])
 
     # 5. Staged: per site, the best remaining models for its region, within host RAM.
-    staged = staged_models(p, sites, holds)
+    staged = staged_models(p, sites, holds, inp.current_staged)
 
     objective = float((p.value_m * best).sum())
     for i in range(len(sites)):

@@ -51,6 +51,7 @@ from edgeplex.tenants import TenantTable, for_site, split_rate
 
 log = logging.getLogger("edgeplex.control_plane.planner")
 RATE_WINDOW_S = 300.0  # the usage a fleet-wide rate is split by
+FORECAST_SAVE_S = 60.0  # the forecaster's state is saved to Redis at least this often
 
 UNLIMITED = 1 << 60
 
@@ -65,12 +66,20 @@ class Planner:
         self._lease = lease
         self._wake = asyncio.Event()
         self._routes_sent: dict[str, bytes] = {}  # region -> unversioned routes last published
+        self._routes_key: tuple[object, ...] = ()  # what the routes last built came from
         # Per site, the desired state this leader last published, with what decides
         # whether it changed (its models' bytes, the peer token, the tenants) and its
         # bytes: a round compares tuples instead of reading and parsing every site's
         # state back from Redis. Emptied when leadership is lost.
         self._published: dict[str, tuple[tuple[object, ...], int, bytes]] = {}
         self._forecaster: Forecaster | None = None  # loaded from Redis on first use
+        self._catalog_read: tuple[bytes | None, list[pb.CatalogModel]] = (None, [])
+        self._demand_written: tuple[Demand, float] | None = None  # while leading
+        # Per site, its last loaded and staged lists and their entries' bytes, for the
+        # catalog epoch they were made from (Store.catalog_epoch).
+        self._entries_of: tuple[bytes | None, dict[str, tuple[list[str], list[str], bytes]]]
+        self._entries_of = (None, {})
+        self._forecast_saved_at = 0.0
         self.observed: Demand = {}  # the last round's demand EWMA (explain shows it)
         self.forecast: Demand = {}  # and its forecast one horizon ahead
         self.rounds = 0
@@ -93,7 +102,10 @@ class Planner:
                         self._publisher.forget()
                     was_leader = False
                     self._routes_sent.clear()
+                    self._routes_key = ()
                     self._published.clear()
+                    self._demand_written = None
+                    self._entries_of = (None, {})
                     continue
                 due = time.monotonic() - last_round >= self._settings.placement_interval_s
                 try:
@@ -177,7 +189,7 @@ class Planner:
         """Placement input from Redis; on the leader, also advances the demand EWMA."""
         now = time.time()
         settings = self._settings
-        every = await self._store.models()
+        every = await self._catalog()
         catalog = [m for m in every if m.state == "READY"]
         known = {m.name for m in every}
         sites = await self._store.sites()
@@ -186,18 +198,26 @@ class Planner:
         live = [
             r for sid, r in reports.items() if now - heard.get(sid, 0.0) <= settings.site_lease_s
         ]
-        previous, at = await self._store.demand()
+        leads = update_demand and self._lease.is_leader
+        # The leader advances the EWMA it wrote itself; others read what the leader wrote.
+        previous, at = self._demand_written or await self._store.demand()
         reported, unknown = current_demand(live, known)
         METRICS.unknown_demand.set(unknown)
         demand = ewma(previous, reported, now - at, settings.demand_half_life_s)
-        if update_demand and self._lease.is_leader:
+        if leads:
             await self._store.put_demand(demand, now)
+            self._demand_written = (demand, now)
         self.observed = demand
         if settings.forecast_horizon_s > 0:
             forecaster = await self._load_forecaster()
-            if update_demand and self._lease.is_leader:
-                forecaster.observe(reported, now)
-                await self._store.put_forecast(forecaster.to_bytes())
+            if leads:
+                closed_hour = forecaster.observe(reported, now)
+                # Its state (tens of MB at ten thousand models) is saved when an hour
+                # closes and otherwise once a FORECAST_SAVE_S: a new leader's recent
+                # level catches up within a demand half-life anyway.
+                if closed_hour or now - self._forecast_saved_at >= FORECAST_SAVE_S:
+                    await self._store.put_forecast(forecaster.to_bytes())
+                    self._forecast_saved_at = now
             self.forecast = forecaster.predict(now, settings.forecast_horizon_s)
             demand = {
                 key: max(demand.get(key, 0.0), self.forecast.get(key, 0.0))
@@ -216,9 +236,8 @@ class Planner:
                     smaller.setdefault(m.name, []).append((report.site_id, m.memory_bytes))
         compute_ms = compute_per_request(live)
         current_placement = await self._store.placement()
-        current = {
-            sp.site_id: frozenset(sp.loaded) for sp in (current_placement or pb.Placement()).sites
-        }
+        placed = (current_placement or pb.Placement()).sites
+        current = {sp.site_id: frozenset(sp.loaded) for sp in placed}
         for site_id, _, model in hints:  # being loaded there on demand: keep it there
             current[site_id] = current.get(site_id, frozenset()) | {model}
         inp = PlacementInput(
@@ -252,9 +271,18 @@ class Planner:
             demand=demand,
             latency_ms=settings.latency_pairs(),
             current=current,
+            current_staged={sp.site_id: frozenset(sp.staged) for sp in placed},
             churn_cost=settings.churn_cost,
         )
         return inp, sites, catalog
+
+    async def _catalog(self) -> list[pb.CatalogModel]:
+        """The catalog, read again only when it changed (ten thousand entries parsed
+        every round cost a tenth of a second)."""
+        epoch = await self._store.catalog_epoch()
+        if epoch is None or epoch != self._catalog_read[0]:
+            self._catalog_read = (epoch, await self._store.models())
+        return self._catalog_read[1]
 
     async def _load_forecaster(self) -> Forecaster:
         if self._forecaster is None or not self._lease.is_leader:
@@ -276,7 +304,9 @@ class Planner:
     async def round(self) -> pb.Placement:
         started = time.perf_counter()
         inp, sites, catalog = await self.build_input()
+        read = time.perf_counter()
         result = await asyncio.to_thread(place, inp)
+        placed = time.perf_counter()
         version = await self._store.next_version()
         placement = pb.Placement(
             version=version,
@@ -299,7 +329,11 @@ class Planner:
         published = {site: version for site, (_, version, _) in self._published.items()}
         METRICS.export_sites(sites, published, reports)
         self.rounds += 1
-        METRICS.placement_seconds.observe(time.perf_counter() - started)
+        ended = time.perf_counter()
+        METRICS.placement_seconds.observe(ended - started)
+        METRICS.placement_phase_seconds.labels(phase="read").inc(read - started)
+        METRICS.placement_phase_seconds.labels(phase="place").inc(placed - read)
+        METRICS.placement_phase_seconds.labels(phase="publish").inc(ended - placed)
         METRICS.placement_version.set(version)
         return placement
 
@@ -356,11 +390,20 @@ class Planner:
                 )
             return found
 
+        if self._entries_of[0] != self._catalog_read[0] or self._entries_of[0] is None:
+            self._entries_of = (self._catalog_read[0], {})  # the catalog changed: all anew
+        entries_of = self._entries_of[1]
         for site in sites:
-            models = b"".join(
-                [entry(name, "loaded") for name in result.loaded[site.site_id]]
-                + [entry(name, "staged") for name in result.staged[site.site_id]]
-            )
+            loaded, staged = result.loaded[site.site_id], result.staged[site.site_id]
+            last_entries = entries_of.get(site.site_id)
+            if last_entries is not None and last_entries[:2] == (loaded, staged):
+                models = last_entries[2]  # the same lists as last round: the same bytes
+            else:
+                models = b"".join(
+                    [entry(name, "loaded") for name in loaded]
+                    + [entry(name, "staged") for name in staged]
+                )
+                entries_of[site.site_id] = (loaded, staged, models)
             tenants_json = tenants_at(site.site_id)
             key = (models, peer_token, tenants_json)
             last = known.get(site.site_id)
@@ -390,6 +433,19 @@ class Planner:
                 issued,
                 payload,
             )
+        # Routes change only with what decides them: unchanged (the usual round), none
+        # is rebuilt (five regions of a thousand sites' holders: a quarter second).
+        routes_key = (
+            tuple(sorted(by_name)),
+            tuple(
+                (s.site_id, s.address, s.http_address, s.region, s.up, headroom.get(s.site_id))
+                for s in sites
+            ),
+            tuple(tuple(result.loaded.get(s.site_id, ())) for s in sites),
+        )
+        if routes_key == self._routes_key:
+            return
+        self._routes_key = routes_key
         # Each model's holders, found once (not a scan of every site per model).
         holding: dict[str, list[pb.Site]] = {}
         for site in sites:

@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from edgeplex import logs, systemd
 from edgeplex.artifacts import ArtifactCache, FetchPolicy
 from edgeplex.control_plane.api_admin import AdminServicer, TokenAuth
-from edgeplex.control_plane.api_agent import AgentServicer, ReportSink
+from edgeplex.control_plane.api_agent import AgentServicer, CredentialWatch, ReportSink
 from edgeplex.control_plane.batch import BatchRunner
 from edgeplex.control_plane.broker_files import BrokerFiles
 from edgeplex.control_plane.config import ControlPlaneSettings
@@ -97,6 +97,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
     )
     planner = Planner(settings, store, publisher, lease)
     sink = ReportSink(store)
+    token_watch = CredentialWatch(store)
     admin = AdminServicer(
         store,
         planner,
@@ -122,7 +123,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
         options=[("grpc.so_reuseport", 0)],
     )
     pb_grpc.add_AgentServiceServicer_to_server(
-        AgentServicer(settings, store, sink, planner.poke, signer), server
+        AgentServicer(settings, store, sink, token_watch, planner.poke, signer), server
     )
     pb_grpc.add_AdminServiceServicer_to_server(admin, server)
     address = f"{settings.grpc_host}:{settings.grpc_port}"
@@ -158,6 +159,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
         asyncio.create_task(batches.run()),
         asyncio.create_task(planner.run()),
         asyncio.create_task(sink.run()),
+        asyncio.create_task(token_watch.run()),
         asyncio.create_task(publisher.run()),
         asyncio.create_task(follow_leadership()),
         asyncio.create_task(systemd.watchdog()),

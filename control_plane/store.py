@@ -10,6 +10,8 @@
     edgeplex:version         string  counter of placement versions
     edgeplex:desired         hash  site -> the DesiredState last published
     edgeplex:leader          string  replica id, with a TTL (the leader lease)
+    edgeplex:credentials     string  a random value, new whenever a join token changes
+    edgeplex:catalog         string  a random value, new whenever the catalog changes
     edgeplex:events          pub/sub  "catalog", "sites": wake the placement loop
     edgeplex:batch:jobs      hash  job id -> BatchJob (summary, protobuf)
     edgeplex:batch:<id>:in   hash  shard index -> JSON list of the shard's request bodies
@@ -150,7 +152,10 @@ class Store:
     # --- catalog --------------------------------------------------------------------------
 
     async def put_model(self, model: pb.CatalogModel) -> None:
-        await self.redis.hset(P + "models", model.name, model.SerializeToString())
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(P + "models", model.name, model.SerializeToString())
+            pipe.set(P + "catalog", secrets.token_hex(8))
+            await pipe.execute()
         await self.replicated()
 
     async def get_model(self, name: str) -> pb.CatalogModel | None:
@@ -162,9 +167,18 @@ class Store:
         return sorted((pb.CatalogModel.FromString(v) for v in raw.values()), key=lambda m: m.name)
 
     async def remove_model(self, name: str) -> bool:
-        removed = bool(await self.redis.hdel(P + "models", name))
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(P + "models", name)
+            pipe.set(P + "catalog", secrets.token_hex(8))
+            removed, _ = await pipe.execute()
         await self.replicated()
-        return removed
+        return bool(removed)
+
+    async def catalog_epoch(self) -> bytes | None:
+        """A value that changes with every catalog write: the catalog read last is
+        still the catalog while it stays the same."""
+        raw = await self.redis.get(P + "catalog")
+        return raw if isinstance(raw, bytes) else None
 
     # --- sites ----------------------------------------------------------------------------
 
@@ -189,8 +203,15 @@ class Store:
                 pipe.hdel(P + "join_token_sites", old[0])
             pipe.hset(P + "join_tokens", site_id, f"{digest} {region}")
             pipe.hset(P + "join_token_sites", digest, site_id)
+            pipe.set(P + "credentials", secrets.token_hex(8))
             await pipe.execute()
         await self.replicated()
+
+    async def credentials_epoch(self) -> bytes | None:
+        """A value that changes whenever any join token does (and is gone when Redis
+        lost its data): report streams recheck their site when it moves."""
+        raw = await self.redis.get(P + "credentials")
+        return raw if isinstance(raw, bytes) else None
 
     async def join_token(self, site_id: str) -> tuple[str, str] | None:
         """(sha256 of the site's join token, its region), or None."""

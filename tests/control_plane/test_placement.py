@@ -141,6 +141,32 @@ def test_churn_cost_keeps_a_placement_that_is_almost_as_good():
     assert place(shifted).loaded["a1"] == ["m1"]
 
 
+def test_a_staged_model_gives_way_only_to_one_clearly_worth_more():
+    """The staged tier's tail (many models of near-equal demand) does not reshuffle
+    as the demand estimate wobbles: each change would be a download at the site."""
+    rng = random.Random(11)
+    base = {("a", f"m{j}"): 1.0 + rng.random() * 0.01 for j in range(30)}
+    inp = PlacementInput(
+        sites=(SiteInfo("a1", "a", 2 * GiB, host_bytes=10 * GiB),),
+        models=models(30),
+        demand=base,
+        latency_ms={},
+    )
+    first = place(inp)
+    assert len(first.staged["a1"]) == 10
+    wobbled = {k: v * (1 + rng.uniform(-0.1, 0.1)) for k, v in base.items()}
+    staged = {"a1": frozenset(first.staged["a1"])}
+    again = PlacementInput(**{**inp.__dict__, "demand": wobbled, "current_staged": staged})
+    assert place(again).staged["a1"] == first.staged["a1"]
+    fresh = place(PlacementInput(**{**inp.__dict__, "demand": wobbled}))
+    assert fresh.staged["a1"] != first.staged["a1"]  # without what is staged, it reshuffles
+    outsider = next(f"m{j}" for j in range(30) if f"m{j}" not in first.staged["a1"]
+                    and f"m{j}" not in first.loaded["a1"])  # fmt: skip
+    surged = {**wobbled, ("a", outsider): 3.0}
+    moved = place(PlacementInput(**{**inp.__dict__, "demand": surged, "current_staged": staged}))
+    assert outsider in moved.staged["a1"] + moved.loaded["a1"]
+
+
 def test_placement_is_deterministic_and_reports_its_objective():
     rng = random.Random(7)
     inp = PlacementInput(
