@@ -364,7 +364,7 @@ class AdminServicer(BatchAdmin, TenantAdmin, pb_grpc.AdminServiceServicer):
         self, request: pb.ModelName, context: grpc.aio.ServicerContext
     ) -> pb.PlacementExplanation:
         try:
-            inp, _, _ = await self._planner.build_input(update_demand=False)
+            inp, *_ = await self._planner.build_input(update_demand=False)
             placement = await self._store.placement() or pb.Placement()
         except RedisError:
             await _redis_down(context)

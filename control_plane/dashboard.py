@@ -168,7 +168,7 @@ class Dashboard:
         if not valid_name(model):
             return web.json_response({"error": "not a model name"}, status=400)
         try:
-            inp, _, _ = await self._planner.build_input(update_demand=False)
+            inp, *_ = await self._planner.build_input(update_demand=False)
             placement = await self._store.placement()
         except RedisError:
             return web.json_response({"error": "Redis is unavailable"}, status=503)

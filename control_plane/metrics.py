@@ -25,7 +25,7 @@ class ControlPlaneMetrics:
         self.placement_seconds = Histogram(
             "edgeplex_cp_placement_seconds",
             "Time of one placement round (read Redis, place, publish).",
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10),
             registry=r,
         )
         self.placement_phase_seconds = Counter(

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,7 +88,7 @@ class PlacementInput:
     demand: dict[tuple[str, str], float]  # (origin region, model) -> requests/s
     latency_ms: dict[tuple[str, str], float]  # (region, region) -> one-way ms; absent: unreachable
     current: dict[str, frozenset[str]] = field(default_factory=dict)  # site -> loaded models
-    current_staged: dict[str, frozenset[str]] = field(default_factory=dict)  # site -> staged
+    current_staged: Mapping[str, Collection[str]] = field(default_factory=dict)  # site -> staged
     churn_cost: float = 0.1  # objective units (req/s) per GiB newly loaded
     # Replicas of a hot model keep each under the target, and are removed only
     # when they would all run under the floor (replicas.py).

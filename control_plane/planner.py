@@ -75,6 +75,7 @@ class Planner:
         self._forecaster: Forecaster | None = None  # loaded from Redis on first use
         self._catalog_read: tuple[bytes | None, list[pb.CatalogModel]] = (None, [])
         self._demand_written: tuple[Demand, float] | None = None  # while leading
+        self._placed: dict[str, tuple[list[str], list[str]]] | None = None  # its last round
         # Per site, its last loaded and staged lists and their entries' bytes, for the
         # catalog epoch they were made from (Store.catalog_epoch).
         self._entries_of: tuple[bytes | None, dict[str, tuple[list[str], list[str], bytes]]]
@@ -105,6 +106,7 @@ class Planner:
                     self._routes_key = ()
                     self._published.clear()
                     self._demand_written = None
+                    self._placed = None
                     self._entries_of = (None, {})
                     continue
                 due = time.monotonic() - last_round >= self._settings.placement_interval_s
@@ -185,8 +187,9 @@ class Planner:
 
     async def build_input(
         self, update_demand: bool = True
-    ) -> tuple[PlacementInput, list[pb.Site], list[pb.CatalogModel]]:
-        """Placement input from Redis; on the leader, also advances the demand EWMA."""
+    ) -> tuple[PlacementInput, list[pb.Site], list[pb.CatalogModel], dict[str, pb.LoadReport]]:
+        """Placement input from Redis, with the sites, catalog and latest reports it
+        came from; on the leader, also advances the demand EWMA."""
         now = time.time()
         settings = self._settings
         every = await self._catalog()
@@ -235,9 +238,13 @@ class Planner:
                 if m.variant and m.memory_bytes:
                     smaller.setdefault(m.name, []).append((report.site_id, m.memory_bytes))
         compute_ms = compute_per_request(live)
-        current_placement = await self._store.placement()
-        placed = (current_placement or pb.Placement()).sites
-        current = {sp.site_id: frozenset(sp.loaded) for sp in placed}
+        if self._placed is not None:  # this leader's last round
+            current = {site: frozenset(loaded) for site, (loaded, _) in self._placed.items()}
+            staged = {site: staged for site, (_, staged) in self._placed.items()}
+        else:
+            stored = (await self._store.placement() or pb.Placement()).sites
+            current = {sp.site_id: frozenset(sp.loaded) for sp in stored}
+            staged = {sp.site_id: list(sp.staged) for sp in stored}
         for site_id, _, model in hints:  # being loaded there on demand: keep it there
             current[site_id] = current.get(site_id, frozenset()) | {model}
         inp = PlacementInput(
@@ -271,10 +278,10 @@ class Planner:
             demand=demand,
             latency_ms=settings.latency_pairs(),
             current=current,
-            current_staged={sp.site_id: frozenset(sp.staged) for sp in placed},
+            current_staged=staged,
             churn_cost=settings.churn_cost,
         )
-        return inp, sites, catalog
+        return inp, sites, catalog, reports
 
     async def _catalog(self) -> list[pb.CatalogModel]:
         """The catalog, read again only when it changed (ten thousand entries parsed
@@ -303,7 +310,7 @@ class Planner:
 
     async def round(self) -> pb.Placement:
         started = time.perf_counter()
-        inp, sites, catalog = await self.build_input()
+        inp, sites, catalog, reports = await self.build_input()
         read = time.perf_counter()
         result = await asyncio.to_thread(place, inp)
         placed = time.perf_counter()
@@ -324,7 +331,9 @@ class Planner:
             ],
         )
         await self._store.put_placement(placement)
-        reports = await self._store.reports()
+        self._placed = {
+            s.site_id: (result.loaded[s.site_id], result.staged[s.site_id]) for s in sites
+        }
         await self._publish(version, inp, result, sites, catalog, site_headroom(reports))
         published = {site: version for site, (_, version, _) in self._published.items()}
         METRICS.export_sites(sites, published, reports)

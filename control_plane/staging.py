@@ -6,7 +6,7 @@ Called only by `placement.place`, with the placed sets.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,7 +23,7 @@ def staged_models(
     p: Problem,
     sites: list[SiteInfo],
     holds: list[set[int]],
-    current: Mapping[str, frozenset[str]] | None = None,
+    current: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, list[str]]:
     """Models a site should keep pre-optimized in host RAM: the next best for its
     region that it does not load, so a shift in demand promotes from RAM.
@@ -34,8 +34,8 @@ def staged_models(
     models at every site every round as the demand estimate moved."""
     staged: dict[str, list[str]] = {}
     by_region: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    names = [m.name for m in p.models]
-    by_name = np.argsort(np.array(names, dtype=object), kind="stable")  # rank of each name
+    names = np.array([m.name for m in p.models], dtype=object)
+    by_name = np.argsort(names, kind="stable")  # rank of each name
     name_rank = np.empty(len(names), dtype=np.int64)
     name_rank[by_name] = np.arange(len(names))
     current = current or {}
@@ -65,7 +65,7 @@ def staged_models(
         found = np.flatnonzero(candidate)
         order = found[np.argsort(-score[found], kind="stable")]
         take = order[np.cumsum(p.size[order]) <= budget_of(s)]
-        staged[s.site_id] = [names[j] for j in take[np.argsort(name_rank[take])]]
+        staged[s.site_id] = names[take[np.argsort(name_rank[take])]].tolist()
     return staged
 
 
@@ -74,7 +74,7 @@ def budget_of(site: SiteInfo) -> float:
     return float(site.host_bytes) if site.host_bytes else 2.0 * site.device_bytes
 
 
-def _indices(index: dict[str, int], names: frozenset[str] | tuple[()]) -> np.ndarray:
+def _indices(index: dict[str, int], names: Collection[str]) -> np.ndarray:
     """The model indices of `names`, those not in the catalog left out."""
     if not names:
         return np.empty(0, dtype=np.int64)
