@@ -163,6 +163,53 @@ class RedisServer(Service):
         return f"redis://127.0.0.1:{self.port}/0"
 
 
+MASTER = "edgeplex"  # the Sentinels' name for the primary
+
+
+class RedisReplica(RedisServer):
+    name = "redis-replica"
+    containable = False
+
+    def __init__(self, workdir: Path, primary: RedisServer) -> None:
+        super().__init__(workdir)
+        self.primary = primary
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--replicaof", "127.0.0.1", str(self.primary.port)]
+
+
+class Sentinel(Service):
+    name = "sentinel"
+
+    def __init__(self, workdir: Path, primary: RedisServer) -> None:
+        super().__init__(workdir)
+        self.primary = primary
+        self.log_path = workdir / f"sentinel-{self.port}.log"
+
+    def command(self) -> list[str]:
+        conf = self.workdir / f"sentinel-{self.port}.conf"  # each rewrites its own
+        conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.workdir}\n"
+            f"sentinel monitor {MASTER} 127.0.0.1 {self.primary.port} 2\n"
+            f"sentinel down-after-milliseconds {MASTER} 1000\n"
+            f"sentinel failover-timeout {MASTER} 10000\n"
+        )
+        return [shutil.which("redis-server") or "/usr/bin/redis-server", str(conf), "--sentinel"]
+
+
+def online_replicas(port: int) -> int:
+    """Replicas streaming from the primary on `port` (INFO replication)."""
+    import redis
+
+    info = redis.Redis(port=port).info("replication")
+    return sum(1 for k, v in info.items() if k.startswith("slave") and v.get("state") == "online")
+
+
+def sentinel_url(sentinels: list[Sentinel]) -> str:
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
+    return f"redis+sentinel://{hosts}/{MASTER}/0"
+
+
 class Mosquitto(Service):
     name = "mosquitto"
     containable = True

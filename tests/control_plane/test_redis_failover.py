@@ -23,43 +23,23 @@ import redis
 from edgeplex.agent.catalog import demo
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
-from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, Service, join_token
+from tests.services import (
+    MASTER,
+    TOKEN,
+    ControlPlane,
+    Mosquitto,
+    RedisReplica,
+    RedisServer,
+    Sentinel,
+    Service,
+    join_token,
+    online_replicas,
+    sentinel_url,
+)
 from tests.support.waiting import wait_until
 
-MASTER = "edgeplex"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 ROUND_S = 3.0  # the control plane's placement interval here
-
-
-class RedisReplica(RedisServer):
-    name = "redis-replica"
-    containable = False
-
-    def __init__(self, workdir: Path, primary: RedisServer) -> None:
-        super().__init__(workdir)
-        self.primary = primary
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--replicaof", "127.0.0.1", str(self.primary.port)]
-
-
-class Sentinel(Service):
-    name = "sentinel"
-
-    def __init__(self, workdir: Path, primary: RedisServer) -> None:
-        super().__init__(workdir)
-        self.primary = primary
-        self.log_path = workdir / f"sentinel-{self.port}.log"
-
-    def command(self) -> list[str]:
-        conf = self.workdir / f"sentinel-{self.port}.conf"  # each rewrites its own
-        conf.write_text(
-            f"port {self.port}\nbind 127.0.0.1\ndir {self.workdir}\n"
-            f"sentinel monitor {MASTER} 127.0.0.1 {self.primary.port} 2\n"
-            f"sentinel down-after-milliseconds {MASTER} 1000\n"
-            f"sentinel failover-timeout {MASTER} 10000\n"
-        )
-        return [shutil.which("redis-server") or "/usr/bin/redis-server", str(conf), "--sentinel"]
 
 
 @pytest.fixture
@@ -83,17 +63,6 @@ def redis_ha(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisReplica, list[S
     finally:
         for service in reversed(services):
             service.stop()
-
-
-def online_replicas(port: int) -> int:
-    """Replicas streaming from the primary on `port` (INFO replication)."""
-    info = redis.Redis(port=port).info("replication")
-    return sum(1 for k, v in info.items() if k.startswith("slave") and v.get("state") == "online")
-
-
-def sentinel_url(sentinels: list[Sentinel]) -> str:
-    hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
-    return f"redis+sentinel://{hosts}/{MASTER}/0"
 
 
 class Writer:
