@@ -275,8 +275,17 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
     await asyncio.sleep(duration / 2)
     cpu0 = time.process_time()
     with admin_channel(address, ca) as admin:  # the change that reaches every site
-        probe_at.append(time.monotonic())
-        pb_grpc.AdminServiceStub(admin).AddTenant(pb.TenantSpec(name=PROBE_TENANT), metadata=AUTH)
+        while not probe_at:
+            began = time.monotonic()
+            try:
+                pb_grpc.AdminServiceStub(admin).AddTenant(
+                    pb.TenantSpec(name=PROBE_TENANT), metadata=AUTH, timeout=10
+                )
+                probe_at.append(began)
+            except grpc.RpcError as exc:  # Redis failing over (--failover): try again
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                await asyncio.sleep(0.5)
     deadline = probe_at[0] + 60
     while len(arrivals) < len(sites) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)

@@ -61,6 +61,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="download rate of a site's first copy of a model, megabits/s (inf: free)",
     )  # fmt: skip
     p.add_argument(
+        "--stage-mbps", type=float, default=1000.0,
+        help="rate at which a site stages a model into host RAM from its disk, megabytes/s "
+        "(a model evicted from RAM is staged again before its promotion; inf: free)",
+    )  # fmt: skip
+    p.add_argument(
         "--region-rtt-ms", type=float, default=10.0,
         help="round trip from a client to a site of its region, counted against the SLO",
     )  # fmt: skip
@@ -131,6 +136,7 @@ def _run(args: argparse.Namespace) -> int:
         churn_cost=args.churn_cost,
         model_overhead_bytes=parse_size(args.model_overhead),
         wan_mbps=args.wan_mbps,
+        stage_mbps=args.stage_mbps,
         region_rtt_ms=args.region_rtt_ms,
     )
     study = Study(

@@ -65,6 +65,9 @@ class SimConfig:
     # A site's first copy of a model is downloaded at this rate (megabits a
     # second) before its promotion; inf: artifacts cost nothing to fetch.
     wan_mbps: float = 1000.0
+    # A model not in a site's staged tier (host RAM) is read from its disk and
+    # prepared at this rate (megabytes a second) before its promotion; inf: free.
+    stage_mbps: float = 1000.0
     # The round trip from a client to a site of its own region; with the queueing
     # delay at the site (serving.py) it counts against the SLO.
     region_rtt_ms: float = 10.0
@@ -97,6 +100,7 @@ class Outcome:
     models_moved: int = 0  # (model, hour) pairs whose placement changed
     models_cached: int = 0  # (model, hour) pairs whose holders loads on demand changed
     bytes_moved: int = 0
+    bytes_downloaded: int = 0  # artifacts fetched to sites that had no copy
     hours: float = 0.0
     timeline: Timeline = field(default_factory=Timeline)
 
@@ -114,6 +118,7 @@ class Outcome:
             / max(self.hours, 1e-9)
             / max(n_models, 1),
             "bytes_moved": self.bytes_moved,
+            "bytes_downloaded": self.bytes_downloaded,
         }
 
 
@@ -127,21 +132,25 @@ class _Fleet:
         policy: str,
         overhead_bytes: int = 0,
         wan_mbps: float = float("inf"),
+        stage_mbps: float = float("inf"),
     ) -> None:
         self.regions = [r.name for r in fleet.regions]
         region_ix = {r: i for i, r in enumerate(self.regions)}
         self.site_ids: list[str] = []
         region: list[int] = []
         memory: list[int] = []
+        host: list[int] = []
         concurrency: list[float] = []
         for g in fleet.sites:
             for _ in range(g.count):
                 self.site_ids.append(f"{g.region}-{region.count(region_ix[g.region])}")
                 region.append(region_ix[g.region])
                 memory.append(g.gpu_memory)
+                host.append(g.host_memory)
                 concurrency.append(g.concurrency)
         self.region = np.array(region, dtype=np.int64)
         self.memory = np.array(memory, dtype=np.float64)
+        self.host = np.array(host, dtype=np.float64)
         self.concurrency = np.array(concurrency)
         n_s, n_m, n_r = len(self.site_ids), len(catalog), len(self.regions)
         self.onehot = np.zeros((n_r, n_s))
@@ -158,6 +167,14 @@ class _Fleet:
         # Sites that have a model's artifact (placed, staged or loaded there once):
         # an agent without it forwards to any holder rather than fetch it.
         self.installed = np.zeros((n_s, n_m), dtype=bool)
+        # The staged tier (host RAM, bounded by `host`): models ready to promote, and
+        # when each staged by placement in the background is ready; the site stages
+        # one model at a time.
+        self.staged = np.zeros((n_s, n_m), dtype=bool)
+        self.staged_ready = np.zeros((n_s, n_m))
+        self.staging_until = np.zeros(n_s)
+        self.wanted = np.zeros((n_s, n_m), dtype=bool)  # placement's staged lists
+        self.bytes_downloaded = 0
         self.util = np.zeros(n_s)  # each site's utilisation in the last step
         # Loads take time: when each (site, model) is promoted and serving, and when
         # each site's queue of loads (one at a time) is done.
@@ -169,6 +186,8 @@ class _Fleet:
         self.size = catalog.size_bytes.astype(np.float64) + overhead_bytes
         # Seconds to download each model's artifact to a site without it.
         self.download_s = catalog.size_bytes * 8.0 / (wan_mbps * 1e6)
+        self.stage_s = catalog.size_bytes / (stage_mbps * 1e6)
+        self.artifact_bytes = catalog.size_bytes.astype(np.float64)
         self.load_s = catalog.load_s
         self.lru = policy == "lru"
         self.rng = np.random.default_rng(0)  # deterministic: the simulator's runs repeat
@@ -178,6 +197,44 @@ class _Fleet:
         ]
         rtt = np.array([[fleet.rtt(a, b) for b in self.regions] for a in self.regions])
         self.rtt = rtt
+
+    def prepare(self, s: int, m: int, at: float) -> float:
+        """Seconds before site s can start promoting model m at time `at`: none when
+        staged (or until placement's staging of it is done), else reading it from
+        disk into the staged tier, downloaded first where the site has no copy.
+        It is staged there from then on."""
+        if self.staged[s, m]:
+            return max(0.0, float(self.staged_ready[s, m]) - at)
+        wait = float(self.stage_s[m])
+        if not self.installed[s, m]:
+            wait += float(self.download_s[m])
+            self.installed[s, m] = True
+            self.bytes_downloaded += int(self.artifact_bytes[m])
+        self.staged[s, m] = True
+        self.staged_ready[s, m] = at + wait
+        return wait
+
+    def stage(self, s: int, models: list[int], now: float) -> None:
+        """Placement's staged list for site s: what the site lacks is downloaded (where
+        it has no copy) and staged in the background, one model after another."""
+        t = max(now, float(self.staging_until[s]))
+        for m in models:
+            if not self.staged[s, m]:
+                t += self.prepare(s, m, t)
+        self.staging_until[s] = t
+
+    def fit_host(self, s: int) -> None:
+        """Host RAM: what is on the device stays staged, then what placement stages
+        (`wanted`), then the most recently used of the rest."""
+        over = float(self.artifact_bytes[self.staged[s]].sum()) - float(self.host[s])
+        if over <= 0:
+            return
+        free = np.nonzero(self.staged[s] & ~self.holds[s])[0]
+        for m in free[np.lexsort((self.last_used[s, free], self.wanted[s, free]))]:
+            if over <= 0:
+                break
+            self.staged[s, m] = False
+            over -= float(self.artifact_bytes[m])
 
     def used(self, s: int) -> float:
         return float(self.size[self.holds[s]].sum())
@@ -214,7 +271,6 @@ class _Fleet:
             room -= self.size[m]
             loaded.append(m)
             self.holds[s, m] = True
-            self.installed[s, m] = True
             self.promoted[self.region[s]] = True
             self.cached[m] = True
             self.freq[s, m] = 0.0
@@ -242,7 +298,7 @@ def simulate(
         raise ValueError(f"strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
     state = _Fleet(
         fleet, catalog, "lru" if strategy == "lru" else "gdsf", config.model_overhead_bytes,
-        config.wan_mbps,
+        config.wan_mbps, config.stage_mbps,
     )  # fmt: skip
     if minutes <= config.warmup_min:
         raise ValueError(f"the trace must be longer than the warm-up ({config.warmup_min} min)")
@@ -262,6 +318,8 @@ def simulate(
             site_id=sid,
             region=state.regions[state.region[i]],
             device_bytes=int(state.memory[i]),
+            # Its staged list fills the host RAM its device's models leave.
+            host_bytes=max(1, int(state.host[i] - state.memory[i])),
             capacity=float(state.concurrency[i]),
         )
         for i, sid in enumerate(state.site_ids)
@@ -291,7 +349,7 @@ def simulate(
             counting = True
             out = Outcome(strategy, gpus=out.gpus, hours=(minutes - t) / 60.0)
             out.timeline.start_min = t
-            state.bytes_loaded = 0
+            state.bytes_loaded = state.bytes_downloaded = 0
             state.moved[:] = state.cached[:] = False
             hour = t // 60
         elif counting and t // 60 != hour:
@@ -325,6 +383,7 @@ def simulate(
     out.models_moved += int(state.moved.sum())
     out.models_cached += int(state.cached.sum())
     out.bytes_moved = state.bytes_loaded
+    out.bytes_downloaded = state.bytes_downloaded
     return out
 
 
@@ -364,26 +423,29 @@ def _apply_placement(state, out, sites, specs, demand, latency, config, catalog,
     index = {n: j for j, n in enumerate(names)}
     before, placed_before = state.holds.copy(), state.placed.copy()
     state.placed[:] = False
+    wanted = state.wanted
+    wanted[:] = False
     for i, sid in enumerate(state.site_ids):
         for name in result.staged.get(sid, ()):
-            state.installed[i, index[name]] = True
+            wanted[i, index[name]] = True
         for name in result.loaded.get(sid, ()):
             state.placed[i, index[name]] = True
-    installed_before = state.installed.copy()
     state.holds[:] = state.placed  # agents demote what the desired state does not load
-    state.installed |= state.placed
     added = state.holds & ~before
     # Each site loads what placement added one at a time, after the loads it has
-    # queued: the artifact's download first where the site has none, then the
-    # promotion. A model serves from when it is ready (serving.py).
+    # queued: the artifact's download first where the site has none, its staging
+    # where its host RAM has not got it, then the promotion. A model serves from
+    # when it is ready (serving.py).
     for site in np.nonzero(added.any(axis=1))[0].tolist():
         ready = max(now, float(state.loading_until[site]))
         for m in np.nonzero(added[site])[0].tolist():
-            ready += float(catalog.load_s[m])
-            if not installed_before[site, m]:
-                ready += float(state.download_s[m])
+            ready += state.prepare(site, m, ready) + float(catalog.load_s[m])
             state.ready_at[site, m] = ready
         state.loading_until[site] = ready
+    # What placement stages is fetched and staged in the background, within host RAM.
+    for site in range(len(state.site_ids)):
+        state.stage(site, np.nonzero(wanted[site] & ~state.staged[site])[0].tolist(), now)
+        state.fit_host(site)
     state.bytes_loaded += int((added * state.size[None, :]).sum())
     state.moved |= np.any(state.placed != placed_before, axis=0)
     for i, j in zip(*np.nonzero(added), strict=True):

@@ -146,7 +146,7 @@ def _fmt(value: object) -> str:
 def _html(report: dict[str, object], plots: list[tuple[str, str]]) -> str:
     columns = ("gpus", "served_in_region_within_slo", "forwarded", "cold_starts",
                "cold_starts_peak_onset", "misses_peak_onset", "churn_per_hour",
-               "on_demand_churn_per_hour", "bytes_moved")  # fmt: skip
+               "on_demand_churn_per_hour", "bytes_moved", "bytes_downloaded")  # fmt: skip
     rows = "".join(
         f"<tr><th>{name}</th>"
         + "".join(f"<td>{_fmt(report[name].get(c))}</td>" for c in columns)  # type: ignore[attr-defined]

@@ -137,10 +137,9 @@ def serve_step(
             # What does not fit beside the rest is loaded in turn, evicting
             # (`cycled`: served this step, not held at its end).
             ready_s = max(0.0, float(state.loading_until[i]) - now)  # loads queued there
-            had = state.installed[i].copy()
             loaded = state.load_on_demand(i, batch, now)
             for m in loaded + [m for m in batch if m not in loaded]:
-                ready_s += catalog.load_s[m] + (0.0 if had[m] else state.download_s[m])
+                ready_s += state.prepare(i, m, now + ready_s) + catalog.load_s[m]
                 cold[r] += 1
                 first_loads[i] += 1
                 cycled[i, m] = not state.holds[i, m]
@@ -148,6 +147,7 @@ def serve_step(
                 state.ready_at[i, m] = now + ready_s
             busy_s[i] = min(ready_s, step_s)
             state.loading_until[i] = now + ready_s
+            state.fit_host(i)
         for m, ready_s in first_ready.items():  # served from the first site ready
             served_at[r, m] += requests[r, m] * (1.0 - min(1.0, ready_s / step_s))
             holders[r, m] += 1
@@ -167,9 +167,12 @@ def serve_step(
     util = (per_site * compute_s[None, :]).sum(axis=1) / (state.concurrency * step_s)
     state.util = util  # what the next step's routes report as headroom
     within = within_slo(util, state.concurrency, per_site, compute_s, catalog, region_rtt_ms)
-    total_in_time = float(((per_site - late) * within).sum())
-    forwarded_in_time = float((per_site_fwd * within).sum())
-    late_in_time = float((per_site_late * within).sum())
+    # The share of each site's requests for each model not waiting on a load, the
+    # same for the forwarded ones among them.
+    on_time = within * (1.0 - late / np.maximum(per_site, 1e-12))
+    total_in_time = float((per_site * on_time).sum())
+    forwarded_in_time = float((per_site_fwd * on_time).sum())
+    late_in_time = float((per_site_late * on_time).sum())
     forwarded = float(forwarded_at.sum())
     share = per_site  # what each site served of each model (for its usage stats)
     out.requests += float(requests.sum())

@@ -49,9 +49,12 @@ class SiteGroup(BaseModel):
     region: str
     count: int = Field(1, ge=0)
     gpu_memory: int = 24 * GiB
+    # The box's RAM for the staged tier: the models it holds ready to promote, those
+    # on its GPU included (the agent keeps their staged copy).
+    host_memory: int = 64 * GiB
     concurrency: float = Field(16.0, gt=0)
 
-    @field_validator("gpu_memory", mode="before")
+    @field_validator("gpu_memory", "host_memory", mode="before")
     @classmethod
     def _size(cls, v: int | str) -> int:
         return parse_size(v)
@@ -166,6 +169,7 @@ class StandardKnobs:
     regions: int = 5
     sites: int = 100
     gpu_memory: int = 24 * GiB
+    host_memory: int = 64 * GiB
     concurrency: float = 16.0
     models: int = 1000
     size_min_bytes: int = 10 * MB
@@ -201,7 +205,13 @@ def standard_fleet(k: StandardKnobs = StandardKnobs()) -> FleetSpec:
         regions=[RegionSpec(name=n, utc_offset_h=o) for n, o in zip(names, offsets, strict=True)],
         rtt_ms=rtt,
         sites=[
-            SiteGroup(region=n, count=c, gpu_memory=k.gpu_memory, concurrency=k.concurrency)
+            SiteGroup(
+                region=n,
+                count=c,
+                gpu_memory=k.gpu_memory,
+                host_memory=k.host_memory,
+                concurrency=k.concurrency,
+            )
             for n, c in zip(names, per, strict=True)
         ],
     )

@@ -197,6 +197,7 @@ def run_study(study: Study) -> dict[str, object]:
         "misses_peak_onset": 0.0,
         "churn_per_hour": 0.0,
         "bytes_moved": 0,
+        "bytes_downloaded": 0,
     }
     sized: dict[str, Sized] = {}
     for strategy in STRATEGIES:

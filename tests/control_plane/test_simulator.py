@@ -15,7 +15,7 @@ import pytest
 from edgeplex.agent.fleet.routing import Local, PeerOption, Where, choose_route
 from edgeplex.control_plane.demand import ewma
 from edgeplex.control_plane.forecast import Forecaster
-from edgeplex.control_plane.sim.engine import SimConfig, simulate
+from edgeplex.control_plane.sim.engine import SimConfig, _Fleet, simulate
 from edgeplex.control_plane.sim.serving import forward_choice
 from edgeplex.control_plane.sim.spec import (
     FleetSpec,
@@ -274,3 +274,42 @@ def test_fleet_sizes_are_trimmed_site_by_site() -> None:
     trimmed = trim(small_fleet(sites_per_region=7), enough)
     assert {g.region: g.count for g in trimmed.sites} == needed
     assert trimmed.gpus == 9
+
+
+def test_the_staged_tier_is_bounded_by_host_ram_and_staging_costs_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A box whose host RAM holds less than the catalog reads evicted models back
+    from disk (at stage_mbps) and keeps within its RAM; downloads are counted once
+    per site, and placement's staged lists are fetched, not there for free."""
+    catalog = standard_catalog(KNOBS, seed=5)
+    trace_fleet = small_fleet()
+    trace = SyntheticTrace(trace_fleet, catalog, 0.25, TraceKnobs(peak_rps=2000), 3)
+    seen: list[tuple[float, float, float]] = []  # (staged bytes, held bytes, host RAM)
+    fit_host = _Fleet.fit_host
+
+    def checked(self: _Fleet, s: int) -> None:
+        fit_host(self, s)
+        sizes = self.artifact_bytes
+        seen.append((sizes[self.staged[s]].sum(), sizes[self.holds[s]].sum(), self.host[s]))
+
+    monkeypatch.setattr(_Fleet, "fit_host", checked)
+
+    def run(host: int, strategy: str, stage_mbps: float = 200.0) -> dict[str, float | int]:
+        fleet = trace_fleet.model_copy(deep=True)
+        for group in fleet.sites:
+            group.host_memory = host
+        config = SimConfig(step_min=5, warmup_min=30, stage_mbps=stage_mbps)
+        return simulate(fleet, catalog, trace, trace.minutes, strategy, config).summary(120)
+
+    for strategy in ("lru", "reactive"):
+        seen.clear()
+        small = run(12 * GiB, strategy)
+        # What is staged fits the host's RAM, unless the device's models alone do not.
+        assert seen and all(staged <= max(host, held) for staged, held, host in seen), strategy
+        large = run(200 * GiB, strategy)
+        assert small["served_in_region_within_slo"] <= large["served_in_region_within_slo"]
+        free = run(12 * GiB, strategy, stage_mbps=float("inf"))
+        assert free["served_in_region_within_slo"] >= small["served_in_region_within_slo"]
+        # Each site downloads a model at most once; six sites, 120 models.
+        assert 0 < small["bytes_downloaded"] <= 6 * int(catalog.size_bytes.sum()), strategy
