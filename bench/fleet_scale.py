@@ -275,17 +275,25 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
     await asyncio.sleep(duration / 2)
     cpu0 = time.process_time()
     with admin_channel(address, ca) as admin:  # the change that reaches every site
+        first: float | None = None
         while not probe_at:
             began = time.monotonic()
+            first = first or began
             try:
                 pb_grpc.AdminServiceStub(admin).AddTenant(
                     pb.TenantSpec(name=PROBE_TENANT), metadata=AUTH, timeout=10
                 )
                 probe_at.append(began)
-            except grpc.RpcError as exc:  # Redis failing over (--failover): try again
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            except grpc.RpcError as exc:
+                # Redis failing over (--failover): refused, try again. A refused write
+                # may have been made (no replica acknowledged it in time): then the
+                # retry finds it, and the change went out with the first try.
+                if exc.code() == grpc.StatusCode.ALREADY_EXISTS and first < began:
+                    probe_at.append(first)
+                elif exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
-                await asyncio.sleep(0.5)
+                else:
+                    await asyncio.sleep(0.5)
     deadline = probe_at[0] + 60
     while len(arrivals) < len(sites) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -333,6 +341,37 @@ def run_harness(argv: list[str]) -> None:
     print(json.dumps(result), flush=True)
 
 
+class RoundWatch:
+    """Each placement round's time and end, from the control plane's metrics polled
+    every 0.1 s (rounds that ended between two polls get their mean)."""
+
+    def __init__(self, http_port: int) -> None:
+        self.http_port = http_port
+        self.ends: list[float] = []
+        self.times: list[float] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        last = None
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                text = metrics(self.http_port)
+                count = sample(text, "edgeplex_cp_placement_seconds_count")
+                total = sample(text, "edgeplex_cp_placement_seconds_sum")
+                if last is not None and count > last[0]:
+                    n = int(count - last[0])
+                    self.times += [(total - last[1]) / n] * n
+                    self.ends.append(time.monotonic())
+                last = (count, total)
+            time.sleep(0.1)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
 # --- the Redis failover (--failover) ----------------------------------------------------
 
 
@@ -341,18 +380,16 @@ class Failover:
     as its service manager would (the Sentinels make it the new primary's replica).
     Meanwhile three writers call verbs whose writes must survive (AddSite, ReportUsage,
     SubmitBatch), each call retried until acknowledged; afterwards every acknowledged
-    write must be on the new primary. A thread watches the placement version for the
-    longest gap between rounds."""
+    write must be on the new primary."""
 
-    def __init__(self, address: str, ca: str | None, site: dict, http_port: int) -> None:
-        self.address, self.ca, self.site, self.http_port = address, ca, site, http_port
+    def __init__(self, address: str, ca: str | None, site: dict) -> None:
+        self.address, self.ca, self.site = address, ca, site
         self.acked: dict[str, list[str]] = {"sites": [], "usage": [], "batch": []}
         self.refused = dict.fromkeys(self.acked, 0)
-        self.rounds: list[float] = []  # when each placement round was seen to end
         self.stop = threading.Event()
         self.threads = [
             threading.Thread(target=self._write, args=(what,), daemon=True) for what in self.acked
-        ] + [threading.Thread(target=self._watch, daemon=True)]
+        ]
 
     def start(self) -> None:
         for thread in self.threads:
@@ -393,16 +430,6 @@ class Failover:
                     self.refused[what] += 1
                     time.sleep(0.05)
                 time.sleep(0.1)
-
-    def _watch(self) -> None:
-        count = None
-        while not self.stop.is_set():
-            with contextlib.suppress(OSError):
-                now = sample(metrics(self.http_port), "edgeplex_cp_placement_seconds_count")
-                if count is not None and now != count:
-                    self.rounds.append(time.monotonic())
-                count = now
-            time.sleep(0.1)
 
     def lost(self, redis_port: int) -> dict[str, int]:
         """Acknowledged writes missing from the Redis on `redis_port`."""
@@ -623,6 +650,7 @@ def main() -> None:
               f"{ready['ready_s']:.0f} s", flush=True)  # fmt: skip
         json.loads(harness_proc.stdout.readline())  # settled: the window starts
         before, cpu0, t0 = metrics(http_port), cpu_seconds(cp.process.pid), time.monotonic()
+        rounds_seen = RoundWatch(http_port)
         spy = None
         if args.py_spy:
             spy = subprocess.Popen(
@@ -632,18 +660,19 @@ def main() -> None:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         if replica is not None:
-            failover = Failover(cp.address, ca, sites[0], http_port)
+            failover = Failover(cp.address, ca, sites[0])
             failover.start()
             time.sleep(3.0)
             killed_at = time.monotonic()
             report["redis_promoted_s"] = fail_over(redis, replica, sentinels)
         done = json.loads(harness_proc.stdout.readline())
+        rounds_seen.finish()
         if failover is not None:
             failover.stop.set()
             for thread in failover.threads:
                 thread.join(30)
-            around = [t for t in failover.rounds if t < killed_at][-1:] + [
-                t for t in failover.rounds if t >= killed_at
+            around = [t for t in rounds_seen.ends if t < killed_at][-1:] + [
+                t for t in rounds_seen.ends if t >= killed_at
             ]
             report["placement_gap_s"] = max(b - a for a, b in itertools.pairwise(around))
             report["failover_acked"] = {k: len(v) for k, v in failover.acked.items()}
@@ -680,6 +709,7 @@ def main() -> None:
         "cp_cpu_cores": (cpu1 - cpu0) / window,
         "placement_rounds": rounds, "placement_mean_s": spent / rounds if rounds else None,
         "placement_slowest_le_s": slowest, "placement_rounds_over_2s": over_2s,
+        "placement_round_s": rounds_seen.times,
         "placement_phase_mean_s": phase_means, "tls": not args.plain,
         "cp_rss_bytes": rss,
         "failed_calls": done["failed_calls"], "failures_seen": done["failures_seen"],
@@ -698,7 +728,8 @@ def main() -> None:
           f"{report['cp_cpu_cores']:.2f} cores (goal: 500/s under 1 core)")  # fmt: skip
     mean = report["placement_mean_s"]
     print(f"placement  {rounds:.0f} rounds, mean {mean if mean is None else f'{mean:.2f}'} s, "
-          f"slowest <= {slowest} s, {over_2s:.0f} over 2 s (goal: <= 2 s); "
+          f"slowest {max(rounds_seen.times, default=0):.2f} s, {over_2s:.0f} over 2 s "
+          "(goal: <= 2 s); "
           + ", ".join(f"{k} {v:.2f} s" for k, v in phase_means.items()))  # fmt: skip
     print(
         f"fan-out    a desired-state change reached {done['fanout_reached']}/{args.sites} "

@@ -4,6 +4,10 @@ The holder renews every lease/3 with a compare-and-extend script, so only the
 holder can extend or release it. A replica that cannot reach Redis stops
 considering itself leader at once (it cannot know whether its lease still
 holds); a standby takes over at most one lease period after the leader dies.
+A leader that finds its own lease still there when Redis answers again (a
+Redis failover, a blip) resumes its term: nobody led in between, so `since`,
+the start of the term, stays what it was and the planner need not wait for
+the fleet's reports again.
 
 Owned by one task (`run`); `is_leader` may be read from any task on the loop.
 """
@@ -45,14 +49,16 @@ class LeaderLease:
         self.replica_id = replica_id
         self._lease_ms = max(1, int(lease_s * 1000))
         self.is_leader = False
-        self.since = 0.0  # wall time this replica last became the leader
+        self.since = 0.0  # wall time this replica's term as the leader began
+        self._term = (0.0, 0.0)  # the last term's start, and when it was left
         self._redis_ok = True
         self.changed = asyncio.Event()  # set on every change of is_leader
 
     async def run(self) -> None:
         while True:
+            own = False  # the lease found is this replica's own, from before
             try:
-                held = await self._try_acquire()
+                held, own = await self._try_acquire()
             except RedisError as exc:
                 if self.is_leader:
                     log.warning("lost Redis (%s): stepping down", exc)
@@ -63,23 +69,33 @@ class LeaderLease:
             else:
                 self._redis_ok = True
             if held != self.is_leader:
+                now = time.time()
+                began, left = self._term
+                if not held:
+                    self._term, self.since = (self.since, now), 0.0
+                elif own and began and now - left < self._lease_ms / 1000:
+                    self.since = began  # the same term, resumed
+                else:
+                    self.since = now
                 self.is_leader = held
-                self.since = time.time() if held else 0.0
                 self.changed.set()
                 log.info("%s is %s", self.replica_id, "the leader" if held else "a standby")
             await asyncio.sleep(self._lease_ms / 3000)
 
-    async def _try_acquire(self) -> bool:
+    async def _try_acquire(self) -> tuple[bool, bool]:
+        """(whether this replica holds the lease, whether it was its own already)."""
         if self.is_leader:
-            return bool(await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms))
+            extended = await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms)
+            return bool(extended), True
         won = await self._redis.set(KEY, self.replica_id, nx=True, px=self._lease_ms)
         if won:
-            return True
+            return True, False
         holder = await self._redis.get(KEY)
         if holder is not None and _text(holder) == self.replica_id:
             # Our own lease from before a Redis blip: extend it.
-            return bool(await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms))
-        return False
+            extended = await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms)
+            return bool(extended), True
+        return False, False
 
     async def holder(self) -> str:
         raw = await self._redis.get(KEY)

@@ -211,3 +211,55 @@ def test_a_primary_killed_under_load_loses_nothing_acknowledged(
         channel.close()
         cp.stop()
         mqtt.stop()
+
+
+def test_a_leader_that_finds_its_own_lease_after_a_blip_resumes_its_term(
+    tmp_path: Path,
+) -> None:
+    """Redis gone for a moment (a failover, a restart): the leader steps down at once,
+    and when Redis answers again with its lease still there, it resumes the same term
+    (`since` unchanged: the planner need not wait out the fleet's reports again). A
+    lease that lapsed meanwhile starts a new term."""
+    import asyncio
+
+    from edgeplex.control_plane.leader import LeaderLease
+    from edgeplex.control_plane.store import Store
+
+    server = RedisServer(tmp_path)
+    server.start()
+
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(200):
+            if condition():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("timed out")
+
+    async def scenario() -> tuple[float, float, float]:
+        store = Store(server.url)
+        lease = LeaderLease(store.redis, "cp-a", lease_s=3.0)
+        task = asyncio.create_task(lease.run())
+        try:
+            await until(lambda: lease.is_leader)
+            began = lease.since
+            server.stop()
+            await until(lambda: not lease.is_leader)
+            server.start()  # the key comes back from its append-only file
+            await until(lambda: lease.is_leader)
+            resumed = lease.since
+            server.stop()
+            await until(lambda: not lease.is_leader)
+            await asyncio.sleep(3.5)  # the lease lapses: another replica may have led
+            server.start()
+            await until(lambda: lease.is_leader)
+            return began, resumed, lease.since
+        finally:
+            task.cancel()
+            await store.close()
+
+    try:
+        began, resumed, renewed = asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert resumed == began
+    assert renewed > began
