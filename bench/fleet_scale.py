@@ -429,7 +429,8 @@ class Failover:
                         raise
                     self.refused[what] += 1
                     time.sleep(0.05)
-                time.sleep(0.1)
+                # A site added is a broker user added: the broker reloads its files.
+                time.sleep(1.0 if what == "sites" else 0.1)
 
     def lost(self, redis_port: int) -> dict[str, int]:
         """Acknowledged writes missing from the Redis on `redis_port`."""
@@ -576,6 +577,9 @@ def main() -> None:
         help="Redis as a primary, a replica and three Sentinels; the primary is killed "
         "a few seconds into the window, with writers of data that must survive",
     )  # fmt: skip
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the run's folder (logs, Redis data)"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--py-spy", type=Path, help="record the control plane with py-spy over the window"
@@ -753,7 +757,10 @@ def main() -> None:
               f"lost {report['failover_lost']}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
-    subprocess.run(["rm", "-rf", str(work)], check=False)
+    if args.keep:
+        print(f"kept: {work}")
+    else:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
 if __name__ == "__main__":

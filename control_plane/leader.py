@@ -4,10 +4,12 @@ The holder renews every lease/3 with a compare-and-extend script, so only the
 holder can extend or release it. A replica that cannot reach Redis stops
 considering itself leader at once (it cannot know whether its lease still
 holds); a standby takes over at most one lease period after the leader dies.
-A leader that finds its own lease still there when Redis answers again (a
-Redis failover, a blip) resumes its term: nobody led in between, so `since`,
-the start of the term, stays what it was and the planner need not wait for
-the fleet's reports again.
+A leader that holds the lease again within one lease period of losing Redis (a
+Redis failover, a blip) resumes its term: its own lease was still there, or
+the key was gone (a failover can lose the last writes) and nobody else had
+taken it, which another replica could have done only once the old lease had
+run out. So `since`, the start of the term, stays what it was, and the
+planner need not wait for the fleet's reports again.
 
 Owned by one task (`run`); `is_leader` may be read from any task on the loop.
 """
@@ -56,9 +58,8 @@ class LeaderLease:
 
     async def run(self) -> None:
         while True:
-            own = False  # the lease found is this replica's own, from before
             try:
-                held, own = await self._try_acquire()
+                held = await self._try_acquire()
             except RedisError as exc:
                 if self.is_leader:
                     log.warning("lost Redis (%s): stepping down", exc)
@@ -69,33 +70,35 @@ class LeaderLease:
             else:
                 self._redis_ok = True
             if held != self.is_leader:
-                now = time.time()
-                began, left = self._term
-                if not held:
-                    self._term, self.since = (self.since, now), 0.0
-                elif own and began and now - left < self._lease_ms / 1000:
-                    self.since = began  # the same term, resumed
-                else:
-                    self.since = now
-                self.is_leader = held
-                self.changed.set()
-                log.info("%s is %s", self.replica_id, "the leader" if held else "a standby")
+                self._change(held)
             await asyncio.sleep(self._lease_ms / 3000)
 
-    async def _try_acquire(self) -> tuple[bool, bool]:
-        """(whether this replica holds the lease, whether it was its own already)."""
+    def _change(self, held: bool) -> None:
+        now = time.time()
+        began, left = self._term
+        resumed = bool(began) and now - left < self._lease_ms / 1000
+        if not held:
+            self._term, self.since = (self.since, now), 0.0
+            state = "a standby"
+        elif resumed:
+            self.since, state = began, "the leader again (its term resumed)"
+        else:
+            self.since, state = now, "the leader"
+        self.is_leader = held
+        self.changed.set()
+        log.info("%s is %s", self.replica_id, state)
+
+    async def _try_acquire(self) -> bool:
         if self.is_leader:
-            extended = await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms)
-            return bool(extended), True
+            return bool(await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms))
         won = await self._redis.set(KEY, self.replica_id, nx=True, px=self._lease_ms)
         if won:
-            return True, False
+            return True
         holder = await self._redis.get(KEY)
         if holder is not None and _text(holder) == self.replica_id:
             # Our own lease from before a Redis blip: extend it.
-            extended = await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms)
-            return bool(extended), True
-        return False, False
+            return bool(await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms))
+        return False
 
     async def holder(self) -> str:
         raw = await self._redis.get(KEY)

@@ -84,6 +84,21 @@ class Planner:
         self.observed: Demand = {}  # the last round's demand EWMA (explain shows it)
         self.forecast: Demand = {}  # and its forecast one horizon ahead
         self.rounds = 0
+        self._term = 0.0  # the leader term (LeaderLease.since) the memory above is of
+        self._settling_logged = False
+
+    def _new_term(self) -> None:
+        """Leading anew: what this replica remembers of its last term (what it
+        published, its demand, its placement) may be stale, as another replica may
+        have led since. A term resumed after a Redis blip keeps them (LeaderLease)."""
+        self._term = self._lease.since
+        self._settling_logged = False
+        self._routes_sent.clear()
+        self._routes_key = ()
+        self._published.clear()
+        self._demand_written = None
+        self._placed = None
+        self._entries_of = (None, {})
 
     def poke(self) -> None:
         self._wake.set()
@@ -102,15 +117,11 @@ class Planner:
                     if was_leader:
                         self._publisher.forget()
                     was_leader = False
-                    self._routes_sent.clear()
-                    self._routes_key = ()
-                    self._published.clear()
-                    self._demand_written = None
-                    self._placed = None
-                    self._entries_of = (None, {})
                     continue
                 due = time.monotonic() - last_round >= self._settings.placement_interval_s
                 try:
+                    if not was_leader and self._term != self._lease.since:
+                        self._new_term()
                     if not was_leader and not await self._settled():
                         continue
                     changed = await self._check_leases()
@@ -163,6 +174,9 @@ class Planner:
         )
         if time.time() - since >= window:
             return True
+        if not self._settling_logged:
+            self._settling_logged = True
+            log.info("a new term: placing once every site has reported, or in %.0f s", window)
         reports = await self._store.reports()
         return all(
             s.site_id in reports and reports[s.site_id].sent_at >= since
@@ -203,7 +217,8 @@ class Planner:
         ]
         leads = update_demand and self._lease.is_leader
         # The leader advances the EWMA it wrote itself; others read what the leader wrote.
-        previous, at = self._demand_written or await self._store.demand()
+        written = self._demand_written if self._lease.is_leader else None
+        previous, at = written or await self._store.demand()
         reported, unknown = current_demand(live, known)
         METRICS.unknown_demand.set(unknown)
         demand = ewma(previous, reported, now - at, settings.demand_half_life_s)
@@ -238,7 +253,7 @@ class Planner:
                 if m.variant and m.memory_bytes:
                     smaller.setdefault(m.name, []).append((report.site_id, m.memory_bytes))
         compute_ms = compute_per_request(live)
-        if self._placed is not None:  # this leader's last round
+        if self._placed is not None and self._lease.is_leader:  # this leader's last round
             current = {site: frozenset(loaded) for site, (loaded, _) in self._placed.items()}
             staged = {site: staged for site, (_, staged) in self._placed.items()}
         else:

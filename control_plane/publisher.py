@@ -134,6 +134,7 @@ class Publisher:
                     max_inflight_messages=WINDOW,
                     **self._target.client_kwargs(self._ca),  # type: ignore[arg-type]
                 ) as client:
+                    client.pending_calls_threshold = WINDOW  # in flight on purpose: no warning
                     self.connected = True
                     backoff.reset()
                     log.info("connected to MQTT %s:%d", self._target.host, self._target.port)

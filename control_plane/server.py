@@ -80,7 +80,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
     check_binds(settings)
     artifact_dir = settings.artifact_dir or Path(tempfile.mkdtemp(prefix="edgeplex-cp-artifacts-"))
     store = Store(settings.redis_url, settings.redis_wait_replicas, settings.redis_wait_ms)
-    lease = LeaderLease(store.redis, settings.replica_id, settings.leader_lease_s)
+    lease = LeaderLease(store.own_client(), settings.replica_id, settings.leader_lease_s)
     signer = Signer.from_file(settings.signing_key_file or state_dir() / "signing-key")
     log.info(
         "signing control messages with key %s (public key %s)",

@@ -32,6 +32,7 @@ desired states, leases) is rebuilt within a round and is not waited for.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -56,7 +57,8 @@ P = "edgeplex:"
 EVENTS = P + "events"
 
 
-POOL = 32  # Redis connections of one control-plane process
+POOL = 32  # Redis connections of one control-plane process for its reads and writes
+SHORT_WAIT_MS = 100  # how long a WAIT waits while replicas were found missing
 SENTINEL = "redis+sentinel"
 
 
@@ -70,9 +72,9 @@ class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     (a caller waits for a free connection rather than failing)."""
 
 
-def connect(url: str) -> tuple[aioredis.Redis, bool]:
-    """A client of the Redis that `url` names, and whether Sentinels watch it:
-    `redis://[user:password@]host:port/db`, or
+def connect(url: str, size: int = POOL) -> tuple[aioredis.Redis, bool]:
+    """A client of the Redis that `url` names, with at most `size` connections, and
+    whether Sentinels watch it: `redis://[user:password@]host:port/db`, or
     `redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]` for the
     primary that those Sentinels name `service` (the password is the primary's)."""
     # A restarted Redis leaves the pool's idle connections broken: each command on one
@@ -81,7 +83,7 @@ def connect(url: str) -> tuple[aioredis.Redis, bool]:
     # instead of opening a thousand (a burst of connects that overflows Redis's accept
     # queue, and a file descriptor each).
     options: dict[str, Any] = {
-        "max_connections": POOL,
+        "max_connections": size,
         "timeout": 10.0,  # waiting for a free connection
         "decode_responses": False,
         "socket_connect_timeout": 2.0,
@@ -122,29 +124,73 @@ class Store:
         """`wait_replicas`: replicas that must have a write that has to survive a
         failover (catalog, sites, tenants, usage, batch jobs) before it is
         acknowledged; None: one when Sentinels watch the primary, else none."""
+        self.url = url
         self.redis, watched = connect(url)
         self.wait_replicas = (1 if watched else 0) if wait_replicas is None else wait_replicas
         self.wait_ms = wait_ms
+        # WAITs block their connection until replicas answer (all of wait_ms while none
+        # is there, as in a failover): on a connection of their own, so that durable
+        # writes cannot take connections from reads, reports and the leader lease.
+        self._waiter = connect(url, 1)[0] if self.wait_replicas else None
+        self._wait_lock = asyncio.Lock()
+        self._next_wait: asyncio.Future[tuple[int, int]] | None = None  # not yet started
+        self._replicas_missing = False  # the last WAIT found too few
+        self._waits: set[asyncio.Task[None]] = set()
+        self._own: list[aioredis.Redis] = []
 
     async def replicated(self) -> None:
         """Returns once `wait_replicas` replicas have every write made so far, on any
-        connection (replication is one ordered stream: a replica that has this
-        connection's last write has every earlier one); NotReplicated if they do not
-        within `wait_ms`."""
-        if not self.wait_replicas:
+        connection (replication is one ordered stream: a replica that has a write
+        made after ours has ours); NotReplicated if they do not within `wait_ms`.
+
+        Callers share WAITs: one is in flight at a time, and every caller that came
+        while it ran joins the next, which starts after their writes. So a burst of
+        durable writes costs a few WAITs, not one each; and while no replica is
+        there (a failover) they are all refused after one wait, not one after
+        another."""
+        if self._waiter is None:
             return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.incr(P + "durable")  # this connection's own last write, to wait for
-            pipe.wait(self.wait_replicas, self.wait_ms)
-            _, acked = await pipe.execute()
+        shared = self._next_wait
+        if shared is None:
+            shared = self._next_wait = asyncio.get_running_loop().create_future()
+            shared.add_done_callback(lambda f: f.exception())  # read, if all callers left
+            task = asyncio.create_task(self._wait(shared))
+            self._waits.add(task)
+            task.add_done_callback(self._waits.discard)
+        acked, wait_ms = await asyncio.shield(shared)
         if acked < self.wait_replicas:
             raise NotReplicated(
-                f"Redis: {acked} of {self.wait_replicas} replicas have the write after "
-                f"{self.wait_ms} ms"
+                f"Redis: {acked} of {self.wait_replicas} replicas have the write after {wait_ms} ms"
             )
 
+    async def _wait(self, shared: asyncio.Future[tuple[int, int]]) -> None:
+        assert self._waiter is not None
+        async with self._wait_lock:  # the WAIT before it is done: it starts now
+            self._next_wait = None  # callers from here on join the next one
+            # While replicas were missing at the last WAIT, wait only briefly: a
+            # replica back in sync answers within it, and callers refused retry.
+            wait_ms = SHORT_WAIT_MS if self._replicas_missing else self.wait_ms
+            try:
+                async with self._waiter.pipeline(transaction=False) as pipe:
+                    pipe.incr(P + "durable")  # a write after the callers', to wait for
+                    pipe.wait(self.wait_replicas, wait_ms)
+                    _, acked = await pipe.execute()
+            except Exception as exc:  # every caller waiting on it gets it
+                shared.set_exception(exc)
+                return
+            self._replicas_missing = acked < self.wait_replicas
+            shared.set_result((acked, wait_ms))
+
+    def own_client(self) -> aioredis.Redis:
+        """A client with a connection of its own (the leader lease: renewed on time
+        whatever else waits for Redis); closed with the store."""
+        client = connect(self.url, 1)[0]
+        self._own.append(client)
+        return client
+
     async def close(self) -> None:
-        await self.redis.aclose()
+        for client in [self.redis, *self._own] + ([self._waiter] if self._waiter else []):
+            await client.aclose()
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())

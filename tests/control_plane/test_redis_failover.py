@@ -213,13 +213,14 @@ def test_a_primary_killed_under_load_loses_nothing_acknowledged(
         mqtt.stop()
 
 
-def test_a_leader_that_finds_its_own_lease_after_a_blip_resumes_its_term(
+def test_a_leader_back_within_a_lease_after_a_blip_resumes_its_term(
     tmp_path: Path,
 ) -> None:
     """Redis gone for a moment (a failover, a restart): the leader steps down at once,
-    and when Redis answers again with its lease still there, it resumes the same term
-    (`since` unchanged: the planner need not wait out the fleet's reports again). A
-    lease that lapsed meanwhile starts a new term."""
+    and when it holds the lease again within a lease period it resumes the same term
+    (`since` unchanged: the planner need not wait out the fleet's reports again).
+    Away longer than a lease, when another replica could have led, it starts a new
+    one."""
     import asyncio
 
     from edgeplex.control_plane.leader import LeaderLease
