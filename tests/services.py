@@ -202,7 +202,10 @@ def online_replicas(port: int) -> int:
     import redis
 
     info = redis.Redis(port=port).info("replication")
-    return sum(1 for k, v in info.items() if k.startswith("slave") and v.get("state") == "online")
+    return sum(
+        1 for k, v in info.items() if k[5:].isdigit() and k.startswith("slave")
+        and isinstance(v, dict) and v.get("state") == "online"
+    )  # fmt: skip
 
 
 def sentinel_url(sentinels: list[Sentinel]) -> str:
