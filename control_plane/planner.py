@@ -70,7 +70,7 @@ class Planner:
         # Per site, the desired state this leader last published, with what decides
         # whether it changed (its models' bytes, the peer token, the tenants) and its
         # bytes: a round compares tuples instead of reading and parsing every site's
-        # state back from Redis. Emptied when leadership is lost.
+        # state back from Redis. Emptied when a new term begins (_new_term).
         self._published: dict[str, tuple[tuple[object, ...], int, bytes]] = {}
         self._forecaster: Forecaster | None = None  # loaded from Redis on first use
         self._catalog_read: tuple[bytes | None, list[pb.CatalogModel]] = (None, [])
