@@ -35,6 +35,7 @@ log = logging.getLogger("edgeplex.control_plane.agents")
 
 CREDENTIALS_POLL_S = 1.0
 RECHECK_S = 10.0  # a report stream's site is checked again at least this often
+REDIS_RETRY_S = 2.0  # ...and this long after Redis could not answer the check
 CATALOG_ENTRY_TTL_S = 60.0
 
 
@@ -68,6 +69,13 @@ class ReportSink:
             return
         self.written += len(batch)
         METRICS.report_flush_seconds.observe(time.perf_counter() - started)
+
+
+def stamped(report: pb.LoadReport) -> pb.LoadReport:
+    """The report with its arrival time: the lease runs on the control plane's clock,
+    not the agent's."""
+    report.sent_at = time.time()
+    return report
 
 
 class CredentialWatch:
@@ -110,10 +118,16 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         self._signer = signer
 
     async def _identify(
-        self, context: grpc.aio.ServicerContext, site_id: str, region: str | None
-    ) -> None:
+        self,
+        context: grpc.aio.ServicerContext,
+        site_id: str,
+        region: str | None,
+        redis_down_ok: bool = False,
+    ) -> bool:
+        """Abort the call unless the caller proves it is `site_id`. With Redis
+        unavailable: abort, or with `redis_down_ok` return False (not checked)."""
         if self._settings.open_registration:
-            return
+            return True
         try:
             await authenticate(context, self._store, site_id, region)
         except Refused as refused:
@@ -121,9 +135,12 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             log.warning("refused an agent call for site %s: %s", site_id, refused.message)
             await context.abort(refused.code, refused.message)
         except RedisError:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
-            )
+            if not redis_down_ok:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
+                )
+            return False
+        return True
 
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
@@ -176,10 +193,32 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             signing_public_key=self._signer.public,
         )
 
+    async def _registered(
+        self, context: grpc.aio.ServicerContext, site_id: str, redis_down_ok: bool
+    ) -> bool:
+        """Abort the stream unless its caller is `site_id` and the site is registered;
+        False (not checked) when Redis is unavailable and `redis_down_ok`."""
+        if not await self._identify(context, site_id, None, redis_down_ok):
+            return False
+        try:
+            site = await self._store.get_site(site_id)
+        except RedisError:
+            if redis_down_ok:
+                return False
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
+            )
+        if site is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"site '{site_id}' is not registered; register again",
+            )
+        return True
+
     async def Report(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ReportSummary:  # type: ignore[no-untyped-def]
         count = 0
         known: str | None = None
-        checked, checked_epoch = 0.0, None
+        checked_epoch, recheck_at = None, 0.0
         async for report in request_iterator:
             problem = report_problem(report)
             if problem:
@@ -188,26 +227,17 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             # The credential and the registration are checked on the first report, when
             # any join token changed, and every RECHECK_S: a rotated or revoked join
             # token ends the stream, and a control plane that lost the registration
-            # (Redis wiped) says so.
+            # (Redis wiped) says so. A stream whose site was checked goes on while
+            # Redis is away (a failover): checked again on its next report, rather
+            # than a thousand agents registering again at once.
             now, epoch = time.monotonic(), self._credentials.epoch
-            if report.site_id != known or epoch != checked_epoch or now - checked > RECHECK_S:
-                await self._identify(context, report.site_id, None)
-                checked, checked_epoch = now, epoch
-                try:
-                    site = await self._store.get_site(report.site_id)
-                except RedisError:
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
-                    )
-                if site is None:
-                    await context.abort(
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"site '{report.site_id}' is not registered; register again",
-                    )
+            again = report.site_id == known
+            if not again or epoch != checked_epoch or now >= recheck_at:
+                checked = await self._registered(context, report.site_id, redis_down_ok=again)
+                checked_epoch = epoch
+                recheck_at = now + (RECHECK_S if checked else REDIS_RETRY_S)
                 known = report.site_id
-            # The lease runs on the control plane's clock, not the agent's.
-            report.sent_at = time.time()
-            self._sink.add(report)
+            self._sink.add(stamped(report))
             METRICS.reports.inc()
             count += 1
         return pb.ReportSummary(reports=count)

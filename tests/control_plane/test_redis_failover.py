@@ -155,10 +155,26 @@ def test_a_primary_killed_under_load_loses_nothing_acknowledged(
                     pass
                 time.sleep(0.1)
 
-        watcher = threading.Thread(target=watch)
+        # A site's report stream, open through the failover: it is not ended (a
+        # thousand agents registering again at once), its reports are kept.
+        streamed: list[object] = []
+
+        def reports() -> Iterator[pb.LoadReport]:
+            while not writers[0].stop.is_set():
+                yield pb.LoadReport(site_id="s0", sent_at=time.time())
+                time.sleep(0.25)
+
+        def stream() -> None:
+            try:
+                streamed.append(agents.Report(reports(), metadata=site, timeout=120).reports)
+            except grpc.RpcError as exc:
+                streamed.append(exc.code())
+
+        watcher, reporter = threading.Thread(target=watch), threading.Thread(target=stream)
         for writer in writers:
             writer.thread.start()
         watcher.start()
+        reporter.start()
         time.sleep(2 * ROUND_S)
         killed_at = time.monotonic()
         primary.stop(signal.SIGKILL)
@@ -180,7 +196,10 @@ def test_a_primary_killed_under_load_loses_nothing_acknowledged(
             writer.stop.set()
             writer.thread.join(30)
         watcher.join(30)
+        reporter.join(30)
 
+        assert len(streamed) == 1 and isinstance(streamed[0], int), streamed
+        assert streamed[0] > 4 * ROUND_S * 2, streamed  # about four reports a second
         # Everything acknowledged is on the new primary.
         new = redis.Redis(port=replica.port)
         models = {k.decode() for k in new.hkeys("edgeplex:models")}
