@@ -35,9 +35,8 @@ def staged_models(
     staged: dict[str, list[str]] = {}
     by_region: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     names = np.array([m.name for m in p.models], dtype=object)
-    by_name = np.argsort(names, kind="stable")  # rank of each name
-    name_rank = np.empty(len(names), dtype=np.int64)
-    name_rank[by_name] = np.arange(len(names))
+    name_rank = np.empty(len(names), dtype=np.int64)  # each model's place in name order
+    name_rank[np.argsort(names, kind="stable")] = np.arange(len(names))
     current = current or {}
     n_m = len(names)
     for i, s in enumerate(sites):
