@@ -180,28 +180,39 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
     stop = asyncio.Event()
 
     async def subscriber(site: dict) -> None:
+        """Subscribed until stopped; a lost or refused connection is counted and
+        tried again a second later, as an agent's link does."""
         nonlocal connected
         topic = f"edgeplex/v1/sites/{site['site_id']}/desired"
-        client = aiomqtt.Client(
-            "127.0.0.1", mqtt_port, identifier=site["site_id"], username=site["site_id"],
-            password=site["mqtt_password"], keepalive=60, **tls,
-        )  # fmt: skip
-        async with client:
-            await client.subscribe(topic, qos=1)
-            connected += 1
-            async for message in client.messages:
-                payload = bytes(message.payload)  # type: ignore[arg-type]
-                sizes.append(len(payload))
-                body = pb.SignedBody.FromString(pb.SignedMessage.FromString(payload).body)
-                payload = zlib.decompress(body.payload) if body.encoding else body.payload
-                inflated.append(len(payload))
-                if len(sizes) % 20 == 0:  # a sample across the run
-                    distinct.append(len(zlib.compress(every_model_its_own(payload), 6)))
-                first = probe_at and site["site_id"] not in arrivals
-                if first and PROBE_TENANT.encode() in payload:
-                    arrivals[site["site_id"]] = time.monotonic()
-                if stop.is_set():
-                    return
+        counted = False
+        while not stop.is_set():
+            client = aiomqtt.Client(
+                "127.0.0.1", mqtt_port, identifier=site["site_id"], username=site["site_id"],
+                password=site["mqtt_password"], keepalive=60, **tls,
+            )  # fmt: skip
+            try:
+                async with client:
+                    await client.subscribe(topic, qos=1)
+                    connected += not counted
+                    counted = True
+                    async for message in client.messages:
+                        received(site, bytes(message.payload))  # type: ignore[arg-type]
+                        if stop.is_set():
+                            return
+            except aiomqtt.MqttError as exc:
+                failures.append(f"MQTT: {exc}")
+                await asyncio.sleep(1.0)
+
+    def received(site: dict, payload: bytes) -> None:
+        sizes.append(len(payload))
+        body = pb.SignedBody.FromString(pb.SignedMessage.FromString(payload).body)
+        payload = zlib.decompress(body.payload) if body.encoding else body.payload
+        inflated.append(len(payload))
+        if len(sizes) % 20 == 0:  # a sample across the run
+            distinct.append(len(zlib.compress(every_model_its_own(payload), 6)))
+        first = probe_at and site["site_id"] not in arrivals
+        if first and PROBE_TENANT.encode() in payload:
+            arrivals[site["site_id"]] = time.monotonic()
 
     async def agent(site: dict, stub: pb_grpc.AgentServiceStub, index: int) -> None:
         """Register and report until stopped; a failed call is counted and tried
