@@ -9,8 +9,10 @@ file is mapped shared, so a count is in the kernel's page cache as soon as it is
 stored, with no system call on the request path, and an agent killed at any
 instant has on disk every request it answered. A request's count is stored after
 its bytes and compute time, so the most a kill can leave is the bytes of the one
-request whose answer had not left. A new entry's head is stored last: one cut
-short is not read, and a restart within the minute writes over it.
+request whose answer had not left. A kill after a batch was counted and before its
+answers left leaves those requests counted, though their callers got an error. A
+new entry's head is stored last: one cut short is not read, and a restart within
+the minute writes over it.
 
 A minute closes `grace_s` after it ends. `fold` (edgeplex/usage.py) then turns its
 file into one record per (tenant, model, version): the requests, failures by

@@ -504,11 +504,12 @@ def test_usage_is_exact_across_tenants_forwarding_a_killed_agent_and_a_failover(
     """Two tenants call a model only b1 holds, through a1 (forwarded) and at b1, and
     a model each site holds, at both. Mid-traffic b1 is SIGKILLed and restarted,
     then the leading control plane is killed and its standby takes over. Per tenant
-    and model, the usage the control plane ends with equals the successes the
-    serving agents' access logs show (a request answered just before the kill had
-    its line on disk before its answer left; a minute sent again is stored in the
-    same place), and exceeds what the clients saw by at most the requests in
-    flight to b1 at the kill."""
+    and model, the usage the control plane ends with is at least the successes the
+    serving agents' access logs show (a request is counted before its answer
+    leaves, so none answered goes unbilled) and exceeds them by at most the
+    requests in flight to b1 at the kill: those its batcher counted as answered
+    just before the SIGKILL, whose access line and answer never came. A minute
+    sent twice would add hundreds; it is stored in the same place, so adds none."""
     standby = fleet.standby
     assert standby is not None
     fleet.add_model("billed", fleet.artifacts["hot"], regions=["b"], min_replicas=1)
@@ -580,10 +581,12 @@ def test_usage_is_exact_across_tenants_forwarding_a_killed_agent_and_a_failover(
         )  # fmt: skip
         time.sleep(3.0)  # a minute sent twice would show now
         final = usage()
-        assert final == served, (final, served)
         assert set(served) == {(t, m) for t in keys for m in ("billed", "base")}, served
-        for pair, count in served.items():  # b1's callers (one each, through a1 too)
-            assert 0 <= count - clients[pair] <= 3, (pair, count, clients[pair])
+        assert set(final) == set(served), (final, served)
+        at_b1 = {"billed": 2, "base": 1}  # each tenant's callers of b1 (billed: via a1 too)
+        for pair, count in served.items():
+            assert 0 <= final[pair] - count <= at_b1[pair[1]], (pair, final[pair], count)
+            assert 0 <= count - clients[pair] <= at_b1[pair[1]], (pair, count, clients[pair])
     finally:
         fleet.cp.start()  # back as a standby, then the leader again
         standby.stop()
