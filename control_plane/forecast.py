@@ -20,8 +20,9 @@ with no season yet predicts its recent level.
 
 The control plane's planner feeds it every round and places from
 `predict(now, placement_interval_s)`; the simulator (control_plane/sim/) runs
-the same object. `to_bytes`/`from_bytes` keep it in Redis (raw float arrays and
-JSON keys; no pickle), so a new leader keeps what the last one learned.
+the same object. `to_bytes`/`from_bytes` keep it in Redis (raw float32 arrays,
+bit masks and JSON keys; no pickle), so a new leader keeps what the last one
+learned.
 """
 
 from __future__ import annotations
@@ -141,43 +142,64 @@ class Forecaster:
     # --- persistence (Redis) -------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
+        """The state, compact: the profiles as float32 (a rate's seventh digit is
+        noise), the seen-masks as bits; about 0.8 KB a key."""
         meta = json.dumps(
             {
+                "format": 2,
                 "keys": [list(k) for k in self.keys],
                 "last": self._last,
                 "bucket": self._bucket,
                 "bucket_n": self._bucket_n,
             }
         ).encode()
-        arrays = [
-            self.recent,
-            self.by_hour,
-            self.by_week_hour,
-            self.seen_hour.astype(np.float64),
-            self.seen_week_hour.astype(np.float64),
-            self._bucket_sum,
-        ]
-        return _HEADER.pack(len(meta)) + meta + b"".join(a.astype("<f8").tobytes() for a in arrays)
+        rates = [self.recent, self.by_hour, self.by_week_hour, self._bucket_sum]
+        seen = np.hstack([self.seen_hour, self.seen_week_hour])
+        return (
+            _HEADER.pack(len(meta))
+            + meta
+            + b"".join(a.astype("<f4").tobytes() for a in rates)
+            + np.packbits(seen, axis=1).tobytes()
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes, **kwargs: float) -> Forecaster:
+        """A forecaster from `to_bytes`, or from the float64 layout earlier releases
+        wrote (no "format" in its header)."""
         (n,) = _HEADER.unpack_from(data)
         meta = json.loads(data[_HEADER.size : _HEADER.size + n])
         f = cls(**kwargs)
         f.keys = [(str(r), str(m)) for r, m in meta["keys"]]
         f._ix = {k: i for i, k in enumerate(f.keys)}
-        k = len(f.keys)
-        flat = np.frombuffer(data[_HEADER.size + n :], dtype="<f8")
-        sizes = [k, k * 24, k * 168, k * 24, k * 168, k]
-        if flat.size != sum(sizes):
-            raise ValueError("forecaster state has the wrong size")
-        parts = np.split(flat, np.cumsum(sizes)[:-1])
-        f.recent = parts[0].copy()
-        f.by_hour = parts[1].reshape(k, 24).copy()
-        f.by_week_hour = parts[2].reshape(k, 168).copy()
-        f.seen_hour = parts[3].reshape(k, 24) > 0
-        f.seen_week_hour = parts[4].reshape(k, 168) > 0
-        f._bucket_sum = parts[5].copy()
+        k, body = len(f.keys), data[_HEADER.size + n :]
+        hours = HOURS_PER_DAY + HOURS_PER_WEEK
+        if meta.get("format") == 2:
+            seen_bytes = k * ((hours + 7) // 8)
+            rates_size = k * (1 + hours + 1)
+            if len(body) != rates_size * 4 + seen_bytes:
+                raise ValueError("forecaster state has the wrong size")
+            flat = np.frombuffer(body, dtype="<f4", count=rates_size).astype(np.float64)
+            recent, by_hour, by_week_hour, bucket_sum = np.split(
+                flat, np.cumsum([k, k * HOURS_PER_DAY, k * HOURS_PER_WEEK])
+            )
+            packed = np.frombuffer(body, dtype=np.uint8, offset=rates_size * 4)
+            seen = np.unpackbits(packed.reshape(k, -1), axis=1, count=hours).astype(bool)
+            seen_hour, seen_week_hour = seen[:, :HOURS_PER_DAY], seen[:, HOURS_PER_DAY:]
+        else:
+            flat = np.frombuffer(body, dtype="<f8")
+            sizes = [k, k * 24, k * 168, k * 24, k * 168, k]
+            if flat.size != sum(sizes):
+                raise ValueError("forecaster state has the wrong size")
+            recent, by_hour, by_week_hour, seen_h, seen_w, bucket_sum = np.split(
+                flat, np.cumsum(sizes)[:-1]
+            )
+            seen_hour, seen_week_hour = seen_h > 0, seen_w > 0
+        f.recent = recent.copy()
+        f.by_hour = by_hour.reshape(k, HOURS_PER_DAY).copy()
+        f.by_week_hour = by_week_hour.reshape(k, HOURS_PER_WEEK).copy()
+        f.seen_hour = seen_hour.reshape(k, HOURS_PER_DAY).copy()
+        f.seen_week_hour = seen_week_hour.reshape(k, HOURS_PER_WEEK).copy()
+        f._bucket_sum = bucket_sum.copy()
         f._last = meta["last"]
         f._bucket = meta["bucket"]
         f._bucket_n = int(meta["bucket_n"])
