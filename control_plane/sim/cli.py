@@ -46,6 +46,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--churn-cost", type=float, default=1.0,
         help="placement's hysteresis, req/s per GiB newly loaded (the control plane's churn_cost)",
     )  # fmt: skip
+    p.add_argument(
+        "--history-days", type=float, default=None,
+        help="the trace's first days only teach the forecaster (a fleet up for a while); "
+        "every strategy is counted after them (default: 2 on traces of 4 days or more, else 0)",
+    )  # fmt: skip
     p.add_argument("--search-days", type=float, default=2.0, help="days each sizing run covers")
     p.add_argument(
         "--search-step-min", type=int, default=15,
@@ -139,12 +144,20 @@ def _run(args: argparse.Namespace) -> int:
         stage_mbps=args.stage_mbps,
         region_rtt_ms=args.region_rtt_ms,
     )
+    history_days = args.history_days
+    if history_days is None:
+        history_days = 2.0 if minutes >= 4 * 1440 else 0.0
+    history_min = int(history_days * 1440)
+    if minutes - history_min <= config.warmup_min + 60:
+        print("error: --history-days leaves too little of the trace to count", file=sys.stderr)
+        return 2
     study = Study(
         fleet, catalog, trace, minutes, config, args.target, args.search_days,
-        args.search_step_min, bound_cell_min=args.bound_cell_min,
+        args.search_step_min, bound_cell_min=args.bound_cell_min, history_min=history_min,
     )  # fmt: skip
     print(
-        f"simulating {minutes / 1440:g} days: {len(fleet.regions)} regions, {fleet.gpus} sites, "
+        f"simulating {minutes / 1440:g} days, the first {history_days:g} history for the "
+        f"forecaster: {len(fleet.regions)} regions, {fleet.gpus} sites, "
         f"{len(catalog)} models, seed {args.seed}"
     )
     report = run_study(study)
@@ -159,6 +172,7 @@ def _run(args: argparse.Namespace) -> int:
         "trace": asdict(trace_knobs) if isinstance(trace, SyntheticTrace) else "file",
         "sim": asdict(config),
         "search_days": args.search_days,
+        "history_days": history_days,
     }
     sim_report.write(report, args.out, config.step_min)
     summary = {

@@ -289,8 +289,11 @@ def simulate(
     config: SimConfig | None = None,
     record: bool = True,
     peak_rps: np.ndarray | None = None,
+    start_min: int = 0,
 ) -> Outcome:
-    """`strategy` over `minutes` of the trace on `fleet`. `static` places from
+    """`strategy` over the trace's minutes from `start_min` to `minutes` on `fleet`,
+    the fleet empty at `start_min`. The forecaster has learned the trace before
+    `start_min` (`learn`), as one kept in Redis would have. `static` places from
     `peak_rps` [region, model] (each one's peak over the trace; found here when not
     given)."""
     config = config or SimConfig()
@@ -300,8 +303,8 @@ def simulate(
         fleet, catalog, "lru" if strategy == "lru" else "gdsf", config.model_overhead_bytes,
         config.wan_mbps, config.stage_mbps,
     )  # fmt: skip
-    if minutes <= config.warmup_min:
-        raise ValueError(f"the trace must be longer than the warm-up ({config.warmup_min} min)")
+    if minutes - start_min <= config.warmup_min:
+        raise ValueError(f"the run must be longer than the warm-up ({config.warmup_min} min)")
     out = Outcome(strategy, gpus=len(state.site_ids), hours=minutes / 60.0)
     central = strategy in ("reactive", "forecast")
     specs = tuple(
@@ -339,13 +342,16 @@ def simulate(
     demand_seen: dict[tuple[str, str], float] = {}
     demand_at = 0.0
     forecaster = Forecaster(recent_half_life_s=config.demand_half_life_s)
+    if strategy == "forecast":
+        learn(forecaster, trace, start_min, config.placement_period_min, state.regions,
+              catalog.names)  # fmt: skip
     period_requests = np.zeros((len(state.regions), len(catalog)))
-    period_start = 0
+    period_start = start_min
     step = config.step_min
-    counting, hour, placed_at = False, 0, 0
-    for t in range(0, minutes, step):
+    counting, hour, placed_at = False, 0, start_min
+    for t in range(start_min, minutes, step):
         now = TRACE_EPOCH + t * 60.0
-        if not counting and t >= config.warmup_min:  # count from here on
+        if not counting and t >= start_min + config.warmup_min:  # count from here on
             counting = True
             out = Outcome(strategy, gpus=out.gpus, hours=(minutes - t) / 60.0)
             out.timeline.start_min = t
@@ -357,9 +363,9 @@ def simulate(
             out.models_moved += int(state.moved.sum())
             out.models_cached += int(state.cached.sum())
             state.moved[:] = state.cached[:] = False
-        if central and (t == 0 or t - placed_at >= config.placement_period_min):
+        if central and (t == start_min or t - placed_at >= config.placement_period_min):
             placed_at = t
-            if t > 0:
+            if t > start_min:
                 rates = period_requests / ((t - period_start) * 60.0)
                 seen = _as_demand(rates, state.regions, catalog.names)
                 demand_seen = ewma(demand_seen, seen, now - demand_at, config.demand_half_life_s)
@@ -385,6 +391,21 @@ def simulate(
     out.bytes_moved = state.bytes_loaded
     out.bytes_downloaded = state.bytes_downloaded
     return out
+
+
+def learn(
+    forecaster: Forecaster,
+    trace: DemandSource,
+    until_min: int,
+    period_min: int,
+    regions: list[str],
+    names: list[str],
+) -> None:
+    """Feed `forecaster` the trace before `until_min` as the planner would have: each
+    placement period's mean rates, observed at its end."""
+    for t in range(period_min, until_min + 1, period_min):
+        rates = trace.demand(t - period_min, period_min) / (period_min * 60.0)
+        forecaster.observe(_as_demand(rates, regions, names), TRACE_EPOCH + t * 60.0)
 
 
 def peak_rates(trace: DemandSource, minutes: int, regions: int, models: int,

@@ -2,6 +2,12 @@
 target share of requests within SLO from their own region, and what it does
 there.
 
+The trace's first `history_min` minutes are history: no fleet runs them, but
+the forecaster learns from them (engine.learn), as one kept in Redis has
+learned from the weeks before. Every strategy runs, and is counted, from there
+on, so forecasting is measured as it runs in a fleet that has been up for a
+while, not on its first day.
+
 A strategy's GPU count is found by bisection over fleet sizes (every site
 group scaled by one factor, one GPU per site), then site by site: one site
 fewer in each region in turn, kept while the target still holds, until no
@@ -52,6 +58,7 @@ class Study:
     search_step_min: int = 15
     log: Callable[[str], None] = lambda line: print(line, flush=True)
     bound_cell_min: int = 15  # the lower bound's grid
+    history_min: int = 0  # the forecaster learns from these; counted after them
 
 
 @dataclass
@@ -69,7 +76,10 @@ def served(outcome: Outcome) -> float:
 def size_strategy(study: Study, strategy: str, peak: np.ndarray | None = None) -> Sized:
     """The smallest fleet at which `strategy` meets the target, and its full run
     (`static` places from `peak`, each region's and model's peak rate)."""
-    minutes = min(study.minutes, max(int(study.search_days * 1440), study.config.warmup_min + 60))
+    start = study.history_min
+    minutes = min(
+        study.minutes, start + max(int(study.search_days * 1440), study.config.warmup_min + 60)
+    )
     step = study.search_step_min
     period = max(study.config.placement_period_min, step)
     search = replace(study.config, step_min=step, placement_period_min=period)
@@ -80,7 +90,7 @@ def size_strategy(study: Study, strategy: str, peak: np.ndarray | None = None) -
         if key not in cache:
             started = time.perf_counter()
             outcome = simulate(
-                fleet, study.catalog, study.trace, minutes, strategy, search, False, peak
+                fleet, study.catalog, study.trace, minutes, strategy, search, False, peak, start
             )
             cache[key] = served(outcome)
             study.log(
@@ -100,7 +110,7 @@ def size_strategy(study: Study, strategy: str, peak: np.ndarray | None = None) -
             fleet = study.fleet.scaled(MAX_SCALE)
             final = simulate(
                 fleet, study.catalog, study.trace, study.minutes, strategy, study.config,
-                peak_rps=peak,
+                peak_rps=peak, start_min=start,
             )  # fmt: skip
             return Sized(strategy, None, fleet, final)
     for _ in range(12):
@@ -115,8 +125,9 @@ def size_strategy(study: Study, strategy: str, peak: np.ndarray | None = None) -
             lo = mid
     fleet = trim(study.fleet.scaled(hi), lambda f: evaluate(f) >= study.target)
     final = simulate(
-        fleet, study.catalog, study.trace, study.minutes, strategy, study.config, peak_rps=peak
-    )
+        fleet, study.catalog, study.trace, study.minutes, strategy, study.config,
+        peak_rps=peak, start_min=start,
+    )  # fmt: skip
     return Sized(strategy, fleet.gpus, fleet, final)
 
 
@@ -211,8 +222,9 @@ def run_study(study: Study) -> dict[str, object]:
     # Reactive on forecasting's fleet: cold starts at peak onset on equal hardware.
     equal = sized["forecast"].fleet
     reactive_equal = simulate(
-        equal, study.catalog, study.trace, study.minutes, "reactive", study.config
-    )
+        equal, study.catalog, study.trace, study.minutes, "reactive", study.config,
+        start_min=study.history_min,
+    )  # fmt: skip
     report["equal_size"] = {
         "gpus": equal.gpus,
         "reactive": {
@@ -247,8 +259,9 @@ def lower_bound(study: Study) -> dict[str, object]:
     started = time.perf_counter()
     cat, fleet = study.catalog, study.fleet
     grid = bound.grid_of(
-        study.trace.demand, study.minutes, study.bound_cell_min, study.config.warmup_min
-    )
+        study.trace.demand, study.minutes, study.bound_cell_min,
+        study.history_min + study.config.warmup_min,
+    )  # fmt: skip
     memory = float(np.mean([g.gpu_memory for g in fleet.sites]))
     concurrency = float(np.mean([g.concurrency for g in fleet.sites]))
     gpus, per_region = bound.lower_bound(
