@@ -360,6 +360,7 @@ class RoundWatch:
         self.http_port = http_port
         self.ends: list[float] = []
         self.times: list[float] = []
+        self.phases: list[dict[str, float]] = []  # each round's read, place, publish
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -371,11 +372,15 @@ class RoundWatch:
                 text = metrics(self.http_port)
                 count = sample(text, "edgeplex_cp_placement_seconds_count")
                 total = sample(text, "edgeplex_cp_placement_seconds_sum")
+                split = phases(text)
                 if last is not None and count > last[0]:
                     n = int(count - last[0])
                     self.times += [(total - last[1]) / n] * n
+                    self.phases += [
+                        {k: (v - last[2].get(k, 0.0)) / n for k, v in split.items()}
+                    ] * n
                     self.ends.append(time.monotonic())
-                last = (count, total)
+                last = (count, total, split)
             time.sleep(0.1)
 
     def finish(self) -> None:
@@ -735,6 +740,7 @@ def main() -> None:
         "placement_rounds": rounds, "placement_mean_s": spent / rounds if rounds else None,
         "placement_slowest_le_s": slowest, "placement_rounds_over_2s": over_2s,
         "placement_round_s": rounds_seen.times,
+        "placement_round_phases_s": rounds_seen.phases,
         "placement_phase_mean_s": phase_means, "tls": not args.plain,
         "cp_rss_bytes": rss,
         "failed_calls": done["failed_calls"], "failures_seen": done["failures_seen"],
@@ -756,6 +762,10 @@ def main() -> None:
           f"slowest {max(rounds_seen.times, default=0):.2f} s, {over_2s:.0f} over 2 s "
           "(goal: <= 2 s); "
           + ", ".join(f"{k} {v:.2f} s" for k, v in phase_means.items()))  # fmt: skip
+    if rounds_seen.times:
+        worst = max(range(len(rounds_seen.times)), key=rounds_seen.times.__getitem__)
+        split = rounds_seen.phases[worst].items()
+        print("           the slowest round: " + ", ".join(f"{k} {v:.2f} s" for k, v in split))
     print(
         f"fan-out    a desired-state change reached {done['fanout_reached']}/{args.sites} "
         f"sites: median {done['fanout_p50_s']:.2f} s, last {done['fanout_last_s']:.2f} s "
