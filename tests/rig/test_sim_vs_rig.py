@@ -1,8 +1,13 @@
 """The simulator checked against the real thing: a 30-minute trace replayed on the
 rig (3 regions x 2 sites, 30x faster, the control loop's periods scaled alike)
-and in the simulator; served-in-region share and cold starts agree within 10%
-(five rig runs at 20x: 1.02-1.09 and 0.94-1.05, docs/benchmarks.md; two at 30x,
-the speed this test runs at to keep the suite short: 1.01 and 0.98-0.99).
+and in the simulator; served-in-region share and cold starts agree within 10%.
+
+The goal is the median of five replays with the agents' defaults (bench/
+sim_vs_rig.py --replays 5: 1.03 and 1.02, docs/benchmarks.md). One replay is
+what the suite has time for, so this test runs the agents with kept mappings
+off, where the rig's cold starts vary least (679-707 in three replays, against
+624-738 with them on): a guard on the simulator's fidelity that does not fail
+on the rig's own spread.
 
 bench/sim_vs_rig.py does the work and documents what is compared.
 """
@@ -34,7 +39,9 @@ def _bench():  # type: ignore[no-untyped-def]
 @pytest.mark.timeout(600)
 def test_the_simulator_agrees_with_the_rig(tmp_path: Path) -> None:
     bench = _bench()
-    report = bench.run(bench.parse(["--out", str(tmp_path), "--compression", "30"]))
+    report = bench.run(
+        bench.parse(["--out", str(tmp_path), "--compression", "30", "--no-kept-mapping"])
+    )
     print(json.dumps(report, indent=2))
     rig, sim = report["rig"], report["sim"]
     assert rig["requests"] == sim["requests"] > 1000
