@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import time
@@ -68,7 +69,7 @@ class Planner:
         self._routes_sent: dict[str, bytes] = {}  # region -> unversioned routes last published
         self._routes_key: tuple[object, ...] = ()  # what the routes last built came from
         # Per site, the desired state this leader last published, with what decides
-        # whether it changed (its models' bytes, the peer token, the tenants) and its
+        # whether it changed (its models' sha256, the peer token, the tenants) and its
         # bytes: a round compares tuples instead of reading and parsing every site's
         # state back from Redis. Emptied when a new term begins (_new_term).
         self._published: dict[str, tuple[tuple[object, ...], int, bytes]] = {}
@@ -76,9 +77,9 @@ class Planner:
         self._catalog_read: tuple[bytes | None, list[pb.CatalogModel]] = (None, [])
         self._demand_written: tuple[Demand, float] | None = None  # while leading
         self._placed: dict[str, tuple[list[str], list[str]]] | None = None  # its last round
-        # Per site, its last loaded and staged lists and their entries' bytes, for the
-        # catalog epoch they were made from (Store.catalog_epoch).
-        self._entries_of: tuple[bytes | None, dict[str, tuple[list[str], list[str], bytes]]]
+        # Per site, its last loaded and staged lists, their entries' bytes and the
+        # bytes' sha256, for the catalog epoch they were made from (Store.catalog_epoch).
+        self._entries_of: tuple[bytes | None, dict[str, tuple[list[str], list[str], bytes, bytes]]]
         self._entries_of = (None, {})
         self._forecast_saved_at = 0.0
         self.observed: Demand = {}  # the last round's demand EWMA (explain shows it)
@@ -393,7 +394,8 @@ class Planner:
     ) -> None:
         by_name = {m.name: m for m in catalog}
         known = self._published
-        # A new leader reads what was published before it; later rounds remember.
+        # A new leader reads what was published before it (each site's head and its
+        # models' sha256); later rounds remember.
         stored = await self._store.desired() if any(s.site_id not in known for s in sites) else {}
         peer_token = await self._store.peer_token()
         tenants = await self._store.tenants()
@@ -404,7 +406,7 @@ class Planner:
         # DesiredState; a site's state is then its few fields and its entries'
         # bytes, joined (a thousand sites of 770 models: no 770,000 message copies).
         made: dict[tuple[str, str], bytes] = {}
-        changed: dict[str, bytes] = {}  # the sites whose desired state is new this round
+        changed: dict[str, tuple[bytes, bytes]] = {}  # site -> head, models' sha256: new
 
         def entry(name: str, tier: str) -> bytes:
             found = made.get((name, tier))
@@ -421,19 +423,23 @@ class Planner:
             loaded, staged = result.loaded[site.site_id], result.staged[site.site_id]
             last_entries = entries_of.get(site.site_id)
             if last_entries is not None and last_entries[:2] == (loaded, staged):
-                models = last_entries[2]  # the same lists as last round: the same bytes
+                models, digest = last_entries[2:]  # the same lists as last round
             else:
                 models = b"".join(
                     [entry(name, "loaded") for name in loaded]
                     + [entry(name, "staged") for name in staged]
                 )
-                entries_of[site.site_id] = (loaded, staged, models)
+                digest = hashlib.sha256(models).digest()
+                entries_of[site.site_id] = (loaded, staged, models, digest)
             tenants_json = tenants_at(site.site_id)
-            key = (models, peer_token, tenants_json)
+            key = (digest, peer_token, tenants_json)
             last = known.get(site.site_id)
             if last is None and site.site_id in stored:
-                previous = stored[site.site_id]
-                last = (_key(previous), previous.version, previous.SerializeToString())
+                # What the last leader sent, rebuilt byte for byte where it still holds.
+                head, sent_digest = stored[site.site_id]
+                sent = pb.DesiredState.FromString(head)
+                last = ((sent_digest, sent.peer_token, sent.tenants_json), sent.version,
+                        head + models)  # fmt: skip
             if last is not None and last[0] == key:
                 issued, payload = last[1], last[2]  # unchanged: agents have applied it
             else:
@@ -445,9 +451,11 @@ class Planner:
                     tenants_json=tenants_json,
                 ).SerializeToString()
                 issued, payload = version, head + models  # fields parse in any order
-                changed[site.site_id] = payload
+                changed[site.site_id] = (head, digest)
             known[site.site_id] = (key, issued, payload)
-        await self._store.put_desired_many(changed)  # stored before it is sent
+        # Stored before it is sent: each head, whose models placement holds (a
+        # thousand sites' states in full were 100 MB a change).
+        await self._store.put_desired_many(changed)
         for site in sites:
             _, issued, payload = known[site.site_id]
             self._publisher.publish(
@@ -551,12 +559,6 @@ def _tenants_json(tenants: TenantTable, rates: dict[str, dict[str, float]]) -> C
         return json.dumps([mine.get(name, r) for name, r in records.items()], sort_keys=True)
 
     return at
-
-
-def _key(desired: pb.DesiredState) -> tuple[object, ...]:
-    """What decides whether a site's desired state changed (see Planner._published)."""
-    models = b"".join(_model_field(m.SerializeToString()) for m in desired.models)
-    return (models, desired.peer_token, desired.tenants_json)
 
 
 _MODELS_TAG = bytes([4 << 3 | 2])  # DesiredState.models: field 4, length-delimited

@@ -412,14 +412,27 @@ class Store:
         raw = await self.redis.get(P + "placement")
         return None if raw is None else pb.Placement.FromString(raw)
 
-    async def put_desired_many(self, payloads: dict[str, bytes]) -> None:
-        """Sites' desired states (serialized), in one write."""
-        if payloads:
-            await self.redis.hset(P + "desired", mapping=payloads)  # type: ignore[arg-type]
+    async def put_desired_many(self, sent: dict[str, tuple[bytes, bytes]]) -> None:
+        """What sites were sent, in one write: per site its desired state's head (a
+        DesiredState without its models, which the placement holds) and the sha256 of
+        its models' bytes, so that a new leader can tell what changed and send what
+        did not byte for byte."""
+        if sent:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(P + "desired", mapping={s: head for s, (head, _) in sent.items()})
+                pipe.hset(P + "desired:models", mapping={s: d for s, (_, d) in sent.items()})
+                await pipe.execute()
 
-    async def desired(self) -> dict[str, pb.DesiredState]:
-        raw = await self.redis.hgetall(P + "desired")
-        return {text(k): pb.DesiredState.FromString(v) for k, v in raw.items()}
+    async def desired(self) -> dict[str, tuple[bytes, bytes]]:
+        """Per site, the head and models' sha256 `put_desired_many` stored. States an
+        earlier release stored whole have no sha256 and are left out (sent anew)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(P + "desired")
+            pipe.hgetall(P + "desired:models")
+            heads, digests = await pipe.execute()
+        return {
+            text(site): (head, digests[site]) for site, head in heads.items() if site in digests
+        }
 
     # --- batch jobs -----------------------------------------------------------------------
 

@@ -404,11 +404,20 @@ def test_a_dead_site_is_marked_down_and_its_models_move(fleet: Fleet) -> None:
 
 def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None:
     """The standby takes the lease; the agents, which know both replicas, move to it
-    before their site leases lapse, so no site is marked down and nothing moves; and
-    the usage of the requests served across the takeover is counted once each."""
+    before their site leases lapse, so no site is marked down and nothing moves; a
+    site whose lists did not change keeps the desired state it was sent (the same
+    version: the new leader rebuilds it from the head and models' sha256 in Redis);
+    and the usage of the requests served across the takeover is counted once each."""
     standby = fleet.standby
     assert standby is not None
     standby.start()
+
+    def sent() -> dict[str, int]:
+        heads = redis.Redis.from_url(fleet.redis.url).hgetall("edgeplex:desired")
+        return {k.decode(): pb.DesiredState.FromString(v).version for k, v in heads.items()}
+
+    def lists(placement: pb.Placement) -> dict[str, tuple[list[str], list[str]]]:
+        return {sp.site_id: (list(sp.loaded), list(sp.staged)) for sp in placement.sites}
 
     def used_at_a1(cp: ControlPlane) -> int:
         table = fleet.call("GetUsage", pb.UsageQuery(tenant="anonymous", by="site"), cp)
@@ -417,6 +426,8 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
     try:
         before = fleet.settled_placement()
         assert before.leader == fleet.cp.replica  # type: ignore[attr-defined]
+        sent_before = sent()
+        assert set(sent_before) == {"a1", "b1"}, sent_before
         journal = fleet.workdir / "usage-a1"  # every earlier minute of a1's sent first
         wait_until(lambda: not list(journal.glob("*.counts")), what="a1's journal sent")
         used_before = used_at_a1(fleet.cp)
@@ -441,6 +452,10 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
         wait_until(lambda: used_at_a1(standby) >= expected, what="usage across the takeover")
         time.sleep(3.0)  # a minute sent twice would show now
         assert used_at_a1(standby) == expected
+        now = fleet.call("GetPlacement", pb.PlacementRequest(), standby)
+        same = {s for s, held in lists(now).items() if lists(before).get(s) == held}  # type: ignore[arg-type]
+        assert same, (before, now)
+        assert {s: sent()[s] for s in same} == {s: sent_before[s] for s in same}
         if loaded_sets(after) != loaded_sets(before):  # say why, model by model, from the leader
             why = {
                 name: list(fleet.call("ExplainPlacement", pb.ModelName(name=name), standby).lines)  # type: ignore[attr-defined]
