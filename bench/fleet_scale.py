@@ -177,6 +177,7 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
     inflated: list[int] = []  # ...and of their payloads, inflated
     distinct: list[int] = []  # ...deflated as if each model had its own artifact
     probe_at: list[float] = []
+    last_seen: dict[str, tuple[int, float]] = {}  # site -> the highest version, its arrival
     stop = asyncio.Event()
 
     async def subscriber(site: dict) -> None:
@@ -210,6 +211,8 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
         inflated.append(len(payload))
         if len(sizes) % 20 == 0:  # a sample across the run
             distinct.append(len(zlib.compress(every_model_its_own(payload), 6)))
+        if body.version > last_seen.get(site["site_id"], (0, 0.0))[0]:  # as an agent applies
+            last_seen[site["site_id"]] = (body.version, time.monotonic())
         first = probe_at and site["site_id"] not in arrivals
         if first and PROBE_TENANT.encode() in payload:
             arrivals[site["site_id"]] = time.monotonic()
@@ -257,8 +260,9 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
                 due += 2.0
                 device = pb.DeviceLoad(index=0, budget_bytes=24 << 30)
                 yield pb.LoadReport(
-                    site_id=site["site_id"], sent_at=time.time(), models=loads, devices=[device]
-                )
+                    site_id=site["site_id"], sent_at=time.time(), models=loads, devices=[device],
+                    desired_version=last_seen.get(site["site_id"], (0, 0.0))[0],
+                )  # fmt: skip
                 sent += 1
 
         await stub.Report(reports(), metadata=metadata)
@@ -318,6 +322,13 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
     for open_channel in channels:
         await open_channel.close()
     times = sorted(t - probe_at[0] for t in arrivals.values())
+
+    def missed(site_id: str) -> tuple[str, int | None, float | None]:
+        if site_id not in last_seen:
+            return site_id, None, None
+        version, at = last_seen[site_id]
+        return site_id, version, round(at - probe_at[0], 2)
+
     return {
         "event": "done",
         "connected": connected,
@@ -332,6 +343,9 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
         "fanout_reached": len(times),
         "fanout_p50_s": times[len(times) // 2] if times else None,
         "fanout_last_s": times[-1] if times else None,
+        # Sites the change never reached: the version of the last state each was sent,
+        # and when it came (seconds after the change was made).
+        "fanout_missed": [missed(s["site_id"]) for s in sites if s["site_id"] not in arrivals][:10],
         "harness_cpu_s_second_half": harness_cpu,
     }
 
@@ -776,6 +790,8 @@ def main() -> None:
           f"({done['desired_mean_inflated_bytes'] / 1024:.1f} KiB inflated; "
           f"{done['desired_mean_distinct_deflated_bytes'] / 1024:.1f} KiB deflated if every "
           "model had its own artifact)")  # fmt: skip
+    if done["fanout_missed"]:
+        print(f"           not reached (site, last version sent, when): {done['fanout_missed']}")
     print(f"failures   {done['failed_calls']} agent calls failed (tried again after 1 s): "
           f"{done['failures_seen']}")  # fmt: skip
     print(f"memory     control plane {rss / 2**20:.0f} MiB resident; harness "

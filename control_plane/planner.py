@@ -350,7 +350,8 @@ class Planner:
         self._placed = {
             s.site_id: (result.loaded[s.site_id], result.staged[s.site_id]) for s in sites
         }
-        await self._publish(version, inp, result, sites, catalog, site_headroom(reports))
+        applied = {site: report.desired_version for site, report in reports.items()}
+        await self._publish(version, inp, result, sites, catalog, site_headroom(reports), applied)
         published = {site: version for site, (_, version, _) in self._published.items()}
         METRICS.export_sites(sites, published, reports)
         self.rounds += 1
@@ -391,7 +392,10 @@ class Planner:
         sites: list[pb.Site],
         catalog: list[pb.CatalogModel],
         headroom: dict[str, float],
+        applied: dict[str, int],
     ) -> None:
+        """Each site's desired state, stored and sent where it changed; then the
+        routes. `applied`: the version each site reports it applied last."""
         by_name = {m.name: m for m in catalog}
         known = self._published
         # A new leader reads what was published before it (each site's head and its
@@ -440,7 +444,10 @@ class Planner:
                 sent = pb.DesiredState.FromString(head)
                 last = ((sent_digest, sent.peer_token, sent.tenants_json), sent.version,
                         head + models)  # fmt: skip
-            if last is not None and last[0] == key:
+            # A site that applied a version above what this leader knows of it (one
+            # a leader sent before Redis lost it) would refuse the older one as
+            # stale and keep what it has: it is sent its state anew.
+            if last is not None and last[0] == key and applied.get(site.site_id, 0) <= last[1]:
                 issued, payload = last[1], last[2]  # unchanged: agents have applied it
             else:
                 head = pb.DesiredState(

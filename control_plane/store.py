@@ -223,7 +223,11 @@ class Store:
     async def catalog_epoch(self) -> bytes | None:
         """A value that changes with every catalog write: the catalog read last is
         still the catalog while it stays the same."""
-        raw = await self.redis.get(P + "catalog")
+        return await self._epoch("catalog")
+
+    async def _epoch(self, key: str) -> bytes | None:
+        """The random value written beside every write of what `key` names."""
+        raw = await self.redis.get(P + key)
         return raw if isinstance(raw, bytes) else None
 
     # --- sites ----------------------------------------------------------------------------
@@ -256,8 +260,7 @@ class Store:
     async def credentials_epoch(self) -> bytes | None:
         """A value that changes whenever any join token does (and is gone when Redis
         lost its data): report streams recheck their site when it moves."""
-        raw = await self.redis.get(P + "credentials")
-        return raw if isinstance(raw, bytes) else None
+        return await self._epoch("credentials")
 
     async def join_token(self, site_id: str) -> tuple[str, str] | None:
         """(sha256 of the site's join token, its region), or None."""

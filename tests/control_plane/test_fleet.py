@@ -471,6 +471,58 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
 ACCESS_LINE = re.compile(r" (?:grpc|http) \S+ ([\w.-]+):\S+ status=(?:OK|200) .*tenant=(\S+) ")
 
 
+def test_a_new_leader_sends_anew_a_state_redis_lost(fleet: Fleet) -> None:
+    """Redis lost the head of the state a1 applied (a failover dropped the last write;
+    here an older head is written over it). The standby, leading, would rebuild the
+    older version from it and a1 refuse that as stale, keeping what it has while the
+    leader thought it sent something else; a1 reports the version it applied, so the
+    new leader sends a1 its state anew, and a1 refuses nothing."""
+    standby = fleet.standby
+    assert standby is not None
+    store = redis.Redis.from_url(fleet.redis.url)
+    fleet.settled_placement()
+    head = pb.DesiredState.FromString(store.hget("edgeplex:desired", "a1"))  # type: ignore[arg-type]
+    applied = head.version
+    rejected_before = rejected_messages(fleet.agents["a1"])
+    standby.start()
+    try:
+        older = pb.DesiredState()
+        older.CopyFrom(head)
+        older.version, older.issued_at = applied - 1, head.issued_at - 1
+        fleet.cp.stop(signal.SIGKILL)  # no round of its own after the write below
+        store.hset("edgeplex:desired", "a1", older.SerializeToString())
+        wait_until(
+            lambda: fleet.call("GetPlacement", pb.PlacementRequest(), standby).leader  # type: ignore[attr-defined]
+            == standby.replica,
+            timeout=10, what="the standby leads",
+        )  # fmt: skip
+
+        def sent_anew() -> int | None:
+            raw = store.hget("edgeplex:desired", "a1")
+            version = pb.DesiredState.FromString(raw).version  # type: ignore[arg-type]
+            return version if version > applied else None
+
+        wait_until(sent_anew, timeout=15, what="a1 sent its state anew")
+        time.sleep(1.0)  # applied, or refused
+        assert rejected_messages(fleet.agents["a1"]) == rejected_before
+    finally:
+        fleet.cp.start()  # back as a standby, then the leader again
+        standby.stop()
+        wait_until(
+            lambda: fleet.placement().leader == fleet.cp.replica,  # type: ignore[attr-defined]
+            timeout=20, what="the first replica leads again",
+        )  # fmt: skip
+
+
+def rejected_messages(agent) -> float:  # type: ignore[no-untyped-def]
+    _, body = agent.http_get("/metrics")
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.decode().splitlines()
+        if line.startswith("edgeplex_agent_rejected_messages_total{")
+    )
+
+
 def served_in_access_log(log: str) -> Counter[tuple[str, str]]:
     """Successes an agent served itself (forwards it passed on excluded), by
     (tenant, model), as its access lines say."""
