@@ -3,7 +3,8 @@
 The holder renews every lease/3 with a compare-and-extend script, so only the
 holder can extend or release it. A replica that cannot reach Redis stops
 considering itself leader at once (it cannot know whether its lease still
-holds); a standby takes over at most one lease period after the leader dies.
+holds), and tries again every RETRY_S until Redis answers; a standby takes over
+at most one lease period after the leader dies.
 A leader that holds the lease again within one lease period of losing Redis (a
 Redis failover, a blip) resumes its term: its own lease was still there, or
 the key was gone (a failover can lose the last writes) and nobody else had
@@ -29,6 +30,9 @@ from edgeplex.control_plane.store import text as _text
 log = logging.getLogger("edgeplex.control_plane.leader")
 
 KEY = "edgeplex:leader"
+# After Redis failed, the lease is tried again this soon (not a third of the lease
+# later): a failover's new primary is taken up within it, and placement resumes.
+RETRY_S = 0.25
 
 _EXTEND = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -58,9 +62,11 @@ class LeaderLease:
 
     async def run(self) -> None:
         while True:
+            pause = self._lease_ms / 3000
             try:
                 held = await self._try_acquire()
             except RedisError as exc:
+                pause = min(pause, RETRY_S)
                 if self.is_leader:
                     log.warning("lost Redis (%s): stepping down", exc)
                 elif self._redis_ok:
@@ -71,7 +77,7 @@ class LeaderLease:
                 self._redis_ok = True
             if held != self.is_leader:
                 self._change(held)
-            await asyncio.sleep(self._lease_ms / 3000)
+            await asyncio.sleep(pause)
 
     def _change(self, held: bool) -> None:
         now = time.time()
