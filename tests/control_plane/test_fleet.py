@@ -39,7 +39,7 @@ from edgeplex.proto import inference_pb2 as ipb
 from edgeplex.proto import inference_pb2_grpc as ipb_grpc
 from tests.conftest import AgentProcess, free_port
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer
-from tests.support.fleet import Fleet, agent_tier, loaded_sets
+from tests.support.fleet import Fleet, agent_tier, loaded_sets, rejected_messages
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -506,21 +506,7 @@ def test_a_new_leader_sends_anew_a_state_redis_lost(fleet: Fleet) -> None:
         time.sleep(1.0)  # applied, or refused
         assert rejected_messages(fleet.agents["a1"]) == rejected_before
     finally:
-        fleet.cp.start()  # back as a standby, then the leader again
-        standby.stop()
-        wait_until(
-            lambda: fleet.placement().leader == fleet.cp.replica,  # type: ignore[attr-defined]
-            timeout=20, what="the first replica leads again",
-        )  # fmt: skip
-
-
-def rejected_messages(agent) -> float:  # type: ignore[no-untyped-def]
-    _, body = agent.http_get("/metrics")
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in body.decode().splitlines()
-        if line.startswith("edgeplex_agent_rejected_messages_total{")
-    )
+        fleet.first_replica_leads_again()
 
 
 def served_in_access_log(log: str) -> Counter[tuple[str, str]]:
@@ -655,12 +641,7 @@ def test_usage_is_exact_across_tenants_forwarding_a_killed_agent_and_a_failover(
             assert 0 <= final[pair] - count <= at_b1[pair[1]], (pair, final[pair], count)
             assert 0 <= count - clients[pair] <= at_b1[pair[1]], (pair, count, clients[pair])
     finally:
-        fleet.cp.start()  # back as a standby, then the leader again
-        standby.stop()
-        wait_until(
-            lambda: fleet.placement().leader == fleet.cp.replica,  # type: ignore[attr-defined]
-            timeout=20, what="the first replica leads again",
-        )  # fmt: skip
+        fleet.first_replica_leads_again()
         for tenant in keys:
             fleet.call("RemoveTenant", pb.TenantName(name=tenant))
         fleet.call("RemoveModel", pb.ModelName(name="billed"))

@@ -31,7 +31,7 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.signing import DESIRED, ROUTES, Signer, key_id, region_audience, site_audience
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, join_token
-from tests.support.fleet import Fleet, agent_tier
+from tests.support.fleet import Fleet, agent_tier, rejected_messages
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -59,15 +59,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         r.stop()
 
 
-def rejected(agent) -> float:  # type: ignore[no-untyped-def]
-    _, body = agent.http_get("/metrics")
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in body.decode().splitlines()
-        if line.startswith("edgeplex_agent_rejected_messages_total{")
-    )
-
-
 def publish(fleet: Fleet, topic: str, payloads: list[bytes]) -> None:
     async def send() -> None:
         kwargs = parse_mqtt_url(fleet.mqtt.url()).client_kwargs()
@@ -81,7 +72,7 @@ def publish(fleet: Fleet, topic: str, payloads: list[bytes]) -> None:
 def test_forged_control_messages_change_nothing_and_are_counted(fleet: Fleet) -> None:
     agent = fleet.agents["a1"]
     wait_until(lambda: agent_tier(agent, "base") == "loaded", 40, what="base loaded at a1")
-    before = rejected(agent)
+    before = rejected_messages(agent)
     empty = pb.DesiredState(version=2**64 - 1, site_id="a1").SerializeToString()
     attacker = Signer(Ed25519PrivateKey.generate())
     legit = Signer.from_file(fleet.workdir / "signing-key")  # the real key, misused
@@ -98,7 +89,9 @@ def test_forged_control_messages_change_nothing_and_are_counted(fleet: Fleet) ->
     publish(
         fleet, routes_topic("a"), [attacker.seal(ROUTES, region_audience("a"), 2**63, routes, 600)]
     )
-    wait_until(lambda: rejected(agent) >= before + len(forged) + 1, what="all forgeries rejected")
+    wait_until(
+        lambda: rejected_messages(agent) >= before + len(forged) + 1, what="all forgeries rejected"
+    )
     assert agent_tier(agent, "base") == "loaded"
     # The real control plane still commands the site afterwards.
     demo.make_mlp(fleet.workdir / "src" / "late", width=64, layers=2, in_width=32, seed=4)

@@ -15,6 +15,7 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.conftest import AgentProcess, start_agent
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, fleet_env
+from tests.support.waiting import wait_until
 
 AUTH = [("authorization", f"Bearer {TOKEN}")]
 
@@ -72,6 +73,17 @@ class Fleet:
             last = now
         raise AssertionError(f"placement did not settle within {timeout} s: {last}")
 
+    def first_replica_leads_again(self) -> None:
+        """After a test failed the leader over to the standby: the first replica back
+        (a standby at first), the standby stopped, and the first replica leading."""
+        assert self.standby is not None
+        self.cp.start()
+        self.standby.stop()
+        wait_until(
+            lambda: self.placement().leader == self.cp.replica,  # type: ignore[attr-defined]
+            timeout=20, what="the first replica leads again",
+        )  # fmt: skip
+
     def loaded_at(self, site: str) -> set[str]:
         for sp in self.placement().sites:
             if sp.site_id == site:
@@ -111,3 +123,13 @@ def agent_tier(agent: AgentProcess, model: str) -> str:
         if entry["name"] == model:
             return str(entry["tier"])
     return ""
+
+
+def rejected_messages(agent: AgentProcess) -> float:
+    """Control messages the agent refused so far, every reason together."""
+    _, body = agent.http_get("/metrics")
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.decode().splitlines()
+        if line.startswith("edgeplex_agent_rejected_messages_total{")
+    )
