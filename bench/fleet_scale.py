@@ -618,7 +618,7 @@ def main() -> None:
         "a few seconds into the window, with writers of data that must survive",
     )  # fmt: skip
     parser.add_argument(
-        "--keep", action="store_true", help="keep the run's folder (logs, Redis data)"
+        "--keep", action="store_true", help="keep the run's folder (logs, Redis data; the control plane logs at INFO)"
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
@@ -660,7 +660,9 @@ def main() -> None:
         EDGEPLEX_CP_REPORT_INTERVAL_S="2",
         EDGEPLEX_CP_SITE_LEASE_S="20",
         EDGEPLEX_CP_DEMAND_HALF_LIFE_S="60",
-        EDGEPLEX_CP_LOG_LEVEL="WARNING",
+        # What a kept run is kept for: the lease's changes (a resumed or a new term)
+        # are logged at INFO.
+        EDGEPLEX_CP_LOG_LEVEL="INFO" if args.keep else "WARNING",
         EDGEPLEX_CP_MQTT_PASSWORD_FILE=str(mqtt.password_file),
         EDGEPLEX_CP_MQTT_ACL_FILE=str(mqtt.acl_file),
         EDGEPLEX_CP_MQTT_PID_FILE=str(mqtt.pid_file),
