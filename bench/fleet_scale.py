@@ -618,7 +618,9 @@ def main() -> None:
         "a few seconds into the window, with writers of data that must survive",
     )  # fmt: skip
     parser.add_argument(
-        "--keep", action="store_true", help="keep the run's folder (logs, Redis data; the control plane logs at INFO)"
+        "--keep",
+        action="store_true",
+        help="keep the run's folder (logs, Redis data; the control plane logs at INFO)",
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
