@@ -18,6 +18,7 @@ import grpc
 from redis.exceptions import RedisError
 
 from edgeplex.control_plane import usage
+from edgeplex.control_plane.api_batch import redis_down
 from edgeplex.control_plane.config import ControlPlaneSettings
 from edgeplex.control_plane.demand import report_problem
 from edgeplex.control_plane.metrics import METRICS
@@ -136,9 +137,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             await context.abort(refused.code, refused.message)
         except RedisError:
             if not redis_down_ok:
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
-                )
+                await redis_down(context)
             return False
         return True
 
@@ -180,9 +179,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             await self._store.touch(site.site_id, now)
             await self._store.notify("sites")
         except RedisError:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
-            )
+            await redis_down(context)
         log.info("site %s (%s) registered at %s", request.site_id, request.region, request.address)
         self._on_change()
         return pb.RegisterResponse(
@@ -205,9 +202,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         except RedisError:
             if redis_down_ok:
                 return False
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
-            )
+            await redis_down(context)
         if site is None:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -252,9 +247,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         try:
             await self._store.put_usage(request)
         except RedisError:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
-            )
+            await redis_down(context)
         return pb.UsageAck()
 
     async def LookupModel(
@@ -285,9 +278,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 )
                 await self._store.notify("demand")
         except RedisError:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "control-plane state (Redis) is unavailable"
-            )
+            await redis_down(context)
         entry = pb.CatalogEntry(nonce=request.nonce, found=found, reason=reason)
         if found:
             assert site is not None and model is not None
