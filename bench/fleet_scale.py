@@ -39,8 +39,12 @@ control plane waits for the replica on the writes that must survive, Redis's
 WAIT) and kills the primary (SIGKILL) 3 s into the window, then restarts it as
 its service manager would. Meanwhile writers add sites, usage minutes and batch
 jobs, each call retried until acknowledged; the run reports how fast the
-replica was promoted, the longest gap between placement rounds, and how many
-acknowledged writes the new primary lacks (goal: none).
+replica was promoted, the longest gap between placement rounds, how many
+rounds that gap missed, how soon after the promotion a round ended, and how many
+acknowledged writes the new primary lacks (goal: none). The Sentinels'
+`--down-after-ms` (1000 by default; docs/deployment.md advises 5000) and the
+placement interval (`--placement-interval`, 2 s by default; 10 s or more for a
+fleet this size) set what one round is.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import os
 import platform
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -475,15 +480,16 @@ class Failover:
         }
 
 
-def redis_ha(work: Path) -> tuple[RedisServer, RedisReplica, list[Sentinel]]:
-    """A primary, its replica and three Sentinels, started and in sync."""
+def redis_ha(work: Path, down_after_ms: int) -> tuple[RedisServer, RedisReplica, list[Sentinel]]:
+    """A primary, its replica and three Sentinels (a primary silent for
+    `down_after_ms` is down), started and in sync."""
     import redis
 
     (work / "primary").mkdir()
     (work / "replica").mkdir()
     primary = RedisServer(work / "primary")
     replica = RedisReplica(work / "replica", primary)
-    sentinels = [Sentinel(work, primary) for _ in range(3)]
+    sentinels = [Sentinel(work, primary, down_after_ms) for _ in range(3)]
     for service in (primary, replica, *sentinels):
         service.start()
     probe = redis.Redis(port=sentinels[0].port)
@@ -622,6 +628,14 @@ def main() -> None:
         action="store_true",
         help="keep the run's folder (logs, Redis data; the control plane logs at INFO)",
     )
+    parser.add_argument(
+        "--placement-interval", type=float, default=2.0,
+        help="the control plane's placement_interval_s (the rounds a failover may miss)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--down-after-ms", type=int, default=1000,
+        help="--failover: the Sentinels' down-after-milliseconds",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--py-spy", type=Path, help="record the control plane with py-spy over the window"
@@ -646,7 +660,7 @@ def main() -> None:
     }  # fmt: skip
     mqtt = ManagedMosquitto(work, server_tls)
     if args.failover:
-        redis, replica, sentinels = redis_ha(work)
+        redis, replica, sentinels = redis_ha(work, args.down_after_ms)
         redis_url = sentinel_url(sentinels)
     else:
         redis, replica, sentinels, redis_url = RedisServer(work), None, [], None
@@ -658,7 +672,7 @@ def main() -> None:
     cp = ControlPlane(
         work, redis, mqtt.url("edgeplex-cp", cp_password), redis_url,
         EDGEPLEX_CP_HTTP_PORT=str(http_port),
-        EDGEPLEX_CP_PLACEMENT_INTERVAL_S="2",
+        EDGEPLEX_CP_PLACEMENT_INTERVAL_S=str(args.placement_interval),
         EDGEPLEX_CP_REPORT_INTERVAL_S="2",
         EDGEPLEX_CP_SITE_LEASE_S="20",
         EDGEPLEX_CP_DEMAND_HALF_LIFE_S="60",
@@ -723,6 +737,20 @@ def main() -> None:
                 t for t in rounds_seen.ends if t >= killed_at
             ]
             report["placement_gap_s"] = max(b - a for a, b in itertools.pairwise(around))
+            before_kill = [t for t in rounds_seen.ends if t < killed_at]
+            spacing = statistics.median(
+                [b - a for a, b in itertools.pairwise(before_kill)] or [args.placement_interval]
+            )
+            report["round_spacing_s"] = spacing
+            # Rounds that should have ended in the longest gap and did not.
+            report["rounds_missed"] = max(0, round(report["placement_gap_s"] / spacing) - 1)
+            promoted_at = killed_at + report["redis_promoted_s"]
+            after = [t for t in rounds_seen.ends if t >= promoted_at]
+            report["round_after_promotion_s"] = after[0] - promoted_at if after else None
+            report["sentinel_failovers"] = sum(
+                "+switch-master" in line
+                for line in sentinels[0].log_path.read_text(errors="replace").splitlines()
+            )
             report["failover_acked"] = {k: len(v) for k, v in failover.acked.items()}
             report["failover_refused"] = failover.refused
             report["failover_lost"] = failover.lost(current_primary(sentinels))
@@ -801,11 +829,16 @@ def main() -> None:
     print(f"memory     control plane {rss / 2**20:.0f} MiB resident; harness "
           f"{report['harness_cpu_cores']:.2f} cores")  # fmt: skip
     if replica is not None:
-        print(f"failover   primary killed {3.0:.0f} s into the window: replica promoted in "
-              f"{report['redis_promoted_s']:.2f} s, longest gap between placement rounds "
-              f"{report['placement_gap_s']:.2f} s (a round every 2 s); writes acknowledged "
-              f"{report['failover_acked']}, refused and retried {report['failover_refused']}, "
-              f"lost {report['failover_lost']}")  # fmt: skip
+        after = report["round_after_promotion_s"]
+        print(f"failover   primary killed {3.0:.0f} s into the window (Sentinels: down after "
+              f"{args.down_after_ms} ms): replica promoted in {report['redis_promoted_s']:.2f} s "
+              f"({report['sentinel_failovers']} failover(s)); longest gap between placement "
+              f"rounds {report['placement_gap_s']:.2f} s, rounds every "
+              f"{report['round_spacing_s']:.2f} s before: {report['rounds_missed']} missed "
+              "(goal: at most one); first round after the promotion ended "
+              + ("never" if after is None else f"{after:.2f} s after it"))  # fmt: skip
+        print(f"           writes acknowledged {report['failover_acked']}, refused and retried "
+              f"{report['failover_refused']}, lost {report['failover_lost']}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     if args.keep:

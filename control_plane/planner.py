@@ -1,8 +1,9 @@
 """The placement loop: on the leader, turn Redis state into placement, desired
 state and routes, and publish them.
 
-One task (`run`) owns the loop; it wakes every `placement_interval_s`, every
-second to check site leases, and at once when `poke()` is called (a catalog
+One task (`run`) owns the loop; it starts a round every `placement_interval_s`
+(from the start of the last: rounds keep their period whatever they take), wakes
+every second to check site leases, and at once when `poke()` is called (a catalog
 change, a registration) or a pub/sub event arrives from another replica.
 Standbys run the loop too but do nothing until they hold the lease.
 
@@ -33,7 +34,7 @@ from edgeplex.control_plane.demand import (
     with_hints,
 )
 from edgeplex.control_plane.forecast import Forecaster
-from edgeplex.control_plane.leader import LeaderLease
+from edgeplex.control_plane.leader import RETRY_S, LeaderLease
 from edgeplex.control_plane.metrics import METRICS
 from edgeplex.control_plane.placement import (
     ModelSpec,
@@ -106,12 +107,17 @@ class Planner:
 
     async def run(self) -> None:
         listener = asyncio.create_task(self._listen())
-        last_round = 0.0
+        interval = self._settings.placement_interval_s
+        last_round = -interval  # when the last round started
         was_leader = False
         try:
             while True:
+                # Until the next round is due; once due and not run (not leading, not
+                # settled), the checks come back every second.
+                until_due = last_round + interval - time.monotonic()
+                wait_s = min(1.0, until_due) if until_due > 0 else 1.0
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                    await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
                 poked = self._wake.is_set()
                 self._wake.clear()
                 if not self._lease.is_leader:
@@ -119,7 +125,8 @@ class Planner:
                         self._publisher.forget()
                     was_leader = False
                     continue
-                due = time.monotonic() - last_round >= self._settings.placement_interval_s
+                now = time.monotonic()
+                due = now - last_round >= interval
                 try:
                     if not was_leader and self._term != self._lease.since:
                         self._new_term()
@@ -129,10 +136,13 @@ class Planner:
                     if poked or due or changed or not was_leader:
                         was_leader = True
                         await self.round()
-                        last_round = time.monotonic()
+                        last_round = now
                 except RedisError as exc:
+                    # Tried again soon, not at the next tick: a failover's new primary
+                    # is taken up within RETRY_S of answering, and the round with it.
                     log.warning("placement round skipped: Redis unavailable (%s)", exc)
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(RETRY_S)
+                    self._wake.set()
                 except Exception:
                     log.exception("placement round failed")
                     await asyncio.sleep(1.0)
@@ -361,6 +371,10 @@ class Planner:
         METRICS.placement_phase_seconds.labels(phase="place").inc(placed - read)
         METRICS.placement_phase_seconds.labels(phase="publish").inc(ended - placed)
         METRICS.placement_version.set(version)
+        log.info(
+            "round %d: %.2f s (read %.2f, place %.2f, publish %.2f)",
+            version, ended - started, read - started, placed - read, ended - placed,
+        )  # fmt: skip
         return placement
 
     async def _fleet_rates(

@@ -181,9 +181,10 @@ class RedisReplica(RedisServer):
 class Sentinel(Service):
     name = "sentinel"
 
-    def __init__(self, workdir: Path, primary: RedisServer) -> None:
+    def __init__(self, workdir: Path, primary: RedisServer, down_after_ms: int = 1000) -> None:
         super().__init__(workdir)
         self.primary = primary
+        self.down_after_ms = down_after_ms  # a primary silent this long is down
         self.log_path = workdir / f"sentinel-{self.port}.log"
 
     def command(self) -> list[str]:
@@ -191,7 +192,7 @@ class Sentinel(Service):
         conf.write_text(
             f"port {self.port}\nbind 127.0.0.1\ndir {self.workdir}\n"
             f"sentinel monitor {MASTER} 127.0.0.1 {self.primary.port} 2\n"
-            f"sentinel down-after-milliseconds {MASTER} 1000\n"
+            f"sentinel down-after-milliseconds {MASTER} {self.down_after_ms}\n"
             f"sentinel failover-timeout {MASTER} 10000\n"
         )
         return [shutil.which("redis-server") or "/usr/bin/redis-server", str(conf), "--sentinel"]
