@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
 
 
@@ -25,14 +26,28 @@ def bearer_token(value: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+# Below Linux's ephemeral range (ip_local_port_range, 32768-60999 by default), where
+# the kernel never puts the local end of an outgoing connection: a port chosen here
+# stays free between its choice and the bind of the process it was chosen for, even
+# while tests run side by side and open connections of their own.
+PICK_FROM = range(20000, 32768)
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct free loopback ports (for agents that tests and benchmarks
-    start): the sockets are held together, so two asked for in a row are never the
-    same port, which would put two listeners of one agent on one port."""
-    sockets = [socket.socket() for _ in range(count)]
+    start), drawn at random below the ephemeral range: the sockets are held together,
+    so two asked for in a row are never the same port, which would put two listeners
+    of one agent on one port."""
+    sockets: list[socket.socket] = []
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
+        while len(sockets) < count:
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", random.choice(PICK_FROM)))
+            except OSError:  # in use: draw again
+                s.close()
+                continue
+            sockets.append(s)
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
