@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -207,7 +208,9 @@ def _from_wheel(
     for path in (target, cached):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(".partial")
+            # Its own partial file: processes filling one cache at once (test workers)
+            # each rename a whole copy, and the last one's stays.
+            partial = path.with_suffix(f".{os.getpid()}.partial")
             partial.write_bytes(data)
             partial.replace(path)
     return target
