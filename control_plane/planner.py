@@ -2,7 +2,7 @@
 state and routes, and publish them.
 
 One task (`run`) owns the loop; it starts a round every `placement_interval_s`
-(from the start of the last: rounds keep their period whatever they take), wakes
+(from the start of the last: rounds keep their period while they take less), wakes
 every second to check site leases, and at once when `poke()` is called (a catalog
 change, a registration) or a pub/sub event arrives from another replica.
 Standbys run the loop too but do nothing until they hold the lease.
@@ -112,8 +112,8 @@ class Planner:
         was_leader = False
         try:
             while True:
-                # Until the next round is due; once due and not run (not leading, not
-                # settled), the checks come back every second.
+                # Until the next round is due. Past it (a round that took longer than
+                # the interval, or none run: not leading, not settled), in a second.
                 until_due = last_round + interval - time.monotonic()
                 wait_s = min(1.0, until_due) if until_due > 0 else 1.0
                 with contextlib.suppress(TimeoutError):
