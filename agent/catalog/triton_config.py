@@ -15,6 +15,8 @@ never dropped silently:
 | `input`, `output` (`name`, `data_type`, `dims`) | checked against the graph |
 | `dynamic_batching.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy` | `max_queue_size`, `timeout_ms` |
+| `sequence_batching` (controls, state, idle time) | a stateful model (sequence_config.py) |
+| `sequence_batching.direct` / `.oldest` `.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `instance_group` (`count`, `kind`) | `instance_count` (summed over groups) |
 | `version_policy` (`latest`, `all`, `specific`) | which versions are served |
 | `parameters { key: "intra_op_thread_count" ... }` | `intra_op_threads` |
@@ -185,6 +187,7 @@ def triton_config(data: Message, model: str) -> TritonConfig:
     _versions(data.get("version_policy", []), out)
     _parameters(data.get("parameters", []), out)
     out.sequence = sequence_spec(data.get("sequence_batching", []))
+    _sequence_batching(data.get("sequence_batching", []), out)
     policy = data.get("model_transaction_policy") or [{}]
     if any(policy[-1].get("decoupled") or []):
         raise ValueError(f"{PBTXT_FILE}: decoupled models are not supported")
@@ -235,6 +238,38 @@ def _batching(blocks: list[Any], out: TritonConfig) -> None:
         handled = {"max_queue_delay_microseconds", "default_queue_policy", "preferred_batch_size"}
         for key in sorted(set(block) - handled):
             out.warnings.append(f"{PBTXT_FILE}: dynamic_batching.{key} is not supported")
+
+
+# What sequence_config.py reads of `sequence_batching`, and of its states.
+_SEQUENCE_HANDLED = {"control_input", "state", "max_sequence_idle_microseconds", "direct", "oldest"}
+_STATE_HANDLED = {"input_name", "output_name", "data_type", "dims"}
+
+
+def _sequence_batching(blocks: list[Any], out: TritonConfig) -> None:
+    """The sequence batcher's own batching delay (it stands for dynamic_batching's in
+    a stateful model), and every field of the block that is not acted on, named."""
+    for block in blocks:
+        for key in sorted(set(block) - _SEQUENCE_HANDLED):
+            out.warnings.append(f"{PBTXT_FILE}: sequence_batching.{key} is not supported")
+        for state in block.get("state", []):
+            ignored = set(state) - _STATE_HANDLED
+            # A state starts as zeros here: an initial state of zeros is what it says.
+            if all(any(i.get("zero_data") or []) for i in state.get("initial_state", [])):
+                ignored.discard("initial_state")
+            for key in sorted(ignored):
+                out.warnings.append(f"{PBTXT_FILE}: sequence_batching.state.{key} is not supported")
+        for strategy in ("direct", "oldest"):
+            for options in block.get(strategy, []):
+                if "max_queue_delay_microseconds" in options:
+                    delay = int(_one(options, "max_queue_delay_microseconds", 0))
+                    out.settings["max_queue_delay_us"] = delay
+                # Requests of different sequences batch as any requests do: no slots
+                # held per sequence, no cap on the sequences batched at once.
+                for key in sorted(set(options) - {"max_queue_delay_microseconds"}):
+                    out.warnings.append(
+                        f"{PBTXT_FILE}: sequence_batching.{strategy}.{key} is not used: "
+                        "a batch takes what is queued, one request of a sequence at a time"
+                    )
 
 
 def _instances(groups: list[Any], out: TritonConfig) -> None:

@@ -287,3 +287,50 @@ def test_a_metrics_port_serves_metrics_alone(triton_repo: Path, tmp_path: Path) 
         assert agent.http_get("/metrics")[0] == 200
     finally:
         assert agent.stop() == 0, agent.log()
+
+
+TRITON_SEQUENCE = """
+name: "seq"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input { name: "x" data_type: TYPE_FP32 dims: [ 2 ] }
+output { name: "y" data_type: TYPE_FP32 dims: [ 2 ] }
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  oldest {
+    max_candidate_sequences: 4
+    preferred_batch_size: [ 2, 4 ]
+    max_queue_delay_microseconds: 300
+  }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }
+  ]
+  state [
+    { input_name: "h" output_name: "hN" data_type: TYPE_FP32 dims: [ 2 ]
+      initial_state { name: "zeros" data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } },
+    { input_name: "c" output_name: "cN" data_type: TYPE_FP32 dims: [ 2 ]
+      initial_state { name: "file" data_type: TYPE_FP32 dims: [ 2 ] data_file: "c0" } }
+  ]
+  iterative_sequence: true
+}
+"""
+
+
+def test_the_sequence_batchers_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
+    """The strategy's batching delay is the model's; what the sequence batcher does not
+    act on (slots, candidates, preferred sizes, a state's initial value other than
+    zeros, iterative sequences) is named in a warning, as for every other field."""
+    path = tmp_path / "config.pbtxt"
+    path.write_text(TRITON_SEQUENCE)
+    config = read_triton_config(path, "seq")
+    assert config.settings["max_queue_delay_us"] == 300
+    assert config.sequence is not None and config.sequence.strategy == "oldest"
+    assert {s.input for s in config.sequence.states} == {"h", "c"}
+    text = "\n".join(config.warnings)
+    for unsupported in (
+        "sequence_batching.oldest.max_candidate_sequences",
+        "sequence_batching.oldest.preferred_batch_size",
+        "sequence_batching.iterative_sequence",
+    ):
+        assert unsupported in text, text
+    assert text.count("sequence_batching.state.initial_state") == 1, text  # the file's, not zeros
