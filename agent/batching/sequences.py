@@ -14,7 +14,9 @@ the sequence (`sequence_id`, `sequence_start`, `sequence_end`). Per sequence:
   the sequence is dropped and its next request must START again.
 
 Both of Triton's strategies (direct, oldest) are served the same way: each
-sequence's order is kept, and batches take what is queued.
+sequence's order is kept, and batches take what is queued, waiting for more as
+long as the strategy's `max_queue_delay_microseconds` (the model's
+`max_queue_delay_us`; catalog/triton_config.py) says.
 """
 
 from __future__ import annotations
