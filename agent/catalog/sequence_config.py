@@ -11,6 +11,12 @@ from typing import Any
 from edgeplex.agent.oip.tensors import from_triton_type
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
+# The fields of `sequence_batching`, and of each of its states, that sequence_spec
+# reads (a strategy only by its name): triton_config.py names the rest in warnings.
+SEQUENCE_FIELDS = frozenset(
+    {"control_input", "state", "max_sequence_idle_microseconds", "direct", "oldest"}
+)
+STATE_FIELDS = frozenset({"input_name", "output_name", "data_type", "dims"})
 KINDS = {
     "CONTROL_SEQUENCE_START": "start",
     "CONTROL_SEQUENCE_END": "end",

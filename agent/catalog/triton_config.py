@@ -37,7 +37,12 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from edgeplex.agent.catalog.sequence_config import SequenceSpec, sequence_spec
+from edgeplex.agent.catalog.sequence_config import (
+    SEQUENCE_FIELDS,
+    STATE_FIELDS,
+    SequenceSpec,
+    sequence_spec,
+)
 from edgeplex.agent.oip.tensors import from_triton_type, triton_type
 
 if TYPE_CHECKING:
@@ -240,19 +245,14 @@ def _batching(blocks: list[Any], out: TritonConfig) -> None:
             out.warnings.append(f"{PBTXT_FILE}: dynamic_batching.{key} is not supported")
 
 
-# What sequence_config.py reads of `sequence_batching`, and of its states.
-_SEQUENCE_HANDLED = {"control_input", "state", "max_sequence_idle_microseconds", "direct", "oldest"}
-_STATE_HANDLED = {"input_name", "output_name", "data_type", "dims"}
-
-
 def _sequence_batching(blocks: list[Any], out: TritonConfig) -> None:
     """The sequence batcher's own batching delay (it stands for dynamic_batching's in
     a stateful model), and every field of the block that is not acted on, named."""
     for block in blocks:
-        for key in sorted(set(block) - _SEQUENCE_HANDLED):
+        for key in sorted(set(block) - SEQUENCE_FIELDS):
             out.warnings.append(f"{PBTXT_FILE}: sequence_batching.{key} is not supported")
         for state in block.get("state", []):
-            ignored = set(state) - _STATE_HANDLED
+            ignored = set(state) - STATE_FIELDS
             # A state starts as zeros here: an initial state of zeros is what it says.
             if all(any(i.get("zero_data") or []) for i in state.get("initial_state", [])):
                 ignored.discard("initial_state")
