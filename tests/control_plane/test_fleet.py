@@ -491,11 +491,7 @@ def test_a_new_leader_sends_anew_a_state_redis_lost(fleet: Fleet) -> None:
         older.version, older.issued_at = applied - 1, head.issued_at - 1
         fleet.cp.stop(signal.SIGKILL)  # no round of its own after the write below
         store.hset("edgeplex:desired", "a1", older.SerializeToString())
-        wait_until(
-            lambda: fleet.call("GetPlacement", pb.PlacementRequest(), standby).leader  # type: ignore[attr-defined]
-            == standby.replica,
-            timeout=10, what="the standby leads",
-        )  # fmt: skip
+        fleet.standby_leads()
 
         def sent_anew() -> int | None:
             raw = store.hget("edgeplex:desired", "a1")
@@ -605,11 +601,7 @@ def test_usage_is_exact_across_tenants_forwarding_a_killed_agent_and_a_failover(
                 timeout=30, what="every caller served by the restarted b1",
             )  # fmt: skip
             fleet.cp.stop(signal.SIGKILL)
-            wait_until(
-                lambda: fleet.call("GetPlacement", pb.PlacementRequest(), standby).leader  # type: ignore[attr-defined]
-                == standby.replica,
-                timeout=10, what="the standby leads",
-            )  # fmt: skip
+            fleet.standby_leads()
             time.sleep(2.0)  # served, and journaled, under the new leader
         finally:
             for caller in callers:

@@ -73,6 +73,16 @@ class Fleet:
             last = now
         raise AssertionError(f"placement did not settle within {timeout} s: {last}")
 
+    def standby_leads(self) -> None:
+        """Returns once the standby (started, the first replica gone) says it leads."""
+        standby = self.standby
+        assert standby is not None
+        wait_until(
+            lambda: self.call("GetPlacement", pb.PlacementRequest(), standby).leader  # type: ignore[attr-defined]
+            == standby.replica,
+            timeout=10, what="the standby leads",
+        )  # fmt: skip
+
     def first_replica_leads_again(self) -> None:
         """After a test failed the leader over to the standby: the first replica back
         (a standby at first), the standby stopped, and the first replica leading."""
