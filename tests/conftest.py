@@ -33,10 +33,12 @@ CACHE = Path(os.environ.get("EDGEPLEX_TEST_CACHE", ROOT / ".cache" / "test-model
 # Tests that measure time against a bound (a light tenant's latency beside a flood, a
 # victim client under attack, closed loops under deadlines, benchmarks, placement's
 # gap through a failover) or hold fixed ports and network namespaces (the README's
-# fleet, the rig); and schemathesis's, whose operations are sub-items of one test that
+# fleet, the rig); a killed agent's leftovers, which any agent starting meanwhile
+# sweeps; and schemathesis's, whose operations are sub-items of one test that
 # pytest-xdist's file scheduling does not run. `make test` runs the rest two at a
 # time, file by file, and these alone after it.
 SERIAL = (
+    "tests/agent/test_crash_safety.py",
     "tests/agent/frontdoor/test_openapi.py",
     "tests/rig/",
     "tests/test_readme.py",
