@@ -190,7 +190,7 @@ class Agent:
         self.ensembles: dict[str, Ensemble] = {}  # Triton ensembles, run by this core
         self.ensembles_off: set[str] = set()  # unloaded (explicit mode) until loaded
         # Live sequences of stateful models; each holds its model resident.
-        self.sequences = Sequences(self._hold, self.residency.release)
+        self.sequences = Sequences(self.residency.hold, self.residency.unhold)
 
     # --- health and metadata -------------------------------------------------------------
 
@@ -288,11 +288,16 @@ class Agent:
         return self.queues.stats(ModelKey(ensemble.name, ensemble.version))
 
     def model_counts(self) -> list[tuple[str, str, ModelStats, int]]:
-        """Each model version's statistics and its pending requests (queued, or
-        waiting for the model's promotion), for Triton's metrics."""
-        queues = self.queues
+        """Each model version's statistics and its pending requests (queued, waiting
+        for the model's promotion, or a sequence's START waiting for a slot), for
+        Triton's metrics."""
+        queues, sequences = self.queues, self.sequences
+
+        def pending(e: ModelRecord) -> int:
+            return queues.pending(e.key) + len(e.waiters) + sequences.counts(*e.key)[1]
+
         return [
-            (e.name, e.version, queues.stats(e.key), queues.pending(e.key) + len(e.waiters))
+            (e.name, e.version, queues.stats(e.key), pending(e))
             for e in self.residency.every_version()
         ] + [(e.name, e.version, self._ensemble_stats(e), 0) for e in self._ensembles()]
 
@@ -432,17 +437,6 @@ class Agent:
                 self.ensembles_off.add(name)
         self.ensembles = found
 
-    def _hold(self, name: str, version: str) -> Ticket | None:
-        """A lease that keeps `name` resident while a sequence of it lives (None when it
-        is not serving now: its next request promotes it as any)."""
-        record = self.residency.get(name, version)
-        if record is None or record.phase != Phase.READY:
-            return None
-        try:
-            return self.residency.admit(name, version, float("inf"))
-        except ServeError:
-            return None
-
     def _ensemble_ready(self, ensemble: Ensemble, depth: int = 0) -> bool:
         """Whether an ensemble would run: loaded (explicit mode), and every step's
         model known and not failed (models load on demand)."""
@@ -495,7 +489,9 @@ class Agent:
             raise ticket.error
 
     def status(self) -> list[dict[str, Any]]:
-        return views.status(self.residency, self.queues, self.runners, self.promotions)
+        return views.status(
+            self.residency, self.queues, self.runners, self.promotions, self.sequences
+        )
 
     def memory(self) -> dict[str, Any]:
         return views.memory(self.settings, self.residency, self.runners)
@@ -656,7 +652,12 @@ class Agent:
             inputs, wanted = body.inputs, body.outputs
             spec = record.source.sequence
             if spec is not None:  # a stateful model: the request's turn in its sequence
-                live = await self.sequences.enter(name, record.version, spec, body.sequence)
+                config = record.config
+                slots = spec.slots(record.max_batch_size, config.instance_count)
+                live = await self.sequences.enter(
+                    name, record.version, spec, body.sequence, slots, config.max_queue_size,
+                    deadline,
+                )  # fmt: skip
                 inputs = Sequences.inputs(live, inputs, record.max_batch_size > 0)
                 wanted = Sequences.outputs(live, wanted)
             given, batch = validate(record, inputs, wanted)  # before any promotion

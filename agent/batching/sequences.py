@@ -9,19 +9,31 @@ the sequence (`sequence_id`, `sequence_start`, `sequence_end`). Per sequence:
 - the agent fills in the control inputs the model declares (START, END, READY,
   CORRID) and the implicit state: zeros at the start, then what the model's
   state output was on the sequence's previous request, never shown to the client;
-- the model stays resident while the sequence lives (it holds a lease), until
-  its END, or until no request came for `max_sequence_idle_microseconds`, when
-  the sequence is dropped and its next request must START again.
+- the model stays resident while the sequence lives (it is held: never evicted
+  nor swapped to a smaller form; residency/owner.py), until its END, or until no
+  request came for `max_sequence_idle_microseconds`, when the sequence is
+  dropped and its next request must START again.
 
-Both of Triton's strategies (direct, oldest) are served the same way: each
-sequence's order is kept, and batches take what is queued, waiting for more as
-long as the strategy's `max_queue_delay_microseconds` (the model's
-`max_queue_delay_us`; catalog/triton_config.py) says.
+A model version has a fixed number of sequence slots, as in Triton: with the
+`direct` strategy `max(1, max_batch_size)` per instance, with `oldest` its
+`max_candidate_sequences` per instance (`max(1, max_batch_size)` when unset).
+A sequence holds a slot from its START to its END or idle timeout. A START that
+finds every slot taken waits in the model's backlog, oldest first, until a slot
+frees or its deadline passes; the backlog holds at most the model's
+`max_queue_size` sequences, and a START beyond that is refused (QueueFull), so
+neither live sequences nor their state grow with what clients send. Batches
+take what is queued of the slotted sequences, one request of a sequence at a
+time, waiting for more as long as the strategy's `max_queue_delay_microseconds`
+(the model's `max_queue_delay_us`; catalog/triton_config.py) says. Triton's
+`direct` also pins a sequence to one instance's batch slot; here every instance
+runs the same session and the agent carries the state, so any instance serves
+any sequence.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from edgeplex.agent.catalog.sequence_config import SequenceSpec
-from edgeplex.agent.oip.errors import InvalidInput
+from edgeplex.agent.oip.errors import DeadlineExceeded, InvalidInput, QueueFull
 from edgeplex.agent.oip.requests import InferInput
 from edgeplex.agent.oip.tensors import numpy_dtype
 
@@ -55,7 +67,18 @@ class Live:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     state: dict[str, np.ndarray] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
-    hold: Any = None  # the residency lease that keeps the model while the sequence lives
+    slotted: bool = False  # holds one of its model's sequence slots
+
+
+@dataclass
+class Slots:
+    """The sequence slots of one model version: `taken` of `size` are held; STARTs
+    that found none free wait in `backlog`, oldest first, each for a slot handed on."""
+
+    size: int
+    hold: Any  # the model's hold (residency): kept resident while any slot is taken
+    taken: int = 0
+    backlog: deque[asyncio.Future[None]] = field(default_factory=deque)
 
 
 def flags_of(parameters: dict[str, Any]) -> Flags | None:
@@ -76,12 +99,22 @@ class Sequences:
 
     def __init__(self, hold: Callable[[str, str], Any], release: Callable[[Any], None]) -> None:
         self._live: dict[tuple[str, str, Id], Live] = {}
-        self._hold, self._release = hold, release  # a residency lease, taken and given back
+        self._slots: dict[tuple[str, str], Slots] = {}  # model versions with live sequences
+        self._hold, self._release = hold, release  # a model's hold, taken and given back
 
     async def enter(
-        self, model: str, version: str, spec: SequenceSpec, flags: Flags | None
+        self,
+        model: str,
+        version: str,
+        spec: SequenceSpec,
+        flags: Flags | None,
+        slots: int,
+        backlog: int,
+        deadline: float,
     ) -> Live:
-        """The request's sequence, its turn taken (the caller must `leave` it)."""
+        """The request's sequence, its turn taken (the caller must `leave` it). A new
+        sequence first takes one of the model's `slots`, waiting until `deadline` in a
+        backlog of at most `backlog` sequences when none is free."""
         if flags is None:
             raise InvalidInput(
                 f"inference request to model '{model}' must specify a non-zero or non-empty "
@@ -107,10 +140,48 @@ class Sequences:
         if live.timer is not None:
             live.timer.cancel()
             live.timer = None
+        live.flags = flags
+        if not live.slotted:  # a START, its sequence new or ended while it waited
+            try:
+                await self._take_slot(live, slots, backlog, deadline)
+            except BaseException:
+                live.lock.release()
+                self._drop(live)  # the sequence never began
+                raise
         if flags.start:
             live.state.clear()  # a START begins the sequence anew
-        live.flags = flags
         return live
+
+    async def _take_slot(self, live: Live, size: int, backlog: int, deadline: float) -> None:
+        model, version, _ = live.key
+        slots = self._slots.get((model, version))
+        if slots is None:
+            slots = self._slots[(model, version)] = Slots(size, self._hold(model, version))
+        slots.size = size  # the model's config may have changed since
+        if slots.taken < slots.size and not slots.backlog:
+            slots.taken += 1
+            live.slotted = True
+            return
+        if len(slots.backlog) >= backlog:
+            raise QueueFull(
+                f"model '{model}': every sequence slot is taken ({slots.size}) and "
+                f"{len(slots.backlog)} sequences wait for one"
+            )
+        handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        slots.backlog.append(handed)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await handed
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"model '{model}': request timed out waiting for a sequence slot "
+                f"({slots.size} taken)"
+            ) from None
+        finally:
+            if handed.done() and not handed.cancelled():
+                live.slotted = True  # handed a slot: kept, or given back by the caller's _drop
+            elif handed in slots.backlog:
+                slots.backlog.remove(handed)
 
     @staticmethod
     def inputs(live: Live, given: list[InferInput], batching: bool) -> list[InferInput]:
@@ -167,8 +238,6 @@ class Sequences:
         if flags.end or (flags.start and not served):
             self._drop(live)
             return
-        if served and live.hold is None:
-            live.hold = self._hold(live.key[0], live.key[1])
         loop = asyncio.get_running_loop()
         live.timer = loop.call_later(live.spec.idle_s, self._idle, live)
 
@@ -179,9 +248,28 @@ class Sequences:
     def _drop(self, live: Live) -> None:
         if self._live.get(live.key) is live:
             del self._live[live.key]
+        if live.slotted:
+            live.slotted = False
+            self._free_slot(live.key[0], live.key[1])
         if live.timer is not None:
             live.timer.cancel()
             live.timer = None
-        if live.hold is not None:
-            self._release(live.hold)
-            live.hold = None
+
+    def _free_slot(self, model: str, version: str) -> None:
+        """A sequence gave its slot back: to the oldest START still waiting, if any."""
+        slots = self._slots[(model, version)]
+        while slots.backlog and slots.taken <= slots.size:  # (fewer slots since: not handed)
+            handed = slots.backlog.popleft()
+            if not handed.done():
+                handed.set_result(None)
+                return
+        slots.taken -= 1
+        if slots.taken == 0:
+            del self._slots[(model, version)]
+            if slots.hold is not None:
+                self._release(slots.hold)
+
+    def counts(self, model: str, version: str) -> tuple[int, int]:
+        """A model version's sequences holding a slot, and those waiting for one."""
+        slots = self._slots.get((model, version))
+        return (slots.taken, len(slots.backlog)) if slots is not None else (0, 0)

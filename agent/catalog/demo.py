@@ -151,8 +151,11 @@ name: "silero_vad_stream"
 max_batch_size: 0
 # Chunks of one audio stream are one sequence: the agent carries the model's state
 # (stateN of a chunk is the state of the next) and holds the model while it lives.
+# The model does not batch, so the oldest strategy's candidates are the streams that
+# may be live at once (direct would allow one); a 17th waits for one to end.
 sequence_batching {
   max_sequence_idle_microseconds: 5000000
+  oldest { max_candidate_sequences: 16 }
   state [ { input_name: "state" output_name: "stateN" data_type: TYPE_FP32 dims: [ 2, 1, 128 ] } ]
 }
 """

@@ -52,7 +52,16 @@ class SequenceSpec:
     controls: tuple[Control, ...]
     states: tuple[State, ...]
     idle_s: float
-    strategy: str  # "direct" or "oldest": both keep each sequence's order
+    strategy: str  # "direct" or "oldest"
+    max_candidate_sequences: int = 0  # oldest's slots per instance; 0: unset
+
+    def slots(self, max_batch_size: int, instances: int) -> int:
+        """The sequences that may be live at once, as Triton counts its batch slots:
+        per instance `max(1, max_batch_size)`, or oldest's `max_candidate_sequences`."""
+        per_instance = max(1, max_batch_size)
+        if self.strategy == "oldest" and self.max_candidate_sequences > 0:
+            per_instance = self.max_candidate_sequences
+        return per_instance * instances
 
     @property
     def inputs(self) -> set[str]:
@@ -100,4 +109,7 @@ def sequence_spec(blocks: list[Any]) -> SequenceSpec | None:
     )  # fmt: skip
     idle_us = int((block.get("max_sequence_idle_microseconds") or [DEFAULT_IDLE_US])[-1])
     strategy = "oldest" if "oldest" in block else "direct"
-    return SequenceSpec(tuple(controls), states, idle_us / 1e6, strategy)
+    candidates = 0
+    for oldest in block.get("oldest", []):
+        candidates = int((oldest.get("max_candidate_sequences") or [0])[-1])
+    return SequenceSpec(tuple(controls), states, idle_us / 1e6, strategy, candidates)

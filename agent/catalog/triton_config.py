@@ -17,6 +17,7 @@ never dropped silently:
 | `dynamic_batching.default_queue_policy` | `max_queue_size`, `timeout_ms` |
 | `sequence_batching` (controls, state, idle time) | a stateful model (sequence_config.py) |
 | `sequence_batching.direct` / `.oldest` `.max_queue_delay_microseconds` | `max_queue_delay_us` |
+| `sequence_batching.oldest.max_candidate_sequences` | the sequence slots per instance |
 | `instance_group` (`count`, `kind`) | `instance_count` (summed over groups) |
 | `version_policy` (`latest`, `all`, `specific`) | which versions are served |
 | `parameters { key: "intra_op_thread_count" ... }` | `intra_op_threads` |
@@ -263,9 +264,10 @@ def _sequence_batching(blocks: list[Any], out: TritonConfig) -> None:
                 if "max_queue_delay_microseconds" in options:
                     delay = int(_one(options, "max_queue_delay_microseconds", 0))
                     out.settings["max_queue_delay_us"] = delay
-                # Requests of different sequences batch as any requests do: no slots
-                # held per sequence, no cap on the sequences batched at once.
-                for key in sorted(set(options) - {"max_queue_delay_microseconds"}):
+                # The slots are counted (sequence_config.py); a batch takes what is
+                # queued of the slotted sequences, with no preferred size or utilization.
+                used = {"max_queue_delay_microseconds", "max_candidate_sequences"}
+                for key in sorted(set(options) - used):
                     out.warnings.append(
                         f"{PBTXT_FILE}: sequence_batching.{strategy}.{key} is not used: "
                         "a batch takes what is queued, one request of a sequence at a time"

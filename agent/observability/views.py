@@ -7,6 +7,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from edgeplex.agent.batching.queues import Queues
+from edgeplex.agent.batching.sequences import Sequences
 from edgeplex.agent.catalog.forms import report_dict
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.promotions import Promotions
@@ -18,7 +19,11 @@ if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run ti
 
 
 def status(
-    residency: Residency, queues: Queues, runners: RunnerPool, promotions: Promotions
+    residency: Residency,
+    queues: Queues,
+    runners: RunnerPool,
+    promotions: Promotions,
+    sequences: Sequences,
 ) -> list[dict[str, Any]]:
     out = []
     for e in residency.records():
@@ -52,8 +57,20 @@ def status(
                 "warnings": list(e.source.warnings),
             }
             | forms(e)
+            | sequence_slots(e, sequences)
         )
     return out
+
+
+def sequence_slots(record: ModelRecord, sequences: Sequences) -> dict[str, Any]:
+    """A stateful model's sequences: those live (each holding a slot), the slots, and
+    the STARTs waiting in the backlog for one."""
+    spec = record.source.sequence
+    if spec is None or record.source.config is None:
+        return {}
+    live, waiting = sequences.counts(record.name, record.version)
+    slots = spec.slots(record.max_batch_size, record.config.instance_count)
+    return {"sequences": {"live": live, "slots": slots, "waiting": waiting}}
 
 
 def memory(settings: AgentSettings, residency: Residency, runners: RunnerPool) -> dict[str, Any]:

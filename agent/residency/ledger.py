@@ -191,6 +191,7 @@ class Ledger:
             held=record.held_bytes,
             leases=record.leases,
             pinned=record.pinned,
+            in_sequence=record.holds > 0,
             hot=record.hot,
             priority=record.source.config.priority if record.source.config else 0,
             last_used=record.usage.last_used,

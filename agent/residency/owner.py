@@ -202,6 +202,21 @@ class Residency:
             record.enter(Phase.ABSENT)
             self._pump()
 
+    def hold(self, name: str, version: str) -> ModelRecord | None:
+        """A live sequence of `name` holds it: while held, the serving model is neither
+        evicted nor swapped to a smaller form (its requests are not counted: no lease).
+        Returns what `unhold` takes, None for a model not in the repository."""
+        record = self.get(name, version)
+        if record is not None:
+            record.holds += 1
+        return record
+
+    def unhold(self, record: ModelRecord) -> None:
+        """A sequence ended or idled out: its hold on the model ends."""
+        record.holds -= 1
+        if record.holds == 0 and record.phase == Phase.READY:
+            self._pump()  # loads waiting for its room may take it now
+
     # --- operator and placement verbs ---------------------------------------------------
 
     def load(self, name: str, explicit: bool = True) -> Ticket:

@@ -5,7 +5,9 @@ and usage; the queued loads in arrival order; the budget) and decides, for the
 whole queue at once:
 
 - which queued loads start now (their bytes fit beside everything held);
-- which models to unload now (victims without leases);
+- which models to unload now (victims without leases; never a pinned model or
+  one that live sequences hold: a stateful model stays until its sequences end
+  or idle out);
 - which to drain (victims with leases: they admit nothing more and are
   unloaded when their admitted requests have been answered, which their
   deadlines bound); a load that fits beside the hot models (hot_set.py)
@@ -50,6 +52,7 @@ class Slot:
     held: int  # device bytes held now (session or reservation)
     leases: int
     pinned: bool
+    in_sequence: bool = False  # live sequences hold it: neither a victim nor swapped
     hot: bool = False  # promotions take room from it last (hot_set.py)
     priority: int = 0
     last_used: float = 0.0
@@ -107,9 +110,8 @@ def plan_room(
     pinned = sum(s.held for s in slots if s.pinned and s.phase not in LEAVING)
     hot = sum(s.held for s in slots if s.hot and not s.pinned and s.phase not in LEAVING)
     counted = sum(1 for s in slots if s.phase in COUNTED)
-    movable = {
-        s.key: s for s in slots if s.phase == Phase.READY and not s.pinned and not s.leaving
-    }  # victims come from these
+    # Victims, and models swapped to a smaller form, come from these.
+    movable = {s.key: s for s in slots if _may_leave(s) and not s.leaving}
     seen: dict[ModelKey, Candidate] = {}  # each movable model as the policy sees it
     claimed = 0  # bytes promised to earlier loads of the queue that wait for room
     for load in queue:
@@ -187,9 +189,9 @@ def plan_room(
 def victims_for(
     slots: list[Slot], needed: int, policy: EvictionPolicy, now: float
 ) -> list[Slot] | None:
-    """Serving, unpinned models whose bytes add up to `needed`, or None: from the
-    models that are not hot when they can make it (hot_set.py)."""
-    movable = {s.key: s for s in slots if s.phase == Phase.READY and not s.pinned}
+    """Serving models that may leave (`_may_leave`) whose bytes add up to `needed`, or
+    None: from the models that are not hot when they can make it (hot_set.py)."""
+    movable = {s.key: s for s in slots if _may_leave(s)}
     counted = sum(1 for s in slots if s.phase in COUNTED)
     cold = _cold(movable)
     if len(cold) < len(movable):
@@ -200,8 +202,15 @@ def victims_for(
 
 
 def movable(slots: list[Slot]) -> list[Slot]:
-    """Every serving, unpinned model: what a budget cut with no better choice takes."""
+    """Every serving, unpinned model: what a budget cut with no better choice takes,
+    models that live sequences hold included (the operator's budget comes first)."""
     return [s for s in slots if s.phase == Phase.READY and not s.pinned]
+
+
+def _may_leave(slot: Slot) -> bool:
+    """A serving model the planner may evict or swap: neither pinned nor held by live
+    sequences."""
+    return slot.phase == Phase.READY and not slot.pinned and not slot.in_sequence
 
 
 def _cold(movable: dict[ModelKey, Slot]) -> dict[ModelKey, Slot]:

@@ -156,6 +156,9 @@ class ModelRecord:
     leases: int = 0  # admitted requests on a serving model, until their response
     waiters: list[Ticket] = field(default_factory=list)  # tickets waiting for READY
     pinned: bool = False
+    # Live sequences of a stateful model (agent/batching/sequences.py): while any
+    # hold it, a serving model is neither a victim nor swapped to a smaller form.
+    holds: int = 0
     hot: bool = False  # kept against promotions by this site's demand (hot_set.py)
     # Told of every phase change: the ledger's index of models by phase.
     watch: Callable[[ModelRecord], None] | None = field(default=None, repr=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
-from onnx import TensorProto, helper, save
+from onnx import TensorProto, helper, numpy_helper, save
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import AgentProcess, start_agent
@@ -54,17 +55,28 @@ sequence_batching {
 """
 
 
-def _model(directory: Path, nodes: list, inputs: list[str], outputs: list[str], config: str):  # type: ignore[no-untyped-def]
+def _model(directory: Path, nodes: list, inputs: list[str], outputs: list[str], config: str,  # type: ignore[no-untyped-def]
+           initializers: list | None = None):  # fmt: skip
     def value(name: str):  # type: ignore[no-untyped-def]
         return helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 1])
 
     graph = helper.make_graph(nodes, directory.name, [value(n) for n in inputs],
-                              [value(n) for n in outputs])  # fmt: skip
+                              [value(n) for n in outputs], initializers or [])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     (directory / "1").mkdir(parents=True)
     save(model, str(directory / "1" / "model.onnx"))
     (directory / "config.pbtxt").write_text(config)
+
+
+# The running sum again, with Triton's direct strategy: max_batch_size 2 on one
+# instance is two sequence slots; config.yaml leaves room for one START to wait.
+TWO_SLOTS = (
+    ACCUMULATE.replace('"accumulate"', '"two_slots"')
+    .replace("max_batch_size: 8", "max_batch_size: 2")
+    .replace("oldest { max_candidate_sequences: 4 }", "direct { }")
+    .replace("500000", "1000000")
+)
 
 
 def make_simple_sequence(directory: Path) -> None:
@@ -79,11 +91,19 @@ def make_accumulate(directory: Path) -> None:
     _model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], ACCUMULATE)
 
 
+def make_two_slots(directory: Path) -> None:
+    nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
+             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
+    _model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], TWO_SLOTS)
+    (directory / "config.yaml").write_text("max_queue_size: 1\n")
+
+
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     root = tmp_path_factory.mktemp("sequences")
     make_simple_sequence(root / "repo" / "simple_sequence")
     make_accumulate(root / "repo" / "accumulate")
+    make_two_slots(root / "repo" / "two_slots")
     process = start_agent(root / "repo", root)
     yield process
     assert process.stop() == 0, process.log()
@@ -164,20 +184,109 @@ def test_a_stream_keeps_each_sequences_order(agent: AgentProcess) -> None:
         assert [v for v in got if v in expected[sid]] == expected[sid]
 
 
-def test_an_idle_sequence_is_dropped_and_a_live_one_holds_its_model(agent: AgentProcess) -> None:
+def test_an_idle_sequence_is_dropped(agent: AgentProcess) -> None:
     client = tg.InferenceServerClient(agent.grpc_url)
     assert _send(client, "accumulate", 5, 42, start=True) == 5
-    assert status(agent)["accumulate"]["leases"] >= 1  # held while the sequence lives
+    assert status(agent)["accumulate"]["sequences"]["live"] >= 1
     time.sleep(1.0)  # past max_sequence_idle_microseconds (0.5 s)
     with pytest.raises(InferenceServerException, match="must specify the START flag"):
         _send(client, "accumulate", 1, 42)
-    assert status(agent)["accumulate"]["leases"] == 0
+    assert status(agent)["accumulate"]["sequences"]["live"] == 0
+
+
+def test_a_live_sequence_keeps_its_model_resident(tmp_path: Path) -> None:
+    """A device budget with room for one of two stateful models: while a sequence of
+    the first lives, the second's load waits (its request times out) instead of
+    evicting it, and the sequence goes on with its state; once the sequence ends,
+    the second loads in its place."""
+    weights = numpy_helper.from_array(np.ones((1, 1 << 20), np.float32), "W")  # 4 MiB
+    for name in ("first", "second"):
+        config = ACCUMULATE.replace('"accumulate"', f'"{name}"').replace("500000", "20000000")
+        nodes = [  # the running sum, plus a product with W that is always 0
+            helper.make_node("Cast", ["INPUT"], ["x"], to=TensorProto.FLOAT),
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("ReduceMin", ["xw"], ["low"], axes=[1], keepdims=1),
+            helper.make_node("Sub", ["low", "low"], ["zero"]),
+            helper.make_node("Cast", ["zero"], ["nothing"], to=TensorProto.INT32),
+            helper.make_node("Add", ["INPUT", "ACC"], ["sum"]),
+            helper.make_node("Add", ["sum", "nothing"], ["OUTPUT"]),
+            helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
+        ]
+        _model(tmp_path / "repo" / name, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], config,
+               [weights])  # fmt: skip
+    agent = start_agent(tmp_path / "repo", tmp_path, env={
+        "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "7MiB",  # room for one model, not two
+        "EDGEPLEX_AGENT_LOAD_MODELS_AT_START": "false",
+    })  # fmt: skip
+    try:
+        client = tg.InferenceServerClient(agent.grpc_url)
+        assert _send(client, "first", 5, 1, start=True) == 5
+        tensor = tg.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        with pytest.raises(InferenceServerException, match="waiting for the model to load"):
+            client.infer("second", [tensor], sequence_id=1, sequence_start=True, timeout=500_000)
+        assert status(agent)["first"]["state"] == "READY"
+        assert _send(client, "first", 2, 1, end=True) == 7  # its state went on
+        assert _send(client, "second", 3, 1, start=True, end=True) == 3
+        models = status(agent)
+        assert models["second"]["state"] == "READY" and models["first"]["state"] != "READY"
+    finally:
+        assert agent.stop() == 0, agent.log()
+
+
+def _slots(agent: AgentProcess) -> dict:
+    return status(agent)["two_slots"]["sequences"]
+
+
+def _until(check, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_sequences_beyond_the_slots_wait_for_one_in_a_bounded_backlog(agent: AgentProcess) -> None:
+    """Two slots (direct, max_batch_size 2): a third START waits until a sequence ends
+    and then begins with its own state; a fourth finds the backlog full (its
+    max_queue_size, 1) and is refused at once; a START still waiting at its deadline
+    fails, and its sequence never began; an idle sequence gives its slot back."""
+    client = tg.InferenceServerClient(agent.grpc_url)
+    assert _send(client, "two_slots", 1, "a", start=True) == 1
+    assert _send(client, "two_slots", 2, "b", start=True) == 2
+    assert _slots(agent) == {"live": 2, "slots": 2, "waiting": 0}
+    with ThreadPoolExecutor(1) as pool:
+        other = tg.InferenceServerClient(agent.grpc_url)
+        waiting = pool.submit(_send, other, "two_slots", 10, "c", start=True)
+        _until(lambda: _slots(agent)["waiting"] == 1)
+        with pytest.raises(InferenceServerException, match="every sequence slot is taken") as full:
+            _send(client, "two_slots", 1, "d", start=True)
+        assert full.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert 'nv_inference_pending_request_count{model="two_slots",version="1"} 1' in (
+            agent.http_get("/metrics")[1].decode()
+        )
+        assert not waiting.done()
+        assert _send(client, "two_slots", 5, "a", end=True) == 6  # a ends: c takes its slot
+        assert waiting.result(timeout=10) == 10
+    assert _send(client, "two_slots", 1, "c") == 11  # c's own running sum
+    assert _slots(agent) == {"live": 2, "slots": 2, "waiting": 0}
+    tensor = tg.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException, match="timed out waiting for a sequence slot"):
+        client.infer("two_slots", [tensor], sequence_id="e", sequence_start=True, timeout=300_000)
+    assert 0.25 < time.monotonic() - started < 5
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        _send(client, "two_slots", 1, "e")  # it never began
+    # b and c idle past max_sequence_idle_microseconds (1 s): their slots are free.
+    _until(lambda: _slots(agent)["live"] == 0)
+    assert _send(client, "two_slots", 7, "f", start=True, end=True) == 7
 
 
 def test_silero_vad_streams_its_state_in_the_agent(tmp_path: Path) -> None:
     """The demo's silero-vad as a sequence: each request a 32 ms chunk, the recurrent
-    state carried by the agent; the probabilities equal ONNX Runtime's with the state
-    chained by hand."""
+    state carried by the agent, two microphones interleaved (the model does not
+    batch; its candidate sequences let both live at once); each stream's
+    probabilities equal ONNX Runtime's with its state chained by hand."""
     import onnxruntime as ort
 
     from edgeplex.agent.catalog import demo
@@ -185,28 +294,37 @@ def test_silero_vad_streams_its_state_in_the_agent(tmp_path: Path) -> None:
 
     path = demo.make_silero_stream(tmp_path / "repo" / "silero_vad_stream", cache=CACHE)
     rng = np.random.default_rng(1)
-    audio = np.concatenate([np.zeros(512 * 4), rng.normal(0, 0.3, 512 * 6)]).astype(np.float32)
-    chunks = audio.reshape(-1, 1, 512)
+    streams = {
+        "mic-1": np.concatenate([np.zeros(512 * 4), rng.normal(0, 0.3, 512 * 6)]),
+        "mic-2": np.concatenate([rng.normal(0, 0.3, 512 * 5), np.zeros(512 * 5)]),
+    }
+    chunks = {mic: audio.astype(np.float32).reshape(-1, 1, 512) for mic, audio in streams.items()}
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    state, expected = np.zeros((2, 1, 128), np.float32), []
-    for chunk in chunks:
-        feed = {"input": chunk, "state": state, "sr": np.array(16000)}
-        output, state = session.run(None, feed)
-        expected.append(float(output[0][0]))
+    expected: dict[str, list[float]] = {}
+    for mic, pieces in chunks.items():
+        state, expected[mic] = np.zeros((2, 1, 128), np.float32), []
+        for chunk in pieces:
+            output, state = session.run(
+                None, {"input": chunk, "state": state, "sr": np.array(16000)}
+            )
+            expected[mic].append(float(output[0][0]))
     agent = start_agent(tmp_path / "repo", tmp_path)
     try:
         client = tg.InferenceServerClient(agent.grpc_url)
-        got = []
-        for i, chunk in enumerate(chunks):
-            tensors = [tg.InferInput("input", [1, 512], "FP32"), tg.InferInput("sr", [], "INT64")]
-            tensors[0].set_data_from_numpy(chunk)
-            tensors[1].set_data_from_numpy(np.array(16000, dtype=np.int64))
-            last = i == len(chunks) - 1
-            result = client.infer(
-                "silero_vad_stream", tensors, sequence_id="mic-1", sequence_start=i == 0,
-                sequence_end=last,
-            )  # fmt: skip
-            got.append(float(result.as_numpy("output")[0][0]))
-        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+        got: dict[str, list[float]] = {mic: [] for mic in chunks}
+        for i in range(10):
+            for mic, pieces in chunks.items():
+                tensors = [tg.InferInput("input", [1, 512], "FP32"),
+                           tg.InferInput("sr", [], "INT64")]  # fmt: skip
+                tensors[0].set_data_from_numpy(pieces[i])
+                tensors[1].set_data_from_numpy(np.array(16000, dtype=np.int64))
+                result = client.infer(
+                    "silero_vad_stream", tensors, sequence_id=mic, sequence_start=i == 0,
+                    sequence_end=i == 9, timeout=5_000_000,
+                )  # fmt: skip
+                got[mic].append(float(result.as_numpy("output")[0][0]))
+        for mic in chunks:
+            np.testing.assert_allclose(got[mic], expected[mic], rtol=1e-4, atol=1e-5)
+        assert got["mic-1"] != got["mic-2"]
     finally:
         assert agent.stop() == 0, agent.log()

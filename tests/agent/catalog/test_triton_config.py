@@ -317,20 +317,28 @@ sequence_batching {
 
 
 def test_the_sequence_batchers_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
-    """The strategy's batching delay is the model's; what the sequence batcher does not
-    act on (slots, candidates, preferred sizes, a state's initial value other than
-    zeros, iterative sequences) is named in a warning, as for every other field."""
+    """The strategy's batching delay is the model's and its candidates are the slots;
+    what the sequence batcher does not act on (preferred sizes, a state's initial
+    value other than zeros, iterative sequences) is named in a warning, as for every
+    other field."""
     path = tmp_path / "config.pbtxt"
     path.write_text(TRITON_SEQUENCE)
     config = read_triton_config(path, "seq")
     assert config.settings["max_queue_delay_us"] == 300
     assert config.sequence is not None and config.sequence.strategy == "oldest"
+    assert config.sequence.slots(max_batch_size=4, instances=2) == 8  # 4 candidates each
     assert {s.input for s in config.sequence.states} == {"h", "c"}
     text = "\n".join(config.warnings)
     for unsupported in (
-        "sequence_batching.oldest.max_candidate_sequences",
         "sequence_batching.oldest.preferred_batch_size",
         "sequence_batching.iterative_sequence",
     ):
         assert unsupported in text, text
+    assert "max_candidate_sequences" not in text, text
     assert text.count("sequence_batching.state.initial_state") == 1, text  # the file's, not zeros
+    start, end = TRITON_SEQUENCE.index("  oldest {"), TRITON_SEQUENCE.index("  control")
+    path.write_text(TRITON_SEQUENCE[:start] + "  direct { }\n" + TRITON_SEQUENCE[end:])
+    direct = read_triton_config(path, "seq")
+    assert direct.sequence is not None and direct.sequence.strategy == "direct"
+    assert direct.sequence.slots(max_batch_size=4, instances=2) == 8  # max_batch_size each
+    assert direct.sequence.slots(max_batch_size=0, instances=3) == 3  # at least 1 each

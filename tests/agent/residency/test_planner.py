@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeplex.agent.residency.planner import QueuedLoad, Slot, plan_room
+from edgeplex.agent.residency.planner import QueuedLoad, Slot, plan_room, victims_for
 from edgeplex.agent.residency.state import ModelKey, Phase
 from edgeplex.eviction import GreedyDualSizeFrequency, NoOverCommit
 
@@ -38,6 +38,25 @@ def test_a_victim_with_leases_drains_one_without_is_unloaded():
         slots, [QueuedLoad(key("new"), 10 * MB)], 20 * MB, GreedyDualSizeFrequency(), 0
     )
     assert plan.unload == [key("cold")]
+
+
+def test_a_model_live_sequences_hold_is_neither_evicted_nor_swapped():
+    """A stateful model with live sequences stays as it is: a load waits for its room
+    (nothing else can give it) until the sequences end, and a model beside it that
+    may leave is taken instead when there is one."""
+    held = Slot(key("held"), Phase.READY, 16 * MB, 0, False, in_sequence=True, frequency=0.1,
+                smaller=4 * MB, smaller_form="int8")  # fmt: skip
+    plan = plan_room(
+        [held], [QueuedLoad(key("new"), 10 * MB)], 20 * MB, GreedyDualSizeFrequency(), 0
+    )
+    assert not plan.unload and not plan.drain and not plan.demote and not plan.start
+    assert not plan.refuse  # it waits: the room comes when the sequences end
+    plan = plan_room(
+        [held, ready("other", held=4 * MB, freq=100)], [QueuedLoad(key("new"), 4 * MB)],
+        20 * MB, GreedyDualSizeFrequency(), 0,
+    )  # fmt: skip
+    assert plan.unload == [key("other")]  # the load starts once its bytes are gone
+    assert victims_for([held], 10 * MB, GreedyDualSizeFrequency(), 0) is None
 
 
 def test_room_is_never_promised_twice_and_loads_are_first_come_first_served():
