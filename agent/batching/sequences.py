@@ -125,7 +125,14 @@ class Sequences:
         if live is None and flags.start:
             live = self._live[key] = Live(key, spec, flags)
         if live is not None:
-            await live.lock.acquire()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await live.lock.acquire()
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"model '{model}': request timed out waiting for its turn in sequence "
+                    f"{flags.id}"
+                ) from None
             if self._live.get(key) is not live:  # it ended while this request waited
                 if flags.start:
                     self._live[key] = live

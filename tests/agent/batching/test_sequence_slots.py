@@ -62,7 +62,8 @@ async def test_starts_beyond_the_slots_wait_oldest_first_and_the_model_is_held_o
 
 
 async def test_a_full_backlog_refuses_and_a_waiter_past_its_deadline_leaves_it() -> None:
-    sequences = Sequences(Holds().hold, Holds().release)
+    holds = Holds()
+    sequences = Sequences(holds.hold, holds.release)
     for sid in (1, 2):
         sequences.leave(await _start(sequences, sid), served=True)
     waiter = asyncio.create_task(_start(sequences, 3, backlog=1, wait_s=0.05))
@@ -95,3 +96,16 @@ async def test_a_waiter_cancelled_after_it_was_handed_a_slot_passes_it_on() -> N
     await _end(sequences, fourth)
     await _end(sequences, lives[1])
     assert sequences.counts("m", "1") == (0, 0) and holds.held == []
+
+
+async def test_a_request_waiting_for_its_turn_in_its_sequence_fails_at_its_deadline() -> None:
+    holds = Holds()
+    sequences = Sequences(holds.hold, holds.release)
+    running = await _start(sequences, 1)  # its request is running: the turn is taken
+    loop = asyncio.get_running_loop()
+    with pytest.raises(DeadlineExceeded, match="waiting for its turn in sequence 1"):
+        await sequences.enter("m", "1", SPEC, Flags(1, False, False), 2, 4, loop.time() + 0.05)
+    sequences.leave(running, served=True)
+    after = await sequences.enter("m", "1", SPEC, Flags(1, False, True), 2, 4, loop.time() + 1)
+    sequences.leave(after, served=True)  # the sequence went on, and ended
+    assert sequences.counts("m", "1") == (0, 0)

@@ -20,7 +20,9 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import start_agent
+from edgeplex.agent.catalog import demo
+from tests.conftest import CACHE, start_agent
+from tests.support.agent import status
 
 ROOT = Path(__file__).resolve().parents[3]
 SECONDS = 2.0
@@ -173,3 +175,43 @@ def test_pings_during_a_call_are_probes_and_pings_alone_are_strikes(agent):
     assert pinging.goaway
     uploading.sock.close()
     pinging.sock.close()
+
+
+def test_a_sequence_flood_is_held_to_the_slots_and_the_backlog(tmp_path):
+    """STARTs of new sequences that never end, on 48 connections, against a stateful
+    model with 16 slots and room for 16 to wait: the rest are refused with 429 at
+    once, other models serve the victim as before, memory stays bounded, and once
+    the flood's sequences idle out and its waiting STARTs are gone with their
+    connections, the model serves an honest sequence."""
+    import numpy as np
+    import tritonclient.http as th
+
+    repo = tmp_path / "repo"
+    demo.make_add_sub(repo / "add_sub_nobatch", config="max_batch_size: 0\n")
+    demo.make_silero_stream(repo / "silero_vad_stream", cache=CACHE)
+    config = repo / "silero_vad_stream" / "config.pbtxt"
+    config.write_text(config.read_text().replace("5000000", "1000000"))  # idle after 1 s
+    (repo / "silero_vad_stream" / "config.yaml").write_text("max_queue_size: 16\n")
+    agent = start_agent(repo, tmp_path, env={"EDGEPLEX_AGENT_LOG_LEVEL": "WARNING"})
+    try:
+        summary, report = attack(agent, "sequence_flood", connections=48, pause=0.05)
+        statuses = summary["statuses"]
+        assert statuses.get("429", 0) > 0 and set(statuses) <= {"200", "429", "still waiting"}, (
+            summary
+        )
+        assert report["agent_rss_growth_mib"] < 64, report
+        deadline = time.monotonic() + 10
+        while status(agent)["silero_vad_stream"]["sequences"] != {
+            "live": 0, "slots": 16, "waiting": 0,
+        }:  # fmt: skip
+            assert time.monotonic() < deadline, status(agent)["silero_vad_stream"]
+            time.sleep(0.1)
+        client = th.InferenceServerClient(agent.http_url)
+        for i in range(3):
+            tensors = [th.InferInput("input", [1, 512], "FP32"), th.InferInput("sr", [], "INT64")]
+            tensors[0].set_data_from_numpy(np.zeros((1, 512), np.float32))
+            tensors[1].set_data_from_numpy(np.array(16000, dtype=np.int64))
+            client.infer("silero_vad_stream", tensors, sequence_id="honest",
+                         sequence_start=i == 0, sequence_end=i == 2)  # fmt: skip
+    finally:
+        assert agent.stop() == 0, agent.log()
