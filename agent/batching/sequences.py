@@ -7,8 +7,9 @@ the sequence (`sequence_id`, `sequence_start`, `sequence_end`). Per sequence:
 - its requests run one at a time, in the order they arrived (a lock per
   sequence; requests of different sequences batch together as any requests do);
 - the agent fills in the control inputs the model declares (START, END, READY,
-  CORRID) and the implicit state: zeros at the start, then what the model's
-  state output was on the sequence's previous request, never shown to the client;
+  CORRID) and the implicit state: zeros (or its initial_state's values) at the
+  start, then what the model's state output was on the sequence's previous
+  request, never shown to the client;
 - the model stays resident while the sequence lives (it is held: never evicted
   nor swapped to a smaller form; residency/owner.py), until its END, or until no
   request came for `max_sequence_idle_microseconds`, when the sequence is
@@ -212,7 +213,11 @@ class Sequences:
             out.append(InferInput(control.name, control.datatype, list(array.shape), array))
         for state in spec.states:
             kept = live.state.get(state.input)
-            if kept is None:  # zeros of the declared shape at the sequence's start
+            if kept is None and state.initial is not None:  # its initial_state's values
+                kept = np.ascontiguousarray(
+                    np.broadcast_to(state.initial, [*rows, *state.initial.shape])
+                )
+            elif kept is None:  # zeros of the declared shape at the sequence's start
                 dims = [*rows, *(1 if d < 0 else d for d in state.dims)]
                 kept = np.zeros(dims, dtype=numpy_dtype(state.datatype, state.input))
             out.append(InferInput(state.input, state.datatype, list(kept.shape), kept))

@@ -84,7 +84,7 @@ def scan_versions(
     triton, error, warnings = None, "", []
     try:
         if override is not None:
-            triton = triton_config(override, name)
+            triton = triton_config(override, name, model_dir)
         elif (model_dir / PBTXT_FILE).is_file():
             triton = read_triton_config(model_dir / PBTXT_FILE, name)
         warnings = triton.warnings if triton else []

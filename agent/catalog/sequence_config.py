@@ -1,22 +1,32 @@
 """Triton's `sequence_batching` in config.pbtxt, read as edgeplex serves it: the
 control inputs the agent fills in for each request of a sequence (START, END,
 READY, CORRID) and the implicit state it carries from one request's outputs to the
-next one's inputs (agent/batching/sequences.py runs them)."""
+next one's inputs (agent/batching/sequences.py runs them).
+
+A state starts as zeros, or as its `initial_state`'s `data_file`: raw values in
+row-major order, read from the model's `initial_state/` folder when the model is
+found, as Triton reads them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from edgeplex.agent.oip.tensors import from_triton_type
+import numpy as np
+
+from edgeplex.agent.oip.tensors import OIP_TO_NUMPY, from_triton_type
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
+INITIAL_STATE_DIR = "initial_state"  # a model's initial state files, as in Triton
+MAX_INITIAL_STATE_BYTES = 64 << 20
 # The fields of `sequence_batching`, and of each of its states, that sequence_spec
 # reads (a strategy only by its name): triton_config.py names the rest in warnings.
 SEQUENCE_FIELDS = frozenset(
     {"control_input", "state", "max_sequence_idle_microseconds", "direct", "oldest"}
 )
-STATE_FIELDS = frozenset({"input_name", "output_name", "data_type", "dims"})
+STATE_FIELDS = frozenset({"input_name", "output_name", "data_type", "dims", "initial_state"})
 KINDS = {
     "CONTROL_SEQUENCE_START": "start",
     "CONTROL_SEQUENCE_END": "end",
@@ -45,6 +55,8 @@ class State:
     output: str
     datatype: str
     dims: tuple[int, ...]
+    # Its values at a sequence's start when not zeros (initial_state's data_file).
+    initial: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -74,9 +86,9 @@ class SequenceSpec:
         return {s.output for s in self.states}
 
 
-def sequence_spec(blocks: list[Any]) -> SequenceSpec | None:
+def sequence_spec(blocks: list[Any], directory: Path | None = None) -> SequenceSpec | None:
     """The `sequence_batching` block of a parsed config, or None; ValueError for what
-    cannot be served as written."""
+    cannot be served as written. `directory` is the model's (its initial states)."""
     if not blocks:
         return None
     block: dict[str, list[Any]] = blocks[-1]  # as triton_config parses it
@@ -91,25 +103,73 @@ def sequence_spec(blocks: list[Any]) -> SequenceSpec | None:
                 datatype = from_triton_type(str((control.get("data_type") or ["TYPE_UINT64"])[-1]))
                 controls.append(Control(name, kind, datatype))
                 continue
-            for field, datatype in (("int32_false_true", "INT32"), ("fp32_false_true", "FP32"),
+            for flag, datatype in (("int32_false_true", "INT32"), ("fp32_false_true", "FP32"),
                                     ("bool_false_true", "BOOL")):  # fmt: skip
-                values = control.get(field)
+                values = control.get(flag)
                 if values:
                     if len(values) != 2:
-                        raise ValueError(f"sequence_batching: control '{name}': {field} needs 2")
+                        raise ValueError(f"sequence_batching: control '{name}': {flag} needs 2")
                     controls.append(Control(name, kind, datatype, (values[0], values[1])))
                     break
             else:
                 raise ValueError(f"sequence_batching: control '{name}' has no false/true values")
-    states = tuple(
-        State(str(s["input_name"][0]), str(s["output_name"][0]),
-              from_triton_type(str((s.get("data_type") or ["TYPE_FP32"])[-1])),
-              tuple(int(d) for d in s.get("dims", [])))
-        for s in block.get("state", [])
-    )  # fmt: skip
+    states = []
+    for entry in block.get("state", []):
+        state = State(str(entry["input_name"][0]), str(entry["output_name"][0]),
+                      from_triton_type(str((entry.get("data_type") or ["TYPE_FP32"])[-1])),
+                      tuple(int(d) for d in entry.get("dims", [])))  # fmt: skip
+        initial = initial_state(state, entry.get("initial_state", []), directory)
+        states.append(state if initial is None else replace(state, initial=initial))
     idle_us = int((block.get("max_sequence_idle_microseconds") or [DEFAULT_IDLE_US])[-1])
     strategy = "oldest" if "oldest" in block else "direct"
     candidates = 0
     for oldest in block.get("oldest", []):
         candidates = int((oldest.get("max_candidate_sequences") or [0])[-1])
-    return SequenceSpec(tuple(controls), states, idle_us / 1e6, strategy, candidates)
+    return SequenceSpec(tuple(controls), tuple(states), idle_us / 1e6, strategy, candidates)
+
+
+def initial_state(state: State, entries: list[Any], directory: Path | None) -> np.ndarray | None:
+    """A state's `initial_state` values, or None for zeros (`zero_data`, or none set).
+    A `data_file` is a plain name in the model's initial_state folder holding exactly
+    the values its fixed `dims` and `data_type` need (strings are not supported)."""
+    if not entries:
+        return None
+    if len(entries) > 1:
+        raise ValueError(
+            f"sequence_batching: state '{state.input}' has more than one initial_state"
+        )
+    entry: dict[str, list[Any]] = entries[0]
+    name = str((entry.get("data_file") or [""])[-1])
+    if not name:
+        return None  # zero_data: zeros, as with no initial state
+    where = f"sequence_batching: state '{state.input}': initial_state data_file {name!r}"
+    if name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ValueError(f"{where} must name a file in the model's {INITIAL_STATE_DIR} folder")
+    datatype = from_triton_type(str((entry.get("data_type") or ["TYPE_FP32"])[-1]))
+    if datatype != state.datatype:
+        raise ValueError(f"{where}: its data_type is not the state's ({state.datatype})")
+    dims = tuple(int(d) for d in entry.get("dims", []))
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{where}: its dims must be fixed, not {list(dims)}")
+    dtype = OIP_TO_NUMPY.get(datatype)
+    if dtype is None or dtype.kind == "O":
+        raise ValueError(f"{where}: initial values of type {datatype} are not supported")
+    need = math.prod(dims) * dtype.itemsize
+    if need > MAX_INITIAL_STATE_BYTES:
+        raise ValueError(f"{where}: {need} bytes, more than {MAX_INITIAL_STATE_BYTES}")
+    if directory is None:
+        raise ValueError(f"{where}: the model's folder is not known")
+    folder = directory / INITIAL_STATE_DIR
+    path = folder / name
+    try:
+        if not path.resolve().is_relative_to(folder.resolve()) or not path.is_file():
+            raise ValueError(f"{where}: no such file in the model's {INITIAL_STATE_DIR} folder")
+        size = path.stat().st_size
+        if size != need:
+            raise ValueError(
+                f"{where} holds {size} bytes; dims {list(dims)} of {datatype} need {need}"
+            )
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{where}: {exc.strerror}") from None
+    return np.frombuffer(data, dtype=dtype).reshape(dims)

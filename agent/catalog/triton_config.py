@@ -15,7 +15,7 @@ never dropped silently:
 | `input`, `output` (`name`, `data_type`, `dims`) | checked against the graph |
 | `dynamic_batching.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy` | `max_queue_size`, `timeout_ms` |
-| `sequence_batching` (controls, state, idle time) | a stateful model (sequence_config.py) |
+| `sequence_batching` (controls, states, initial states, idle time) | a stateful model |
 | `sequence_batching.direct` / `.oldest` `.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `sequence_batching.oldest.max_candidate_sequences` | the sequence slots per instance |
 | `instance_group` (`count`, `kind`) | `instance_count` (summed over groups) |
@@ -161,11 +161,12 @@ def read_triton_config(path: Path, model: str) -> TritonConfig:
         data = parse_pbtxt(path.read_text())
     except (OSError, UnicodeDecodeError, PbtxtError) as exc:
         raise ValueError(f"{PBTXT_FILE}: {exc}") from None
-    return triton_config(data, model)
+    return triton_config(data, model, path.parent)
 
 
-def triton_config(data: Message, model: str) -> TritonConfig:
-    """A parsed `ModelConfig` (parse_pbtxt, parse_config_json) as edgeplex serves it.
+def triton_config(data: Message, model: str, directory: Path | None = None) -> TritonConfig:
+    """A parsed `ModelConfig` (parse_pbtxt, parse_config_json) as edgeplex serves it,
+    for the model in `directory` (the files a config may name: initial states).
     Raises ValueError for what cannot be served as written."""
     out = TritonConfig()
     name = _one(data, "name", "")
@@ -192,7 +193,7 @@ def triton_config(data: Message, model: str) -> TritonConfig:
     _instances(data.get("instance_group", []), out)
     _versions(data.get("version_policy", []), out)
     _parameters(data.get("parameters", []), out)
-    out.sequence = sequence_spec(data.get("sequence_batching", []))
+    out.sequence = sequence_spec(data.get("sequence_batching", []), directory)
     _sequence_batching(data.get("sequence_batching", []), out)
     policy = data.get("model_transaction_policy") or [{}]
     if any(policy[-1].get("decoupled") or []):
@@ -253,11 +254,7 @@ def _sequence_batching(blocks: list[Any], out: TritonConfig) -> None:
         for key in sorted(set(block) - SEQUENCE_FIELDS):
             out.warnings.append(f"{PBTXT_FILE}: sequence_batching.{key} is not supported")
         for state in block.get("state", []):
-            ignored = set(state) - STATE_FIELDS
-            # A state starts as zeros here: an initial state of zeros is what it says.
-            if all(any(i.get("zero_data") or []) for i in state.get("initial_state", [])):
-                ignored.discard("initial_state")
-            for key in sorted(ignored):
+            for key in sorted(set(state) - STATE_FIELDS):
                 out.warnings.append(f"{PBTXT_FILE}: sequence_batching.state.{key} is not supported")
         for strategy in ("direct", "oldest"):
             for options in block.get(strategy, []):

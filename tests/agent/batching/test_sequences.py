@@ -79,6 +79,14 @@ TWO_SLOTS = (
 )
 
 
+# The running sum from 100: the state's initial values are a file, as Triton reads it.
+FROM_A_HUNDRED = ACCUMULATE.replace('"accumulate"', '"from_a_hundred"').replace(
+    "dims: [ 1 ] } ]\n}",
+    'dims: [ 1 ]\n    initial_state { name: "hundred" data_type: TYPE_INT32 dims: [ 1 ] '
+    'data_file: "hundred" } } ]\n}',
+)
+
+
 def make_simple_sequence(directory: Path) -> None:
     nodes = [helper.make_node("Add", ["INPUT", "START"], ["sum"]),
              helper.make_node("Mul", ["sum", "READY"], ["OUTPUT"])]  # fmt: skip
@@ -89,6 +97,14 @@ def make_accumulate(directory: Path) -> None:
     nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
              helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
     _model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], ACCUMULATE)
+
+
+def make_from_a_hundred(directory: Path) -> None:
+    nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
+             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
+    _model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], FROM_A_HUNDRED)
+    (directory / "initial_state").mkdir()
+    (directory / "initial_state" / "hundred").write_bytes(np.array([100], np.int32).tobytes())
 
 
 def make_two_slots(directory: Path) -> None:
@@ -104,6 +120,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     make_simple_sequence(root / "repo" / "simple_sequence")
     make_accumulate(root / "repo" / "accumulate")
     make_two_slots(root / "repo" / "two_slots")
+    make_from_a_hundred(root / "repo" / "from_a_hundred")
     process = start_agent(root / "repo", root)
     yield process
     assert process.stop() == 0, process.log()
@@ -153,6 +170,16 @@ def test_implicit_state_is_carried_per_sequence_over_interleaved_ids(agent: Agen
     assert (
         result.as_numpy("ACC_OUT") is None and int(result.as_numpy("OUTPUT")[0][0]) == sums[1] + 1
     )
+
+
+def test_a_state_starts_from_its_initial_state_file(agent: AgentProcess) -> None:
+    client = th.InferenceServerClient(agent.http_url)
+    assert _send(client, "from_a_hundred", 5, 1, start=True) == 105
+    assert _send(client, "from_a_hundred", 1, 2, start=True) == 101  # each its own
+    assert _send(client, "from_a_hundred", 5, 1) == 110
+    assert _send(client, "from_a_hundred", 0, 1, start=True) == 100  # a START: anew
+    for sid in (1, 2):
+        _send(client, "from_a_hundred", 0, sid, end=True)
 
 
 def test_a_stream_keeps_each_sequences_order(agent: AgentProcess) -> None:

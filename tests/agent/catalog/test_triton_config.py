@@ -4,6 +4,7 @@ graph, and what edgeplex does not act on named, never dropped silently."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import urllib.error
 import urllib.request
@@ -317,12 +318,14 @@ sequence_batching {
 
 
 def test_the_sequence_batchers_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
-    """The strategy's batching delay is the model's and its candidates are the slots;
-    what the sequence batcher does not act on (preferred sizes, a state's initial
-    value other than zeros, iterative sequences) is named in a warning, as for every
-    other field."""
+    """The strategy's batching delay is the model's, its candidates are the slots, and
+    a state's initial values are read from the model's initial_state folder; what
+    the sequence batcher does not act on (preferred sizes, iterative sequences) is
+    named in a warning, as for every other field."""
     path = tmp_path / "config.pbtxt"
     path.write_text(TRITON_SEQUENCE)
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "c0").write_bytes(np.array([1.5, -2], np.float32).tobytes())
     config = read_triton_config(path, "seq")
     assert config.settings["max_queue_delay_us"] == 300
     assert config.sequence is not None and config.sequence.strategy == "oldest"
@@ -335,10 +338,32 @@ def test_the_sequence_batchers_fields_map_and_the_rest_are_named(tmp_path: Path)
     ):
         assert unsupported in text, text
     assert "max_candidate_sequences" not in text, text
-    assert text.count("sequence_batching.state.initial_state") == 1, text  # the file's, not zeros
+    assert "initial_state" not in text, text
+    h, c = config.sequence.states
+    assert h.initial is None and c.initial is not None and c.initial.tolist() == [1.5, -2]
     start, end = TRITON_SEQUENCE.index("  oldest {"), TRITON_SEQUENCE.index("  control")
     path.write_text(TRITON_SEQUENCE[:start] + "  direct { }\n" + TRITON_SEQUENCE[end:])
     direct = read_triton_config(path, "seq")
     assert direct.sequence is not None and direct.sequence.strategy == "direct"
     assert direct.sequence.slots(max_batch_size=4, instances=2) == 8  # max_batch_size each
     assert direct.sequence.slots(max_batch_size=0, instances=3) == 3  # at least 1 each
+
+
+@pytest.mark.parametrize(
+    ("data_file", "size", "reason"),
+    [
+        ("c0", 4, "holds 4 bytes; dims [2] of FP32 need 8"),
+        ("missing", 8, "no such file in the model's initial_state folder"),
+        ("../c0", 8, "must name a file in the model's initial_state folder"),
+    ],
+)
+def test_an_initial_state_file_that_cannot_be_read_as_declared_fails_the_model(
+    tmp_path: Path, data_file: str, size: int, reason: str
+) -> None:
+    path = tmp_path / "config.pbtxt"
+    path.write_text(TRITON_SEQUENCE.replace('data_file: "c0"', f'data_file: "{data_file}"'))
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "c0").write_bytes(bytes(size))
+    (tmp_path / "c0").write_bytes(bytes(8))  # beside the folder, not in it
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        read_triton_config(path, "seq")
