@@ -34,7 +34,8 @@ class ModelConfig(BaseModel):
         default=256,
         ge=1,
         description="Requests that may wait in this model's queue; beyond it clients get "
-        "RESOURCE_EXHAUSTED / HTTP 429 with Retry-After.",
+        "RESOURCE_EXHAUSTED / HTTP 429 with Retry-After. For a stateful model, also the "
+        "sequence STARTs that may wait for a free sequence slot.",
     )
     timeout_ms: int = Field(
         default=30_000,
