@@ -805,6 +805,7 @@ class Agent:
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new requests and wait for in-flight ones; True if all finished."""
         self.draining = True
+        self.sequences.close("the agent is shutting down")  # no START waits out the drain
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
             return True

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from edgeplex.agent.catalog.sequence_config import SequenceSpec
-from edgeplex.agent.oip.errors import DeadlineExceeded, InvalidInput, QueueFull
+from edgeplex.agent.oip.errors import DeadlineExceeded, InvalidInput, QueueFull, Unavailable
 from edgeplex.agent.oip.requests import InferInput
 from edgeplex.agent.oip.tensors import numpy_dtype
 
@@ -102,6 +102,7 @@ class Sequences:
         self._live: dict[tuple[str, str, Id], Live] = {}
         self._slots: dict[tuple[str, str], Slots] = {}  # model versions with live sequences
         self._hold, self._release = hold, release  # a model's hold, taken and given back
+        self._closed: str | None = None  # why no sequence may begin any more
 
     async def enter(
         self,
@@ -162,6 +163,8 @@ class Sequences:
 
     async def _take_slot(self, live: Live, size: int, backlog: int, deadline: float) -> None:
         model, version, _ = live.key
+        if self._closed is not None:
+            raise Unavailable(self._closed)
         slots = self._slots.get((model, version))
         if slots is None:
             slots = self._slots[(model, version)] = Slots(size, self._hold(model, version))
@@ -186,7 +189,7 @@ class Sequences:
                 f"({slots.size} taken)"
             ) from None
         finally:
-            if handed.done() and not handed.cancelled():
+            if handed.done() and not handed.cancelled() and handed.exception() is None:
                 live.slotted = True  # handed a slot: kept, or given back by the caller's _drop
             elif handed in slots.backlog:
                 slots.backlog.remove(handed)
@@ -280,6 +283,17 @@ class Sequences:
             del self._slots[(model, version)]
             if slots.hold is not None:
                 self._release(slots.hold)
+
+    def close(self, why: str) -> None:
+        """The agent is shutting down: STARTs waiting for a slot fail now (Unavailable,
+        `why`) instead of holding the drain up, and no sequence begins any more. Live
+        sequences' requests still run."""
+        self._closed = why
+        for slots in self._slots.values():
+            while slots.backlog:
+                handed = slots.backlog.popleft()
+                if not handed.done():
+                    handed.set_exception(Unavailable(why))
 
     def counts(self, model: str, version: str) -> tuple[int, int]:
         """A model version's sequences holding a slot, and those waiting for one."""

@@ -30,6 +30,7 @@ from edgeplex.agent.frontdoor.shared_memory import (
     grpc_params,
     ref_of,
 )
+from edgeplex.agent.frontdoor.stream_calls import side_by_side
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import (
@@ -105,6 +106,18 @@ def _requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., An
         return wrapper
 
     return decorate
+
+
+def _sequence_of(request: pb.ModelInferRequest) -> tuple[str, str, int | str] | None:
+    """The sequence a streamed request belongs to (model, version, correlation id),
+    whose requests the call serves in order; None for one outside any sequence."""
+    parameter = request.parameters.get("sequence_id") if request.parameters else None
+    if parameter is None:
+        return None
+    sequence_id = getattr(parameter, parameter.WhichOneof("parameter_choice") or "string_param")
+    if sequence_id in (0, "") or not isinstance(sequence_id, int | str):
+        return None
+    return (request.model_name, request.model_version, sequence_id)
 
 
 def _shm_outputs(request: pb.ModelInferRequest, regions: ClientRegions | None) -> dict[str, Ref]:
@@ -317,12 +330,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             self.credentials.check(Access.CLIENT, token, "ModelStreamInfer")
         except ServeError as exc:
             await context.abort(exc.grpc_code, exc.message)
-        async for request in request_iterator:
+
+        async def serve(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
             try:
-                response = await self._infer(request, context)
-                yield pb.ModelStreamInferResponse(infer_response=response)
+                return pb.ModelStreamInferResponse(
+                    infer_response=await self._infer(request, context)
+                )
             except ServeError as exc:
-                yield pb.ModelStreamInferResponse(error_message=exc.message)
+                return pb.ModelStreamInferResponse(error_message=exc.message)
+
+        limit = self.agent.settings.doors.max_stream_messages
+        async for response in side_by_side(request_iterator, serve, limit, _sequence_of):
+            yield response
 
     @_serve_errors
     @_requires(Access.CLIENT)

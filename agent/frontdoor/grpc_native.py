@@ -604,8 +604,14 @@ class GrpcProtocol(asyncio.Protocol):
             self._transport.write(data)
 
     def goaway(self) -> None:
+        """Tell the client to go away; its streaming calls read no more messages, so
+        each ends once the ones it has are answered (an idle stream at once) instead
+        of holding the agent's shutdown for the whole grace period."""
         self._session.goaway(NO_ERROR)
         self._flush()
+        for stream in self._streams.values():
+            if stream.inbox is not None:
+                stream.inbox.put_nowait(None)
 
     def close(self, linger: bool = False) -> None:
         """End the connection. With `linger`, after a GOAWAY: the write side is shut

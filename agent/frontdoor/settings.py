@@ -143,7 +143,8 @@ class DoorSettings(BaseModel):
         default=16,
         ge=1,
         description="Messages of a streaming call queued for it before the door stops "
-        "refilling its window (the client then waits).",
+        "refilling its window (the client then waits); also the requests of one inference "
+        "stream served at once.",
     )
     max_resets_per_s: float = Field(
         default=10.0,

@@ -13,6 +13,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import agent_command, start_agent
 from tests.support.oip import inputs_for
+from tests.support.sequences import make_two_slots
 
 pytestmark = pytest.mark.slow
 
@@ -82,3 +83,30 @@ def test_a_port_in_use_or_a_missing_repository_is_a_clear_error(model_repo, tmp_
             assert proc.returncode == 1
             assert "cannot start" in proc.stderr and needle in proc.stderr
             assert "Traceback" not in proc.stderr
+
+
+def test_an_open_stream_and_a_start_waiting_for_a_slot_do_not_hold_the_shutdown(tmp_path):
+    """A gRPC stream left open (its client sends nothing more) ends when the agent
+    shuts down, and a sequence START waiting for a slot fails UNAVAILABLE: the
+    agent exits in well under the 30 s drain, with exit status 0."""
+    import queue
+    from functools import partial
+
+    make_two_slots(tmp_path / "repo" / "two_slots")  # two sequence slots
+    agent = start_agent(tmp_path / "repo", tmp_path)
+    client = tg.InferenceServerClient(agent.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    for sid in ("a", "b", "c"):  # c waits: a and b hold the slots
+        tensor = tg.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        client.async_stream_infer("two_slots", [tensor], request_id=sid, sequence_id=sid,
+                                  sequence_start=True)  # fmt: skip
+    assert all(answers.get(timeout=10)[1] is None for _ in range(2))
+    started = time.monotonic()
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(10) == 0, agent.log()
+    assert time.monotonic() - started < 5, agent.log()
+    result, error = answers.get(timeout=5)
+    assert result is None and "shutting down" in error.message(), error
+    client.stop_stream()

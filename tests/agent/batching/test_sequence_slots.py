@@ -11,7 +11,7 @@ import pytest
 
 from edgeplex.agent.batching.sequences import Flags, Live, Sequences
 from edgeplex.agent.catalog.sequence_config import SequenceSpec
-from edgeplex.agent.oip.errors import DeadlineExceeded, QueueFull
+from edgeplex.agent.oip.errors import DeadlineExceeded, QueueFull, Unavailable
 
 SPEC = SequenceSpec(controls=(), states=(), idle_s=60.0, strategy="direct")
 
@@ -109,3 +109,20 @@ async def test_a_request_waiting_for_its_turn_in_its_sequence_fails_at_its_deadl
     after = await sequences.enter("m", "1", SPEC, Flags(1, False, True), 2, 4, loop.time() + 1)
     sequences.leave(after, served=True)  # the sequence went on, and ended
     assert sequences.counts("m", "1") == (0, 0)
+
+
+async def test_closing_fails_the_waiting_starts_and_refuses_new_ones() -> None:
+    holds = Holds()
+    sequences = Sequences(holds.hold, holds.release)
+    lives = [await _start(sequences, sid) for sid in (1, 2)]
+    waiting = asyncio.create_task(_start(sequences, 3))
+    await asyncio.sleep(0)
+    sequences.close("the agent is shutting down")
+    with pytest.raises(Unavailable, match="shutting down"):
+        await waiting
+    with pytest.raises(Unavailable, match="shutting down"):
+        await _start(sequences, 4)
+    for live in lives:  # live sequences' requests still run
+        sequences.leave(live, served=True)
+        await _end(sequences, live)
+    assert sequences.counts("m", "1") == (0, 0) and holds.held == []

@@ -16,102 +16,21 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
-from onnx import TensorProto, helper, numpy_helper, save
+from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import AgentProcess, start_agent
 from tests.support.agent import status
+from tests.support.sequences import (
+    ACCUMULATE,
+    make_accumulate,
+    make_from_a_hundred,
+    make_simple_sequence,
+    make_two_slots,
+    model,
+)
 
 pytestmark = pytest.mark.slow
-
-# OUTPUT = INPUT + START (as Triton's simple_sequence example model answers).
-SIMPLE_SEQUENCE = """
-name: "simple_sequence"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-sequence_batching {
-  max_sequence_idle_microseconds: 500000
-  control_input [
-    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
-    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
-  ]
-}
-"""
-
-# OUTPUT = INPUT + ACC (the implicit state), ACC_OUT = OUTPUT: a running sum.
-ACCUMULATE = """
-name: "accumulate"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-sequence_batching {
-  oldest { max_candidate_sequences: 4 }
-  max_sequence_idle_microseconds: 500000
-  state [ { input_name: "ACC" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-}
-"""
-
-
-def _model(directory: Path, nodes: list, inputs: list[str], outputs: list[str], config: str,  # type: ignore[no-untyped-def]
-           initializers: list | None = None):  # fmt: skip
-    def value(name: str):  # type: ignore[no-untyped-def]
-        return helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 1])
-
-    graph = helper.make_graph(nodes, directory.name, [value(n) for n in inputs],
-                              [value(n) for n in outputs], initializers or [])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    (directory / "1").mkdir(parents=True)
-    save(model, str(directory / "1" / "model.onnx"))
-    (directory / "config.pbtxt").write_text(config)
-
-
-# The running sum again, with Triton's direct strategy: max_batch_size 2 on one
-# instance is two sequence slots; config.yaml leaves room for one START to wait.
-TWO_SLOTS = (
-    ACCUMULATE.replace('"accumulate"', '"two_slots"')
-    .replace("max_batch_size: 8", "max_batch_size: 2")
-    .replace("oldest { max_candidate_sequences: 4 }", "direct { }")
-    .replace("500000", "1000000")
-)
-
-
-# The running sum from 100: the state's initial values are a file, as Triton reads it.
-FROM_A_HUNDRED = ACCUMULATE.replace('"accumulate"', '"from_a_hundred"').replace(
-    "dims: [ 1 ] } ]\n}",
-    'dims: [ 1 ]\n    initial_state { name: "hundred" data_type: TYPE_INT32 dims: [ 1 ] '
-    'data_file: "hundred" } } ]\n}',
-)
-
-
-def make_simple_sequence(directory: Path) -> None:
-    nodes = [helper.make_node("Add", ["INPUT", "START"], ["sum"]),
-             helper.make_node("Mul", ["sum", "READY"], ["OUTPUT"])]  # fmt: skip
-    _model(directory, nodes, ["INPUT", "START", "READY"], ["OUTPUT"], SIMPLE_SEQUENCE)
-
-
-def make_accumulate(directory: Path) -> None:
-    nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
-             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
-    _model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], ACCUMULATE)
-
-
-def make_from_a_hundred(directory: Path) -> None:
-    nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
-             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
-    _model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], FROM_A_HUNDRED)
-    (directory / "initial_state").mkdir()
-    (directory / "initial_state" / "hundred").write_bytes(np.array([100], np.int32).tobytes())
-
-
-def make_two_slots(directory: Path) -> None:
-    nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
-             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
-    _model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], TWO_SLOTS)
-    (directory / "config.yaml").write_text("max_queue_size: 1\n")
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +158,7 @@ def test_a_live_sequence_keeps_its_model_resident(tmp_path: Path) -> None:
             helper.make_node("Add", ["sum", "nothing"], ["OUTPUT"]),
             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
         ]
-        _model(tmp_path / "repo" / name, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], config,
+        model(tmp_path / "repo" / name, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], config,
                [weights])  # fmt: skip
     agent = start_agent(tmp_path / "repo", tmp_path, env={
         "EDGEPLEX_AGENT_DEVICE_MEMORY_BUDGET": "7MiB",  # room for one model, not two
@@ -273,28 +192,35 @@ def _until(check, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-d
 
 
 def test_sequences_beyond_the_slots_wait_for_one_in_a_bounded_backlog(agent: AgentProcess) -> None:
-    """Two slots (direct, max_batch_size 2): a third START waits until a sequence ends
-    and then begins with its own state; a fourth finds the backlog full (its
-    max_queue_size, 1) and is refused at once; a START still waiting at its deadline
-    fails, and its sequence never began; an idle sequence gives its slot back."""
+    """Two slots (direct, max_batch_size 2): a third and a fourth START wait until a
+    sequence ends and then begin, each with its own state; a fifth finds the
+    backlog full (its max_queue_size, 2) and is refused at once; a START still
+    waiting at its deadline fails, and its sequence never began; an idle sequence
+    gives its slot back."""
     client = tg.InferenceServerClient(agent.grpc_url)
     assert _send(client, "two_slots", 1, "a", start=True) == 1
     assert _send(client, "two_slots", 2, "b", start=True) == 2
     assert _slots(agent) == {"live": 2, "slots": 2, "waiting": 0}
-    with ThreadPoolExecutor(1) as pool:
-        other = tg.InferenceServerClient(agent.grpc_url)
-        waiting = pool.submit(_send, other, "two_slots", 10, "c", start=True)
+    with ThreadPoolExecutor(2) as pool:
+        others = [tg.InferenceServerClient(agent.grpc_url) for _ in range(2)]
+        third = pool.submit(_send, others[0], "two_slots", 10, "c", start=True)
         _until(lambda: _slots(agent)["waiting"] == 1)
+        fourth = pool.submit(_send, others[1], "two_slots", 20, "d", start=True)
+        _until(lambda: _slots(agent)["waiting"] == 2)
         with pytest.raises(InferenceServerException, match="every sequence slot is taken") as full:
-            _send(client, "two_slots", 1, "d", start=True)
+            _send(client, "two_slots", 1, "x", start=True)
         assert full.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
-        assert 'nv_inference_pending_request_count{model="two_slots",version="1"} 1' in (
+        assert 'nv_inference_pending_request_count{model="two_slots",version="1"} 2' in (
             agent.http_get("/metrics")[1].decode()
         )
-        assert not waiting.done()
-        assert _send(client, "two_slots", 5, "a", end=True) == 6  # a ends: c takes its slot
-        assert waiting.result(timeout=10) == 10
+        assert not third.done() and not fourth.done()
+        assert _send(client, "two_slots", 5, "a", end=True) == 6  # a ends: c, the oldest, begins
+        assert third.result(timeout=10) == 10 and not fourth.done()
+        assert _send(client, "two_slots", 5, "b", end=True) == 7
+        assert fourth.result(timeout=10) == 20
+    assert _send(client, "two_slots", 1, "d", end=True) == 21
     assert _send(client, "two_slots", 1, "c") == 11  # c's own running sum
+    assert _send(client, "two_slots", 3, "g", start=True) == 3
     assert _slots(agent) == {"live": 2, "slots": 2, "waiting": 0}
     tensor = tg.InferInput("INPUT", [1, 1], "INT32")
     tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
@@ -304,9 +230,34 @@ def test_sequences_beyond_the_slots_wait_for_one_in_a_bounded_backlog(agent: Age
     assert 0.25 < time.monotonic() - started < 5
     with pytest.raises(InferenceServerException, match="must specify the START flag"):
         _send(client, "two_slots", 1, "e")  # it never began
-    # b and c idle past max_sequence_idle_microseconds (1 s): their slots are free.
+    # c and g idle past max_sequence_idle_microseconds (1 s): their slots are free.
     _until(lambda: _slots(agent)["live"] == 0)
     assert _send(client, "two_slots", 7, "f", start=True, end=True) == 7
+
+
+def test_a_stream_serves_its_requests_side_by_side(agent: AgentProcess) -> None:
+    """On one gRPC stream, as Triton serves it: a START that waits for a sequence slot
+    does not hold up the END behind it that frees one, and the answers come back in
+    the order of their requests."""
+    client = tg.InferenceServerClient(agent.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    sent = [("s1", 1, True, False), ("s2", 2, True, False), ("s3", 3, True, False),
+            ("s1", 10, False, True), ("s2", 20, False, True), ("s3", 30, False, True)]  # fmt: skip
+    for n, (sid, value, start, end) in enumerate(sent):
+        tensor = tg.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        client.async_stream_infer("two_slots", [tensor], request_id=f"{sid}-{n}",
+                                  sequence_id=sid, sequence_start=start, sequence_end=end,
+                                  timeout=10_000_000)  # fmt: skip
+    got = []
+    for _ in sent:
+        result, error = answers.get(timeout=15)
+        assert error is None, error
+        got.append((result.get_response().id, int(result.as_numpy("OUTPUT")[0][0])))
+    client.stop_stream()
+    assert got == [("s1-0", 1), ("s2-1", 2), ("s3-2", 3), ("s1-3", 11), ("s2-4", 22), ("s3-5", 33)]
+    assert _slots(agent) == {"live": 0, "slots": 2, "waiting": 0}
 
 
 def test_silero_vad_streams_its_state_in_the_agent(tmp_path: Path) -> None:

@@ -1,0 +1,98 @@
+"""Stateful test models as Triton's sequence examples use them: tiny ONNX graphs
+with their config.pbtxt (sequence_batching), for tests of the sequence batcher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper, save
+
+# OUTPUT = INPUT + START (as Triton's simple_sequence example model answers).
+SIMPLE_SEQUENCE = """
+name: "simple_sequence"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 500000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+"""
+
+# OUTPUT = INPUT + ACC (the implicit state), ACC_OUT = OUTPUT: a running sum.
+ACCUMULATE = """
+name: "accumulate"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  oldest { max_candidate_sequences: 4 }
+  max_sequence_idle_microseconds: 500000
+  state [ { input_name: "ACC" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+"""
+
+
+def model(directory: Path, nodes: list, inputs: list[str], outputs: list[str], config: str,  # type: ignore[no-untyped-def]
+           initializers: list | None = None):  # fmt: skip
+    def value(name: str):  # type: ignore[no-untyped-def]
+        return helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 1])
+
+    graph = helper.make_graph(nodes, directory.name, [value(n) for n in inputs],
+                              [value(n) for n in outputs], initializers or [])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (directory / "1").mkdir(parents=True)
+    save(model, str(directory / "1" / "model.onnx"))
+    (directory / "config.pbtxt").write_text(config)
+
+
+# The running sum again, with Triton's direct strategy: max_batch_size 2 on one
+# instance is two sequence slots; config.yaml leaves room for two STARTs to wait.
+TWO_SLOTS = (
+    ACCUMULATE.replace('"accumulate"', '"two_slots"')
+    .replace("max_batch_size: 8", "max_batch_size: 2")
+    .replace("oldest { max_candidate_sequences: 4 }", "direct { }")
+    .replace("500000", "1000000")
+)
+
+
+# The running sum from 100: the state's initial values are a file, as Triton reads it.
+FROM_A_HUNDRED = ACCUMULATE.replace('"accumulate"', '"from_a_hundred"').replace(
+    "dims: [ 1 ] } ]\n}",
+    'dims: [ 1 ]\n    initial_state { name: "hundred" data_type: TYPE_INT32 dims: [ 1 ] '
+    'data_file: "hundred" } } ]\n}',
+)
+
+
+def make_simple_sequence(directory: Path) -> None:
+    nodes = [helper.make_node("Add", ["INPUT", "START"], ["sum"]),
+             helper.make_node("Mul", ["sum", "READY"], ["OUTPUT"])]  # fmt: skip
+    model(directory, nodes, ["INPUT", "START", "READY"], ["OUTPUT"], SIMPLE_SEQUENCE)
+
+
+def make_accumulate(directory: Path) -> None:
+    nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
+             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
+    model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], ACCUMULATE)
+
+
+def make_from_a_hundred(directory: Path) -> None:
+    nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
+             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
+    model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], FROM_A_HUNDRED)
+    (directory / "initial_state").mkdir()
+    (directory / "initial_state" / "hundred").write_bytes(np.array([100], np.int32).tobytes())
+
+
+def make_two_slots(directory: Path) -> None:
+    nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
+             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
+    model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], TWO_SLOTS)
+    (directory / "config.yaml").write_text("max_queue_size: 2\n")
