@@ -749,10 +749,9 @@ class Agent:
         decoded = decode()
         body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
         tensors = ensemble_inputs(ensemble, body.inputs)
-        timeout_s = body.timeout_s
         for wave in ensemble.waves:
             results = await asyncio.gather(
-                *(self._ensemble_step(step, tensors, timeout_s, arrived, caller) for step in wave)
+                *(self._ensemble_step(step, tensors, body, arrived, caller) for step in wave)
             )
             for step, outputs in zip(wave, results, strict=True):
                 for output, tensor in step.outputs.items():
@@ -767,7 +766,7 @@ class Agent:
         self,
         step: Step,
         tensors: dict[str, np.ndarray],
-        timeout_s: float | None,
+        request: Decoded,
         arrived: float,
         caller: str,
     ) -> dict[str, np.ndarray]:
@@ -776,7 +775,9 @@ class Agent:
                        tensors[tensor])
             for given, tensor in step.inputs.items()
         ]  # fmt: skip
-        body = StepBody(inputs, list(step.outputs) or None, timeout_s)
+        # As in Triton, the request's deadline and its sequence (id, START, END) go to
+        # every step: a stateful step model carries its state under that sequence.
+        body = StepBody(inputs, list(step.outputs) or None, request.timeout_s, request.sequence)
         result = await self.handle(step.model, step.version, _no_header, None, lambda: body,
                                    arrived=arrived, step_of=caller)  # fmt: skip
         return result.outputs  # type: ignore[union-attr]  # served here: never Forwarded

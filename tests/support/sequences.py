@@ -96,3 +96,20 @@ def make_two_slots(directory: Path) -> None:
              helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
     model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], TWO_SLOTS)
     (directory / "config.yaml").write_text("max_queue_size: 2\n")
+
+
+# An ensemble whose one step is the running sum: the request's sequence goes to it.
+RUNNING_TOTAL = """
+name: "running_total"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "accumulate" model_version: -1
+  input_map { key: "INPUT" value: "X" } output_map { key: "OUTPUT" value: "TOTAL" } } ] }
+"""
+
+
+def make_running_total(directory: Path) -> None:
+    (directory / "1").mkdir(parents=True)
+    (directory / "config.pbtxt").write_text(RUNNING_TOTAL)

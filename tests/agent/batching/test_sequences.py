@@ -25,6 +25,7 @@ from tests.support.sequences import (
     ACCUMULATE,
     make_accumulate,
     make_from_a_hundred,
+    make_running_total,
     make_simple_sequence,
     make_two_slots,
     model,
@@ -40,6 +41,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     make_accumulate(root / "repo" / "accumulate")
     make_two_slots(root / "repo" / "two_slots")
     make_from_a_hundred(root / "repo" / "from_a_hundred")
+    make_running_total(root / "repo" / "running_total")
     process = start_agent(root / "repo", root)
     yield process
     assert process.stop() == 0, process.log()
@@ -99,6 +101,25 @@ def test_a_state_starts_from_its_initial_state_file(agent: AgentProcess) -> None
     assert _send(client, "from_a_hundred", 0, 1, start=True) == 100  # a START: anew
     for sid in (1, 2):
         _send(client, "from_a_hundred", 0, sid, end=True)
+
+
+def test_an_ensemble_passes_its_sequence_to_a_stateful_step(agent: AgentProcess) -> None:
+    """As Triton's ensemble scheduler does: the request's sequence id and flags go to
+    each step, so a stateful step keeps its state per sequence of the ensemble."""
+    client = tg.InferenceServerClient(agent.grpc_url)
+
+    def total(value: int, sid: int, start: bool = False, end: bool = False) -> int:
+        tensor = tg.InferInput("X", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        result = client.infer("running_total", [tensor], sequence_id=sid, sequence_start=start,
+                              sequence_end=end)  # fmt: skip
+        return int(result.as_numpy("TOTAL")[0][0])
+
+    assert [total(5, 501, start=True), total(7, 502, start=True)] == [5, 7]
+    assert [total(1, 501), total(1, 502), total(2, 501, end=True)] == [6, 8, 8]
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        total(1, 501)  # ended
+    assert total(3, 502, end=True) == 11
 
 
 def test_a_stream_keeps_each_sequences_order(agent: AgentProcess) -> None:
