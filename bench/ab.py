@@ -6,9 +6,9 @@ The base revision is checked out as a git worktree under .cache/ab/<sha> with a
 virtual environment of its own (made once, reused). One agent of each serves
 the same repository (one MLP, 512 wide, 3 layers, and one identity model over
 image-sized rows, 3x224x224 FP32, all resident); wrk (JSON and binary bodies
-to the MLP, binary tensors to the identity model: 588 KiB in and out) and
-tritonclient gRPC, `--in-flight` calls each (8), drive them in turn,
-`--rounds` times, so both see the same machine. It prints the median
+to the MLP, binary tensors to the identity model: 588 KiB in and out),
+tritonclient gRPC and one gRPC stream, `--in-flight` calls each (8), drive
+them in turn, `--rounds` times, so both see the same machine. It prints the median
 throughput of each and the ratio this/base per workload.
 """
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 from agent_overhead import _wrk, run_wrk  # noqa: E402
 from common import Agent  # noqa: E402
-from profile_agent import WIDTH, grpc_load  # noqa: E402
+from profile_agent import WIDTH, grpc_load, grpc_stream_load  # noqa: E402
 from shm_transport import body as tensor_body  # noqa: E402
 
 from edgeplex.agent.catalog import demo  # noqa: E402
@@ -90,6 +90,7 @@ def main() -> None:
         "http-binary": lambda a: run_wrk(a.http, "mlp", WIDTH, n, args.duration),
         "http-tensor": lambda a: _wrk(a.http, "image", n, args.duration, header, tail),
         "grpc": lambda a: grpc_load(a.grpc, args.duration, n),
+        "grpc-stream": lambda a: grpc_stream_load(a.grpc, args.duration, n),
     }
     if args.workloads:
         wanted = args.workloads.split(",")

@@ -76,6 +76,41 @@ def grpc_load(
     return {"rps": served / duration, "requests": served}
 
 
+def grpc_stream_load(
+    url: str, duration: float, in_flight: int = CONCURRENCY, model: str = "mlp"
+) -> dict[str, float]:
+    """One gRPC stream (ModelStreamInfer) with `in_flight` requests outstanding on it,
+    closed-loop: a request goes out as each answer comes back."""
+    import tritonclient.grpc.aio as grpcclient
+
+    async def main() -> int:
+        client = grpcclient.InferenceServerClient(url)
+        x = np.random.default_rng(0).standard_normal((1, WIDTH), dtype=np.float32)
+        inputs = [grpcclient.InferInput("input", [1, WIDTH], "FP32")]
+        inputs[0].set_data_from_numpy(x)
+        room = asyncio.Semaphore(in_flight)
+        stop = time.perf_counter() + duration
+
+        async def requests():  # type: ignore[no-untyped-def]
+            while True:
+                await room.acquire()
+                if time.perf_counter() >= stop:
+                    return
+                yield {"model_name": model, "inputs": inputs}
+
+        done = 0
+        async for _result, error in client.stream_infer(requests()):
+            if error is not None:
+                raise error
+            done += 1
+            room.release()
+        await client.close()
+        return done
+
+    served = asyncio.run(main())
+    return {"rps": served / duration, "requests": served}
+
+
 def summarise(folded: Path, expected: float) -> tuple[str, dict[str, float]]:
     """Per-function total and self shares of the active samples in a folded-stacks
     file ("thread (tid): name;frame;...;frame count"); `expected` is the number of
