@@ -281,6 +281,25 @@ def test_a_stream_serves_its_requests_side_by_side(agent: AgentProcess) -> None:
     assert _slots(agent) == {"live": 0, "slots": 2, "waiting": 0}
 
 
+def test_a_cancelled_stream_gives_up_its_waiting_start(agent: AgentProcess) -> None:
+    """A stream cancelled by its client while one of its STARTs waits for a slot: the
+    START leaves the backlog, and the sequences the stream began idle out as any."""
+    client = tg.InferenceServerClient(agent.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    for sid in ("k1", "k2", "k3"):  # k3 waits: k1 and k2 take the slots
+        tensor = tg.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        client.async_stream_infer("two_slots", [tensor], request_id=sid, sequence_id=sid,
+                                  sequence_start=True)  # fmt: skip
+    assert all(answers.get(timeout=10)[1] is None for _ in range(2))
+    _until(lambda: _slots(agent)["waiting"] == 1)
+    client.stop_stream(cancel_requests=True)
+    _until(lambda: _slots(agent)["waiting"] == 0)
+    _until(lambda: _slots(agent)["live"] == 0)  # k1 and k2 idle out (1 s)
+    assert _send(client, "two_slots", 4, "k3", start=True, end=True) == 4
+
+
 def test_silero_vad_streams_its_state_in_the_agent(tmp_path: Path) -> None:
     """The demo's silero-vad as a sequence: each request a 32 ms chunk, the recurrent
     state carried by the agent, two microphones interleaved (the model does not
