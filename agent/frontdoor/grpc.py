@@ -7,6 +7,7 @@ raw_output_contents, as Triton sends them.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import logging
@@ -30,7 +31,7 @@ from edgeplex.agent.frontdoor.shared_memory import (
     grpc_params,
     ref_of,
 )
-from edgeplex.agent.frontdoor.stream_calls import side_by_side
+from edgeplex.agent.frontdoor.stream_calls import side_by_side, until_set
 from edgeplex.agent.observability.access_log import ACCESS, REQUEST_ID, TRACEPARENT
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import (
@@ -152,6 +153,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, agent: Agent, credentials: Credentials) -> None:
         self.agent = agent
         self.credentials = credentials
+        # Set when the grpcio door stops: its streaming calls read no more requests.
+        self.ending: asyncio.Event | None = None
 
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.agent.live())
@@ -340,7 +343,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 return pb.ModelStreamInferResponse(error_message=exc.message)
 
         limit = self.agent.settings.doors.max_stream_messages
-        async for response in side_by_side(request_iterator, serve, limit, _sequence_of):
+        requests = request_iterator
+        if self.ending is not None:
+            requests = until_set(request_iterator, self.ending)
+        async for response in side_by_side(requests, serve, limit, _sequence_of):
             yield response
 
     @_serve_errors
@@ -585,10 +591,10 @@ async def start_grpc_server(
     settings = agent.settings
     limit = 2 * settings.max_payload_bytes + 1024 * 1024
 
+    inference = InferenceServicer(agent, credentials)
+
     def register(server: Any) -> None:
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(agent, credentials), server
-        )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(inference, server)
         ctl_grpc.add_AgentControlServicer_to_server(ControlServicer(agent, credentials), server)
         add_health_and_reflection(agent, SERVICES, server)
 
@@ -624,4 +630,17 @@ async def start_grpc_server(
     if port == 0:
         raise OSError(f"cannot bind gRPC to {settings.grpc_host}:{settings.grpc_port}")
     await server.start()
-    return server, port
+    inference.ending = asyncio.Event()
+    return GrpcioDoor(server, inference.ending), port
+
+
+class GrpcioDoor:
+    """grpcio's server as the agent stops it: streaming calls end first (their idle
+    clients would otherwise hold the stop for its whole grace), then the server."""
+
+    def __init__(self, server: grpc.aio.Server, ending: asyncio.Event) -> None:
+        self._server, self._ending = server, ending
+
+    async def stop(self, grace: float | None = None) -> None:
+        self._ending.set()
+        await self._server.stop(grace)

@@ -71,3 +71,26 @@ async def side_by_side(
         reader.cancel()
         for task in list(running):
             task.cancel()
+
+
+async def until_set(
+    requests: AsyncIterator[Request], ending: asyncio.Event
+) -> AsyncIterator[Request]:
+    """`requests` until `ending` is set: a call whose client sends nothing more ends
+    then, once the answers it has are out (the grpcio door's shutdown; the native
+    door ends its calls' messages itself)."""
+    iterator = aiter(requests)
+    ended = asyncio.ensure_future(ending.wait())
+    try:
+        while True:
+            following = asyncio.ensure_future(anext(iterator))
+            await asyncio.wait({following, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if not following.done():
+                following.cancel()
+                return
+            try:
+                yield following.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        ended.cancel()

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from edgeplex.agent.frontdoor.stream_calls import side_by_side
+from edgeplex.agent.frontdoor.stream_calls import side_by_side, until_set
 
 
 async def _requests(items: list[tuple[str | None, float, str]]) -> AsyncIterator[tuple]:
@@ -66,3 +66,24 @@ async def test_a_failure_ends_the_call_after_the_answers_before_it() -> None:
                                          8, _key):  # fmt: skip
             got.append(answer)
     assert got == ["ok"]
+
+
+async def test_until_set_ends_a_call_whose_client_sends_nothing_more() -> None:
+    async def one_then_silence() -> AsyncIterator[int]:
+        yield 1
+        await asyncio.Event().wait()  # a client that keeps its stream open
+        yield 2
+
+    ending = asyncio.Event()
+    got: list[int] = []
+
+    async def read() -> None:
+        async for item in until_set(one_then_silence(), ending):
+            got.append(item)
+
+    reading = asyncio.create_task(read())
+    await asyncio.sleep(0.01)
+    assert got == [1] and not reading.done()
+    ending.set()
+    await asyncio.wait_for(reading, 1)
+    assert got == [1]
