@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from edgeplex.agent.catalog.sequence_config import SequenceSpec
+from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.oip.errors import DeadlineExceeded, InvalidInput, QueueFull, Unavailable
 from edgeplex.agent.oip.requests import InferInput
 from edgeplex.agent.oip.tensors import numpy_dtype
@@ -172,6 +173,7 @@ class Sequences:
         if slots.taken < slots.size and not slots.backlog:
             slots.taken += 1
             live.slotted = True
+            self._export(model)
             return
         if len(slots.backlog) >= backlog:
             raise QueueFull(
@@ -180,6 +182,7 @@ class Sequences:
             )
         handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         slots.backlog.append(handed)
+        self._export(model)
         try:
             async with asyncio.timeout_at(deadline):
                 await handed
@@ -193,6 +196,7 @@ class Sequences:
                 live.slotted = True  # handed a slot: kept, or given back by the caller's _drop
             elif handed in slots.backlog:
                 slots.backlog.remove(handed)
+            self._export(model)
 
     @staticmethod
     def inputs(live: Live, given: list[InferInput], batching: bool) -> list[InferInput]:
@@ -277,23 +281,35 @@ class Sequences:
             handed = slots.backlog.popleft()
             if not handed.done():
                 handed.set_result(None)
+                self._export(model)
                 return
         slots.taken -= 1
         if slots.taken == 0:
             del self._slots[(model, version)]
             if slots.hold is not None:
                 self._release(slots.hold)
+        self._export(model)
 
     def close(self, why: str) -> None:
         """The agent is shutting down: STARTs waiting for a slot fail now (Unavailable,
         `why`) instead of holding the drain up, and no sequence begins any more. Live
         sequences' requests still run."""
         self._closed = why
-        for slots in self._slots.values():
+        for (model, _), slots in self._slots.items():
             while slots.backlog:
                 handed = slots.backlog.popleft()
                 if not handed.done():
                     handed.set_exception(Unavailable(why))
+            self._export(model)
+
+    def _export(self, model: str) -> None:
+        """edgeplex_agent_sequences for `model`, its versions together."""
+        live = waiting = 0
+        for (name, _), slots in self._slots.items():
+            if name == model:
+                live, waiting = live + slots.taken, waiting + len(slots.backlog)
+        METRICS.sequences.labels(model=model, state="live").set(live)
+        METRICS.sequences.labels(model=model, state="waiting").set(waiting)
 
     def counts(self, model: str, version: str) -> tuple[int, int]:
         """A model version's sequences holding a slot, and those waiting for one."""

@@ -88,6 +88,13 @@ class AgentMetrics:
             ["model"],
             registry=r,
         )
+        self.sequences = Gauge(
+            "edgeplex_agent_sequences",
+            "A stateful model's sequences: live (each holding a sequence slot) and waiting "
+            "(STARTs in its backlog, waiting for a slot).",
+            ["model", "state"],
+            registry=r,
+        )
         self.model_ready = Gauge(
             "edgeplex_agent_model_ready",
             "1 when the model serves, else 0.",

@@ -231,9 +231,10 @@ def test_sequences_beyond_the_slots_wait_for_one_in_a_bounded_backlog(agent: Age
         with pytest.raises(InferenceServerException, match="every sequence slot is taken") as full:
             _send(client, "two_slots", 1, "x", start=True)
         assert full.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
-        assert 'nv_inference_pending_request_count{model="two_slots",version="1"} 2' in (
-            agent.http_get("/metrics")[1].decode()
-        )
+        metrics = agent.http_get("/metrics")[1].decode()
+        assert 'nv_inference_pending_request_count{model="two_slots",version="1"} 2' in metrics
+        assert 'edgeplex_agent_sequences{model="two_slots",state="live"} 2.0' in metrics
+        assert 'edgeplex_agent_sequences{model="two_slots",state="waiting"} 2.0' in metrics
         assert not third.done() and not fourth.done()
         assert _send(client, "two_slots", 5, "a", end=True) == 6  # a ends: c, the oldest, begins
         assert third.result(timeout=10) == 10 and not fourth.done()
