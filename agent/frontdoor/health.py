@@ -52,6 +52,8 @@ class HealthServicer:
         )
 
     async def Watch(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """The status now, then each change; once the agent drains, NOT_SERVING and the
+        end of the call (a watch would otherwise hold the shutdown for its grace)."""
         last = None
         while True:
             status = self._status(request.service)
@@ -59,6 +61,8 @@ class HealthServicer:
             if status != last:
                 yield Status(status=status)
                 last = status
+            if self.agent.draining:
+                return
             await asyncio.sleep(WATCH_POLL_S)
 
 

@@ -72,5 +72,8 @@ def test_a_draining_agent_is_not_serving(tmp_path: Path) -> None:
             # hears the change before the port closes.
             agent.process.send_signal(signal.SIGTERM)
             assert next(watch).status == NOT_SERVING
+            with pytest.raises(StopIteration):  # and the watch ends: it holds no shutdown
+                next(watch)
+            assert agent.process.wait(4) == 0  # well inside drain_timeout_s
     finally:
         agent.process.wait(60)
