@@ -342,7 +342,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             except ServeError as exc:
                 return pb.ModelStreamInferResponse(error_message=exc.message)
 
-        limit = self.agent.settings.doors.max_stream_messages
+        # As many requests outstanding as a connection may have calls: the gate bounds
+        # their bytes; a stream that read less could stop reading the END that frees
+        # the sequence slot its waiting STARTs need.
+        limit = self.agent.settings.doors.max_concurrent_streams
         requests = request_iterator
         if self.ending is not None:
             requests = until_set(request_iterator, self.ending)

@@ -118,7 +118,8 @@ class DoorSettings(BaseModel):
         default=100,
         ge=1,
         description="HTTP/2 streams (gRPC calls) open at once per connection "
-        "(SETTINGS_MAX_CONCURRENT_STREAMS; nginx 128, grpc-go 100).",
+        "(SETTINGS_MAX_CONCURRENT_STREAMS; nginx 128, grpc-go 100); also the inference "
+        "requests one streaming call may have outstanding at once.",
     )
     stream_window: int = Field(
         default=1 * MiB,
@@ -143,8 +144,7 @@ class DoorSettings(BaseModel):
         default=16,
         ge=1,
         description="Messages of a streaming call queued for it before the door stops "
-        "refilling its window (the client then waits); also the requests of one inference "
-        "stream served at once.",
+        "refilling its window (the client then waits).",
     )
     max_resets_per_s: float = Field(
         default=10.0,

@@ -91,11 +91,16 @@ def make_from_a_hundred(directory: Path) -> None:
     (directory / "initial_state" / "hundred").write_bytes(np.array([100], np.int32).tobytes())
 
 
-def make_two_slots(directory: Path) -> None:
+def make_two_slots(directory: Path, backlog: int = 2, idle_us: int = 1_000_000) -> None:
+    """Two sequence slots, room for `backlog` STARTs to wait (max_queue_size), and
+    sequences idle out after `idle_us`."""
     nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
              helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
-    model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], TWO_SLOTS)
-    (directory / "config.yaml").write_text("max_queue_size: 2\n")
+    config = TWO_SLOTS.replace('"two_slots"', f'"{directory.name}"').replace(
+        "max_sequence_idle_microseconds: 1000000", f"max_sequence_idle_microseconds: {idle_us}"
+    )
+    model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], config)
+    (directory / "config.yaml").write_text(f"max_queue_size: {backlog}\n")
 
 
 # An ensemble whose one step is the running sum: the request's sequence goes to it.

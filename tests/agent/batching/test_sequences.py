@@ -40,6 +40,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     make_simple_sequence(root / "repo" / "simple_sequence")
     make_accumulate(root / "repo" / "accumulate")
     make_two_slots(root / "repo" / "two_slots")
+    make_two_slots(root / "repo" / "two_slots_deep", backlog=32, idle_us=30_000_000)
     make_from_a_hundred(root / "repo" / "from_a_hundred")
     make_running_total(root / "repo" / "running_total")
     process = start_agent(root / "repo", root)
@@ -280,6 +281,32 @@ def test_a_stream_serves_its_requests_side_by_side(agent: AgentProcess) -> None:
     client.stop_stream()
     assert got == [("s1-0", 1), ("s2-1", 2), ("s3-2", 3), ("s1-3", 11), ("s2-4", 22), ("s3-5", 33)]
     assert _slots(agent) == {"live": 0, "slots": 2, "waiting": 0}
+
+
+def test_many_starts_waiting_on_a_stream_do_not_stop_it_reading(agent: AgentProcess) -> None:
+    """Eighteen STARTs wait for two slots on one stream, more than a stream's queue of
+    messages (16): the stream still reads the ENDs behind them, whose slots go to the
+    two oldest; the rest fail at their deadline. Answers keep request order."""
+    client = tg.InferenceServerClient(agent.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    sent = [("s1", True, False), ("s2", True, False)]
+    sent += [(f"w{i}", True, False) for i in range(18)]
+    sent += [("s1", False, True), ("s2", False, True)]
+    for n, (sid, start, end) in enumerate(sent):
+        tensor = tg.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        client.async_stream_infer("two_slots_deep", [tensor], request_id=str(n), sequence_id=sid,
+                                  sequence_start=start, sequence_end=end,
+                                  timeout=3_000_000)  # fmt: skip
+    got = []
+    for _ in sent:
+        _, error = answers.get(timeout=20)
+        got.append("ok" if error is None else error.message())
+    client.stop_stream()
+    assert got[:4] == ["ok"] * 4, got  # s1, s2, and w0, w1 once s1 and s2 end
+    assert all("waiting for a sequence slot" in g for g in got[4:20]), got
+    assert got[20:] == ["ok", "ok"], got
 
 
 def test_a_cancelled_stream_gives_up_its_waiting_start(agent: AgentProcess) -> None:
