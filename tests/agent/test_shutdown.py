@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import queue
 import signal
 import threading
 import time
-from functools import partial
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import agent_command, start_agent
 from tests.support.oip import inputs_for
-from tests.support.sequences import make_two_slots
+from tests.support.sequences import make_two_slots, open_stream, stream_value
 
 pytestmark = pytest.mark.slow
 
@@ -95,13 +93,9 @@ def test_an_open_stream_and_a_start_waiting_for_a_slot_do_not_hold_the_shutdown(
     make_two_slots(tmp_path / "repo" / "two_slots")  # two sequence slots
     agent = start_agent(tmp_path / "repo", tmp_path, env={"EDGEPLEX_AGENT_GRPC_SERVER": door})
     client = tg.InferenceServerClient(agent.grpc_url)
-    answers: queue.Queue = queue.Queue()
-    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    answers = open_stream(client)
     for sid in ("a", "b", "c"):  # c waits: a and b hold the slots
-        tensor = tg.InferInput("INPUT", [1, 1], "INT32")
-        tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
-        client.async_stream_infer("two_slots", [tensor], request_id=sid, sequence_id=sid,
-                                  sequence_start=True)  # fmt: skip
+        stream_value(client, "two_slots", 1, sid, start=True, request_id=sid)
     assert all(answers.get(timeout=10)[1] is None for _ in range(2))
     started = time.monotonic()
     agent.process.send_signal(signal.SIGTERM)

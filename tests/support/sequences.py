@@ -3,9 +3,13 @@ with their config.pbtxt (sequence_batching), for tests of the sequence batcher."
 
 from __future__ import annotations
 
+import queue
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import tritonclient.grpc as tg
 from onnx import TensorProto, helper, save
 
 # OUTPUT = INPUT + START (as Triton's simple_sequence example model answers).
@@ -77,16 +81,19 @@ def make_simple_sequence(directory: Path) -> None:
     model(directory, nodes, ["INPUT", "START", "READY"], ["OUTPUT"], SIMPLE_SEQUENCE)
 
 
-def make_accumulate(directory: Path) -> None:
+def running_sum(directory: Path, config: str) -> None:
+    """OUTPUT = INPUT + ACC (the implicit state), ACC_OUT = OUTPUT, under `config`."""
     nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
              helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
-    model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], ACCUMULATE)
+    model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], config)
+
+
+def make_accumulate(directory: Path) -> None:
+    running_sum(directory, ACCUMULATE)
 
 
 def make_from_a_hundred(directory: Path) -> None:
-    nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
-             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
-    model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], FROM_A_HUNDRED)
+    running_sum(directory, FROM_A_HUNDRED)
     (directory / "initial_state").mkdir()
     (directory / "initial_state" / "hundred").write_bytes(np.array([100], np.int32).tobytes())
 
@@ -94,12 +101,10 @@ def make_from_a_hundred(directory: Path) -> None:
 def make_two_slots(directory: Path, backlog: int = 2, idle_us: int = 1_000_000) -> None:
     """Two sequence slots, room for `backlog` STARTs to wait (max_queue_size), and
     sequences idle out after `idle_us`."""
-    nodes = [helper.make_node("Add", ["INPUT", "ACC"], ["OUTPUT"]),
-             helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])]  # fmt: skip
     config = TWO_SLOTS.replace('"two_slots"', f'"{directory.name}"').replace(
         "max_sequence_idle_microseconds: 1000000", f"max_sequence_idle_microseconds: {idle_us}"
     )
-    model(directory, nodes, ["INPUT", "ACC"], ["OUTPUT", "ACC_OUT"], config)
+    running_sum(directory, config)
     (directory / "config.yaml").write_text(f"max_queue_size: {backlog}\n")
 
 
@@ -118,3 +123,24 @@ ensemble_scheduling { step [ { model_name: "accumulate" model_version: -1
 def make_running_total(directory: Path) -> None:
     (directory / "1").mkdir(parents=True)
     (directory / "config.pbtxt").write_text(RUNNING_TOTAL)
+
+
+def value_input(module: Any, value: int) -> Any:
+    """The models' INPUT, [[value]] (module: tritonclient.grpc or .http)."""
+    tensor = module.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    return tensor
+
+
+def open_stream(client: tg.InferenceServerClient) -> queue.Queue:
+    """Start `client`'s gRPC stream; each answer arrives in the queue as (result, error)."""
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    return answers
+
+
+def stream_value(client: tg.InferenceServerClient, model: str, value: int, sequence_id: Any,
+                 start: bool = False, end: bool = False, **options: Any) -> None:  # fmt: skip
+    """Send INPUT [[value]] of sequence `sequence_id` on `client`'s stream."""
+    client.async_stream_infer(model, [value_input(tg, value)], sequence_id=sequence_id,
+                              sequence_start=start, sequence_end=end, **options)  # fmt: skip

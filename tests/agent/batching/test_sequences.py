@@ -5,11 +5,9 @@ model held resident while a sequence lives."""
 
 from __future__ import annotations
 
-import queue
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +27,9 @@ from tests.support.sequences import (
     make_simple_sequence,
     make_two_slots,
     model,
+    open_stream,
+    stream_value,
+    value_input,
 )
 
 pytestmark = pytest.mark.slow
@@ -50,10 +51,8 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
 
 def _send(client, model: str, value: int, sequence_id, start: bool = False, end: bool = False):  # type: ignore[no-untyped-def]
     module = tg if isinstance(client, tg.InferenceServerClient) else th
-    tensor = module.InferInput("INPUT", [1, 1], "INT32")
-    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
-    result = client.infer(model, [tensor], sequence_id=sequence_id, sequence_start=start,
-                          sequence_end=end)  # fmt: skip
+    result = client.infer(model, [value_input(module, value)], sequence_id=sequence_id,
+                          sequence_start=start, sequence_end=end)  # fmt: skip
     return int(result.as_numpy("OUTPUT")[0][0])
 
 
@@ -125,20 +124,14 @@ def test_an_ensemble_passes_its_sequence_to_a_stateful_step(agent: AgentProcess)
 
 def test_a_stream_keeps_each_sequences_order(agent: AgentProcess) -> None:
     client = tg.InferenceServerClient(agent.grpc_url)
-    answers: queue.Queue = queue.Queue()
-    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    answers = open_stream(client)
     expected = {}
     for sid, first in ((7, 1000), (8, -1000)):  # sums that never meet
-        tensor = tg.InferInput("INPUT", [1, 1], "INT32")
-        tensor.set_data_from_numpy(np.array([[first]], dtype=np.int32))
-        client.async_stream_infer("accumulate", [tensor], sequence_id=sid, sequence_start=True)
+        stream_value(client, "accumulate", first, sid, start=True)
         expected[sid] = [first]
     for step in range(1, 11):
         for sid in (7, 8):
-            tensor = tg.InferInput("INPUT", [1, 1], "INT32")
-            tensor.set_data_from_numpy(np.array([[step]], dtype=np.int32))
-            client.async_stream_infer("accumulate", [tensor], sequence_id=sid,
-                                      sequence_end=step == 10)  # fmt: skip
+            stream_value(client, "accumulate", step, sid, end=step == 10)
             expected[sid].append(expected[sid][-1] + step)
     got: list[int] = []
     for _ in range(22):
@@ -263,16 +256,12 @@ def test_a_stream_serves_its_requests_side_by_side(agent: AgentProcess) -> None:
     does not hold up the END behind it that frees one, and the answers come back in
     the order of their requests."""
     client = tg.InferenceServerClient(agent.grpc_url)
-    answers: queue.Queue = queue.Queue()
-    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    answers = open_stream(client)
     sent = [("s1", 1, True, False), ("s2", 2, True, False), ("s3", 3, True, False),
             ("s1", 10, False, True), ("s2", 20, False, True), ("s3", 30, False, True)]  # fmt: skip
     for n, (sid, value, start, end) in enumerate(sent):
-        tensor = tg.InferInput("INPUT", [1, 1], "INT32")
-        tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
-        client.async_stream_infer("two_slots", [tensor], request_id=f"{sid}-{n}",
-                                  sequence_id=sid, sequence_start=start, sequence_end=end,
-                                  timeout=10_000_000)  # fmt: skip
+        stream_value(client, "two_slots", value, sid, start, end, request_id=f"{sid}-{n}",
+                     timeout=10_000_000)  # fmt: skip
     got = []
     for _ in sent:
         result, error = answers.get(timeout=15)
@@ -288,17 +277,13 @@ def test_many_starts_waiting_on_a_stream_do_not_stop_it_reading(agent: AgentProc
     messages (16): the stream still reads the ENDs behind them, whose slots go to the
     two oldest; the rest fail at their deadline. Answers keep request order."""
     client = tg.InferenceServerClient(agent.grpc_url)
-    answers: queue.Queue = queue.Queue()
-    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    answers = open_stream(client)
     sent = [("s1", True, False), ("s2", True, False)]
     sent += [(f"w{i}", True, False) for i in range(18)]
     sent += [("s1", False, True), ("s2", False, True)]
     for n, (sid, start, end) in enumerate(sent):
-        tensor = tg.InferInput("INPUT", [1, 1], "INT32")
-        tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
-        client.async_stream_infer("two_slots_deep", [tensor], request_id=str(n), sequence_id=sid,
-                                  sequence_start=start, sequence_end=end,
-                                  timeout=3_000_000)  # fmt: skip
+        stream_value(client, "two_slots_deep", 1, sid, start, end, request_id=str(n),
+                     timeout=3_000_000)  # fmt: skip
     got = []
     for _ in sent:
         _, error = answers.get(timeout=20)
@@ -313,13 +298,9 @@ def test_a_cancelled_stream_gives_up_its_waiting_start(agent: AgentProcess) -> N
     """A stream cancelled by its client while one of its STARTs waits for a slot: the
     START leaves the backlog, and the sequences the stream began idle out as any."""
     client = tg.InferenceServerClient(agent.grpc_url)
-    answers: queue.Queue = queue.Queue()
-    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    answers = open_stream(client)
     for sid in ("k1", "k2", "k3"):  # k3 waits: k1 and k2 take the slots
-        tensor = tg.InferInput("INPUT", [1, 1], "INT32")
-        tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
-        client.async_stream_infer("two_slots", [tensor], request_id=sid, sequence_id=sid,
-                                  sequence_start=True)  # fmt: skip
+        stream_value(client, "two_slots", 1, sid, start=True, request_id=sid)
     assert all(answers.get(timeout=10)[1] is None for _ in range(2))
     _until(lambda: _slots(agent)["waiting"] == 1)
     client.stop_stream(cancel_requests=True)
