@@ -112,11 +112,8 @@ def _requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., An
 def _sequence_of(request: pb.ModelInferRequest) -> tuple[str, str, int | str] | None:
     """The sequence a streamed request belongs to (model, version, correlation id),
     whose requests the call serves in order; None for one outside any sequence."""
-    parameter = request.parameters.get("sequence_id") if request.parameters else None
-    if parameter is None:
-        return None
-    sequence_id = getattr(parameter, parameter.WhichOneof("parameter_choice") or "string_param")
-    if sequence_id in (0, "") or not isinstance(sequence_id, int | str):
+    sequence_id = grpc_params(request.parameters).get("sequence_id") if request.parameters else None
+    if sequence_id in (None, 0, "") or not isinstance(sequence_id, int | str):
         return None
     return (request.model_name, request.model_version, sequence_id)
 
