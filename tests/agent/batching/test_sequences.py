@@ -31,6 +31,7 @@ from tests.support.sequences import (
     stream_value,
     value_input,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -199,13 +200,6 @@ def _slots(agent: AgentProcess) -> dict:
     return status(agent)["two_slots"]["sequences"]
 
 
-def _until(check, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_sequences_beyond_the_slots_wait_for_one_in_a_bounded_backlog(agent: AgentProcess) -> None:
     """Two slots (direct, max_batch_size 2): a third and a fourth START wait until a
     sequence ends and then begin, each with its own state; a fifth finds the
@@ -219,9 +213,9 @@ def test_sequences_beyond_the_slots_wait_for_one_in_a_bounded_backlog(agent: Age
     with ThreadPoolExecutor(2) as pool:
         others = [tg.InferenceServerClient(agent.grpc_url) for _ in range(2)]
         third = pool.submit(_send, others[0], "two_slots", 10, "c", start=True)
-        _until(lambda: _slots(agent)["waiting"] == 1)
+        wait_until(lambda: _slots(agent)["waiting"] == 1, timeout=10)
         fourth = pool.submit(_send, others[1], "two_slots", 20, "d", start=True)
-        _until(lambda: _slots(agent)["waiting"] == 2)
+        wait_until(lambda: _slots(agent)["waiting"] == 2, timeout=10)
         with pytest.raises(InferenceServerException, match="every sequence slot is taken") as full:
             _send(client, "two_slots", 1, "x", start=True)
         assert full.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
@@ -247,7 +241,7 @@ def test_sequences_beyond_the_slots_wait_for_one_in_a_bounded_backlog(agent: Age
     with pytest.raises(InferenceServerException, match="must specify the START flag"):
         _send(client, "two_slots", 1, "e")  # it never began
     # c and g idle past max_sequence_idle_microseconds (1 s): their slots are free.
-    _until(lambda: _slots(agent)["live"] == 0)
+    wait_until(lambda: _slots(agent)["live"] == 0, timeout=10)
     assert _send(client, "two_slots", 7, "f", start=True, end=True) == 7
 
 
@@ -302,10 +296,10 @@ def test_a_cancelled_stream_gives_up_its_waiting_start(agent: AgentProcess) -> N
     for sid in ("k1", "k2", "k3"):  # k3 waits: k1 and k2 take the slots
         stream_value(client, "two_slots", 1, sid, start=True, request_id=sid)
     assert all(answers.get(timeout=10)[1] is None for _ in range(2))
-    _until(lambda: _slots(agent)["waiting"] == 1)
+    wait_until(lambda: _slots(agent)["waiting"] == 1, timeout=10)
     client.stop_stream(cancel_requests=True)
-    _until(lambda: _slots(agent)["waiting"] == 0)
-    _until(lambda: _slots(agent)["live"] == 0)  # k1 and k2 idle out (1 s)
+    wait_until(lambda: _slots(agent)["waiting"] == 0, timeout=10)
+    wait_until(lambda: _slots(agent)["live"] == 0, timeout=10)  # k1 and k2 idle out (1 s)
     assert _send(client, "two_slots", 4, "k3", start=True, end=True) == 4
 
 

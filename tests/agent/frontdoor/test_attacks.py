@@ -23,6 +23,7 @@ import pytest
 from edgeplex.agent.catalog import demo
 from tests.conftest import CACHE, start_agent
 from tests.support.agent import status
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 SECONDS = 2.0
@@ -200,12 +201,8 @@ def test_a_sequence_flood_is_held_to_the_slots_and_the_backlog(tmp_path):
             summary
         )
         assert report["agent_rss_growth_mib"] < 64, report
-        deadline = time.monotonic() + 10
-        while status(agent)["silero_vad_stream"]["sequences"] != {
-            "live": 0, "slots": 16, "waiting": 0,
-        }:  # fmt: skip
-            assert time.monotonic() < deadline, status(agent)["silero_vad_stream"]
-            time.sleep(0.1)
+        idle = {"live": 0, "slots": 16, "waiting": 0}
+        wait_until(lambda: status(agent)["silero_vad_stream"]["sequences"] == idle, timeout=10)
         client = th.InferenceServerClient(agent.http_url)
         for i in range(3):
             tensors = [th.InferInput("input", [1, 512], "FP32"), th.InferInput("sr", [], "INT64")]
