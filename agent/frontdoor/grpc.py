@@ -150,8 +150,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, agent: Agent, credentials: Credentials) -> None:
         self.agent = agent
         self.credentials = credentials
-        # Set when the grpcio door stops: its streaming calls read no more requests.
-        self.ending: asyncio.Event | None = None
 
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.agent.live())
@@ -343,10 +341,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         # their bytes; a stream that read less could stop reading the END that frees
         # the sequence slot its waiting STARTs need.
         limit = self.agent.settings.doors.max_concurrent_streams
-        requests = request_iterator
-        if self.ending is not None:
-            requests = until_set(request_iterator, self.ending)
-        async for response in side_by_side(requests, serve, limit, _sequence_of):
+        async for response in side_by_side(request_iterator, serve, limit, _sequence_of):
             yield response
 
     @_serve_errors
@@ -508,11 +503,13 @@ class _Undecodable:
 
 class _StrictMessages:
     """Registers the generated method handlers on grpcio's server with a message that
-    does not parse answered INVALID_ARGUMENT, naming the fault; grpcio itself answers
-    UNKNOWN with no reason. (The native door does this in its own call path.)"""
+    does not parse answered INVALID_ARGUMENT, naming the fault (grpcio itself answers
+    UNKNOWN with no reason), and a streaming call's requests ending once `ending` is
+    set (an idle client would otherwise hold the server's stop for its whole grace).
+    The native door does both in its own call path."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self._server = server
+    def __init__(self, server: grpc.aio.Server, ending: asyncio.Event) -> None:
+        self._server, self._ending = server, ending
 
     def add_generic_rpc_handlers(self, handlers: object) -> None:
         pass  # the registered handlers below carry the same methods
@@ -520,14 +517,14 @@ class _StrictMessages:
     def add_registered_method_handlers(
         self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
-        strict = {name: _strict(handler) for name, handler in handlers.items()}
+        strict = {name: _strict(handler, self._ending) for name, handler in handlers.items()}
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(service, strict),)
         )
         self._server.add_registered_method_handlers(service, strict)
 
 
-def _strict(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _strict(handler: grpc.RpcMethodHandler, ending: asyncio.Event) -> grpc.RpcMethodHandler:
     deserialize = handler.request_deserializer
 
     def parse(data: bytes) -> Any:
@@ -553,7 +550,7 @@ def _strict(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
             requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
             async def checked() -> AsyncIterator[Any]:
-                async for request in requests:
+                async for request in until_set(requests, ending):
                     if isinstance(request, _Undecodable):
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
                     yield request
@@ -624,14 +621,14 @@ async def start_grpc_server(
             ("grpc.keepalive_timeout_ms", 20 * ms),
         ],
     )
-    register(_StrictMessages(server))
+    ending = asyncio.Event()
+    register(_StrictMessages(server, ending))
     address = f"{settings.grpc_host}:{settings.grpc_port}"
     port = server.add_secure_port(address, tls[1]) if tls else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind gRPC to {settings.grpc_host}:{settings.grpc_port}")
     await server.start()
-    inference.ending = asyncio.Event()
-    return GrpcioDoor(server, inference.ending), port
+    return GrpcioDoor(server, ending), port
 
 
 class GrpcioDoor:

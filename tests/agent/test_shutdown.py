@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import queue
 import signal
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import agent_command, start_agent
@@ -86,10 +89,11 @@ def test_a_port_in_use_or_a_missing_repository_is_a_clear_error(model_repo, tmp_
 
 
 @pytest.mark.parametrize("door", ["native", "grpcio"])
-def test_an_open_stream_and_a_start_waiting_for_a_slot_do_not_hold_the_shutdown(tmp_path, door):
-    """A gRPC stream left open (its client sends nothing more) ends when the agent
-    shuts down, and a sequence START waiting for a slot fails UNAVAILABLE: the
-    agent exits in well under the 30 s drain, with exit status 0, on either door."""
+def test_open_streams_and_a_start_waiting_for_a_slot_do_not_hold_the_shutdown(tmp_path, door):
+    """gRPC streams left open (their clients send nothing more: an inference stream,
+    a reflection stream as grpcurl keeps one) end when the agent shuts down, and a
+    sequence START waiting for a slot fails UNAVAILABLE: the agent exits in well
+    under the 30 s drain, with exit status 0, on either door."""
     make_two_slots(tmp_path / "repo" / "two_slots")  # two sequence slots
     agent = start_agent(tmp_path / "repo", tmp_path, env={"EDGEPLEX_AGENT_GRPC_SERVER": door})
     client = tg.InferenceServerClient(agent.grpc_url)
@@ -97,10 +101,20 @@ def test_an_open_stream_and_a_start_waiting_for_a_slot_do_not_hold_the_shutdown(
     for sid in ("a", "b", "c"):  # c waits: a and b hold the slots
         stream_value(client, "two_slots", 1, sid, start=True, request_id=sid)
     assert all(answers.get(timeout=10)[1] is None for _ in range(2))
+    channel = grpc.insecure_channel(agent.grpc_url)
+    asks: queue.Queue = queue.Queue()
+    asks.put(reflection_pb2.ServerReflectionRequest(list_services=""))
+    reflection = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+        iter(asks.get, None)
+    )
+    assert next(reflection).list_services_response.service  # open, and left open
     started = time.monotonic()
     agent.process.send_signal(signal.SIGTERM)
     assert agent.process.wait(10) == 0, agent.log()
     assert time.monotonic() - started < 5, agent.log()
     result, error = answers.get(timeout=5)
     assert result is None and "shutting down" in error.message(), error
+    assert list(reflection) == []  # ended by the server, without an error
+    asks.put(None)
+    channel.close()
     client.stop_stream()
