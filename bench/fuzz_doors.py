@@ -7,11 +7,17 @@ Targets:
 - `grpc_request`: bytes as a ModelInferRequest, then decode_inputs;
 - `http1`: raw bytes into the native HTTP door's connection (llhttp and the
   door's head decisions), answered by a handler that echoes a status;
-- `h2_session`: raw bytes (after the client preface) into the HTTP/2 session.
+- `h2_session`: raw bytes (after the client preface) into the HTTP/2 session;
+- `grpc_door`: raw bytes (after the client preface) into a connection of the
+  native gRPC door, serving an echoing ModelInfer and ModelStreamInfer: its
+  frames, limits, compression, gate accounting and calls, which nghttp2 alone
+  (in C, not instrumented) does not show the fuzzer.
 
 A crash (an exception other than the refusals each decoder documents), a hang
-(libFuzzer's -timeout) or a 5xx from the HTTP door is a failure. Seed corpora
-live in tests/fuzz_corpus/<target>/. The suite runs each target briefly
+(libFuzzer's -timeout), a 5xx from the HTTP door, an error the gRPC door logs
+as its own bug, or a gate pass or connection byte count left behind is a
+failure. Seed corpora live in tests/fuzz_corpus/<target>/ (grpc_door's are
+written by `fuzz_doors.py seeds DIR`). The suite runs each target briefly
 (tests/agent/frontdoor/test_fuzz_doors.py); run longer here:
 
     python bench/fuzz_doors.py oip_body -max_total_time=600 tests/fuzz_corpus/oip_body
@@ -21,12 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
+import logging
+import struct
 import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web  # noqa: F401  (libraries imported first are not instrumented:
 import atheris
-import grpc  # noqa: F401         only edgeplex's own code is, which keeps start-up short)
+import grpc  #                   only edgeplex's own code is, which keeps start-up short)
 import numpy  # noqa: F401
 import orjson  # noqa: F401
 import prometheus_client  # noqa: F401
@@ -36,7 +47,7 @@ from google.protobuf import message  # noqa: F401
 with atheris.instrument_imports(include=["edgeplex"]):
     from google.protobuf.message import DecodeError
 
-    from edgeplex.agent.frontdoor import http_native
+    from edgeplex.agent.frontdoor import grpc_native, http_native
     from edgeplex.agent.frontdoor.auth import Access
     from edgeplex.agent.frontdoor.gate import InflightGate
     from edgeplex.agent.frontdoor.grpc_body import decode_inputs
@@ -45,6 +56,21 @@ with atheris.instrument_imports(include=["edgeplex"]):
     from edgeplex.agent.frontdoor.settings import DoorSettings
     from edgeplex.agent.oip.errors import InvalidInput
     from edgeplex.proto import inference_pb2 as pb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attacks import (  # HTTP/2 frames by hand
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GRPC_HEADERS,
+    HEADERS,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    frame,
+    hpack,
+)
 
 CAP = 1 << 20
 
@@ -89,6 +115,12 @@ class _Transport:
 
     def is_closing(self) -> bool:
         return self.closed
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.closed = True
 
     def pause_reading(self) -> None:
         pass
@@ -169,12 +201,117 @@ def h2_session(data: bytes) -> None:
         pass
 
 
-TARGETS = {f.__name__: f for f in (oip_body, grpc_request, http1, h2_session)}
+class _Bugs(logging.Handler):
+    """The gRPC door's errors: what it logs as a failure of its own code."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+_BUGS = _Bugs()
+logging.getLogger("edgeplex.agent.grpc").addHandler(_BUGS)
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+async def _echo(request: Any, context: Any) -> Any:
+    if request.id == "abort":
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "asked to abort")
+    context.set_trailing_metadata((("x-echo-bin", request.id.encode()),))
+    return pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+
+
+async def _echo_stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    async for request in requests:
+        if request.id == "abort":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "asked to abort")
+        yield pb.ModelStreamInferResponse(infer_response=pb.ModelInferResponse(id=request.id))
+
+
+def _register(table: Any) -> None:
+    parse, write = pb.ModelInferRequest.FromString, pb.ModelInferResponse.SerializeToString
+    table.add_registered_method_handlers("inference.GRPCInferenceService", {
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(_echo, parse, write),
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+            _echo_stream, parse, pb.ModelStreamInferResponse.SerializeToString),
+    })  # fmt: skip
+
+
+def grpc_door(data: bytes) -> None:
+    async def run() -> None:
+        limits = DoorSettings(max_stream_messages=4)
+        door = grpc_native.NativeGrpcDoor(_register, 64 * 1024, InflightGate(8, 1 << 20), limits)
+        door._loop = asyncio.get_running_loop()
+        conn = grpc_native.GrpcProtocol(door)
+        transport = _Transport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        payload = PREFACE + data
+        for i in range(0, len(payload), 97):  # in pieces, as a network delivers them
+            if transport.closed:
+                break
+            conn.data_received(payload[i : i + 97])
+            await asyncio.sleep(0)
+        for _ in range(8):  # the calls run, their answers flush
+            await asyncio.sleep(0)
+        conn.connection_lost(None)
+        await asyncio.gather(*door._tasks, return_exceptions=True)
+        assert not _BUGS.records, _BUGS.format(_BUGS.records[0])
+        assert door.gate.requests == 0 and door.gate.bytes == 0, "a gate pass leaked"
+        assert conn._held == 0 and not conn._streams, "a call's bytes stayed counted"
+
+    _LOOP.run_until_complete(run())
+
+
+def _call(sid: int, path: str, messages: list[bytes], headers: tuple = (),
+          compressed: bool = False, end: bool = True) -> bytes:  # fmt: skip
+    fields = [(k, path if k == ":path" else v) for k, v in GRPC_HEADERS] + list(headers)
+    out = frame(HEADERS, END_HEADERS, sid, hpack(fields))
+    for i, sent in enumerate(messages):
+        last = end and i == len(messages) - 1
+        body = struct.pack(">BI", int(compressed), len(sent)) + sent
+        out += frame(DATA, END_STREAM if last else 0, sid, body)
+    return out
+
+
+def seeds(directory: Path) -> None:
+    """grpc_door's seed corpus: calls as grpc clients send them, each a file."""
+    infer = pb.ModelInferRequest(model_name="m", id="a").SerializeToString()
+    aborting = pb.ModelInferRequest(model_name="m", id="abort").SerializeToString()
+    settings = frame(SETTINGS, 0, 0)
+    cases = {
+        "unary": _call(1, GRPC_HEADERS[3][1], [infer], (("grpc-timeout", "5S"),)),
+        "unary_abort": _call(1, GRPC_HEADERS[3][1], [aborting], (("x-meta-bin", "AAE"),)),
+        "unary_gzip": _call(
+            1, GRPC_HEADERS[3][1], [gzip.compress(infer, mtime=0)], (("grpc-encoding", "gzip"),), True
+        ),
+        "unary_not_protobuf": _call(1, GRPC_HEADERS[3][1], [b"\xff\xff\xff"]),
+        "stream": _call(1, STREAM, [infer, infer, aborting, infer]),
+        "stream_open": _call(1, STREAM, [infer], end=False) + frame(PING, 0, 0, bytes(8)),
+        "reset": _call(1, GRPC_HEADERS[3][1], [infer], end=False)
+        + frame(RST_STREAM, 0, 1, struct.pack(">I", 8)),
+        "two_calls": _call(1, GRPC_HEADERS[3][1], [infer]) + _call(3, STREAM, [infer]),
+        "unknown_method": _call(1, "/x.Y/Z", [infer]),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in cases.items():
+        (directory / name).write_bytes(settings + data)
+
+
+TARGETS = {f.__name__: f for f in (oip_body, grpc_request, http1, h2_session, grpc_door)}
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "seeds":
+        seeds(Path(sys.argv[2]))
+        return
     if len(sys.argv) < 2 or sys.argv[1] not in TARGETS:
-        raise SystemExit(f"usage: fuzz_doors.py {{{','.join(TARGETS)}}} [libFuzzer flags]")
+        raise SystemExit(
+            f"usage: fuzz_doors.py {{{','.join(TARGETS)}}} [libFuzzer flags]\n"
+            "       fuzz_doors.py seeds DIR   (grpc_door's seed corpus)"
+        )
     target = TARGETS[sys.argv[1]]
     atheris.Setup([sys.argv[0], *sys.argv[2:]], target)
     atheris.Fuzz()

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SECONDS = 2
 
 
-@pytest.mark.parametrize("target", ["oip_body", "grpc_request", "http1", "h2_session"])
+@pytest.mark.parametrize("target", ["oip_body", "grpc_request", "http1", "h2_session", "grpc_door"])
 def test_fuzzing_finds_nothing(target, tmp_path):
     corpus = tmp_path / "corpus"
     shutil.copytree(ROOT / "tests" / "fuzz_corpus" / target, corpus)
