@@ -215,6 +215,7 @@ class _Bugs(logging.Handler):
 _BUGS = _Bugs()
 logging.getLogger("edgeplex.agent.grpc").addHandler(_BUGS)
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+GZIP = (("grpc-encoding", "gzip"),)
 
 
 async def _echo(request: Any, context: Any) -> Any:
@@ -285,7 +286,7 @@ def seeds(directory: Path) -> None:
         "unary": _call(1, GRPC_HEADERS[3][1], [infer], (("grpc-timeout", "5S"),)),
         "unary_abort": _call(1, GRPC_HEADERS[3][1], [aborting], (("x-meta-bin", "AAE"),)),
         "unary_gzip": _call(
-            1, GRPC_HEADERS[3][1], [gzip.compress(infer, mtime=0)], (("grpc-encoding", "gzip"),), True
+            1, GRPC_HEADERS[3][1], [gzip.compress(infer, mtime=0)], GZIP, compressed=True
         ),
         "unary_not_protobuf": _call(1, GRPC_HEADERS[3][1], [b"\xff\xff\xff"]),
         "stream": _call(1, STREAM, [infer, infer, aborting, infer]),

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeplex.agent.batching.policy import Request, batch_key, batched_size, take_batch
+from edgeplex.agent.batching.policy import Request, batch_key, batch_ready, take_batch
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.oip.errors import (
@@ -64,6 +64,7 @@ class Batcher:
         max_batch_size: int,
         max_queue_delay_us: int,
         max_queue_size: int,
+        preferred_batch_sizes: tuple[int, ...] = (),
         instance_count: int,
         execute: Execute,
         ready: asyncio.Event,
@@ -74,6 +75,7 @@ class Batcher:
         self.model = model
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_us / 1e6
+        self.preferred_batch_sizes = preferred_batch_sizes
         self.max_queue_size = max_queue_size
         self._execute = execute
         self._read: Read = read or _result
@@ -207,9 +209,12 @@ class Batcher:
                 continue  # re-check deadlines, readiness and the queue
             if not self._ready.is_set():
                 continue  # the runner died while we waited for a slot: wait for the reload
+            waited_out = False
             if self.max_queue_delay_s and self.max_batch_size:
-                await self._gather_more(loop)
-            batch = take_batch(self._queue, self.max_batch_size)
+                waited_out = await self._gather_more(loop)
+            # Past its delay a batch takes what is queued; before it, a preferred size.
+            preferred = () if waited_out else self.preferred_batch_sizes
+            batch = take_batch(self._queue, self.max_batch_size, preferred)
             self._depth.set(len(self._queue))
             if batch:
                 self._virtual = max(self._virtual, batch[0].start)
@@ -260,15 +265,17 @@ class Batcher:
         earliest = min((r.deadline for r in self._queue), default=loop.time() + 1.0)
         await self._slot_freed.wait(loop, earliest)
 
-    async def _gather_more(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _gather_more(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Hold the head's batch until it may go (policy.batch_ready) or the head has
+        waited max_queue_delay_us; True when the delay ran out."""
         head = self._queue[0]
         until = loop.time() + self.max_queue_delay_s - (time.monotonic() - head.enqueued)
-        while batched_size(self._queue, head.key) < self.max_batch_size:
-            remaining = until - loop.time()
-            if remaining <= 0:
-                return
+        while not batch_ready(self._queue, self.max_batch_size, self.preferred_batch_sizes):
+            if until - loop.time() <= 0:
+                return True
             self._arrived.clear()
             await self._arrived.wait(loop, until)
+        return False
 
     def _expire(self, now: float) -> None:
         if not any(r.deadline <= now for r in self._queue):

@@ -92,6 +92,7 @@ def make_batcher(
         max_batch_size=entry.max_batch_size,
         max_queue_delay_us=config.max_queue_delay_us,
         max_queue_size=config.max_queue_size,
+        preferred_batch_sizes=tuple(config.preferred_batch_sizes),
         instance_count=config.instance_count,
         execute=execute,
         read=read,

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -48,33 +49,74 @@ def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:
     )
 
 
-def take_batch(queue: deque[Request], max_batch_size: int) -> list[Request]:
+def take_batch(
+    queue: deque[Request], max_batch_size: int, preferred: tuple[int, ...] = ()
+) -> list[Request]:
     """Pop the next batch: the head plus later requests of the same key, in order,
-    while their summed batch sizes fit max_batch_size (0: the head alone).
-    Requests whose future is already done (cancelled by their caller) are dropped."""
+    while their summed batch sizes fit max_batch_size (0: the head alone), cut back
+    to `preferred_cut` of them when `preferred` sizes are given. Requests whose
+    future is already done (cancelled by their caller) are dropped."""
     while queue and queue[0].future.done():
         queue.popleft()
     if not queue:
         return []
-    head = queue.popleft()
-    batch = [head]
     if max_batch_size <= 0:
-        return batch
-    size = head.batch_size
-    kept: deque[Request] = deque()
-    while queue and size < max_batch_size:
-        request = queue.popleft()
-        if request.future.done():
-            continue
-        same = request.key == head.key and request.group == head.group
-        if same and size + request.batch_size <= max_batch_size:
-            batch.append(request)
-            size += request.batch_size
-        else:
-            kept.append(request)
+        return [queue.popleft()]
+    batch, scanned = _candidates(queue, max_batch_size)
+    if preferred:
+        batch = batch[: preferred_cut([r.batch_size for r in batch], preferred)]
+    taken = {id(r) for r in batch}
+    looked = (queue.popleft() for _ in range(scanned))
+    kept = [r for r in looked if id(r) not in taken and not r.future.done()]
     queue.extendleft(reversed(kept))
     return batch
 
 
-def batched_size(queue: deque[Request], key: BatchKey) -> int:
-    return sum(r.batch_size for r in queue if r.key == key and not r.future.done())
+def _candidates(queue: deque[Request], max_batch_size: int) -> tuple[list[Request], int]:
+    """The next batch's requests: the head, then each later live request of its key
+    that still fits max_batch_size, until the batch is full; and how many of the
+    queue's requests were looked at for it."""
+    head = queue[0]
+    batch, size, scanned = [head], head.batch_size, 1
+    for request in itertools.islice(queue, 1, None):
+        if size >= max_batch_size:
+            break
+        scanned += 1
+        if request.future.done() or request.key != head.key or request.group != head.group:
+            continue
+        if size + request.batch_size <= max_batch_size:
+            batch.append(request)
+            size += request.batch_size
+    return batch, scanned
+
+
+def preferred_cut(sizes: list[int], preferred: tuple[int, ...]) -> int:
+    """How many of a batch's requests (their batch sizes, in order) to send, as
+    Triton's dynamic batcher cuts a batch to its preferred sizes: the longest run
+    from the first whose total is a preferred size; else, where the next request
+    would carry the total past the largest preferred size, the run before it; else
+    all of them (a batch that fills no preferred size goes as it is)."""
+    largest = max(preferred)
+    total, best = 0, 0
+    for n, size in enumerate(sizes):
+        if n and total + size > largest and not best:
+            best = n
+        total += size
+        if total in preferred:
+            best = n + 1
+    return best or len(sizes)
+
+
+def batch_ready(queue: deque[Request], max_batch_size: int, preferred: tuple[int, ...]) -> bool:
+    """Whether the batch at the head of the queue may go before its delay is out:
+    it is full (max_batch_size, or the largest preferred size), or it fills a
+    preferred size (Triton sends a preferred batch as soon as it can form one)."""
+    sizes = [r.batch_size for r in _candidates(queue, max_batch_size)[0]]
+    if sum(sizes) >= (max(preferred) if preferred else max_batch_size):
+        return True
+    total = 0
+    for size in sizes:
+        total += size
+        if total in preferred:
+            return True
+    return False

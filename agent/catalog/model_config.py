@@ -30,6 +30,13 @@ class ModelConfig(BaseModel):
         description="How long the batcher may hold a request waiting for more to join its "
         "batch. 0: batch only what is already queued when the model is free.",
     )
+    preferred_batch_sizes: list[int] = Field(
+        default=[],
+        description="Batch sizes to send as soon as the queue can fill one, without waiting "
+        "out `max_queue_delay_us` (Triton's `preferred_batch_size`): the largest it can fill. "
+        "A batch that fills none waits for the delay, then takes what is queued. Each at "
+        "most `max_batch_size`.",
+    )
     max_queue_size: int = Field(
         default=256,
         ge=1,
@@ -132,6 +139,13 @@ class ModelConfig(BaseModel):
         description="What a variant must meet on every output, on the calibration inputs, "
         "to be served.",
     )
+
+    @field_validator("preferred_batch_sizes")
+    @classmethod
+    def _preferred(cls, value: list[int]) -> list[int]:
+        if any(size < 1 for size in value):
+            raise ValueError("a preferred batch size is at least 1")
+        return sorted(set(value))
 
     @field_validator("memory_limit", mode="before")
     @classmethod

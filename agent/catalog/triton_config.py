@@ -14,6 +14,7 @@ never dropped silently:
 | `max_batch_size` | `max_batch_size` (dims then leave out the batch dimension) |
 | `input`, `output` (`name`, `data_type`, `dims`) | checked against the graph |
 | `dynamic_batching.max_queue_delay_microseconds` | `max_queue_delay_us` |
+| `dynamic_batching.preferred_batch_size` | `preferred_batch_sizes` |
 | `dynamic_batching.default_queue_policy` | `max_queue_size`, `timeout_ms` |
 | `sequence_batching` (controls, states, initial states, idle time) | a stateful model |
 | `sequence_batching.direct` / `.oldest` `.max_queue_delay_microseconds` | `max_queue_delay_us` |
@@ -238,10 +239,7 @@ def _batching(blocks: list[Any], out: TritonConfig) -> None:
                     f"{PBTXT_FILE}: dynamic_batching.default_queue_policy.{key} is not supported"
                 )
         if block.get("preferred_batch_size"):
-            out.warnings.append(
-                f"{PBTXT_FILE}: dynamic_batching.preferred_batch_size is not used: a batch takes "
-                "what is queued, up to max_batch_size"
-            )
+            out.settings["preferred_batch_sizes"] = [int(n) for n in block["preferred_batch_size"]]
         handled = {"max_queue_delay_microseconds", "default_queue_policy", "preferred_batch_size"}
         for key in sorted(set(block) - handled):
             out.warnings.append(f"{PBTXT_FILE}: dynamic_batching.{key} is not supported")
@@ -342,6 +340,7 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
         "input": tensors(entry.inputs),
         "output": tensors(entry.outputs),
         "dynamic_batching": {
+            "preferred_batch_size": config.preferred_batch_sizes,
             "max_queue_delay_microseconds": config.max_queue_delay_us,
             "default_queue_policy": {
                 "max_queue_size": config.max_queue_size,

@@ -62,19 +62,22 @@ class ModelStats:
     ) -> None:
         """A batch that succeeded: `started` when it left the queue, `assembled` when
         its inputs were concatenated, `returned` when the runner answered, `done`
-        when every member had its result (monotonic seconds)."""
+        when every member had its result (monotonic seconds). As Triton's, the batch
+        statistics are kept by the batch's size in rows (its requests' batch sizes
+        summed; 1 a request for a model that does not batch), not by request count."""
         n = len(batch)
+        rows = sum(request.batch_size for request in batch)
         compute = compute_ns / 1e9
         ipc_overhead = max(0.0, (returned - assembled) - compute)
         self.execution_count += 1
         self.last_inference_ms = int(time.time() * 1000)
-        per_batch = self.batches.setdefault(n, BatchStats())
+        per_batch = self.batches.setdefault(rows, BatchStats())
         per_batch.compute_input.add(assembled - started)
         per_batch.compute_infer.add(compute)
         per_batch.compute_output.add(done - returned + ipc_overhead)
         # Sums over the batch, not an update per request: the batcher's hot path.
         enqueued = sum(request.enqueued for request in batch)
-        self.inference_count += sum(request.batch_size for request in batch)
+        self.inference_count += rows
         self.success.add(n * done - enqueued, n)
         self.queue.add(n * started - enqueued, n)
         self.compute_input.add(n * (assembled - started), n)

@@ -59,6 +59,12 @@ def describe(key: object, source: ModelSource) -> Described | str:
         )
     else:
         max_batch = wanted
+    too_large = [n for n in source.config.preferred_batch_sizes if n > max_batch]
+    if too_large:  # Triton's words
+        return (
+            f"dynamic batching preferred size must be <= max batch size: {too_large[0]} is "
+            f"larger than max_batch_size {max_batch}"
+        )
     return Described(interface.inputs, interface.outputs, max_batch)
 
 

@@ -27,7 +27,9 @@ def make_request(
     )
 
 
-def batcher(execute, *, ready=None, max_batch=8, delay_us=0, queue=16, instances=1) -> Batcher:
+def batcher(
+    execute, *, ready=None, max_batch=8, delay_us=0, queue=16, instances=1, preferred=()
+) -> Batcher:
     if ready is None:
         ready = asyncio.Event()
         ready.set()
@@ -36,6 +38,7 @@ def batcher(execute, *, ready=None, max_batch=8, delay_us=0, queue=16, instances
         max_batch_size=max_batch,
         max_queue_delay_us=delay_us,
         max_queue_size=queue,
+        preferred_batch_sizes=preferred,
         instance_count=instances,
         execute=execute,
         ready=ready,
@@ -64,6 +67,32 @@ async def test_requests_queued_while_busy_share_one_batch_and_get_their_rows():
     results = await asyncio.gather(first.future, *(r.future for r in rest))
     assert calls == [1, 3]
     assert results[2]["y"].shape == (2, 2) and float(results[2]["y"][0, 0]) == 6.0
+    await b.close(Unavailable("done"), drain=True)
+
+
+@pytest.mark.parametrize("preferred", [(), (4,)])
+async def test_a_preferred_size_goes_at_once_and_the_rest_waits_out_the_delay(preferred):
+    """With a long delay (2 s) and room for 8, five requests: with preferred size 4,
+    four go at once and the fifth after the delay; without, all five after it."""
+    calls: list[tuple[int, float]] = []
+    loop = asyncio.get_running_loop()
+
+    async def execute(inputs, outputs):
+        calls.append((inputs["x"].shape[0], loop.time() - started))
+        return {"y": inputs["x"]}, 1000, ""
+
+    b = batcher(execute, delay_us=2_000_000, preferred=preferred)
+    started = loop.time()
+    requests = [make_request(loop) for _ in range(5)]
+    for r in requests:
+        b.submit(r)
+    await asyncio.wait_for(requests[0].future, 5)
+    if preferred:
+        assert len(calls) == 1 and calls[0][0] == 4 and calls[0][1] < 0.5, calls
+    else:
+        assert calls[0][0] == 5 and calls[0][1] >= 1.9, calls
+    await asyncio.wait_for(asyncio.gather(*(r.future for r in requests)), 5)
+    assert sum(n for n, _ in calls) == 5 and calls[-1][1] >= 1.9, calls
     await b.close(Unavailable("done"), drain=True)
 
 

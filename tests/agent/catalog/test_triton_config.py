@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -98,6 +99,7 @@ def test_triton_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
     assert config.settings == {
         "max_batch_size": 8,
         "max_queue_delay_us": 100,
+        "preferred_batch_sizes": [4, 8],
         "max_queue_size": 64,
         "timeout_ms": 2000,
         "instance_count": 2,
@@ -107,8 +109,9 @@ def test_triton_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
     assert config.outputs[1].dims == (-1,)
     assert config.version_policy.select([3, 2, 1]) == [1]
     text = "\n".join(config.warnings)
-    for unsupported in ("model_warmup", "preferred_batch_size", "cudnn_conv_algo_search"):
+    for unsupported in ("model_warmup", "cudnn_conv_algo_search"):
         assert unsupported in text, text
+    assert "preferred_batch_size" not in text, text  # acted on
 
 
 @pytest.mark.parametrize(
@@ -170,6 +173,15 @@ def triton_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (repo / "two" / "config.pbtxt").write_text(
         'name: "two"\nmax_batch_size: 8\nversion_policy: { latest: { num_versions: 2 } }\n'
     )
+    preferred = (
+        'name: "{}"\nmax_batch_size: 8\n'
+        "dynamic_batching {{ preferred_batch_size: [ {} ] "
+        "max_queue_delay_microseconds: 3000000 }}\n"
+    )
+    demo.make_add_sub(repo / "preferred")
+    (repo / "preferred" / "config.pbtxt").write_text(preferred.format("preferred", 4))
+    demo.make_add_sub(repo / "too_preferred")
+    (repo / "too_preferred" / "config.pbtxt").write_text(preferred.format("too_preferred", 16))
     return repo
 
 
@@ -217,7 +229,7 @@ def test_a_triton_repository_serves_through_tritonclient(triton_repo: Path, tmp_
         by_name = {e["name"]: e for e in json.loads(body)}
         assert "input 'INPUT0' dims [3]" in by_name["misdeclared"]["reason"], by_name["misdeclared"]
         warnings = "\n".join(by_name["add_sub"]["warnings"])
-        assert "preferred_batch_size" in warnings and "model_warmup" in warnings
+        assert "model_warmup" in warnings and "preferred_batch_size" not in warnings
         assert by_name["add_sub"]["instances"] == 2  # instance_group count
         assert "model_warmup" in agent.log()  # logged too
     finally:
@@ -265,6 +277,43 @@ def test_each_version_counts_apart_in_statistics_and_tritons_metrics(
             assert samples[series] == (1 if reason == "OTHER" else 0), series
         assert samples['nv_inference_pending_request_count{model="two",version="3"}'] == 0
         assert "# TYPE nv_inference_pending_request_count gauge" in text
+    finally:
+        assert agent.stop() == 0, agent.log()
+
+
+def test_a_preferred_batch_size_goes_without_waiting_out_the_delay(
+    triton_repo: Path, tmp_path: Path
+) -> None:
+    """`preferred` may hold a batch 3 s for more to join, and prefers 4: four requests
+    sent together run as one batch of 4 at once. A preferred size above
+    max_batch_size fails its model, in Triton's words."""
+    agent = start_agent(triton_repo, tmp_path)
+    try:
+        client = th.InferenceServerClient(agent.http_url, concurrency=4)
+        batching = client.get_model_config("preferred")["dynamic_batching"]
+        assert batching["preferred_batch_size"] == [4]
+
+        def ones(rows: int) -> list[th.InferInput]:
+            inputs = [th.InferInput(n, [rows, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+            for tensor in inputs:
+                tensor.set_data_from_numpy(np.ones((rows, 16), np.float32))
+            return inputs
+
+        client.infer("preferred", ones(4))  # promoted, by a request of the preferred size
+        inputs = ones(1)
+        started = time.monotonic()
+        pending = [client.async_infer("preferred", inputs) for _ in range(4)]
+        for call in pending:
+            np.testing.assert_array_equal(call.get_result().as_numpy("OUTPUT0"), 2.0)
+        assert time.monotonic() - started < 2.0  # not the 3 s delay
+        stats = client.get_inference_statistics("preferred")["model_stats"][0]
+        batches = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+        assert batches == {4: 2}, batches
+        with pytest.raises(InferenceServerException):
+            client.infer("too_preferred", inputs)
+        body = agent.http_get("/edgeplex/v1/status")[1]
+        reason = {e["name"]: e for e in json.loads(body)}["too_preferred"]["reason"]
+        assert "preferred size must be <= max batch size" in reason, reason
     finally:
         assert agent.stop() == 0, agent.log()
 
