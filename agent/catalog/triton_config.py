@@ -18,6 +18,7 @@ never dropped silently:
 | `dynamic_batching.default_queue_policy` | `max_queue_size`, `timeout_ms` |
 | `sequence_batching` (controls, states, initial states, idle time) | a stateful model |
 | `sequence_batching.direct` / `.oldest` `.max_queue_delay_microseconds` | `max_queue_delay_us` |
+| `sequence_batching.oldest.preferred_batch_size` | `preferred_batch_sizes` |
 | `sequence_batching.oldest.max_candidate_sequences` | the sequence slots per instance |
 | `instance_group` (`count`, `kind`) | `instance_count` (summed over groups) |
 | `version_policy` (`latest`, `all`, `specific`) | which versions are served |
@@ -259,9 +260,15 @@ def _sequence_batching(blocks: list[Any], out: TritonConfig) -> None:
                 if "max_queue_delay_microseconds" in options:
                     delay = int(_one(options, "max_queue_delay_microseconds", 0))
                     out.settings["max_queue_delay_us"] = delay
+                if strategy == "oldest" and options.get("preferred_batch_size"):
+                    sizes = [int(n) for n in options["preferred_batch_size"]]
+                    out.settings["preferred_batch_sizes"] = sizes
                 # The slots are counted (sequence_config.py); a batch takes what is
-                # queued of the slotted sequences, with no preferred size or utilization.
+                # queued of the slotted sequences (the oldest strategy's preferred sizes
+                # as the dynamic batcher's), with no slot utilization.
                 used = {"max_queue_delay_microseconds", "max_candidate_sequences"}
+                if strategy == "oldest":
+                    used.add("preferred_batch_size")
                 for key in sorted(set(options) - used):
                     out.warnings.append(
                         f"{PBTXT_FILE}: sequence_batching.{strategy}.{key} is not used: "

@@ -367,26 +367,23 @@ sequence_batching {
 
 
 def test_the_sequence_batchers_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
-    """The strategy's batching delay is the model's, its candidates are the slots, and
-    a state's initial values are read from the model's initial_state folder; what
-    the sequence batcher does not act on (preferred sizes, iterative sequences) is
-    named in a warning, as for every other field."""
+    """The strategy's batching delay and preferred sizes are the model's, its
+    candidates are the slots, and a state's initial values are read from the model's
+    initial_state folder; what the sequence batcher does not act on (iterative
+    sequences) is named in a warning, as for every other field."""
     path = tmp_path / "config.pbtxt"
     path.write_text(TRITON_SEQUENCE)
     (tmp_path / "initial_state").mkdir()
     (tmp_path / "initial_state" / "c0").write_bytes(np.array([1.5, -2], np.float32).tobytes())
     config = read_triton_config(path, "seq")
     assert config.settings["max_queue_delay_us"] == 300
+    assert config.settings["preferred_batch_sizes"] == [2, 4]
     assert config.sequence is not None and config.sequence.strategy == "oldest"
     assert config.sequence.slots(max_batch_size=4, instances=2) == 8  # 4 candidates each
     assert {s.input for s in config.sequence.states} == {"h", "c"}
     text = "\n".join(config.warnings)
-    for unsupported in (
-        "sequence_batching.oldest.preferred_batch_size",
-        "sequence_batching.iterative_sequence",
-    ):
-        assert unsupported in text, text
-    assert "max_candidate_sequences" not in text, text
+    assert "sequence_batching.iterative_sequence" in text, text
+    assert "max_candidate_sequences" not in text and "preferred_batch_size" not in text, text
     assert "initial_state" not in text, text
     h, c = config.sequence.states
     assert h.initial is None and c.initial is not None and c.initial.tolist() == [1.5, -2]
