@@ -147,6 +147,8 @@ class Decoded(Protocol):
     def timeout_s(self) -> float | None: ...
     @property
     def sequence(self) -> Flags | None: ...
+    @property
+    def priority(self) -> int: ...
 
 
 class Agent:
@@ -674,6 +676,7 @@ class Agent:
                 raise ticket.error
             request = Request(given, wanted, batch, deadline, loop.create_future())
             request.tenant, request.weight = caller, weight
+            request.priority = record.config.priority_level(body.priority)
             request.cold_start = ticket.cold_start
             self.queues.submit(ticket.key, request)
             # A timer, not wait_for: one fewer task and loop hop on the hot path. The
@@ -775,9 +778,13 @@ class Agent:
                        tensors[tensor])
             for given, tensor in step.inputs.items()
         ]  # fmt: skip
-        # As in Triton, the request's deadline and its sequence (id, START, END) go to
-        # every step: a stateful step model carries its state under that sequence.
-        body = StepBody(inputs, list(step.outputs) or None, request.timeout_s, request.sequence)
+        # As in Triton, the request's deadline, its sequence (id, START, END) and its
+        # priority go to every step: a stateful step model carries its state under that
+        # sequence.
+        body = StepBody(
+            inputs, list(step.outputs) or None, request.timeout_s, request.sequence,
+            request.priority,
+        )  # fmt: skip
         result = await self.handle(step.model, step.version, _no_header, None, lambda: body,
                                    arrived=arrived, step_of=caller)  # fmt: skip
         return result.outputs  # type: ignore[union-attr]  # served here: never Forwarded
@@ -825,6 +832,7 @@ class StepBody:
     outputs: list[str] | None
     timeout_s: float | None
     sequence: Flags | None = None
+    priority: int = 0
 
 
 def _no_header(name: str) -> str | None:

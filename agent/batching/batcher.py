@@ -144,7 +144,9 @@ class Batcher:
         start tag of the request served last) if it had none. Backlogged tenants
         are served in proportion to their weights, a tenant arriving into a deep
         backlog starts near its head, and one tenant's requests keep their order.
-        With one tenant every tag is the largest yet: a plain append."""
+        With one tenant every tag is the largest yet: a plain append. Above all that,
+        a request goes behind every queued one of its priority level or a higher one
+        (a lower number) and ahead of every one of a lower level."""
         queue = self._queue
         if not queue:
             self._virtual = 0.0  # nobody waits: no one keeps credit or debt
@@ -152,11 +154,11 @@ class Batcher:
         start = max(self._virtual, self._finish.get(request.tenant, 0.0))
         request.start, request.tag = start, start + 1.0 / request.weight
         self._finish[request.tenant] = request.tag
-        if not queue or queue[-1].tag <= request.tag:
+        if not queue or not _after(queue[-1], request):
             queue.append(request)
             return
         at = len(queue) - 1
-        while at > 0 and queue[at - 1].tag > request.tag:
+        while at > 0 and _after(queue[at - 1], request):
             at -= 1
         queue.insert(at, request)
 
@@ -388,6 +390,14 @@ class Batcher:
                 self._queue.appendleft(request)
         self._depth.set(len(self._queue))
         self._arrived.set()
+
+
+def _after(queued: Request, request: Request) -> bool:
+    """Whether `queued` is to be served after `request`: a lower priority level, or
+    the same level and a later virtual finish tag."""
+    if queued.priority != request.priority:
+        return queued.priority > request.priority
+    return queued.tag > request.tag
 
 
 def _union_outputs(batch: list[Request]) -> list[str] | None:

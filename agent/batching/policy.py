@@ -40,6 +40,7 @@ class Request:
     start: float = 0.0
     tag: float = 0.0
     cold_start: str = ""  # the tier its model was promoted from for it ("": loaded)
+    priority: int = 0  # its level in the queue: lower goes first (ModelConfig.priority_level)
 
 
 def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:

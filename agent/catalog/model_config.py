@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edgeplex.agent.catalog.forms import Calibration, Form, VariantGuard
 from edgeplex.sizes import parse_size
@@ -36,6 +36,20 @@ class ModelConfig(BaseModel):
         "out `max_queue_delay_us` (Triton's `preferred_batch_size`): the largest it can fill. "
         "A batch that fills none waits for the delay, then takes what is queued. Each at "
         "most `max_batch_size`.",
+    )
+    priority_levels: int = Field(
+        default=0,
+        ge=0,
+        description="Priority levels of this model's queue (Triton's `priority_levels`): a "
+        "request's `priority` parameter, 1 the highest, serves it before every queued request "
+        "of a lower level; 0, or a level above this count, means `default_priority_level`. "
+        "0: one level, and the parameter is ignored.",
+    )
+    default_priority_level: int = Field(
+        default=0,
+        ge=0,
+        description="The level of a request that names none (Triton's "
+        "`default_priority_level`); with `priority_levels`, from 1 to it.",
     )
     max_queue_size: int = Field(
         default=256,
@@ -146,6 +160,20 @@ class ModelConfig(BaseModel):
         if any(size < 1 for size in value):
             raise ValueError("a preferred batch size is at least 1")
         return sorted(set(value))
+
+    @model_validator(mode="after")
+    def _levels(self) -> ModelConfig:
+        levels = self.priority_levels
+        if levels and not 1 <= self.default_priority_level <= levels:
+            raise ValueError(f"default priority level must be in range [1, {levels}]")
+        return self
+
+    def priority_level(self, asked: int) -> int:
+        """The queue level of a request whose `priority` parameter is `asked` (0: none),
+        as Triton maps it: a level this model has, else its default."""
+        if not self.priority_levels:
+            return 0
+        return asked if 1 <= asked <= self.priority_levels else self.default_priority_level
 
     @field_validator("memory_limit", mode="before")
     @classmethod

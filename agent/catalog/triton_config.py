@@ -15,6 +15,7 @@ never dropped silently:
 | `input`, `output` (`name`, `data_type`, `dims`) | checked against the graph |
 | `dynamic_batching.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `dynamic_batching.preferred_batch_size` | `preferred_batch_sizes` |
+| `dynamic_batching.priority_levels`, `.default_priority_level` | the same |
 | `dynamic_batching.default_queue_policy` | `max_queue_size`, `timeout_ms` |
 | `sequence_batching` (controls, states, initial states, idle time) | a stateful model |
 | `sequence_batching.direct` / `.oldest` `.max_queue_delay_microseconds` | `max_queue_delay_us` |
@@ -241,7 +242,11 @@ def _batching(blocks: list[Any], out: TritonConfig) -> None:
                 )
         if block.get("preferred_batch_size"):
             out.settings["preferred_batch_sizes"] = [int(n) for n in block["preferred_batch_size"]]
-        handled = {"max_queue_delay_microseconds", "default_queue_policy", "preferred_batch_size"}
+        for key in ("priority_levels", "default_priority_level"):
+            if key in block:
+                out.settings[key] = int(_one(block, key, 0))
+        handled = {"max_queue_delay_microseconds", "default_queue_policy", "preferred_batch_size",
+                   "priority_levels", "default_priority_level"}  # fmt: skip
         for key in sorted(set(block) - handled):
             out.warnings.append(f"{PBTXT_FILE}: dynamic_batching.{key} is not supported")
 
@@ -348,6 +353,8 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
         "output": tensors(entry.outputs),
         "dynamic_batching": {
             "preferred_batch_size": config.preferred_batch_sizes,
+            "priority_levels": config.priority_levels,
+            "default_priority_level": config.default_priority_level,
             "max_queue_delay_microseconds": config.max_queue_delay_us,
             "default_queue_policy": {
                 "max_queue_size": config.max_queue_size,

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
+from google.protobuf import json_format
+from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfigMessage
 
 from edgeplex.agent.batching.sequences import Flags, flags_of
 from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, GrpcForward
@@ -144,6 +146,7 @@ class Body:
     timeout_s: float | None
     sequence: Flags | None = None  # a stateful model's request: its sequence and place
     shm_outputs: dict[str, Ref] | None = None  # outputs to write into shared memory
+    priority: int = 0  # the `priority` parameter (0: none)
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -180,34 +183,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @_serve_errors
     @_requires(Access.CLIENT)
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        """The same config as HTTP's, every field of it: built as Triton's own
+        ModelConfig message and carried in ours, whose fewer fields keep the rest
+        as unknown fields, which go out on the wire unchanged."""
         config = self.agent.model_config(request.name, request.version)
-        return pb.ModelConfigResponse(
-            config=pb.ModelConfig(
-                name=config["name"],
-                platform=config["platform"],
-                backend=config.get("backend", ""),
-                max_batch_size=config["max_batch_size"],
-                input=[
-                    pb.ModelInput(
-                        name=t["name"], data_type=pb.DataType.Value(t["data_type"]), dims=t["dims"]
-                    )
-                    for t in config["input"]
-                ],
-                output=[
-                    pb.ModelOutput(
-                        name=t["name"], data_type=pb.DataType.Value(t["data_type"]), dims=t["dims"]
-                    )
-                    for t in config["output"]
-                ],
-                dynamic_batching=pb.ModelDynamicBatching(
-                    max_queue_delay_microseconds=config["dynamic_batching"][
-                        "max_queue_delay_microseconds"
-                    ]
-                )
-                if "dynamic_batching" in config
-                else None,
-            )
-        )
+        full = json_format.ParseDict(config, ModelConfigMessage(), ignore_unknown_fields=True)
+        response = pb.ModelConfigResponse()
+        response.config.MergeFromString(full.SerializeToString())
+        return response
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: Any
@@ -252,8 +235,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             def decode() -> Body:
                 inputs = decode_inputs(request, agent.settings.max_payload_bytes, regions)
                 wanted = [o.name for o in request.outputs] or None
-                flags = flags_of(grpc_params(request.parameters)) if request.parameters else None
-                body = Body(inputs, wanted, timeout_s, flags, _shm_outputs(request, regions))
+                params = grpc_params(request.parameters) if request.parameters else {}
+                flags = flags_of(params) if params else None
+                body = Body(inputs, wanted, timeout_s, flags, _shm_outputs(request, regions),
+                            _priority(params))  # fmt: skip
                 decoded.append(body)
                 return body
 
@@ -629,6 +614,14 @@ async def start_grpc_server(
         raise OSError(f"cannot bind gRPC to {settings.grpc_host}:{settings.grpc_port}")
     await server.start()
     return GrpcioDoor(server, ending), port
+
+
+def _priority(params: dict[str, Any]) -> int:
+    """The request's `priority` parameter (tritonclient sends it as uint64_param)."""
+    priority = params.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+        raise InvalidInput("'priority' must be a non-negative integer")
+    return priority
 
 
 class GrpcioDoor:

@@ -41,6 +41,7 @@ class InferBody:
     binary_default: bool = False
     request_id: str | None = None
     timeout_s: float | None = None
+    priority: int = 0  # the `priority` parameter (0: none)
     # Outputs to write into shared memory, and the regions as this client may use them.
     shm_outputs: dict[str, Ref] = field(default_factory=dict)
     regions: ClientRegions | None = None
@@ -149,6 +150,11 @@ def _parameters(doc: dict[str, Any], body: InferBody) -> None:
         if not _int(timeout) or timeout < 0:
             raise InvalidInput("'timeout' must be a non-negative integer (microseconds)")
         body.timeout_s = timeout / 1e6 if timeout else None
+    priority = params.get("priority")
+    if priority is not None:
+        if not _int(priority) or priority < 0:
+            raise InvalidInput("'priority' must be a non-negative integer")
+        body.priority = priority
     if params:
         body.sequence = flags_of(params)
     request_id = doc.get("id")

@@ -96,6 +96,33 @@ async def test_a_preferred_size_goes_at_once_and_the_rest_waits_out_the_delay(pr
     await b.close(Unavailable("done"), drain=True)
 
 
+async def test_a_higher_priority_goes_ahead_of_every_lower_one_queued():
+    """While the model is busy: two requests of level 2, one of level 1, one more of
+    level 2, then one of level 1. They run level 1 first, each level in arrival order."""
+    order: list[float] = []
+    gate = asyncio.Event()
+
+    async def execute(inputs, outputs):
+        order.append(float(inputs["x"][0, 0]))
+        await gate.wait()
+        return {"y": inputs["x"]}, 1000, ""
+
+    loop = asyncio.get_running_loop()
+    b = batcher(execute, max_batch=1)
+    busy = make_request(loop, value=0.0)
+    b.submit(busy)
+    queued = []
+    for value, level in ((1.0, 2), (2.0, 2), (3.0, 1), (4.0, 2), (5.0, 1)):
+        request = make_request(loop, value=value)
+        request.priority = level
+        b.submit(request)
+        queued.append(request)
+    gate.set()
+    await asyncio.gather(busy.future, *(r.future for r in queued))
+    assert order == [0.0, 3.0, 5.0, 1.0, 2.0, 4.0]
+    await b.close(Unavailable("done"), drain=True)
+
+
 async def test_a_failed_batch_fails_every_member_with_the_same_error():
     gate = asyncio.Event()
 

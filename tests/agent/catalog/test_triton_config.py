@@ -23,6 +23,7 @@ from edgeplex.agent.catalog.triton_config import (
     parse_config_json,
     parse_pbtxt,
     read_triton_config,
+    triton_config,
 )
 from edgeplex.agent.config import ModelConfig
 from edgeplex.net import free_ports
@@ -152,6 +153,17 @@ def test_config_yaml_wins_over_config_pbtxt_and_the_policy_picks_the_version(
     source = scan_model(tmp_path, "add_sub", ModelConfig())
     assert source is not None and source.config is None
     assert "selects none of the versions present" in source.config_error
+
+
+def test_priority_levels_map_and_a_request_gets_a_level_the_model_has() -> None:
+    data = parse_pbtxt("dynamic_batching { priority_levels: 3 default_priority_level: 2 }")
+    settings = triton_config(data, "m").settings
+    assert settings == {"priority_levels": 3, "default_priority_level": 2}
+    config = ModelConfig(**settings)
+    assert [config.priority_level(asked) for asked in (0, 1, 3, 4)] == [2, 1, 3, 2]
+    assert ModelConfig().priority_level(1) == 0  # no levels: one queue
+    with pytest.raises(ValueError, match=r"default priority level must be in range \[1, 3\]"):
+        ModelConfig(priority_levels=3, default_priority_level=0)
 
 
 @pytest.fixture(scope="module")

@@ -208,8 +208,9 @@ def test_a_cancelled_call_leaves_the_door_serving(agent):
         auth = tuple(AUTH.items())
         calls = [stub.ModelInfer.future(request, metadata=auth, timeout=30) for _ in range(4)]
         for call in calls:
+            # Not asserted: a call the door refused meanwhile (the model's queue holds
+            # 2) has ended already, and a cancel then does nothing.
             call.cancel()
-        assert all(call.cancelled() for call in calls)
         assert stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live
         reply = stub.ModelInfer(request, metadata=auth, timeout=30)
         assert reply.model_name == "slow"

@@ -1,0 +1,113 @@
+"""Triton's priority levels end to end: a request's `priority` parameter, over
+HTTP and gRPC, orders the model's queue; a bad one is refused, naming it."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+
+from edgeplex.agent.catalog import demo
+from edgeplex.proto import inference_pb2 as pb
+from edgeplex.proto import inference_pb2_grpc as pb_grpc
+from tests.conftest import start_agent
+from tests.support.oip import inputs_for
+
+pytestmark = pytest.mark.slow
+
+SIZE = 1536  # 24 products of 1536x1536 matrices a request: about half a second
+CONFIG = """name: "slow"
+max_batch_size: 1
+dynamic_batching { priority_levels: 2 default_priority_level: 2 }
+"""
+
+
+def test_a_higher_priority_request_overtakes_the_queue(tmp_path):
+    """One request runs (about half a second of matrix products); three of the default
+    level 2 queue behind it, then one asking for level 1: it runs next, before the
+    three, and a priority the model has no level for takes the default."""
+    demo.make_slow(tmp_path / "repo" / "slow", size=SIZE, depth=24)
+    (tmp_path / "repo" / "slow" / "config.pbtxt").write_text(CONFIG)
+    agent = start_agent(tmp_path / "repo", tmp_path)
+    try:
+        client = th.InferenceServerClient(agent.http_url, concurrency=8)
+        inputs = [th.InferInput("input", [1, SIZE, SIZE], "FP32")]
+        # 1/SIZE squared as a matrix is itself: no value grows, none underflows.
+        inputs[0].set_data_from_numpy(np.full((1, SIZE, SIZE), 1 / SIZE, np.float32))
+        client.infer("slow", inputs)  # loaded
+        done: dict[str, float] = {}
+
+        def call(name: str, priority: int) -> None:
+            local = th.InferenceServerClient(agent.http_url)
+            local.infer("slow", inputs, priority=priority)
+            done[name] = time.monotonic()
+
+        calls = [("busy", 0), ("low1", 0), ("low2", 9), ("low3", 2), ("high", 1)]
+        threads = []
+        for name, priority in calls:
+            if name == "high":  # once the three wait behind "busy"
+                _until_queued(agent, 3)
+            threads.append(threading.Thread(target=call, args=(name, priority)))
+            threads[-1].start()
+            time.sleep(0.02)  # queued in this order
+        for thread in threads:
+            thread.join(60)
+        assert sorted(done, key=done.get) == ["busy", "high", "low1", "low2", "low3"], done
+    finally:
+        assert agent.stop() == 0, agent.log()
+
+
+def _until_queued(agent, depth: int) -> None:
+    """Polled often: `busy` runs for a few tenths of a second only."""
+    wanted = f'edgeplex_agent_queue_depth_requests{{model="slow"}} {depth:.1f}'
+    deadline = time.monotonic() + 10
+    while wanted not in agent.http_get("/metrics")[1].decode():
+        assert time.monotonic() < deadline, f"never {depth} queued"
+        time.sleep(0.01)
+
+
+def test_the_priority_parameter_over_both_doors_and_a_bad_one_refused(tmp_path):
+    demo.make_add_sub(tmp_path / "repo" / "add_sub")
+    (tmp_path / "repo" / "add_sub" / "config.pbtxt").write_text(
+        'name: "add_sub"\nmax_batch_size: 8\n'
+        "dynamic_batching { priority_levels: 2 default_priority_level: 1 }\n"
+    )
+    agent = start_agent(tmp_path / "repo", tmp_path)
+    try:
+        x = np.ones((1, 16), np.float32)
+        grpc_client = tg.InferenceServerClient(agent.grpc_url)
+        feeds = inputs_for({"INPUT0": x, "INPUT1": x})
+        result = grpc_client.infer("add_sub", feeds, priority=2)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + x)
+        assert grpc_client.get_model_config("add_sub").config.dynamic_batching.priority_levels == 2
+        body = (
+            b'{"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": '
+            + str([1.0] * 16).encode()
+            + b'}], "parameters": {"priority": -1}}'
+        )
+        url = f"http://{agent.http_url}/v2/models/add_sub/infer"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, body), timeout=10)
+        text = refused.value.read()
+        assert refused.value.code == 400, text
+        assert b"'priority' must be a non-negative integer" in text, text
+        http_client = th.InferenceServerClient(agent.http_url)
+        http_feeds = [th.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in http_feeds:
+            tensor.set_data_from_numpy(x)
+        assert http_client.infer("add_sub", http_feeds, priority=1).as_numpy("OUTPUT1").sum() == 0
+        request = pb.ModelInferRequest(model_name="add_sub")
+        request.parameters["priority"].string_param = "high"  # tritonclient sends a number
+        with grpc.insecure_channel(agent.grpc_url) as channel, pytest.raises(grpc.RpcError) as bad:
+            pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "'priority' must be a non-negative integer" in bad.value.details()
+    finally:
+        assert agent.stop() == 0, agent.log()
