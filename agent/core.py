@@ -676,7 +676,8 @@ class Agent:
                 raise ticket.error
             request = Request(given, wanted, batch, deadline, loop.create_future())
             request.tenant, request.weight = caller, weight
-            request.priority = record.config.priority_level(body.priority)
+            if record.config.priority_levels:  # else one level: nothing to look up
+                request.priority = record.config.priority_level(body.priority)
             request.cold_start = ticket.cold_start
             self.queues.submit(ticket.key, request)
             # A timer, not wait_for: one fewer task and loop hop on the hot path. The
