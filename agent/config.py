@@ -97,6 +97,13 @@ class AgentSettings(FileSettings):
         "size (2 x max_payload_bytes + 1 MiB) and keeps the memory a flood of large bodies "
         "can take bounded.",
     )
+    response_cache_bytes: int = Field(
+        default=64 * MiB,
+        description="Room for the response cache (size suffixes allowed), as Triton's "
+        "`--cache-config local,size=`: answers of the models whose config enables "
+        "`response_cache`, kept by what was asked, least recently used going first. Taken "
+        "only as answers are kept; 0 turns the cache off for every model.",
+    )
     drain_timeout_s: float = Field(
         default=30.0,
         ge=0,
@@ -281,6 +288,7 @@ class AgentSettings(FileSettings):
         "max_payload_bytes",
         "max_json_bytes",
         "max_inflight_bytes",
+        "response_cache_bytes",
         "device_memory_budget",
         "host_memory_budget",
         "disk_cache_budget",

@@ -73,6 +73,7 @@ from edgeplex.agent.oip.errors import (
     Unavailable,
 )
 from edgeplex.agent.oip.requests import InferInput, validate
+from edgeplex.agent.oip.response_cache import ResponseCache, nbytes
 from edgeplex.agent.oip.tensors import oip_datatype
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.promotions import Promotions
@@ -193,6 +194,9 @@ class Agent:
         self.ensembles_off: set[str] = set()  # unloaded (explicit mode) until loaded
         # Live sequences of stateful models; each holds its model resident.
         self.sequences = Sequences(self.residency.hold, self.residency.unhold)
+        # Answers kept by what was asked, for models that enable it (Triton's cache).
+        budget = settings.response_cache_bytes
+        self.response_cache = ResponseCache(budget) if budget > 0 else None
 
     # --- health and metadata -------------------------------------------------------------
 
@@ -663,6 +667,21 @@ class Agent:
                 inputs = Sequences.inputs(live, inputs, record.max_batch_size > 0)
                 wanted = Sequences.outputs(live, wanted)
             given, batch = validate(record, inputs, wanted)  # before any promotion
+            cache = self.response_cache if record.config.response_cache else None
+            if cache is not None:  # answered before admission: no promotion for a hit
+                looked = loop.time()
+                cache_key = cache.key(name, record.version, given, wanted)
+                kept = cache.get(cache_key)
+                if kept is not None:
+                    now = loop.time()
+                    self.queues.stats(record.key).record_cache_hit(now - arrived, now - looked,
+                                                                  batch)  # fmt: skip
+                    if self.usage is not None:
+                        self.usage.record(caller, name, record.version, "", nbytes(given),
+                                          nbytes(kept))  # fmt: skip
+                    served_by = router.site_id if router is not None else ""
+                    return InferResult(record, kept, "", "", served_by)
+                looked = loop.time() - looked
             ticket = self.residency.admit(name, version, deadline)
             if not ticket.settled:
                 waited = await ticket.wait(loop)
@@ -692,6 +711,11 @@ class Agent:
             if live is not None:
                 outputs = Sequences.keep(live, outputs, body.outputs)
                 served = True
+            if cache is not None:
+                inserting = loop.time()
+                cache.put(cache_key, outputs)
+                stats = self.queues.stats(record.key)
+                stats.cache_miss.add(looked + loop.time() - inserting)
             served_by = router.site_id if router is not None else ""
             return InferResult(record, outputs, ticket.cold_start, request.form, served_by)
         except asyncio.CancelledError:  # the caller went away (Triton: CANCELED)

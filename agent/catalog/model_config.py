@@ -51,6 +51,13 @@ class ModelConfig(BaseModel):
         description="The level of a request that names none (Triton's "
         "`default_priority_level`); with `priority_levels`, from 1 to it.",
     )
+    response_cache: bool = Field(
+        default=False,
+        description="Answer a request the same as an earlier one from the agent's response "
+        "cache (`response_cache_bytes`), without running or promoting the model (Triton's "
+        "`response_cache { enable: true }`). For models whose answers depend on their "
+        "inputs alone; not for stateful models.",
+    )
     max_queue_size: int = Field(
         default=256,
         ge=1,

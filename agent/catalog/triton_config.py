@@ -16,6 +16,7 @@ never dropped silently:
 | `dynamic_batching.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `dynamic_batching.preferred_batch_size` | `preferred_batch_sizes` |
 | `dynamic_batching.priority_levels`, `.default_priority_level` | the same |
+| `response_cache.enable` | `response_cache` |
 | `dynamic_batching.default_queue_policy` | `max_queue_size`, `timeout_ms` |
 | `sequence_batching` (controls, states, initial states, idle time) | a stateful model |
 | `sequence_batching.direct` / `.oldest` `.max_queue_delay_microseconds` | `max_queue_delay_us` |
@@ -153,7 +154,7 @@ SUPPORTED_BACKENDS = ("onnxruntime",)
 _PARAMETERS = {"intra_op_thread_count": "intra_op_threads"}
 _HANDLED = {
     "name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
-    "instance_group", "version_policy", "parameters", "sequence_batching",
+    "instance_group", "version_policy", "parameters", "sequence_batching", "response_cache",
 }  # fmt: skip
 
 
@@ -198,6 +199,8 @@ def triton_config(data: Message, model: str, directory: Path | None = None) -> T
     _parameters(data.get("parameters", []), out)
     out.sequence = sequence_spec(data.get("sequence_batching", []), directory)
     _sequence_batching(data.get("sequence_batching", []), out)
+    for cache in data.get("response_cache", []):
+        out.settings["response_cache"] = bool(_one(cache, "enable", False))
     policy = data.get("model_transaction_policy") or [{}]
     if any(policy[-1].get("decoupled") or []):
         raise ValueError(f"{PBTXT_FILE}: decoupled models are not supported")
@@ -362,5 +365,6 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
             },
         },
         "instance_group": [{"count": config.instance_count, "kind": "KIND_AUTO"}],
+        "response_cache": {"enable": config.response_cache},
         "edgeplex": config.model_dump(),
     }

@@ -47,6 +47,8 @@ class ModelStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)  # the lookups that found an answer
+    cache_miss: Duration = field(default_factory=Duration)  # the lookups and insertions
     batches: dict[int, BatchStats] = field(default_factory=dict)
     # Failures by the reason Triton labels them with (errors.py's failure_reason).
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
@@ -84,6 +86,13 @@ class ModelStats:
         self.compute_infer.add(n * compute, n)
         self.compute_output.add(n * (done - returned + ipc_overhead), n)
 
+    def record_cache_hit(self, seconds: float, lookup_s: float, rows: int) -> None:
+        """A request answered from the response cache: a success, not an execution."""
+        self.inference_count += rows
+        self.last_inference_ms = int(time.time() * 1000)
+        self.success.add(seconds)
+        self.cache_hit.add(lookup_s)
+
     def record_request(self, seconds: float, count: int = 1) -> None:
         """A request that succeeded, counted whole (an ensemble's: its steps' models
         count their queue and compute times)."""
@@ -110,6 +119,8 @@ class ModelStats:
                 "compute_input": self.compute_input.to_json(),
                 "compute_infer": self.compute_infer.to_json(),
                 "compute_output": self.compute_output.to_json(),
+                "cache_hit": self.cache_hit.to_json(),
+                "cache_miss": self.cache_miss.to_json(),
             },
             "batch_stats": [
                 {

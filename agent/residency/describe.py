@@ -59,6 +59,8 @@ def describe(key: object, source: ModelSource) -> Described | str:
         )
     else:
         max_batch = wanted
+    if source.config.response_cache and source.sequence is not None:  # Triton refuses it too
+        return "the response cache does not support a model with sequence batching"
     too_large = [n for n in source.config.preferred_batch_sizes if n > max_batch]
     if too_large:  # Triton's words
         return (
