@@ -670,7 +670,9 @@ class Agent:
             cache = self.response_cache if record.config.response_cache else None
             if cache is not None:  # answered before admission: no promotion for a hit
                 looked = loop.time()
-                cache_key = cache.key(name, record.version, given, wanted)
+                # The artifact's digest too: a replaced model.onnx answers anew.
+                artifact = f"{record.version}:{record.source.digest}"
+                cache_key = cache.key(name, artifact, given, wanted)
                 kept = cache.get(cache_key)
                 if kept is not None:
                     now = loop.time()

@@ -1,7 +1,8 @@
 """Triton's response cache: a model's answers kept by what was asked, so that the
 same request is answered again without running the model, or promoting it.
 
-A request's key is a BLAKE2b digest of the model's name and version, the outputs
+A request's key is a BLAKE2b digest of the model's name and version (with its
+artifact's digest, so that a replaced model file answers anew), the outputs
 it asks for, and each input's name, datatype, shape and values, in name order:
 one pass over the input bytes, at C speed. Answers are kept, least recently used
 going first, within the agent's `response_cache_bytes` (their outputs' bytes);

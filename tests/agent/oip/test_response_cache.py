@@ -115,3 +115,25 @@ def test_a_stateful_model_with_the_cache_fails_with_the_reason(tmp_path):
     assert describe("two_slots", source) == (
         "the response cache does not support a model with sequence batching"
     )
+
+
+@pytest.mark.slow
+def test_a_replaced_model_file_answers_anew(tmp_path):
+    """The same version, its model.onnx replaced and loaded again: the kept answer
+    is not the new model's, and is not served."""
+    repo = tmp_path / "repo"
+    demo.make_mlp(repo / "m", width=16, layers=1, seed=0, config="response_cache: true\n")
+    agent = start_agent(repo, tmp_path)
+    try:
+        client = tg.InferenceServerClient(agent.grpc_url)
+        x = np.ones((1, 16), np.float32)
+        before = client.infer("m", inputs_for({"input": x})).as_numpy("output")
+        assert post(agent, "/edgeplex/v1/models/m/demote", {"tier": "cached"}) == 200
+        demo.make_mlp(repo / "m", width=16, layers=1, seed=7, config="response_cache: true\n")
+        assert post(agent, "/v2/repository/models/m/load") == 200
+        after = client.infer("m", inputs_for({"input": x})).as_numpy("output")
+        assert not np.array_equal(before, after)
+        stats = client.get_inference_statistics("m").model_stats[0].inference_stats
+        assert stats.cache_hit.count == 0 and stats.cache_miss.count == 2
+    finally:
+        assert agent.stop() == 0, agent.log()
