@@ -73,7 +73,7 @@ from edgeplex.agent.oip.errors import (
     Unavailable,
 )
 from edgeplex.agent.oip.requests import InferInput, validate
-from edgeplex.agent.oip.response_cache import ResponseCache, nbytes
+from edgeplex.agent.oip.response_cache import OFFLOAD_BYTES, ResponseCache, nbytes
 from edgeplex.agent.oip.tensors import oip_datatype
 from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.promotions import Promotions
@@ -672,7 +672,12 @@ class Agent:
                 looked = loop.time()
                 # The artifact's digest too: a replaced model.onnx answers anew.
                 artifact = f"{record.version}:{record.source.digest}"
-                cache_key = cache.key(name, artifact, given, wanted)
+                if sum(array.nbytes for array in given.values()) > OFFLOAD_BYTES:
+                    # BLAKE2b lets go of the GIL: a large input is digested on a worker
+                    # thread, and the loop serves on meanwhile.
+                    cache_key = await asyncio.to_thread(cache.key, name, artifact, given, wanted)
+                else:
+                    cache_key = cache.key(name, artifact, given, wanted)
                 kept = cache.get(cache_key)
                 if kept is not None:
                     now = loop.time()

@@ -19,6 +19,7 @@ from collections import OrderedDict
 import numpy as np
 
 Outputs = dict[str, np.ndarray]
+OFFLOAD_BYTES = 1 << 20  # inputs larger than this are digested off the event loop
 
 
 class ResponseCache:

@@ -70,6 +70,8 @@ def test_identical_requests_are_answered_from_the_cache_without_the_model(tmp_pa
         'name: "cached"\nmax_batch_size: 8\nresponse_cache { enable: true }\n'
     )
     demo.make_add_sub(repo / "plain")
+    wide = 1 << 19  # 2 MiB an input: digested on a worker thread
+    demo.make_add_sub(repo / "wide", width=wide, config="response_cache: true\n")
     agent = start_agent(repo, tmp_path)
     try:
         client = tg.InferenceServerClient(agent.grpc_url)
@@ -101,6 +103,12 @@ def test_identical_requests_are_answered_from_the_cache_without_the_model(tmp_pa
             client.infer("plain", inputs_for({"INPUT0": a, "INPUT1": b}))
         plain = client.get_inference_statistics("plain").model_stats[0]
         assert plain.execution_count == 2 and plain.inference_stats.cache_hit.count == 0
+        big = np.random.default_rng(0).standard_normal((1, wide)).astype(np.float32)
+        answers = [client.infer("wide", inputs_for({"INPUT0": big, "INPUT1": big}))
+                   for _ in range(2)]  # fmt: skip
+        np.testing.assert_array_equal(answers[1].as_numpy("OUTPUT0"), big + big)
+        wide_stats = client.get_inference_statistics("wide").model_stats[0].inference_stats
+        assert wide_stats.cache_hit.count == 1 and wide_stats.cache_miss.count == 1
         metrics = agent.http_get("/metrics")[1].decode()
         assert 'nv_cache_num_hits_per_model{model="cached",version="1"} 2' in metrics
         assert 'nv_cache_num_misses_per_model{model="cached",version="1"} 2' in metrics
