@@ -681,8 +681,7 @@ class Agent:
                 kept = cache.get(cache_key)
                 if kept is not None:
                     now = loop.time()
-                    self.queues.stats(record.key).record_cache_hit(now - arrived, now - looked,
-                                                                  batch)  # fmt: skip
+                    self.queues.stats(record.key).record_cache_hit(now - arrived, now - looked)
                     if self.usage is not None:
                         self.usage.record(caller, name, record.version, "", nbytes(given),
                                           nbytes(kept))  # fmt: skip

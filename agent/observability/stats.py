@@ -86,9 +86,9 @@ class ModelStats:
         self.compute_infer.add(n * compute, n)
         self.compute_output.add(n * (done - returned + ipc_overhead), n)
 
-    def record_cache_hit(self, seconds: float, lookup_s: float, rows: int) -> None:
-        """A request answered from the response cache: a success, not an execution."""
-        self.inference_count += rows
+    def record_cache_hit(self, seconds: float, lookup_s: float) -> None:
+        """A request answered from the response cache: a success, but, as Triton counts
+        it, neither an inference nor an execution."""
         self.last_inference_ms = int(time.time() * 1000)
         self.success.add(seconds)
         self.cache_hit.add(lookup_s)
