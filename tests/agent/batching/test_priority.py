@@ -22,7 +22,7 @@ from tests.support.oip import inputs_for
 
 pytestmark = pytest.mark.slow
 
-SIZE = 1536  # 24 products of 1536x1536 matrices a request: about half a second
+SIZE = 1280  # 24 products of 1280x1280 matrices a request: about a quarter of a second
 CONFIG = """name: "slow"
 max_batch_size: 1
 dynamic_batching { priority_levels: 2 default_priority_level: 2 }
@@ -30,7 +30,7 @@ dynamic_batching { priority_levels: 2 default_priority_level: 2 }
 
 
 def test_a_higher_priority_request_overtakes_the_queue(tmp_path):
-    """One request runs (about half a second of matrix products); three of the default
+    """One request runs (about a quarter of a second of matrix products); three of the default
     level 2 queue behind it, then one asking for level 1: it runs next, before the
     three, and a priority the model has no level for takes the default."""
     demo.make_slow(tmp_path / "repo" / "slow", size=SIZE, depth=24)
