@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeplex.agent.oip.tensors import OIP_TO_NUMPY, from_triton_type
+from edgeplex.agent.oip.tensors import OIP_TO_NUMPY, from_triton_type, triton_type
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 INITIAL_STATE_DIR = "initial_state"  # a model's initial state files, as in Triton
@@ -27,6 +27,12 @@ SEQUENCE_FIELDS = frozenset(
     {"control_input", "state", "max_sequence_idle_microseconds", "direct", "oldest"}
 )
 STATE_FIELDS = frozenset({"input_name", "output_name", "data_type", "dims", "initial_state"})
+# A flag control's datatype -> the field holding its false and true values, as typed.
+_FALSE_TRUE: dict[str, tuple[str, Any]] = {
+    "INT32": ("int32_false_true", int),
+    "FP32": ("fp32_false_true", float),
+    "BOOL": ("bool_false_true", bool),
+}
 KINDS = {
     "CONTROL_SEQUENCE_START": "start",
     "CONTROL_SEQUENCE_END": "end",
@@ -74,6 +80,34 @@ class SequenceSpec:
         if self.strategy == "oldest" and self.max_candidate_sequences > 0:
             per_instance = self.max_candidate_sequences
         return per_instance * instances
+
+    def config_json(self, delay_us: int, preferred: list[int]) -> dict[str, Any]:
+        """The `sequence_batching` block as Triton's model config endpoint returns it
+        (JSON), so that clients that read it (perf_analyzer, say) see a stateful model."""
+        controls: dict[str, list[dict[str, Any]]] = {}
+        for c in self.controls:
+            control: dict[str, Any] = {"kind": f"CONTROL_SEQUENCE_{c.kind.upper()}"}
+            if c.kind == "corrid":
+                control["data_type"] = triton_type(c.datatype)
+            else:
+                key, cast = _FALSE_TRUE[c.datatype]
+                control[key] = [cast(v) for v in c.false_true]
+            controls.setdefault(c.name, []).append(control)
+        strategy: dict[str, Any] = {"max_queue_delay_microseconds": delay_us}
+        if self.strategy == "oldest":
+            strategy["max_candidate_sequences"] = self.max_candidate_sequences
+            strategy["preferred_batch_size"] = preferred
+        states = [
+            {"input_name": s.input, "output_name": s.output,
+             "data_type": triton_type(s.datatype), "dims": list(s.dims)}
+            for s in self.states
+        ]  # fmt: skip
+        return {
+            "max_sequence_idle_microseconds": round(self.idle_s * 1e6),
+            "control_input": [{"name": n, "control": c} for n, c in controls.items()],
+            "state": states,
+            self.strategy: strategy,
+        }
 
     @property
     def inputs(self) -> set[str]:

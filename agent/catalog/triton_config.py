@@ -347,14 +347,21 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
         ]
 
     config = entry.config
-    return {
+    out: dict[str, Any] = {
         "name": entry.name,
         "platform": "onnxruntime_onnx",
         "backend": "onnxruntime",
         "max_batch_size": entry.max_batch_size,
         "input": tensors(entry.inputs),
         "output": tensors(entry.outputs),
-        "dynamic_batching": {
+    }
+    sequence = entry.source.sequence
+    if sequence is not None:  # a stateful model: the one batcher Triton gives it
+        out["sequence_batching"] = sequence.config_json(
+            config.max_queue_delay_us, config.preferred_batch_sizes
+        )
+    else:
+        out["dynamic_batching"] = {
             "preferred_batch_size": config.preferred_batch_sizes,
             "priority_levels": config.priority_levels,
             "default_priority_level": config.default_priority_level,
@@ -363,8 +370,8 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
                 "max_queue_size": config.max_queue_size,
                 "default_timeout_microseconds": config.timeout_ms * 1000,
             },
-        },
-        "instance_group": [{"count": config.instance_count, "kind": "KIND_AUTO"}],
-        "response_cache": {"enable": config.response_cache},
-        "edgeplex": config.model_dump(),
-    }
+        }
+    out["instance_group"] = [{"count": config.instance_count, "kind": "KIND_AUTO"}]
+    out["response_cache"] = {"enable": config.response_cache}
+    out["edgeplex"] = config.model_dump()
+    return out

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as th
+from google.protobuf import json_format
+from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfigMessage
 from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent.catalog import demo
@@ -399,6 +401,16 @@ def test_the_sequence_batchers_fields_map_and_the_rest_are_named(tmp_path: Path)
     assert "initial_state" not in text, text
     h, c = config.sequence.states
     assert h.initial is None and c.initial is not None and c.initial.tolist() == [1.5, -2]
+    # Served back as Triton's config endpoint shows it, valid as Triton's message.
+    shown = config.sequence.config_json(300, [2, 4])
+    message = json_format.ParseDict({"sequence_batching": shown}, ModelConfigMessage())
+    back = message.sequence_batching
+    assert back.max_sequence_idle_microseconds == 5_000_000
+    assert back.oldest.max_candidate_sequences == 4
+    assert list(back.oldest.preferred_batch_size) == [2, 4]
+    assert back.control_input[0].name == "START"
+    assert list(back.control_input[0].control[0].int32_false_true) == [0, 1]
+    assert [s.input_name for s in back.state] == ["h", "c"]
     start, end = TRITON_SEQUENCE.index("  oldest {"), TRITON_SEQUENCE.index("  control")
     path.write_text(TRITON_SEQUENCE[:start] + "  direct { }\n" + TRITON_SEQUENCE[end:])
     direct = read_triton_config(path, "seq")
