@@ -595,9 +595,7 @@ class Agent:
             ensemble = self.ensembles[name]
             stats = self._ensemble_stats(ensemble)
             try:
-                result = await self._run_ensemble(ensemble, decode, arrived, caller)
-                stats.record_request(loop.time() - arrived, _rows(ensemble, result.outputs))
-                return result
+                return await self._run_ensemble(ensemble, decode, arrived, caller, stats)
             except ServeError as exc:
                 stats.record_failure(loop.time() - arrived, exc.failure_reason)
                 raise
@@ -768,11 +766,13 @@ class Agent:
         decode: Callable[[], Decoded | Coroutine[Any, Any, Decoded]],
         arrived: float,
         caller: str,
+        stats: ModelStats,
     ) -> InferResult:
         """An ensemble request: each wave of steps runs together, each step a request
         to its model served here (its own residency and batching), all under the
-        ensemble request's one deadline, used by its tenant `caller`."""
-        name = ensemble.name
+        ensemble request's one deadline, used by its tenant `caller`; or, with the
+        response cache, its kept answer, before any step runs."""
+        name, loop = ensemble.name, self.loop
         if self.draining:
             raise Unavailable("the agent is shutting down")
         if not self._ensemble_ready(ensemble):
@@ -783,6 +783,19 @@ class Agent:
         decoded = decode()
         body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
         tensors = ensemble_inputs(ensemble, body.inputs)
+        cache = self.response_cache if ensemble.response_cache else None
+        if cache is not None:
+            looked = loop.time()
+            cache_key = cache.key(name, self._ensemble_artifacts(ensemble), tensors, body.outputs)
+            kept = cache.get(cache_key)
+            if kept is not None:
+                now = loop.time()
+                stats.record_cache_hit(now - arrived, now - looked)
+                if self.usage is not None:
+                    self.usage.record(caller, name, ensemble.version, "", nbytes(tensors),
+                                      nbytes(kept))  # fmt: skip
+                return InferResult(ensemble, kept, "")
+            looked = loop.time() - looked
         for wave in ensemble.waves:
             results = await asyncio.gather(
                 *(self._ensemble_step(step, tensors, body, arrived, caller) for step in wave)
@@ -794,7 +807,25 @@ class Agent:
         unknown = [o for o in wanted if o not in {t.name for t in ensemble.outputs}]
         if unknown:
             raise InvalidInput(f"unexpected inference output '{unknown[0]}' for model '{name}'")
-        return InferResult(ensemble, {o: tensors[o] for o in wanted}, "")
+        outputs = {o: tensors[o] for o in wanted}
+        if cache is not None:
+            inserting = loop.time()
+            cache.put(cache_key, outputs)
+            stats.cache_miss.add(looked + loop.time() - inserting)
+        stats.record_request(loop.time() - arrived, _rows(ensemble, outputs))
+        return InferResult(ensemble, outputs, "")
+
+    def _ensemble_artifacts(self, ensemble: Ensemble, depth: int = 0) -> str:
+        """What an ensemble's answer depends on: its version and each step model's
+        version and artifact (a nested ensemble's, in turn), for its cache key."""
+        parts = [ensemble.version]
+        for model in ensemble.models:
+            nested = self.ensembles.get(model)
+            if nested is not None and depth < MAX_ENSEMBLE_DEPTH:
+                parts.append(f"{model}({self._ensemble_artifacts(nested, depth + 1)})")
+            elif (record := self.residency.get(model)) is not None:
+                parts.append(f"{model}:{record.version}:{record.source.digest}")
+        return ",".join(parts)
 
     async def _ensemble_step(
         self,

@@ -44,6 +44,7 @@ class Ensemble:
     inputs: tuple[DeclaredTensor, ...]
     outputs: tuple[DeclaredTensor, ...]
     waves: tuple[tuple[Step, ...], ...]  # steps in the order they can run, together
+    response_cache: bool = False  # its answers kept whole (Triton's top-level caching)
 
     def tensor_json(self, tensor: DeclaredTensor) -> dict[str, object]:
         """A tensor as model metadata lists it (with the batch dimension, if any)."""
@@ -116,7 +117,8 @@ def read_ensemble(model_dir: Path, known: set[str]) -> Ensemble:
     steps = _steps(data, known)
     waves = _waves(steps, {t.name for t in inputs}, {t.name for t in outputs})
     max_batch = int((data.get("max_batch_size") or [0])[-1])
-    return Ensemble(name, "1", max_batch, inputs, outputs, waves)
+    cache = any(bool((c.get("enable") or [False])[-1]) for c in data.get("response_cache", []))
+    return Ensemble(name, "1", max_batch, inputs, outputs, waves, cache)
 
 
 def nesting_errors(ensembles: dict[str, Ensemble], max_depth: int) -> dict[str, str]:

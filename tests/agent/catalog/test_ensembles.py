@@ -69,6 +69,8 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
         repo, "broken", PIPELINE.replace('"pipeline"', '"broken"').replace('"copy"', '"gone"')
     )
     _ensemble(repo, "outer", OUTER)  # an ensemble with an ensemble as its step
+    cached = PIPELINE.replace('"pipeline"', '"cached"') + "response_cache { enable: true }\n"
+    _ensemble(repo, "cached", cached)
     # Two ensembles whose steps lead to each other: neither can run.
     loop_a = PIPELINE.replace('"pipeline"', '"loop_a"').replace('"copy"', '"loop_b"')
     loop_b = PIPELINE.replace('"pipeline"', '"loop_b"').replace('"copy"', '"loop_a"')
@@ -149,6 +151,29 @@ def test_an_ensemble_chains_its_steps(agent: AgentProcess) -> None:
     assert grpc_stats.inference_stats.success.count == 3
     _, metrics = agent.http_get("/metrics")
     assert b'nv_inference_request_success{model="pipeline",version="1"} 3\n' in metrics
+
+
+def test_an_ensemble_with_the_response_cache_answers_again_without_its_steps(
+    agent: AgentProcess,
+) -> None:
+    client = tg.InferenceServerClient(agent.grpc_url)
+    inputs = [tg.InferInput("A", [1, 16], "FP32"), tg.InferInput("B", [1, 16], "FP32")]
+    a = np.linspace(0, 1, 16, dtype=np.float32).reshape(1, 16)
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    first = client.infer("cached", inputs)
+
+    def steps_run() -> int:
+        stats = client.get_inference_statistics("add_sub").model_stats
+        return sum(s.inference_stats.success.count for s in stats)
+
+    before = steps_run()
+    again = client.infer("cached", inputs)
+    np.testing.assert_array_equal(again.as_numpy("TWICE_A"), first.as_numpy("TWICE_A"))
+    assert steps_run() == before  # no step ran
+    stats = client.get_inference_statistics("cached").model_stats[0].inference_stats
+    assert stats.cache_hit.count == 1 and stats.cache_miss.count == 1
+    assert stats.success.count == 2
 
 
 @pytest.mark.parametrize(
