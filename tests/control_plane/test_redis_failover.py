@@ -188,7 +188,10 @@ def test_a_primary_killed_under_load_loses_nothing_acknowledged(
         # primary's replica. Until it has synced, writes that must survive are refused
         # (no replica has them): the writers retry.
         primary.start()
-        wait_until(lambda: online_replicas(replica.port) == 1, timeout=30,
+        # A Sentinel asks a replica for INFO every 10 s and turns a returning primary
+        # into a replica once it has reported itself a primary for 8 s: about 20 s
+        # alone, and a whole suite's run once took over 30.
+        wait_until(lambda: online_replicas(replica.port) == 1, timeout=60,
                    what="the old primary back, as the new primary's replica")  # fmt: skip
         back = {w.name: len(w.acked) for w in writers}
         time.sleep(2 * ROUND_S)
