@@ -235,10 +235,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             def decode() -> Body:
                 inputs = decode_inputs(request, agent.settings.max_payload_bytes, regions)
                 wanted = [o.name for o in request.outputs] or None
-                params = grpc_params(request.parameters) if request.parameters else {}
-                flags = flags_of(params) if params else None
+                flags, priority = None, 0
+                if request.parameters:  # most requests carry none
+                    params = grpc_params(request.parameters)
+                    flags, priority = flags_of(params), _priority(params)
                 body = Body(inputs, wanted, timeout_s, flags, _shm_outputs(request, regions),
-                            _priority(params))  # fmt: skip
+                            priority)  # fmt: skip
                 decoded.append(body)
                 return body
 
