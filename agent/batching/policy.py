@@ -61,34 +61,44 @@ def take_batch(
         queue.popleft()
     if not queue:
         return []
+    count = len(queue)  # no preferred sizes: as many as fit
+    if preferred and max_batch_size > 0:  # a look ahead only for models that prefer sizes
+        count = preferred_cut([r.batch_size for r in _candidates(queue, max_batch_size)],
+                              preferred)  # fmt: skip
+    head = queue.popleft()
+    batch = [head]
     if max_batch_size <= 0:
-        return [queue.popleft()]
-    batch, scanned = _candidates(queue, max_batch_size)
-    if preferred:
-        batch = batch[: preferred_cut([r.batch_size for r in batch], preferred)]
-    taken = {id(r) for r in batch}
-    looked = (queue.popleft() for _ in range(scanned))
-    kept = [r for r in looked if id(r) not in taken and not r.future.done()]
+        return batch
+    size = head.batch_size
+    kept: deque[Request] = deque()
+    while queue and size < max_batch_size and len(batch) < count:
+        request = queue.popleft()
+        if request.future.done():
+            continue
+        same = request.key == head.key and request.group == head.group
+        if same and size + request.batch_size <= max_batch_size:
+            batch.append(request)
+            size += request.batch_size
+        else:
+            kept.append(request)
     queue.extendleft(reversed(kept))
     return batch
 
 
-def _candidates(queue: deque[Request], max_batch_size: int) -> tuple[list[Request], int]:
-    """The next batch's requests: the head, then each later live request of its key
-    that still fits max_batch_size, until the batch is full; and how many of the
-    queue's requests were looked at for it."""
+def _candidates(queue: deque[Request], max_batch_size: int) -> list[Request]:
+    """The requests take_batch would take, without taking them: the head, then each
+    later live request of its key that still fits max_batch_size."""
     head = queue[0]
-    batch, size, scanned = [head], head.batch_size, 1
+    batch, size = [head], head.batch_size
     for request in itertools.islice(queue, 1, None):
         if size >= max_batch_size:
             break
-        scanned += 1
         if request.future.done() or request.key != head.key or request.group != head.group:
             continue
         if size + request.batch_size <= max_batch_size:
             batch.append(request)
             size += request.batch_size
-    return batch, scanned
+    return batch
 
 
 def preferred_cut(sizes: list[int], preferred: tuple[int, ...]) -> int:
@@ -97,27 +107,18 @@ def preferred_cut(sizes: list[int], preferred: tuple[int, ...]) -> int:
     from the first whose total is a preferred size; else, where the next request
     would carry the total past the largest preferred size, the run before it; else
     all of them (a batch that fills no preferred size goes as it is)."""
+    totals = list(itertools.accumulate(sizes))
+    filled = [n + 1 for n, total in enumerate(totals) if total in preferred]
+    if filled:
+        return filled[-1]
     largest = max(preferred)
-    total, best = 0, 0
-    for n, size in enumerate(sizes):
-        if n and total + size > largest and not best:
-            best = n
-        total += size
-        if total in preferred:
-            best = n + 1
-    return best or len(sizes)
+    return next((n for n, total in enumerate(totals) if n and total > largest), len(sizes))
 
 
 def batch_ready(queue: deque[Request], max_batch_size: int, preferred: tuple[int, ...]) -> bool:
     """Whether the batch at the head of the queue may go before its delay is out:
     it is full (max_batch_size, or the largest preferred size), or it fills a
     preferred size (Triton sends a preferred batch as soon as it can form one)."""
-    sizes = [r.batch_size for r in _candidates(queue, max_batch_size)[0]]
-    if sum(sizes) >= (max(preferred) if preferred else max_batch_size):
-        return True
-    total = 0
-    for size in sizes:
-        total += size
-        if total in preferred:
-            return True
-    return False
+    totals = list(itertools.accumulate(r.batch_size for r in _candidates(queue, max_batch_size)))
+    full = max(preferred) if preferred else max_batch_size
+    return totals[-1] >= full or any(total in preferred for total in totals)
