@@ -667,25 +667,14 @@ class Agent:
             given, batch = validate(record, inputs, wanted)  # before any promotion
             cache = self.response_cache if record.config.response_cache else None
             if cache is not None:  # answered before admission: no promotion for a hit
-                looked = loop.time()
                 # The artifact's digest too: a replaced model.onnx answers anew.
                 artifact = f"{record.version}:{record.source.digest}"
-                if sum(array.nbytes for array in given.values()) > OFFLOAD_BYTES:
-                    # BLAKE2b lets go of the GIL: a large input is digested on a worker
-                    # thread, and the loop serves on meanwhile.
-                    cache_key = await asyncio.to_thread(cache.key, name, artifact, given, wanted)
-                else:
-                    cache_key = cache.key(name, artifact, given, wanted)
-                kept = cache.get(cache_key)
-                if kept is not None:
-                    now = loop.time()
-                    self.queues.stats(record.key).record_cache_hit(now - arrived, now - looked)
-                    if self.usage is not None:
-                        self.usage.record(caller, name, record.version, "", nbytes(given),
-                                          nbytes(kept))  # fmt: skip
+                lookup = await self._look_up(cache, name, artifact, given, wanted)
+                if lookup.kept is not None:
+                    self._answered_from_cache(lookup, self.queues.stats(record.key), arrived,
+                                              caller, name, record.version)  # fmt: skip
                     served_by = router.site_id if router is not None else ""
-                    return InferResult(record, kept, "", "", served_by)
-                looked = loop.time() - looked
+                    return InferResult(record, lookup.kept, "", "", served_by)
             ticket = self.residency.admit(name, version, deadline)
             if not ticket.settled:
                 waited = await ticket.wait(loop)
@@ -716,10 +705,7 @@ class Agent:
                 outputs = Sequences.keep(live, outputs, body.outputs)
                 served = True
             if cache is not None:
-                inserting = loop.time()
-                cache.put(cache_key, outputs)
-                stats = self.queues.stats(record.key)
-                stats.cache_miss.add(looked + loop.time() - inserting)
+                self._keep(lookup, outputs, self.queues.stats(record.key))
             served_by = router.site_id if router is not None else ""
             return InferResult(record, outputs, ticket.cold_start, request.form, served_by)
         except asyncio.CancelledError:  # the caller went away (Triton: CANCELED)
@@ -785,17 +771,11 @@ class Agent:
         tensors = ensemble_inputs(ensemble, body.inputs)
         cache = self.response_cache if ensemble.response_cache else None
         if cache is not None:
-            looked = loop.time()
-            cache_key = cache.key(name, self._ensemble_artifacts(ensemble), tensors, body.outputs)
-            kept = cache.get(cache_key)
-            if kept is not None:
-                now = loop.time()
-                stats.record_cache_hit(now - arrived, now - looked)
-                if self.usage is not None:
-                    self.usage.record(caller, name, ensemble.version, "", nbytes(tensors),
-                                      nbytes(kept))  # fmt: skip
-                return InferResult(ensemble, kept, "")
-            looked = loop.time() - looked
+            artifacts = self._ensemble_artifacts(ensemble)
+            lookup = await self._look_up(cache, name, artifacts, tensors, body.outputs)
+            if lookup.kept is not None:
+                self._answered_from_cache(lookup, stats, arrived, caller, name, ensemble.version)
+                return InferResult(ensemble, lookup.kept, "")
         for wave in ensemble.waves:
             results = await asyncio.gather(
                 *(self._ensemble_step(step, tensors, body, arrived, caller) for step in wave)
@@ -809,11 +789,44 @@ class Agent:
             raise InvalidInput(f"unexpected inference output '{unknown[0]}' for model '{name}'")
         outputs = {o: tensors[o] for o in wanted}
         if cache is not None:
-            inserting = loop.time()
-            cache.put(cache_key, outputs)
-            stats.cache_miss.add(looked + loop.time() - inserting)
+            self._keep(lookup, outputs, stats)
         stats.record_request(loop.time() - arrived, _rows(ensemble, outputs))
         return InferResult(ensemble, outputs, "")
+
+    # --- the response cache, for models and ensembles alike ----------------------------------
+
+    async def _look_up(
+        self,
+        cache: ResponseCache,
+        name: str,
+        artifact: str,
+        inputs: dict[str, np.ndarray],
+        wanted: list[str] | None,
+    ) -> Lookup:
+        """The request's key and its kept answer, if any. BLAKE2b lets go of the GIL: a
+        large input is digested on a worker thread, and the loop serves on meanwhile."""
+        started = self.loop.time()
+        if sum(array.nbytes for array in inputs.values()) > OFFLOAD_BYTES:
+            key = await asyncio.to_thread(cache.key, name, artifact, inputs, wanted)
+        else:
+            key = cache.key(name, artifact, inputs, wanted)
+        return Lookup(cache, key, inputs, cache.get(key), self.loop.time() - started)
+
+    def _answered_from_cache(self, lookup: Lookup, stats: ModelStats, arrived: float,
+                             caller: str, name: str, version: str) -> None:  # fmt: skip
+        """A hit: a success in the statistics, and a request with no compute in usage."""
+        assert lookup.kept is not None
+        stats.record_cache_hit(self.loop.time() - arrived, lookup.seconds)
+        if self.usage is not None:
+            self.usage.record(caller, name, version, "", nbytes(lookup.inputs),
+                              nbytes(lookup.kept))  # fmt: skip
+
+    def _keep(self, lookup: Lookup, outputs: dict[str, np.ndarray], stats: ModelStats) -> None:
+        """A miss, answered: its answer kept. The lookup and the keeping are the
+        miss's time."""
+        started = self.loop.time()
+        lookup.cache.put(lookup.key, outputs)
+        stats.cache_miss.add(lookup.seconds + self.loop.time() - started)
 
     def _ensemble_artifacts(self, ensemble: Ensemble, depth: int = 0) -> str:
         """What an ensemble's answer depends on: its version and each step model's
@@ -884,6 +897,18 @@ class Agent:
 
 
 MAX_ENSEMBLE_DEPTH = 4  # ensembles of ensembles, at most this deep
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A request looked up in the response cache: its key, its inputs, its kept
+    answer (None: a miss) and how long the lookup took."""
+
+    cache: ResponseCache
+    key: bytes
+    inputs: dict[str, np.ndarray]
+    kept: dict[str, np.ndarray] | None
+    seconds: float
 
 
 @dataclass(frozen=True)
