@@ -21,6 +21,7 @@ from edgeplex.agent.catalog.triton_config import (
     Message,
     PbtxtError,
     parse_pbtxt,
+    response_cache,
     triton_tensor,
 )
 from edgeplex.agent.oip.tensors import triton_type
@@ -117,8 +118,7 @@ def read_ensemble(model_dir: Path, known: set[str]) -> Ensemble:
     steps = _steps(data, known)
     waves = _waves(steps, {t.name for t in inputs}, {t.name for t in outputs})
     max_batch = int((data.get("max_batch_size") or [0])[-1])
-    cache = any(bool((c.get("enable") or [False])[-1]) for c in data.get("response_cache", []))
-    return Ensemble(name, "1", max_batch, inputs, outputs, waves, cache)
+    return Ensemble(name, "1", max_batch, inputs, outputs, waves, response_cache(data))
 
 
 def nesting_errors(ensembles: dict[str, Ensemble], max_depth: int) -> dict[str, str]:

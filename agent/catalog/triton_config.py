@@ -199,8 +199,8 @@ def triton_config(data: Message, model: str, directory: Path | None = None) -> T
     _parameters(data.get("parameters", []), out)
     out.sequence = sequence_spec(data.get("sequence_batching", []), directory)
     _sequence_batching(data.get("sequence_batching", []), out)
-    for cache in data.get("response_cache", []):
-        out.settings["response_cache"] = bool(_one(cache, "enable", False))
+    if "response_cache" in data:
+        out.settings["response_cache"] = response_cache(data)
     policy = data.get("model_transaction_policy") or [{}]
     if any(policy[-1].get("decoupled") or []):
         raise ValueError(f"{PBTXT_FILE}: decoupled models are not supported")
@@ -282,6 +282,12 @@ def _sequence_batching(blocks: list[Any], out: TritonConfig) -> None:
                         f"{PBTXT_FILE}: sequence_batching.{strategy}.{key} is not used: "
                         "a batch takes what is queued, one request of a sequence at a time"
                     )
+
+
+def response_cache(data: Message) -> bool:
+    """Whether a parsed config enables the response cache (`response_cache.enable`);
+    a model's and an ensemble's alike."""
+    return any(bool(_one(block, "enable", False)) for block in data.get("response_cache", []))
 
 
 def _instances(groups: list[Any], out: TritonConfig) -> None:
