@@ -26,10 +26,8 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import aiohttp
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
@@ -38,42 +36,24 @@ sys.path.insert(0, str(HERE.parent))
 from common import Agent  # noqa: E402
 
 from edgeplex.agent.catalog import demo  # noqa: E402
-from tests.support.load import binary_body, zipf_weights  # noqa: E402
+from tests.support.load import binary_body, closed_loop  # noqa: E402
 
 WIDTH, LAYERS, CALLERS = 1024, 4, 8
 
 
-async def drive(
+def drive(
     url: str, model: str, bodies: list, duration: float, seed: int, uniform: bool = False
 ) -> dict:
-    weights = np.full(len(bodies), 1 / len(bodies)) if uniform else zipf_weights(len(bodies))
-    latencies: list[float] = []
-    failed = 0
-    stop = time.perf_counter() + duration
-
-    async def caller(i: int, session: aiohttp.ClientSession) -> None:
-        nonlocal failed
-        picks = iter(np.random.default_rng(seed * 100 + i).choice(len(bodies), 10**6, p=weights))
-        while time.perf_counter() < stop:
-            data, headers = bodies[next(picks)]
-            sent = time.perf_counter()
-            async with session.post(f"{url}/v2/models/{model}/infer", data=data,
-                                    headers=headers) as reply:  # fmt: skip
-                await reply.read()
-            latencies.append(time.perf_counter() - sent)
-            failed += reply.status != 200
-
-    started = time.perf_counter()
-    connector = aiohttp.TCPConnector(limit=CALLERS)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(caller(i, session) for i in range(CALLERS)))
-    elapsed = time.perf_counter() - started
-    ms = sorted(x * 1000 for x in latencies)
+    """The closed loop the tests use (tests/support/load.py), its figures."""
+    shares = np.full(len(bodies), 1 / len(bodies)) if uniform else None
+    run = closed_loop(url, [model], CALLERS, duration, seed, bodies=bodies, body_weights=shares)
+    result = asyncio.run(run)
+    ms = sorted(x * 1000 for x in result.latencies)
     return {
-        "rps": len(ms) / elapsed,
+        "rps": len(ms) / result.elapsed,
         "p50_ms": ms[len(ms) // 2],
         "p99_ms": ms[int(len(ms) * 0.99)],
-        "failed": failed,
+        "failed": sum(n for code, n in result.codes.items() if code != 200),
     }
 
 
@@ -103,13 +83,12 @@ def main() -> None:
     url = f"http://{agent.http}"
     try:
         for model in ("cached", "plain"):  # loaded, and the runner's session warm
-            asyncio.run(drive(url, model, bodies[:1], 0.5, 0))
+            drive(url, model, bodies[:1], 0.5, 0)
         warm_hits, warm_served = cache_counts(agent)  # the warm-up's, not counted
         runs: dict[str, list[dict]] = {"plain": [], "cached": []}
         for r in range(args.rounds):
             for model in ("plain", "cached"):
-                run = drive(url, model, bodies, args.duration, r, args.uniform)
-                runs[model].append(asyncio.run(run))
+                runs[model].append(drive(url, model, bodies, args.duration, r, args.uniform))
         hits, served = cache_counts(agent)
         hits, served = hits - warm_hits, served - warm_served
     finally:

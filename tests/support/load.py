@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import aiohttp
 import numpy as np
@@ -66,12 +67,17 @@ async def closed_loop(
     seed: int,
     body: tuple[bytes, dict[str, str]] | None = None,
     keep_errors: int = 5,
+    bodies: list[tuple[bytes, dict[str, str]]] | None = None,
+    body_weights: np.ndarray | None = None,
 ) -> LoopResult:
     """`clients` callers that never pause for `duration` s against `url` (http://host:
     port), each picking a model by Zipf 1/rank over `models` (most requested first)
-    and sending `body` (default: one 64-wide row, binary, output in binary)."""
+    and sending `body` (default: one 64-wide row, binary, output in binary); or, given
+    `bodies`, one of them picked by `body_weights` (default: Zipf 1/rank)."""
     weights = zipf_weights(len(models))
-    data, headers = body or binary_body(np.full((1, 64), 0.5, np.float32), binary_output=True)
+    default = body or binary_body(np.full((1, 64), 0.5, np.float32), binary_output=True)
+    choices = bodies or [default]
+    shares = zipf_weights(len(choices)) if body_weights is None else body_weights
     result = LoopResult()
     started = time.perf_counter()
     stop = started + duration
@@ -79,8 +85,10 @@ async def closed_loop(
     async def caller(i: int, session: aiohttp.ClientSession) -> None:
         rng = np.random.default_rng(seed * 100 + i)
         picks = iter(rng.choice(len(models), 1_000_000, p=weights))
+        sends = iter(rng.choice(len(choices), 1_000_000, p=shares)) if bodies else repeat(0)
         while time.perf_counter() < stop:
             model = models[next(picks)]
+            data, headers = choices[next(sends)]
             sent = time.perf_counter()
             async with session.post(
                 f"{url}/v2/models/{model}/infer", data=data, headers=headers
