@@ -112,6 +112,15 @@ class ControlPlaneSettings(FileSettings):
         "somewhere must gain over what it displaces; room nothing else wants is filled "
         "without it.",
     )
+    forward_value: float = Field(
+        default=0.3,
+        ge=0,
+        le=1,
+        description="What placement counts a request served from another region within its "
+        "SLO as worth, against one served in its own region (then scaled by 1 - one-way "
+        "latency / SLO). Low values keep what a region's own clients ask for in the region; "
+        "1 spreads the catalog across regions for the sake of forwarding.",
+    )
     region_latency_ms: dict[str, float] = Field(
         default_factory=dict,
         description="One-way latency between regions, keyed 'a,b' (symmetric). A pair that is "

@@ -306,6 +306,7 @@ class Planner:
             current=current,
             current_staged=staged,
             churn_cost=settings.churn_cost,
+            forward_value=settings.forward_value,
         )
         return inp, sites, catalog, reports
 

@@ -10,7 +10,9 @@ Applying is idempotent:
 1. fetch each model's artifact into the content-addressed cache (sha256
    checked before use) and install it in the repository as
    `<repo>/<name>/<version>/model.onnx` (a symlink into the cache), atomically;
-2. load the `loaded` models (pinned ones pinned), stage the `staged` ones;
+2. load the `loaded` models (pinned ones pinned), stage the `staged` ones; a
+   model this site then loads because a request asked for it takes no room
+   from the `loaded` ones (agent/residency/planner.py);
 3. demote to `staged` every other loaded model that is not pinned locally.
 
 A model whose artifact cannot be fetched or verified, whatever the cause, is
@@ -142,6 +144,7 @@ class Reconciler:
         agent.discover()
         wanted_loaded = {dm.name for dm in installed if dm.tier == "loaded"}
         wanted_staged = {dm.name for dm in installed if dm.tier == "staged"}
+        residency.set_placed(wanted_loaded)
         # Make room first: demote what is no longer wanted here (after its admitted
         # requests are answered).
         for entry in residency.records():

@@ -173,6 +173,9 @@ class Ledger:
                         self.load_bytes(record, budget, smaller, pinned),
                         record.certain_bytes(smaller),
                     ),
+                    # Asked for by a request alone: neither placed here nor loaded
+                    # by placement or the operator.
+                    beside_plan=not (record.placed or record.explicit),
                 )
             )
         return loads
@@ -191,6 +194,7 @@ class Ledger:
             held=record.held_bytes,
             leases=record.leases,
             pinned=record.pinned,
+            placed=record.placed,
             in_sequence=record.holds > 0,
             hot=record.hot,
             priority=record.source.config.priority if record.source.config else 0,

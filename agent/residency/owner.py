@@ -282,6 +282,14 @@ class Residency:
         self._pump()
         return ticket
 
+    def set_placed(self, names: Collection[str]) -> None:
+        """The models the control plane's desired state loads at this site (all their
+        versions): loads of any other model take no room from them."""
+        wanted = set(names)
+        for record in self.ledger.all_records():
+            record.placed = record.name in wanted
+        self._pump()  # loads waiting beside the plan may be refused now
+
     def pin(self, name: str, pinned: bool) -> None:
         record = self.get(name)
         if record is None:

@@ -13,6 +13,12 @@ whole queue at once:
   deadlines bound); a load that fits beside the hot models (hot_set.py)
   takes its victims from the others, waiting for them if need be;
 - which loads can never fit (they need more than the budget minus the pins);
+- a load that only a request asked for, of a model the control plane's desired
+  state does not place at this site, takes its room from the models not
+  placed here (and is refused when the pins and the placed models leave too
+  little): what a site loads on its own lives in the room the plan leaves,
+  and never pushes out a model placement put there, whose requests would then
+  have nowhere in the region to go;
 - which loads start as a smaller variant: a model that accepts one loads as
   its smallest usable variant when its original would take room from others,
   or while room has been short lately;
@@ -52,6 +58,7 @@ class Slot:
     held: int  # device bytes held now (session or reservation)
     leases: int
     pinned: bool
+    placed: bool = False  # the desired state loads it here: room for it alone
     in_sequence: bool = False  # live sequences hold it: neither a victim nor swapped
     hot: bool = False  # promotions take room from it last (hot_set.py)
     priority: int = 0
@@ -73,6 +80,10 @@ class QueuedLoad:
     certain: int = 0  # the bytes it surely needs: above the budget's room, it is refused
     # A smaller usable variant it may load as instead: (form, needed, certain).
     smaller: tuple[str, int, int] | None = None
+    # A model this site loads on its own (a request asked for it; the control
+    # plane's desired state does not place it here): it takes no room from the
+    # placed models, and is refused when what they and the pins leave is too small.
+    beside_plan: bool = False
 
 
 @dataclass
@@ -109,6 +120,9 @@ def plan_room(
     leaving = sum(s.held if s.phase in LEAVING else s.leaving for s in slots)
     pinned = sum(s.held for s in slots if s.pinned and s.phase not in LEAVING)
     hot = sum(s.held for s in slots if s.hot and not s.pinned and s.phase not in LEAVING)
+    plan_kept = [s for s in slots if s.placed and not s.pinned and s.phase not in LEAVING]
+    placed = sum(s.held for s in plan_kept)  # room a load beside the plan may not take
+    placed_hot = sum(s.held for s in plan_kept if s.hot)
     counted = sum(1 for s in slots if s.phase in COUNTED)
     # Victims, and models swapped to a smaller form, come from these.
     movable = {s.key: s for s in slots if _may_leave(s) and not s.leaving}
@@ -116,23 +130,28 @@ def plan_room(
     claimed = 0  # bytes promised to earlier loads of the queue that wait for room
     for load in queue:
         needed, certain = load.needed, max(1, load.certain or load.needed)
+        kept = pinned + placed if load.beside_plan else pinned  # bytes it may not take
         # A variant when the original would take room from others or never fits, and
         # while room has been short lately (`pressed`): an original loaded into room
         # that an eviction just made would only push out the next model.
         squeezed = budget is not None and (
-            pressed or held + claimed + needed > budget or certain > budget - pinned
+            pressed or held + claimed + needed > budget or certain > budget - kept
         )
         if load.smaller is not None and squeezed:
             form, needed, certain = load.smaller
             plan.forms[load.key] = form
         if budget is not None:
-            if certain > budget - pinned:
+            if certain > budget - kept:
                 plan.refuse[load.key] = (
                     f"needs {certain} bytes of device memory; the budget is {budget} and "
                     f"pinned models hold {pinned}"
+                    if kept == pinned
+                    else f"needs {certain} bytes of device memory; the budget is {budget}, "
+                    f"pinned models hold {pinned} and the models placed at this site "
+                    f"{placed}, which a model it was not asked to hold takes no room from"
                 )
                 continue
-            needed = min(needed, budget - pinned)
+            needed = min(needed, budget - kept)
         if max_promotions is not None and promotions >= max_promotions:
             continue  # later: only loads that can never fit are answered now
         if not policy.evicts_on_demand:
@@ -166,8 +185,11 @@ def plan_room(
                 deficit -= slot.held - slot.smaller
         # Hot models make room only for a load that cannot fit beside them; the
         # others wait for colder models to drain, or for loads before them to settle.
-        beside_hot = hot and budget is not None and needed <= budget - pinned - hot
-        spare = _cold(movable) if beside_hot else movable
+        # A load beside the plan takes its victims from the models not placed here.
+        spare = {k: s for k, s in movable.items() if not s.placed} if load.beside_plan else movable
+        others_hot = hot - placed_hot if load.beside_plan else hot
+        beside_hot = others_hot and budget is not None and needed <= budget - kept - others_hot
+        spare = _cold(spare) if beside_hot else spare
         victims = _choose(spare, max(0, deficit), counted, policy, now, seen)
         if victims is None:
             break  # room comes later (loads settling, leases ending); first come, first served

@@ -156,6 +156,9 @@ class ModelRecord:
     leases: int = 0  # admitted requests on a serving model, until their response
     waiters: list[Ticket] = field(default_factory=list)  # tickets waiting for READY
     pinned: bool = False
+    # The control plane's desired state loads it at this site: a load of a model it
+    # does not place takes no room from it (planner.plan_room).
+    placed: bool = False
     # Live sequences of a stateful model (agent/batching/sequences.py): while any
     # hold it, a serving model is neither a victim nor swapped to a smaller form.
     holds: int = 0

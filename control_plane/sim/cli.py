@@ -47,6 +47,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="placement's hysteresis, req/s per GiB newly loaded (the control plane's churn_cost)",
     )  # fmt: skip
     p.add_argument(
+        "--forward-value", type=float, default=0.3,
+        help="what placement counts a request served from another region as worth, against "
+        "one served in its own (the control plane's forward_value)",
+    )  # fmt: skip
+    p.add_argument(
         "--history-days", type=float, default=None,
         help="the trace's first days only teach the forecaster (a fleet up for a while); "
         "every strategy is counted after them (default: 2 on traces of 4 days or more, else 0)",
@@ -139,6 +144,7 @@ def _run(args: argparse.Namespace) -> int:
         step_min=args.step_min,
         placement_period_min=args.placement_period_min,
         churn_cost=args.churn_cost,
+        forward_value=args.forward_value,
         model_overhead_bytes=parse_size(args.model_overhead),
         wan_mbps=args.wan_mbps,
         stage_mbps=args.stage_mbps,

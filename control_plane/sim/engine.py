@@ -53,6 +53,7 @@ class SimConfig:
     demand_half_life_s: float = 60.0  # the control plane's default
     forecast_horizon_s: float = 3600.0
     churn_cost: float = 1.0  # the control plane's default
+    forward_value: float = 0.3  # the control plane's default (placement.PlacementInput)
     # A site sees what its region's other sites load on demand (as if routes
     # listed them); off, as the agents run today, a model no site of the region
     # holds is loaded at each site its requests reach (sim.serving).
@@ -239,13 +240,19 @@ class _Fleet:
     def used(self, s: int) -> float:
         return float(self.size[self.holds[s]].sum())
 
+    def room_beside_plan(self, s: int) -> float:
+        """Device bytes at site s that what placement loaded there leaves: all an
+        agent loads on demand may take (it never evicts a placed model for one)."""
+        return float(self.memory[s] - self.size[self.placed[s] & self.holds[s]].sum())
+
     def load_on_demand(self, s: int, wanted: list[int], now: float) -> list[int]:
-        """Load `wanted` at site s, making room with the site's policy (one decision
-        for the batch, as a burst of promotions at an agent); returns what loaded."""
-        wanted = [m for m in wanted if self.size[m] <= self.memory[s]]
+        """Load `wanted` at site s, making room with the site's policy among the
+        models placement did not put there (one decision for the batch, as a burst
+        of promotions at an agent); returns what loaded. The caller leaves out what
+        is larger than `room_beside_plan`."""
         need = float(self.size[wanted].sum()) - (self.memory[s] - self.used(s))
         if need > 0:
-            held = np.nonzero(self.holds[s])[0]
+            held = np.nonzero(self.holds[s] & ~self.placed[s])[0]
             candidates = [
                 Candidate(
                     name=str(j),
@@ -438,6 +445,7 @@ def _apply_placement(state, out, sites, specs, demand, latency, config, catalog,
             latency_ms=latency,
             current=current,
             churn_cost=config.churn_cost,
+            forward_value=config.forward_value,
             search_limit=0,  # greedy only, as the control plane places large fleets
         )
     )

@@ -132,6 +132,12 @@ def serve_step(
                 batches.setdefault(i, []).append(m)
                 heapq.heappush(heap, (room + float(state.size[m]), i))
         for i, batch in batches.items():
+            # An agent refuses a load that only evicting placed models could make
+            # room for: its requests miss (planner.plan_room).
+            room = state.room_beside_plan(i)
+            batch = [m for m in batch if state.size[m] <= room]
+            if not batch:
+                continue
             # A site loads one model at a time (the agent's runner creates
             # sessions one after another): each waits for the loads before it.
             # What does not fit beside the rest is loaded in turn, evicting

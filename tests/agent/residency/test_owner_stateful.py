@@ -1,7 +1,7 @@
 """The residency owner under random events, with a fake effects sink: no
 processes, no event loop. Requests arrive and finish, loads and unloads finish
 (or fail) in any order, runners die and come back, the budget shrinks and
-grows, models are pinned and unpinned, time passes.
+grows, models are pinned and unpinned, placed and unplaced, time passes.
 
 Invariants after every step:
 - device bytes held by models that are staying never exceed the budget, and a
@@ -253,6 +253,12 @@ def test_random_events_keep_the_residency_invariants(sources):
         def pin(self, name: str, pinned: bool) -> None:
             self.owner.pin(name, pinned)
 
+        @rule(names=st.sets(st.sampled_from(MODELS)))
+        def placement(self, names: set[str]) -> None:
+            # A desired state: loads beside it take no room from these.
+            self.owner.set_placed(names)
+            self._collect()
+
         @rule(scale=st.floats(0.6, 1.4))
         def budget_changes(self, scale: float) -> None:
             self.owner.set_device_budget(int(self.budget * scale))
@@ -323,15 +329,21 @@ def test_random_events_keep_the_residency_invariants(sources):
             quiet = quiet and not self.held
             if quiet:
                 # A queued load either runs or can never fit now (pins and the budget
-                # leave no room); then only admitted requests keep it, until their
-                # deadlines.
+                # leave no room; for a load beside the plan, the placed models too);
+                # then only admitted requests keep it, until their deadlines.
                 budget = self.owner.limits.device_budget or 0
+                records = self.owner.ledger.all_records()
                 pinned = self.owner.ledger.pinned_bytes()
+                placed = sum(r.held_bytes for r in records if r.placed and not r.pinned)
+
+                def room(r: ModelRecord) -> int:
+                    beside_plan = not (r.placed or r.explicit)
+                    return budget - pinned - (placed if beside_plan else 0)
+
                 stuck = [
                     r.key
-                    for r in self.owner.ledger.all_records()
-                    if r.phase == Phase.QUEUED
-                    and (r.certain_bytes() <= budget - pinned or not r.waiters)
+                    for r in records
+                    if r.phase == Phase.QUEUED and (r.certain_bytes() <= room(r) or not r.waiters)
                 ]
                 assert not stuck, stuck
 

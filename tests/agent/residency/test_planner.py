@@ -84,6 +84,36 @@ def test_a_load_bigger_than_the_budget_beside_the_pins_is_refused():
     assert key("big") in plan.refuse and "pinned" in plan.refuse[key("big")]
 
 
+def test_a_load_beside_the_plan_takes_room_only_from_models_not_placed_here():
+    """A model a request alone asked for (the desired state does not place it at
+    this site) evicts the models the site loaded on its own, however cold the
+    placed ones are; a placed model's load may take room from either."""
+    placed = Slot(key("placed"), Phase.READY, 10 * MB, 0, False, placed=True, frequency=0.1)
+    slots = [placed, ready("own", freq=50)]
+    stray = QueuedLoad(key("stray"), 10 * MB, beside_plan=True)
+    plan = plan_room(slots, [stray], 20 * MB, GreedyDualSizeFrequency(), 0)
+    assert plan.unload == [key("own")] and not plan.refuse
+    planned = QueuedLoad(key("next"), 10 * MB)
+    plan = plan_room(slots, [planned], 20 * MB, GreedyDualSizeFrequency(), 0)
+    assert plan.unload == [key("placed")]  # the colder one
+
+
+def test_a_load_beside_the_plan_that_only_placed_models_could_make_room_for_is_refused():
+    """Refused at once, naming why, rather than waiting for room the plan never gives;
+    the loads behind it are not held back."""
+    slots = [
+        Slot(key("placed"), Phase.READY, 15 * MB, 0, False, placed=True, frequency=0.1),
+        ready("own", held=5 * MB, freq=50),
+    ]
+    queue = [
+        QueuedLoad(key("stray"), 8 * MB, beside_plan=True),
+        QueuedLoad(key("small"), 5 * MB, beside_plan=True),
+    ]
+    plan = plan_room(slots, queue, 20 * MB, GreedyDualSizeFrequency(), 0)
+    assert "placed at this site" in plan.refuse[key("stray")]
+    assert plan.unload == [key("own")] and key("placed") not in plan.unload + plan.drain
+
+
 def test_an_unconfirmed_measurement_above_the_budget_loads_in_the_whole_room():
     """The likely bytes exceed the budget (one noisy measurement), the certain bytes
     do not: every movable model makes room and the load runs, to be measured again."""
