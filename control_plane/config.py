@@ -106,7 +106,7 @@ class ControlPlaneSettings(FileSettings):
         "move before a region's peak. 0: place from observed demand only.",
     )
     churn_cost: float = Field(
-        default=1.0,
+        default=2.0,
         ge=0,
         description="Hysteresis of placement: requests/s of demand that loading one more GiB "
         "somewhere must gain over what it displaces; room nothing else wants is filled "

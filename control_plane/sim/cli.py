@@ -43,7 +43,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--placement-period-min", type=int, default=5, help="simulated minutes between placements"
     )
     p.add_argument(
-        "--churn-cost", type=float, default=1.0,
+        "--churn-cost", type=float, default=2.0,
         help="placement's hysteresis, req/s per GiB newly loaded (the control plane's churn_cost)",
     )  # fmt: skip
     p.add_argument(

@@ -52,7 +52,7 @@ class SimConfig:
     placement_period_min: int = 5
     demand_half_life_s: float = 60.0  # the control plane's default
     forecast_horizon_s: float = 3600.0
-    churn_cost: float = 1.0  # the control plane's default
+    churn_cost: float = 2.0  # the control plane's default
     forward_value: float = 0.3  # the control plane's default (placement.PlacementInput)
     # A site sees what its region's other sites load on demand (as if routes
     # listed them); off, as the agents run today, a model no site of the region
