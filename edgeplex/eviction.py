@@ -29,6 +29,20 @@ from typing import Literal, Protocol
 
 PolicyName = Literal["gdsf", "lru", "ttl", "none"]
 
+# In a fleet, a model the control plane placed at a site is kept there against
+# the loads of models only a request asked for when its promotion takes longer
+# than this: evicting it would send its requests out of the region, or make
+# them wait for it to come back, until the next placement, and a stream of
+# requests for the catalog's tail would empty the site of its plan. A placed
+# model that comes back faster costs its requests no more than a short wait, so
+# a site with room for few cheap models still swaps between them freely.
+PLACED_KEPT_OVER_S = 0.05
+
+
+def kept_for_plan(placed: bool, promote_s: float) -> bool:
+    """Whether a load that only a request asked for may not take this model's room."""
+    return placed and promote_s > PLACED_KEPT_OVER_S
+
 
 @dataclass(slots=True)  # a value, not frozen only for speed (planner.py)
 class Candidate:

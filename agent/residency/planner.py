@@ -14,11 +14,11 @@ whole queue at once:
   takes its victims from the others, waiting for them if need be;
 - which loads can never fit (they need more than the budget minus the pins);
 - a load that only a request asked for, of a model the control plane's desired
-  state does not place at this site, takes its room from the models not
-  placed here (and is refused when the pins and the placed models leave too
-  little): what a site loads on its own lives in the room the plan leaves,
-  and never pushes out a model placement put there, whose requests would then
-  have nowhere in the region to go;
+  state does not place at this site, takes no room from the placed models
+  whose promotion is slow (eviction.kept_for_plan), and is refused when the
+  pins and those leave too little: what a site loads on its own lives in the
+  room the plan leaves, and never pushes out a model placement put there
+  whose requests would then leave the region until the next placement;
 - which loads start as a smaller variant: a model that accepts one loads as
   its smallest usable variant when its original would take room from others,
   or while room has been short lately;
@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edgeplex.agent.residency.state import ModelKey, Phase
-from edgeplex.eviction import Candidate, EvictionPolicy
+from edgeplex.eviction import Candidate, EvictionPolicy, kept_for_plan
 
 # Slot, QueuedLoad and Candidate are values, never changed once built, but not
 # frozen: a plan builds one of each per model after nearly every event, and a
@@ -120,7 +120,11 @@ def plan_room(
     leaving = sum(s.held if s.phase in LEAVING else s.leaving for s in slots)
     pinned = sum(s.held for s in slots if s.pinned and s.phase not in LEAVING)
     hot = sum(s.held for s in slots if s.hot and not s.pinned and s.phase not in LEAVING)
-    plan_kept = [s for s in slots if s.placed and not s.pinned and s.phase not in LEAVING]
+    plan_kept = [
+        s
+        for s in slots
+        if kept_for_plan(s.placed, s.promote_s) and not s.pinned and s.phase not in LEAVING
+    ]
     placed = sum(s.held for s in plan_kept)  # room a load beside the plan may not take
     placed_hot = sum(s.held for s in plan_kept if s.hot)
     counted = sum(1 for s in slots if s.phase in COUNTED)
@@ -186,7 +190,11 @@ def plan_room(
         # Hot models make room only for a load that cannot fit beside them; the
         # others wait for colder models to drain, or for loads before them to settle.
         # A load beside the plan takes its victims from the models not placed here.
-        spare = {k: s for k, s in movable.items() if not s.placed} if load.beside_plan else movable
+        spare = (
+            {k: s for k, s in movable.items() if not kept_for_plan(s.placed, s.promote_s)}
+            if load.beside_plan
+            else movable
+        )
         others_hot = hot - placed_hot if load.beside_plan else hot
         beside_hot = others_hot and budget is not None and needed <= budget - kept - others_hot
         spare = _cold(spare) if beside_hot else spare

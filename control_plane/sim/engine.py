@@ -36,6 +36,7 @@ from edgeplex.control_plane.sim.serving import serve_step
 from edgeplex.control_plane.sim.spec import Catalog, FleetSpec
 from edgeplex.control_plane.sim.traces import DemandSource
 from edgeplex.eviction import (
+    PLACED_KEPT_OVER_S,
     Candidate,
     EvictionPolicy,
     GreedyDualSizeFrequency,
@@ -242,8 +243,13 @@ class _Fleet:
 
     def room_beside_plan(self, s: int) -> float:
         """Device bytes at site s that what placement loaded there leaves: all an
-        agent loads on demand may take (it never evicts a placed model for one)."""
-        return float(self.memory[s] - self.size[self.placed[s] & self.holds[s]].sum())
+        agent loads on demand may take (it never evicts a slow placed model for one)."""
+        return float(self.memory[s] - self.size[self.kept_for_plan(s) & self.holds[s]].sum())
+
+    def kept_for_plan(self, s: int) -> np.ndarray:
+        """[M]: the placed models at site s a load on demand may not evict (their
+        promotion is slow: eviction.kept_for_plan)."""
+        return self.placed[s] & (self.load_s > PLACED_KEPT_OVER_S)
 
     def load_on_demand(self, s: int, wanted: list[int], now: float) -> list[int]:
         """Load `wanted` at site s, making room with the site's policy among the
@@ -252,7 +258,7 @@ class _Fleet:
         is larger than `room_beside_plan`."""
         need = float(self.size[wanted].sum()) - (self.memory[s] - self.used(s))
         if need > 0:
-            held = np.nonzero(self.holds[s] & ~self.placed[s])[0]
+            held = np.nonzero(self.holds[s] & ~self.kept_for_plan(s))[0]
             candidates = [
                 Candidate(
                     name=str(j),

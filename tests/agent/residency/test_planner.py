@@ -88,8 +88,9 @@ def test_a_load_beside_the_plan_takes_room_only_from_models_not_placed_here():
     """A model a request alone asked for (the desired state does not place it at
     this site) evicts the models the site loaded on its own, however cold the
     placed ones are; a placed model's load may take room from either."""
-    placed = Slot(key("placed"), Phase.READY, 10 * MB, 0, False, placed=True, frequency=0.1)
-    slots = [placed, ready("own", freq=50)]
+    placed = Slot(key("placed"), Phase.READY, 10 * MB, 0, False, placed=True, frequency=0.1,
+                  promote_s=1.0)  # fmt: skip
+    slots = [placed, ready("own", freq=1e6)]  # far hotter than the placed one
     stray = QueuedLoad(key("stray"), 10 * MB, beside_plan=True)
     plan = plan_room(slots, [stray], 20 * MB, GreedyDualSizeFrequency(), 0)
     assert plan.unload == [key("own")] and not plan.refuse
@@ -102,7 +103,9 @@ def test_a_load_beside_the_plan_that_only_placed_models_could_make_room_for_is_r
     """Refused at once, naming why, rather than waiting for room the plan never gives;
     the loads behind it are not held back."""
     slots = [
-        Slot(key("placed"), Phase.READY, 15 * MB, 0, False, placed=True, frequency=0.1),
+        Slot(
+            key("placed"), Phase.READY, 15 * MB, 0, False, placed=True, frequency=0.1, promote_s=1.0
+        ),
         ready("own", held=5 * MB, freq=50),
     ]
     queue = [
@@ -112,6 +115,16 @@ def test_a_load_beside_the_plan_that_only_placed_models_could_make_room_for_is_r
     plan = plan_room(slots, queue, 20 * MB, GreedyDualSizeFrequency(), 0)
     assert "placed at this site" in plan.refuse[key("stray")]
     assert plan.unload == [key("own")] and key("placed") not in plan.unload + plan.drain
+
+
+def test_a_placed_model_that_comes_back_at_once_is_swapped_like_any_other():
+    """Promotions faster than eviction.PLACED_KEPT_OVER_S cost a request little: a
+    small site swaps its placed models for the ones its requests ask for."""
+    cheap = Slot(key("placed"), Phase.READY, 10 * MB, 0, False, placed=True, frequency=0.1,
+                 promote_s=0.001)  # fmt: skip
+    stray = QueuedLoad(key("stray"), 10 * MB, beside_plan=True)
+    plan = plan_room([cheap, ready("own", freq=50)], [stray], 20 * MB, GreedyDualSizeFrequency(), 0)
+    assert plan.unload == [key("placed")] and not plan.refuse
 
 
 def test_an_unconfirmed_measurement_above_the_budget_loads_in_the_whole_room():
