@@ -53,6 +53,7 @@ def status(
                 "isolation": e.config.isolation if e.source.config else None,
                 "priority": e.config.priority if e.source.config else None,
                 "pinned": e.pinned,
+                "placed": e.placed,  # the fleet's desired state loads it here
                 "hot": e.hot,
                 "warnings": list(e.source.warnings),
             }

@@ -112,6 +112,9 @@ def test_agents_join_and_load_what_placement_says(fleet: Fleet) -> None:
         agent = fleet.agents[site]
         wait_until(lambda a=agent: agent_tier(a, "base") == "loaded", what=f"base loaded at {site}")
         assert infer(agent, "base").shape == (1, 64)
+        # Placed: a model only a request asks for there takes no room from it.
+        _, body = agent.http_get("/edgeplex/v1/status")
+        assert {e["name"]: e["placed"] for e in json.loads(body)}["base"] is True
     sites = fleet.call("ListSites", pb.ListSitesRequest()).sites  # type: ignore[attr-defined]
     assert {(s.site_id, s.region, s.up) for s in sites} == {("a1", "a", True), ("b1", "b", True)}
     lines = fleet.call("ExplainPlacement", pb.ModelName(name="base")).lines  # type: ignore[attr-defined]

@@ -3,7 +3,7 @@ rig (3 regions x 2 sites, 30x faster, the control loop's periods scaled alike)
 and in the simulator; served-in-region share and cold starts agree within 10%.
 
 The goal is the median of five replays with the agents' defaults (bench/
-sim_vs_rig.py --replays 5: 1.03 and 1.02, docs/benchmarks.md). One replay is
+sim_vs_rig.py --replays 5: 1.02 and 1.07, docs/benchmarks.md). One replay is
 what the suite has time for, so this test runs the agents with kept mappings
 off, where the rig's cold starts vary least (679-707 in three replays, against
 624-738 with them on): a guard on the simulator's fidelity that does not fail
