@@ -58,7 +58,7 @@ class Slot:
     held: int  # device bytes held now (session or reservation)
     leases: int
     pinned: bool
-    placed: bool = False  # the desired state loads it here: room for it alone
+    placed: bool = False  # the desired state loads it here (eviction.kept_for_plan)
     in_sequence: bool = False  # live sequences hold it: neither a victim nor swapped
     hot: bool = False  # promotions take room from it last (hot_set.py)
     priority: int = 0
@@ -82,7 +82,8 @@ class QueuedLoad:
     smaller: tuple[str, int, int] | None = None
     # A model this site loads on its own (a request asked for it; the control
     # plane's desired state does not place it here): it takes no room from the
-    # placed models, and is refused when what they and the pins leave is too small.
+    # placed models kept for the plan, and is refused when what they and the pins
+    # leave is too small.
     beside_plan: bool = False
 
 
