@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from edgeplex.control_plane.placement import CHURN_COST, FORWARD_VALUE
 from edgeplex.logs import LogFormat
 from edgeplex.settings import (
     ArtifactDeadline,
@@ -106,14 +107,14 @@ class ControlPlaneSettings(FileSettings):
         "move before a region's peak. 0: place from observed demand only.",
     )
     churn_cost: float = Field(
-        default=2.0,
+        default=CHURN_COST,
         ge=0,
         description="Hysteresis of placement: requests/s of demand that loading one more GiB "
         "somewhere must gain over what it displaces; room nothing else wants is filled "
         "without it.",
     )
     forward_value: float = Field(
-        default=0.3,
+        default=FORWARD_VALUE,
         ge=0,
         le=1,
         description="What placement counts a request served from another region within its "

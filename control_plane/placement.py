@@ -19,8 +19,8 @@ that gains less than the cost of moving bytes keeps what it has
 (hysteresis). `forward_value` (0.3 by default) is below 1 because the
 fleet's goal is service in the client's own region: at 1, a region leaves
 out the models a neighbour holds, and its clients pay a round trip for them
-whenever the neighbour has headroom (on the simulator's standard fleet,
-0.3 rather than 1 served 95% in region with 30 GPUs where 1 needed 38).
+whenever the neighbour has headroom (one simulated standard day on 35 GPUs:
+95.82% served in region at 0.3, 94.13% at 1; docs/lab-notebook.md).
 
 Constraints: a site's loaded models fit its device budget; models are placed
 only at sites that are up, not cordoned (except what they already hold) and
@@ -54,6 +54,9 @@ from edgeplex.control_plane.replicas import region_capacity, replica_plan
 from edgeplex.control_plane.staging import staged_models
 
 GiB = 1024**3
+# The control plane's defaults (config.py), which the simulator places with too.
+CHURN_COST = 2.0
+FORWARD_VALUE = 0.3
 SWAP_SEARCH_LIMIT = 50_000  # sites x models up to which local search runs
 
 
@@ -99,7 +102,7 @@ class PlacementInput:
     # one served in its own: the nearer region's weight 1 - latency/slo is scaled
     # by it. Below 1, a region keeps what its own clients ask for before what a
     # neighbour could answer for them.
-    forward_value: float = 0.3
+    forward_value: float = FORWARD_VALUE
     # Replicas of a hot model keep each under the target, and are removed only
     # when they would all run under the floor (replicas.py).
     utilization_target: float = 0.8

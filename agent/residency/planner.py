@@ -128,6 +128,7 @@ def plan_room(
     ]
     placed = sum(s.held for s in plan_kept)  # room a load beside the plan may not take
     placed_hot = sum(s.held for s in plan_kept if s.hot)
+    kept_keys = {s.key for s in plan_kept}
     counted = sum(1 for s in slots if s.phase in COUNTED)
     # Victims, and models swapped to a smaller form, come from these.
     movable = {s.key: s for s in slots if _may_leave(s) and not s.leaving}
@@ -147,13 +148,12 @@ def plan_room(
             plan.forms[load.key] = form
         if budget is not None:
             if certain > budget - kept:
+                why = f"needs {certain} bytes of device memory; the budget is {budget}"
                 plan.refuse[load.key] = (
-                    f"needs {certain} bytes of device memory; the budget is {budget} and "
-                    f"pinned models hold {pinned}"
+                    f"{why} and pinned models hold {pinned}"
                     if kept == pinned
-                    else f"needs {certain} bytes of device memory; the budget is {budget}, "
-                    f"pinned models hold {pinned} and the models placed at this site "
-                    f"{placed}, which a model it was not asked to hold takes no room from"
+                    else f"{why}, pinned models hold {pinned} and the models placed at this "
+                    f"site {placed}, which a model it was not asked to hold takes no room from"
                 )
                 continue
             needed = min(needed, budget - kept)
@@ -192,8 +192,8 @@ def plan_room(
         # others wait for colder models to drain, or for loads before them to settle.
         # A load beside the plan takes its victims from the models not placed here.
         spare = (
-            {k: s for k, s in movable.items() if not kept_for_plan(s.placed, s.promote_s)}
-            if load.beside_plan
+            {k: s for k, s in movable.items() if k not in kept_keys}
+            if load.beside_plan and kept_keys
             else movable
         )
         others_hot = hot - placed_hot if load.beside_plan else hot

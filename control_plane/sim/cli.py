@@ -43,13 +43,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--placement-period-min", type=int, default=5, help="simulated minutes between placements"
     )
     p.add_argument(
-        "--churn-cost", type=float, default=2.0,
-        help="placement's hysteresis, req/s per GiB newly loaded (the control plane's churn_cost)",
+        "--churn-cost", type=float, default=None,
+        help="placement's hysteresis, req/s per GiB newly loaded (default: the control "
+        "plane's churn_cost)",
     )  # fmt: skip
     p.add_argument(
-        "--forward-value", type=float, default=0.3,
+        "--forward-value", type=float, default=None,
         help="what placement counts a request served from another region as worth, against "
-        "one served in its own (the control plane's forward_value)",
+        "one served in its own (default: the control plane's forward_value)",
     )  # fmt: skip
     p.add_argument(
         "--history-days", type=float, default=None,
@@ -143,8 +144,8 @@ def _run(args: argparse.Namespace) -> int:
     config = SimConfig(
         step_min=args.step_min,
         placement_period_min=args.placement_period_min,
-        churn_cost=args.churn_cost,
-        forward_value=args.forward_value,
+        churn_cost=SimConfig.churn_cost if args.churn_cost is None else args.churn_cost,
+        forward_value=SimConfig.forward_value if args.forward_value is None else args.forward_value,
         model_overhead_bytes=parse_size(args.model_overhead),
         wan_mbps=args.wan_mbps,
         stage_mbps=args.stage_mbps,

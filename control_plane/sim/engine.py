@@ -31,7 +31,14 @@ import numpy as np
 
 from edgeplex.control_plane.demand import ewma
 from edgeplex.control_plane.forecast import Forecaster
-from edgeplex.control_plane.placement import ModelSpec, PlacementInput, SiteInfo, place
+from edgeplex.control_plane.placement import (
+    CHURN_COST,
+    FORWARD_VALUE,
+    ModelSpec,
+    PlacementInput,
+    SiteInfo,
+    place,
+)
 from edgeplex.control_plane.sim.serving import serve_step
 from edgeplex.control_plane.sim.spec import Catalog, FleetSpec
 from edgeplex.control_plane.sim.traces import DemandSource
@@ -53,8 +60,8 @@ class SimConfig:
     placement_period_min: int = 5
     demand_half_life_s: float = 60.0  # the control plane's default
     forecast_horizon_s: float = 3600.0
-    churn_cost: float = 2.0  # the control plane's default
-    forward_value: float = 0.3  # the control plane's default (placement.PlacementInput)
+    churn_cost: float = CHURN_COST  # the control plane's defaults
+    forward_value: float = FORWARD_VALUE
     # A site sees what its region's other sites load on demand (as if routes
     # listed them); off, as the agents run today, a model no site of the region
     # holds is loaded at each site its requests reach (sim.serving).

@@ -39,7 +39,7 @@ from edgeplex.agent.residency.state import (
     Tier,
 )
 from edgeplex.agent.residency.tickets import Ticket
-from edgeplex.eviction import GreedyDualSizeFrequency, LeastRecentlyUsedByCount
+from edgeplex.eviction import GreedyDualSizeFrequency, LeastRecentlyUsedByCount, kept_for_plan
 
 MODELS = ["a", "b", "c", "d", "e"]
 WIDTHS = {"a": 256, "b": 256, "c": 384, "d": 512, "e": 128}
@@ -334,7 +334,11 @@ def test_random_events_keep_the_residency_invariants(sources):
                 budget = self.owner.limits.device_budget or 0
                 records = self.owner.ledger.all_records()
                 pinned = self.owner.ledger.pinned_bytes()
-                placed = sum(r.held_bytes for r in records if r.placed and not r.pinned)
+                placed = sum(
+                    s.held
+                    for s in self.owner.ledger.slots()
+                    if kept_for_plan(s.placed, s.promote_s) and not s.pinned
+                )
 
                 def room(r: ModelRecord) -> int:
                     beside_plan = not (r.placed or r.explicit)
