@@ -25,6 +25,7 @@ no moves, loads on demand or forwarding after.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,9 @@ from edgeplex.eviction import (
 )
 
 STRATEGIES = ("lru", "static", "reactive", "forecast")
+# A miss for a model that placement puts in the miss's region within this many
+# minutes counts as placement's lag (`Outcome.placed_late`).
+LAG_WINDOW_MIN = 60
 TRACE_EPOCH = 4 * 86400.0  # unix time of the trace's minute 0: Monday 1970-01-05 00:00 UTC
 
 
@@ -94,6 +98,9 @@ class Timeline:
     cold_by_region: list[np.ndarray] = field(default_factory=list)  # [step][region]
     # Requests that found no holder in their region (cold-started or forwarded).
     missed_by_region: list[np.ndarray] = field(default_factory=list)  # [step][region]
+    # ... of them, those for a model placement put in their region within the hour
+    # after (`_Lag`): what placing it sooner would have served there.
+    placed_late_by_region: list[np.ndarray] = field(default_factory=list)  # [step][region]
     start_min: int = 0  # the trace minute of the first step recorded (after the warm-up)
 
 
@@ -110,6 +117,9 @@ class Outcome:
     models_cached: int = 0  # (model, hour) pairs whose holders loads on demand changed
     bytes_moved: int = 0
     bytes_downloaded: int = 0  # artifacts fetched to sites that had no copy
+    # Requests that found no holder in their region, for a model placement put
+    # there within LAG_WINDOW_MIN after: placement's lag behind demand.
+    placed_late: float = 0.0
     hours: float = 0.0
     timeline: Timeline = field(default_factory=Timeline)
 
@@ -128,7 +138,44 @@ class Outcome:
             / max(n_models, 1),
             "bytes_moved": self.bytes_moved,
             "bytes_downloaded": self.bytes_downloaded,
+            "placed_late": self.placed_late / total,
         }
+
+
+class _Lag:
+    """Placement's lag behind demand: the requests that found no holder in their
+    region for a model that placement then put there within `window_min`. The
+    misses of each placement period in the window are kept per (region, model);
+    when a placement puts a model in a region, the misses kept for that pair are
+    counted (once), and added to the timeline rows of the steps they came from."""
+
+    def __init__(self, shape: tuple[int, int], period_min: int, window_min: int) -> None:
+        self.shape = shape
+        # (first timeline row, steps, misses [R, M]) per placement period.
+        self.periods: deque[tuple[int, list[int], np.ndarray]] = deque(
+            maxlen=max(1, window_min // max(period_min, 1))
+        )
+        self.total = 0.0
+
+    def open(self, row: int) -> None:
+        """A placement period starts, its first step at timeline row `row`."""
+        self.periods.append((row, [0], np.zeros(self.shape)))
+
+    def add(self, missed: np.ndarray) -> None:
+        """One step's misses [R, M]."""
+        _row, steps, misses = self.periods[-1]
+        steps[0] += 1
+        misses += missed
+
+    def placed(self, new: np.ndarray, rows: list[np.ndarray] | None) -> None:
+        """`new` [R, M]: the models a placement has just put in each region."""
+        for first, (steps,), misses in self.periods:
+            per_region = np.where(new, misses, 0.0).sum(axis=1)
+            misses[new] = 0.0
+            self.total += float(per_region.sum())
+            if rows is not None and steps:
+                for row in rows[first : first + steps]:
+                    row += per_region / steps
 
 
 class _Fleet:
@@ -185,6 +232,7 @@ class _Fleet:
         self.wanted = np.zeros((n_s, n_m), dtype=bool)  # placement's staged lists
         self.bytes_downloaded = 0
         self.util = np.zeros(n_s)  # each site's utilisation in the last step
+        self.missed = np.zeros((n_r, n_m))  # the last step's requests no region site held
         # Loads take time: when each (site, model) is promoted and serving, and when
         # each site's queue of loads (one at a time) is done.
         self.ready_at = np.zeros((n_s, n_m))
@@ -369,6 +417,9 @@ def simulate(
     period_start = start_min
     step = config.step_min
     counting, hour, placed_at = False, 0, start_min
+    rows = out.timeline.placed_late_by_region if record else None
+    lag = _Lag(period_requests.shape, config.placement_period_min, LAG_WINDOW_MIN)
+    lag.open(0)
     for t in range(start_min, minutes, step):
         now = TRACE_EPOCH + t * 60.0
         if not counting and t >= start_min + config.warmup_min:  # count from here on
@@ -378,6 +429,9 @@ def simulate(
             state.bytes_loaded = state.bytes_downloaded = 0
             state.moved[:] = state.cached[:] = False
             hour = t // 60
+            rows = out.timeline.placed_late_by_region if record else None
+            lag = _Lag(period_requests.shape, config.placement_period_min, LAG_WINDOW_MIN)
+            lag.open(0)
         elif counting and t // 60 != hour:
             hour = t // 60
             out.models_moved += int(state.moved.sum())
@@ -396,7 +450,10 @@ def simulate(
                 if strategy == "forecast"
                 else demand_seen
             )
+            in_region = state.onehot @ state.placed > 0
             _apply_placement(state, out, sites, specs, planned, latency, config, catalog, now)
+            lag.placed((state.onehot @ state.placed > 0) & ~in_region, rows)
+            lag.open(len(rows) if rows is not None else 0)
             period_requests[:] = 0.0
             period_start = t
         requests = trace.demand(t, step)
@@ -406,10 +463,15 @@ def simulate(
             config.siblings_see_loads, loads_on_demand=strategy != "static",
             region_rtt_ms=config.region_rtt_ms,
         )  # fmt: skip
+        if rows is not None:
+            rows.append(np.zeros(len(state.regions)))
+        if central:
+            lag.add(state.missed)
     out.models_moved += int(state.moved.sum())
     out.models_cached += int(state.cached.sum())
     out.bytes_moved = state.bytes_loaded
     out.bytes_downloaded = state.bytes_downloaded
+    out.placed_late = lag.total
     return out
 
 

@@ -31,10 +31,14 @@ GOALS = (
         ">=",
         0.1,
     ),
-    # ... and fewer requests at a region's peak onset finding no holder there.
+    # ... and fewer requests at a region's peak onset finding no holder there yet:
+    # for a model placement put in their region within the hour after. (The rest
+    # of the misses at peak onset are for models no placement held in the region
+    # then; `misses_peak_onset` counts them all.)
     (
-        "peak_onset_misses_cut",
-        "requests at peak onset with no holder in their region, cut against reactive",
+        "peak_onset_placed_late_cut",
+        "requests at peak onset finding their model not yet placed in their region, "
+        "cut against reactive",
         ">=",
         0.05,
     ),
@@ -48,8 +52,8 @@ def goals(report: dict[str, object]) -> list[dict[str, object]]:
     baselines = [report[k]["gpus"] for k in ("lru", "static")]  # type: ignore[index]
     best = min((g for g in baselines if g is not None), default=None)
     equal: dict = report["equal_size"]  # type: ignore[assignment]
-    reactive_onset = equal["reactive"]["misses_peak_onset"]
-    forecast_onset = equal["forecast"]["misses_peak_onset"]
+    reactive_onset = equal["reactive"]["placed_late_peak_onset"]
+    forecast_onset = equal["forecast"]["placed_late_peak_onset"]
     reactive_gpus = report["reactive"]["gpus"]  # type: ignore[index]
     more_served = 100 * (
         equal["forecast"]["served_in_region_within_slo"]
@@ -67,7 +71,9 @@ def goals(report: dict[str, object]) -> list[dict[str, object]]:
             if reactive_gpus is not None and f["gpus"] is not None and reactive_gpus != f["gpus"]
             else more_served
         ),
-        "peak_onset_misses_cut": (1 - forecast_onset / reactive_onset) if reactive_onset else 0.0,
+        "peak_onset_placed_late_cut": (
+            1 - forecast_onset / reactive_onset if reactive_onset else 0.0
+        ),
     }
     out = []
     for key, text, op, bound in GOALS:
@@ -169,7 +175,8 @@ def _fmt(value: object) -> str:
 
 def _html(report: dict[str, object], plots: list[tuple[str, str]]) -> str:
     columns = ("gpus", "served_in_region_within_slo", "forwarded", "cold_starts",
-               "cold_starts_peak_onset", "misses_peak_onset", "churn_per_hour",
+               "cold_starts_peak_onset", "misses_peak_onset", "placed_late_peak_onset",
+               "churn_per_hour",
                "on_demand_churn_per_hour", "bytes_moved", "bytes_downloaded")  # fmt: skip
     rows = "".join(
         f"<tr><th>{name}</th>"

@@ -79,6 +79,7 @@ def serve_step(
     rs, ms = np.nonzero(wanted & (holders == 0))
     missed = np.zeros(n_r)
     np.add.at(missed, rs, requests[rs, ms])
+    state.missed = np.where(holders == 0, requests, 0.0)  # [R, M], for the engine's lag
     if central and rs.size:  # route each miss as its agent would
         with_headroom = state.onehot @ (state.holds & (state.util < 1.0)[:, None])
         sent, nearest = forward_choice(

@@ -95,6 +95,14 @@ class FleetSpec(BaseModel):
         ]
         return self.model_copy(update={"sites": groups})
 
+    def more_one(self, region: str) -> FleetSpec:
+        """The same fleet with one site more in `region` (in its largest group)."""
+        largest = max((g for g in self.sites if g.region == region), key=lambda g: g.count)
+        groups = [
+            g.model_copy(update={"count": g.count + 1}) if g is largest else g for g in self.sites
+        ]
+        return self.model_copy(update={"sites": groups})
+
     @property
     def gpus(self) -> int:
         return sum(g.count for g in self.sites)

@@ -13,8 +13,13 @@ group scaled by one factor, one GPU per site), then site by site: one site
 fewer in each region in turn, kept while the target still holds, until no
 region can lose one. Each candidate is simulated over `search_days` at
 `search_step_min` steps (coarser than the final run, so the search stays
-cheap). At that size the strategy is then simulated over the
-whole trace at `step_min`, which gives the figures reported. Two counts need
+cheap). Coarse steps misjudge a fleet at the margin (over the standard week,
+15-minute steps sized both central strategies at 34 GPUs where 1-minute steps
+find 31 and 32 enough), so the size found is then refined over the same days
+at the final run's `step_min`: grown a site at a time while it misses the
+target, then trimmed site by site again. At that size the strategy is
+simulated over the whole trace at `step_min`, which gives the figures
+reported. Two counts need
 no simulation: the lower bound (sim/bound.py: no placement can do with fewer)
 and `dedicated` (one model per GPU: in each region where a model has demand,
 the GPUs its regional peak needs), kept as context.
@@ -59,6 +64,8 @@ class Study:
     log: Callable[[str], None] = lambda line: print(line, flush=True)
     bound_cell_min: int = 15  # the lower bound's grid
     history_min: int = 0  # the forecaster learns from these; counted after them
+    # Sizes found at `search_step_min` made exact at the final run's steps (`refine`).
+    refine: bool = True
 
 
 @dataclass
@@ -82,22 +89,8 @@ def size_strategy(study: Study, strategy: str, peak: np.ndarray | None = None) -
     )
     step = study.search_step_min
     period = max(study.config.placement_period_min, step)
-    search = replace(study.config, step_min=step, placement_period_min=period)
-    cache: dict[tuple[int, ...], float] = {}
-
-    def evaluate(fleet: FleetSpec) -> float:
-        key = tuple(g.count for g in fleet.sites)
-        if key not in cache:
-            started = time.perf_counter()
-            outcome = simulate(
-                fleet, study.catalog, study.trace, minutes, strategy, search, False, peak, start
-            )
-            cache[key] = served(outcome)
-            study.log(
-                f"  {strategy}: {fleet.gpus} GPUs {list(key)} -> {served(outcome):.2%} in "
-                f"region within SLO ({time.perf_counter() - started:.1f} s)"
-            )
-        return cache[key]
+    coarse = replace(study.config, step_min=step, placement_period_min=period)
+    evaluate = _evaluator(study, strategy, peak, coarse, minutes)
 
     def trial(factor: float) -> tuple[int, float]:
         fleet = study.fleet.scaled(factor)
@@ -124,11 +117,54 @@ def size_strategy(study: Study, strategy: str, peak: np.ndarray | None = None) -
         else:
             lo = mid
     fleet = trim(study.fleet.scaled(hi), lambda f: evaluate(f) >= study.target)
+    if study.refine and coarse != study.config:
+        fine = _evaluator(study, strategy, peak, study.config, minutes)
+        fleet = refine(fleet, lambda f: fine(f) >= study.target, study.fleet.scaled(MAX_SCALE).gpus)
     final = simulate(
         fleet, study.catalog, study.trace, study.minutes, strategy, study.config,
         peak_rps=peak, start_min=start,
     )  # fmt: skip
     return Sized(strategy, fleet.gpus, fleet, final)
+
+
+def _evaluator(
+    study: Study, strategy: str, peak: np.ndarray | None, config: SimConfig, minutes: int
+) -> Callable[[FleetSpec], float]:
+    """The share `strategy` serves in region within the SLO on a fleet, simulated
+    from the history's end to `minutes` with `config`; each fleet simulated once."""
+    cache: dict[tuple[int, ...], float] = {}
+
+    def evaluate(fleet: FleetSpec) -> float:
+        key = tuple(g.count for g in fleet.sites)
+        if key not in cache:
+            started = time.perf_counter()
+            outcome = simulate(
+                fleet, study.catalog, study.trace, minutes, strategy, config, False, peak,
+                study.history_min,
+            )  # fmt: skip
+            cache[key] = served(outcome)
+            study.log(
+                f"  {strategy}: {fleet.gpus} GPUs {list(key)} -> {served(outcome):.2%} in "
+                f"region within SLO at {config.step_min}-minute steps "
+                f"({time.perf_counter() - started:.1f} s)"
+            )
+        return cache[key]
+
+    return evaluate
+
+
+def refine(fleet: FleetSpec, enough: Callable[[FleetSpec], bool], most: int) -> FleetSpec:
+    """`fleet`, found at coarse steps, made the smallest that is `enough` at fine
+    ones: grown a site at a time, a region at a time in turn, until it is (or has
+    `most` GPUs), then trimmed."""
+    regions = [r.name for r in fleet.regions]
+    grown = 0
+    while not enough(fleet):
+        if fleet.gpus >= most:
+            return fleet
+        fleet = fleet.more_one(regions[grown % len(regions)])
+        grown += 1
+    return trim(fleet, enough)
 
 
 def trim(fleet: FleetSpec, enough: Callable[[FleetSpec], bool]) -> FleetSpec:
@@ -159,6 +195,14 @@ def peak_onset_misses(outcome: Outcome, step_min: int, lead_min: int = 60) -> fl
     found no site of their region holding their model: cold-started or forwarded
     (`at_peak_onset`). What placement ready before the peak saves."""
     return at_peak_onset(outcome, outcome.timeline.missed_by_region, step_min, lead_min)
+
+
+def peak_onset_placed_late(outcome: Outcome, step_min: int, lead_min: int = 60) -> float:
+    """Of `peak_onset_misses`, those for a model placement put in their region
+    within the hour after (engine.LAG_WINDOW_MIN): the misses a placement that
+    saw the peak coming would have saved; the rest are for models no placement
+    of the run held in that region then."""
+    return at_peak_onset(outcome, outcome.timeline.placed_late_by_region, step_min, lead_min)
 
 
 def at_peak_onset(
@@ -206,6 +250,7 @@ def run_study(study: Study) -> dict[str, object]:
         "cold_starts": 0,
         "cold_starts_peak_onset": 0,
         "misses_peak_onset": 0.0,
+        "placed_late_peak_onset": 0.0,
         "churn_per_hour": 0.0,
         "bytes_moved": 0,
         "bytes_downloaded": 0,
@@ -242,6 +287,7 @@ def _onset(outcome: Outcome, step_min: int) -> dict[str, float]:
     return {
         "cold_starts_peak_onset": peak_onset_cold_starts(outcome, step_min),
         "misses_peak_onset": peak_onset_misses(outcome, step_min),
+        "placed_late_peak_onset": peak_onset_placed_late(outcome, step_min),
     }
 
 
