@@ -103,8 +103,9 @@ class ControlPlaneSettings(FileSettings):
         default=3600.0,
         ge=0,
         description="Place for the demand forecast this far ahead (seasonal by hour of day "
-        "and week, blended with recent demand; never below the observed demand), so models "
-        "move before a region's peak. 0: place from observed demand only.",
+        "and week, scaled to how today runs; a burst's recent level where demand runs well "
+        "above the season), so models move before a region's peak. 0: place from observed "
+        "demand only.",
     )
     churn_cost: float = Field(
         default=CHURN_COST,

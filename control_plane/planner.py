@@ -247,11 +247,11 @@ class Planner:
                 if closed_hour or now - self._forecast_saved_at >= FORECAST_SAVE_S:
                     await self._store.put_forecast(forecaster.to_bytes())
                     self._forecast_saved_at = now
+            # The forecast stands for every key the forecaster has learned (a key
+            # in a burst, or with no season yet, forecasts its recent level); the
+            # EWMA for the rest.
             self.forecast = forecaster.predict(now, settings.forecast_horizon_s)
-            demand = {
-                key: max(demand.get(key, 0.0), self.forecast.get(key, 0.0))
-                for key in demand.keys() | self.forecast.keys()
-            }
+            demand = {k: v for k, v in demand.items() if k not in forecaster} | self.forecast
         ttl = hint_ttl_s(settings.report_interval_s, settings.placement_interval_s)
         hints = await self._store.demand_hints(now - ttl)
         demand = with_hints(demand, hints)

@@ -173,9 +173,46 @@ def test_the_forecasters_state_is_compact_and_reads_the_old_layout() -> None:
         + b"".join(np.asarray(a, dtype="<f8").tobytes() for a in arrays)
     )
     assert len(old) > 3000 * len(keys)
-    assert Forecaster.from_bytes(old).predict(now, 3600) == forecaster.predict(now, 3600)
+    # The old layout kept no level for today: it starts from the last observation's
+    # ratio to the season, and keeps everything else.
+    migrated = Forecaster.from_bytes(old)
+    for name in ("recent", "by_hour", "by_week_hour", "seen_hour", "seen_week_hour"):
+        assert (getattr(migrated, name) == getattr(forecaster, name)).all(), name
+    assert (migrated.level_seen == forecaster.recent).all()
+    assert migrated.predict(now, 3600).keys() <= forecaster.predict(now, 3600).keys() | {
+        k for k, v in zip(keys, forecaster.recent, strict=True) if v >= 1e-3
+    }
     with pytest.raises(ValueError, match="wrong size"):
         Forecaster.from_bytes(state[:-1])
+
+
+def test_the_forecast_follows_todays_level_and_bursts_not_one_periods_noise() -> None:
+    """A key whose day runs at twice its usual level is forecast at twice the
+    season, from the last hour, not from one noisy observation; a burst the
+    season does not foretell is forecast at its recent level."""
+    forecaster = Forecaster(recent_half_life_s=60.0)
+    start = 4 * 86400.0  # a Monday
+    steady, doubled, noisy, burst = (("east", m) for m in ("steady", "doubled", "noisy", "burst"))
+    rng = np.random.default_rng(0)
+    day = 24 * 12  # 5-minute rounds
+    for step in range(2 * day + day // 2):  # two days at 10 req/s each, then half of one
+        t = start + step * 300
+        today = step >= 2 * day
+        forecaster.observe(
+            {
+                steady: 10.0,
+                doubled: 20.0 if today else 10.0,
+                noisy: 10.0 * float(rng.lognormal(0.0, 0.5)),
+                burst: 100.0 if today and step % day >= day // 2 - 6 else 10.0,
+            },
+            t,
+        )
+    forecast = forecaster.predict(t, 3600)
+    assert forecast[steady] == pytest.approx(10.0, rel=0.01)
+    assert forecast[doubled] == pytest.approx(20.0, rel=0.05)
+    assert forecast[burst] == pytest.approx(100.0, rel=0.05)
+    # The noisy key's observations swing by half; its forecast by far less.
+    assert 0.7 < forecast[noisy] / 10.0 < 1.4, forecast[noisy]
 
 
 def test_forecasting_cuts_misses_at_peak_onset() -> None:
