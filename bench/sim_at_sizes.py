@@ -3,6 +3,7 @@ simulator's full resolution: the standard week at 1-minute steps, counted after
 its two days of history, as `edgeplex simulate --standard --days 7` counts it.
 
     python bench/sim_at_sizes.py [--sizes 6,6,6,6,7 6,6,6,7,7 ...] [--strategies forecast,reactive]
+        [--wan-mbps 1000] [--seed 0]
 
 `edgeplex simulate` sizes each strategy by a search at 15-minute steps over two
 days, which leaves slack; this runs exactly the sizes given (sites per region,
@@ -34,15 +35,20 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["6,6,6,6,7", "6,6,6,7,7", "6,6,7,7,7"])
     parser.add_argument("--strategies", default="forecast,reactive")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--wan-mbps", type=float, default=SimConfig.wan_mbps,
+        help="a site's download rate for its first copy of a model (megabits a second)",
+    )  # fmt: skip
     args = parser.parse_args()
     knobs = StandardKnobs()
     fleet, catalog = standard_fleet(knobs), standard_catalog(knobs, args.seed)
     trace = SyntheticTrace(fleet, catalog, 7.0, TraceKnobs(), args.seed)
-    config = SimConfig()
+    config = SimConfig(wan_mbps=args.wan_mbps)
     print(
         f"# the standard week (seed {args.seed}), counted after {HISTORY_DAYS} days of "
         f"history at {config.step_min}-minute steps, placement every "
         f"{config.placement_period_min} min, forward_value {config.forward_value}, "
+        f"WAN {config.wan_mbps:g} Mbit/s, "
         f"churn_cost {config.churn_cost}; {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}"
     )
