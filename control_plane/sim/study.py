@@ -14,10 +14,10 @@ fewer in each region in turn, kept while the target still holds, until no
 region can lose one. Each candidate is simulated over `search_days` at
 `search_step_min` steps (coarser than the final run, so the search stays
 cheap). Coarse steps misjudge a fleet at the margin (over the standard week,
-15-minute steps sized both central strategies at 34 GPUs where 1-minute steps
-find 31 and 32 enough), so the size found is then refined over the same days
-at the final run's `step_min`: grown a site at a time while it misses the
-target, then trimmed site by site again. At that size the strategy is
+15-minute steps sized the central strategies one GPU too many and, with slow
+downloads, per-site LRU seven too few), so the size found is then refined
+over the same days at the final run's `step_min`: grown a site at a time
+while it misses the target, then trimmed site by site again. At that size the strategy is
 simulated over the whole trace at `step_min`, which gives the figures
 reported. Two counts need
 no simulation: the lower bound (sim/bound.py: no placement can do with fewer)
