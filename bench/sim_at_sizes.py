@@ -3,7 +3,7 @@ simulator's full resolution: the standard week at 1-minute steps, counted after
 its two days of history, as `edgeplex simulate --standard --days 7` counts it.
 
     python bench/sim_at_sizes.py [--sizes 6,6,6,6,7 6,6,6,7,7 ...] [--strategies forecast,reactive]
-        [--wan-mbps 1000] [--seed 0]
+        [--wan-mbps 1000] [--placement-period-min 5] [--seed 0]
 
 `edgeplex simulate` sizes each strategy by a search at 15-minute steps over two
 days, which leaves slack; this runs exactly the sizes given (sites per region,
@@ -36,6 +36,10 @@ def main() -> None:
     parser.add_argument("--strategies", default="forecast,reactive")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--placement-period-min", type=int, default=SimConfig.placement_period_min,
+        help="simulated minutes between placements (the control plane places every 10 s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--wan-mbps", type=float, default=SimConfig.wan_mbps,
         help="a site's download rate for its first copy of a model (megabits a second)",
     )  # fmt: skip
@@ -43,7 +47,7 @@ def main() -> None:
     knobs = StandardKnobs()
     fleet, catalog = standard_fleet(knobs), standard_catalog(knobs, args.seed)
     trace = SyntheticTrace(fleet, catalog, 7.0, TraceKnobs(), args.seed)
-    config = SimConfig(wan_mbps=args.wan_mbps)
+    config = SimConfig(wan_mbps=args.wan_mbps, placement_period_min=args.placement_period_min)
     print(
         f"# the standard week (seed {args.seed}), counted after {HISTORY_DAYS} days of "
         f"history at {config.step_min}-minute steps, placement every "
