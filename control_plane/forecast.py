@@ -221,7 +221,9 @@ class Forecaster:
             if len(body) != rates_size * 4 + seen_bytes:
                 raise ValueError("forecaster state has the wrong size")
             flat = np.frombuffer(body, dtype="<f4", count=rates_size).astype(np.float64)
-            cuts = np.cumsum([k, k * HOURS_PER_DAY, k * HOURS_PER_WEEK] + [k, k] * with_levels)
+            cuts = np.cumsum(
+                [k, k * HOURS_PER_DAY, k * HOURS_PER_WEEK] + ([k, k] if with_levels else [])
+            )
             recent, by_hour, by_week_hour, bucket_sum, *levels = np.split(flat, cuts)
             packed = np.frombuffer(body, dtype=np.uint8, offset=rates_size * 4)
             seen = np.unpackbits(packed.reshape(k, -1), axis=1, count=hours).astype(bool)

@@ -142,6 +142,16 @@ class Outcome:
         }
 
 
+@dataclass
+class _Period:
+    """One placement period's misses, per (region, model), and where its steps
+    are in the timeline."""
+
+    first_row: int
+    misses: np.ndarray  # [R, M]
+    steps: int = 0
+
+
 class _Lag:
     """Placement's lag behind demand: the requests that found no holder in their
     region for a model that placement then put there within `window_min`. The
@@ -151,31 +161,29 @@ class _Lag:
 
     def __init__(self, shape: tuple[int, int], period_min: int, window_min: int) -> None:
         self.shape = shape
-        # (first timeline row, steps, misses [R, M]) per placement period.
-        self.periods: deque[tuple[int, list[int], np.ndarray]] = deque(
-            maxlen=max(1, window_min // max(period_min, 1))
-        )
+        self.periods: deque[_Period] = deque(maxlen=max(1, window_min // max(period_min, 1)))
         self.total = 0.0
+        self.open(0)
 
     def open(self, row: int) -> None:
         """A placement period starts, its first step at timeline row `row`."""
-        self.periods.append((row, [0], np.zeros(self.shape)))
+        self.periods.append(_Period(row, np.zeros(self.shape)))
 
     def add(self, missed: np.ndarray) -> None:
         """One step's misses [R, M]."""
-        _row, steps, misses = self.periods[-1]
-        steps[0] += 1
-        misses += missed
+        period = self.periods[-1]
+        period.steps += 1
+        period.misses += missed
 
     def placed(self, new: np.ndarray, rows: list[np.ndarray] | None) -> None:
         """`new` [R, M]: the models a placement has just put in each region."""
-        for first, (steps,), misses in self.periods:
-            per_region = np.where(new, misses, 0.0).sum(axis=1)
-            misses[new] = 0.0
+        for p in self.periods:
+            per_region = np.where(new, p.misses, 0.0).sum(axis=1)
+            p.misses[new] = 0.0
             self.total += float(per_region.sum())
-            if rows is not None and steps:
-                for row in rows[first : first + steps]:
-                    row += per_region / steps
+            if rows is not None and p.steps:
+                for row in rows[p.first_row : p.first_row + p.steps]:
+                    row += per_region / p.steps
 
 
 class _Fleet:
@@ -246,6 +254,8 @@ class _Fleet:
         self.stage_s = catalog.size_bytes / (stage_mbps * 1e6)
         self.artifact_bytes = catalog.size_bytes.astype(np.float64)
         self.load_s = catalog.load_s
+        # Placed models a load on demand may not evict (eviction.kept_for_plan).
+        self.slow_to_promote = self.load_s > PLACED_KEPT_OVER_S
         self.lru = policy == "lru"
         self.rng = np.random.default_rng(0)  # deterministic: the simulator's runs repeat
         self.policies: list[EvictionPolicy] = [
@@ -304,7 +314,7 @@ class _Fleet:
     def kept_for_plan(self, s: int) -> np.ndarray:
         """[M]: the placed models at site s a load on demand may not evict (their
         promotion is slow: eviction.kept_for_plan)."""
-        return self.placed[s] & (self.load_s > PLACED_KEPT_OVER_S)
+        return self.placed[s] & self.slow_to_promote
 
     def load_on_demand(self, s: int, wanted: list[int], now: float) -> list[int]:
         """Load `wanted` at site s, making room with the site's policy among the
@@ -419,7 +429,6 @@ def simulate(
     counting, hour, placed_at = False, 0, start_min
     rows = out.timeline.placed_late_by_region if record else None
     lag = _Lag(period_requests.shape, config.placement_period_min, LAG_WINDOW_MIN)
-    lag.open(0)
     for t in range(start_min, minutes, step):
         now = TRACE_EPOCH + t * 60.0
         if not counting and t >= start_min + config.warmup_min:  # count from here on
@@ -431,7 +440,6 @@ def simulate(
             hour = t // 60
             rows = out.timeline.placed_late_by_region if record else None
             lag = _Lag(period_requests.shape, config.placement_period_min, LAG_WINDOW_MIN)
-            lag.open(0)
         elif counting and t // 60 != hour:
             hour = t // 60
             out.models_moved += int(state.moved.sum())

@@ -76,10 +76,9 @@ def serve_step(
     cold = np.zeros(n_r, dtype=np.int64)
     forwarded_at = np.zeros_like(served_at)  # the part of served_at that was forwarded
     forwarded_late = np.zeros_like(served_at)  # ... whose round trip misses the SLO
-    rs, ms = np.nonzero(wanted & (holders == 0))
-    missed = np.zeros(n_r)
-    np.add.at(missed, rs, requests[rs, ms])
     state.missed = np.where(holders == 0, requests, 0.0)  # [R, M], for the engine's lag
+    missed = state.missed.sum(axis=1)
+    rs, ms = np.nonzero(wanted & (holders == 0))
     if central and rs.size:  # route each miss as its agent would
         with_headroom = state.onehot @ (state.holds & (state.util < 1.0)[:, None])
         sent, nearest = forward_choice(
