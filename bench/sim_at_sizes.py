@@ -3,7 +3,7 @@ simulator's full resolution: the standard week at 1-minute steps, counted after
 its two days of history, as `edgeplex simulate --standard --days 7` counts it.
 
     python bench/sim_at_sizes.py [--sizes 6,6,6,6,7 6,6,6,7,7 ...] [--strategies forecast,reactive]
-        [--wan-mbps 1000] [--placement-period-min 5] [--seed 0]
+        [--wan-mbps 1000] [--placement-period-min 5] [--seed 0] [--days 5]
 
 `edgeplex simulate` sizes each strategy by a search at 15-minute steps over two
 days, which leaves slack; this runs exactly the sizes given (sites per region,
@@ -13,6 +13,12 @@ two minutes here. Prints one line per (size, strategy): what it served, its
 churn, and at the regions' peak onsets the requests that found no holder in
 their region and, of those, the ones placement was late for (a model it put
 there within the hour after).
+
+`--strategies hindsight` adds a forecast without errors: placement fed the
+trace's own rates now and an hour ahead, as far as they are knowable then (no
+burst before it begins, no model before its launch, no day's factor before its
+day), in the forecaster's form. What it serves over `reactive` is what a forecast
+without errors would earn at that size.
 """
 
 from __future__ import annotations
@@ -36,6 +42,11 @@ def main() -> None:
     parser.add_argument("--strategies", default="forecast,reactive")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--days", type=float, default=5.0,
+        help="days counted after the history (5, the rest of the week; 2 is the window "
+        "`edgeplex simulate` sizes fleets on)",
+    )  # fmt: skip
+    parser.add_argument(
         "--placement-period-min", type=int, default=SimConfig.placement_period_min,
         help="simulated minutes between placements (the control plane places every 10 s)",
     )  # fmt: skip
@@ -48,9 +59,10 @@ def main() -> None:
     fleet, catalog = standard_fleet(knobs), standard_catalog(knobs, args.seed)
     trace = SyntheticTrace(fleet, catalog, 7.0, TraceKnobs(), args.seed)
     config = SimConfig(wan_mbps=args.wan_mbps, placement_period_min=args.placement_period_min)
+    minutes = min(trace.minutes, int((HISTORY_DAYS + args.days) * 1440))
     print(
-        f"# the standard week (seed {args.seed}), counted after {HISTORY_DAYS} days of "
-        f"history at {config.step_min}-minute steps, placement every "
+        f"# the standard week (seed {args.seed}), {args.days:g} days counted after "
+        f"{HISTORY_DAYS} days of history at {config.step_min}-minute steps, placement every "
         f"{config.placement_period_min} min, forward_value {config.forward_value}, "
         f"WAN {config.wan_mbps:g} Mbit/s, "
         f"churn_cost {config.churn_cost}; {os.cpu_count()} CPUs, Python "
@@ -67,7 +79,7 @@ def main() -> None:
         for strategy in args.strategies.split(","):
             started = time.perf_counter()
             outcome = simulate(
-                sized, catalog, trace, trace.minutes, strategy, config, True, None,
+                sized, catalog, trace, minutes, strategy, config, True, None,
                 HISTORY_DAYS * 1440,
             )  # fmt: skip
             s = outcome.summary(len(catalog))

@@ -17,10 +17,16 @@ Every step (`step_min` simulated minutes) reads the trace's requests per
    serves in time.
 
 `lru` is per-site LRU caching with no central placement: the same agents
-without placement or forwarding. `static` is what an operator sizing a fixed
-deployment would run (Triton with a fixed model list per region): placement
-once, from each region's peak demand for each model over the whole trace, and
-no moves, loads on demand or forwarding after.
+without placement or forwarding. `hindsight` is no strategy anyone can run:
+central placement fed, at each placement, the larger of the synthetic trace's
+own rates now and an hour ahead, leaving out only what no forecaster could
+know then (bursts not begun, models not launched, a day's factor not drawn);
+the forecaster's form with its errors taken away, it shows what a forecast
+without errors would earn over `reactive` (bench/sim_at_sizes.py). `static` is
+what an operator sizing a fixed deployment would run (Triton with a fixed
+model list per region): placement once, from each region's peak demand for
+each model over the whole trace, and no moves, loads on demand or forwarding
+after.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from edgeplex.control_plane.placement import (
 )
 from edgeplex.control_plane.sim.serving import serve_step
 from edgeplex.control_plane.sim.spec import Catalog, FleetSpec
-from edgeplex.control_plane.sim.traces import DemandSource
+from edgeplex.control_plane.sim.traces import DemandSource, SyntheticTrace
 from edgeplex.eviction import (
     PLACED_KEPT_OVER_S,
     Candidate,
@@ -52,6 +58,7 @@ from edgeplex.eviction import (
 )
 
 STRATEGIES = ("lru", "static", "reactive", "forecast")
+HINDSIGHT = "hindsight"  # a forecast without errors, not a strategy (see above)
 # A miss for a model that placement puts in the miss's region within this many
 # minutes counts as placement's lag (`Outcome.placed_late`).
 LAG_WINDOW_MIN = 60
@@ -375,8 +382,10 @@ def simulate(
     `peak_rps` [region, model] (each one's peak over the trace; found here when not
     given)."""
     config = config or SimConfig()
-    if strategy not in STRATEGIES:
+    if strategy not in (*STRATEGIES, HINDSIGHT):
         raise ValueError(f"strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
+    if strategy == HINDSIGHT and not isinstance(trace, SyntheticTrace):
+        raise ValueError("hindsight reads the trace's own rates: it needs a synthetic trace")
     state = _Fleet(
         fleet, catalog, "lru" if strategy == "lru" else "gdsf", config.model_overhead_bytes,
         config.wan_mbps, config.stage_mbps,
@@ -384,7 +393,7 @@ def simulate(
     if minutes - start_min <= config.warmup_min:
         raise ValueError(f"the run must be longer than the warm-up ({config.warmup_min} min)")
     out = Outcome(strategy, gpus=len(state.site_ids), hours=minutes / 60.0)
-    central = strategy in ("reactive", "forecast")
+    central = strategy in ("reactive", "forecast", HINDSIGHT)
     specs = tuple(
         ModelSpec(
             name=n,
@@ -453,11 +462,12 @@ def simulate(
                 demand_seen = ewma(demand_seen, seen, now - demand_at, config.demand_half_life_s)
                 demand_at = now
                 forecaster.observe(seen, now)
-            planned = (
-                forecaster.predict(now, config.forecast_horizon_s)
-                if strategy == "forecast"
-                else demand_seen
-            )
+            if strategy == "forecast":
+                planned = forecaster.predict(now, config.forecast_horizon_s)
+            elif strategy == HINDSIGHT:
+                planned = _hindsight(trace, t, config.forecast_horizon_s, state.regions, catalog)
+            else:
+                planned = demand_seen
             in_region = state.onehot @ state.placed > 0
             _apply_placement(state, out, sites, specs, planned, latency, config, catalog, now)
             lag.placed((state.onehot @ state.placed > 0) & ~in_region, rows)
@@ -481,6 +491,16 @@ def simulate(
     out.bytes_downloaded = state.bytes_downloaded
     out.placed_late = lag.total
     return out
+
+
+def _hindsight(
+    trace: SyntheticTrace, minute: int, horizon_s: float, regions: list[str], catalog: Catalog
+) -> dict[tuple[str, str], float]:
+    """What a forecaster with no errors would predict at `minute`: the larger of
+    the trace's rates now and `horizon_s` ahead, as far as they are knowable now."""
+    now = trace.rates(minute, known_at=minute)
+    ahead = trace.rates(minute + horizon_s / 60.0, known_at=minute)
+    return _as_demand(np.maximum(now, ahead), regions, catalog.names)
 
 
 def learn(

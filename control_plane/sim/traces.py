@@ -149,23 +149,30 @@ class SyntheticTrace:
         weekly = np.where(local_day >= 5, k.weekend, 1.0)
         return diurnal * weekly
 
-    def rates(self, minute: float) -> np.ndarray:
-        """Requests per second [regions, models] at UTC `minute` of the trace."""
+    def rates(self, minute: float, known_at: float | None = None) -> np.ndarray:
+        """Requests per second [regions, models] at UTC `minute` of the trace; or, with
+        `known_at`, what could be known of them at that minute: bursts not begun by
+        then, models not launched by then and a day's factor not drawn by then
+        (`known_at`'s day's stands in) are left out. The simulator's hindsight
+        forecast (a forecast without errors) reads this."""
+        known = minute if known_at is None else min(minute, known_at)
         n_r = len(self.region_weight)
         shape = np.array([self._shape(np.float64(minute), r, self.phase_h) for r in range(n_r)])
         rate = self.scale * self.region_weight[:, None] * shape * self.popularity
-        alive = (self.launch <= minute) & (minute < self.retire)
+        alive = (self.launch <= known) & (minute < self.retire)
         rate *= alive[None, :]
         for r, m, start, length, factor in self.bursts:
-            if start <= minute < start + length:
+            if start <= known and start <= minute < start + length:
                 rate[r, m] *= factor
-        noise, burst_region, burst_start = self._day(int(minute // MINUTES_PER_DAY))
+        day = int(minute // MINUTES_PER_DAY)
+        noise, burst_region, burst_start = self._day(min(day, int(known // MINUTES_PER_DAY)))
         rate *= (noise * np.maximum(0.05, 1.0 + self.trend * minute / MINUTES_PER_WEEK))[None, :]
-        on = (burst_start <= minute % MINUTES_PER_DAY) & (
-            minute % MINUTES_PER_DAY < burst_start + 60
-        )
-        if on.any():
-            rate[burst_region[on], self.bursty[on]] *= self.knobs.daily_burst_factor
+        if day == int(known // MINUTES_PER_DAY):
+            at = minute % MINUTES_PER_DAY
+            on = (burst_start <= known % MINUTES_PER_DAY) & (burst_start <= at)
+            on &= at < burst_start + 60
+            if on.any():
+                rate[burst_region[on], self.bursty[on]] *= self.knobs.daily_burst_factor
         return rate
 
     def _day(self, day: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

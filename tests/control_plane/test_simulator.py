@@ -377,6 +377,40 @@ def test_the_standard_trace_differs_from_day_to_day() -> None:
     np.testing.assert_allclose(same[0][alive], same[1][alive], rtol=1e-9)
 
 
+def test_hindsight_knows_the_trace_but_not_what_has_not_happened() -> None:
+    """The ceiling for forecasting reads the trace's own rates as they could be
+    known at a moment: a burst that begins later, a model not yet launched and
+    tomorrow's factor are not known; once they have begun, they are. Only a
+    synthetic trace can tell its rates."""
+    fleet, catalog = small_fleet(), standard_catalog(KNOBS, seed=1)
+    trace = SyntheticTrace(fleet, catalog, 3, TraceKnobs(peak_rps=5000), seed=1)
+    m = int(trace.bursty[0])
+    _, regions, starts = trace._day(1)
+    r, start = int(regions[0]), 1440 + float(starts[0])
+    inside = trace.rates(start + 30)
+    np.testing.assert_array_equal(trace.rates(start + 30, known_at=start + 1), inside)
+    unknown = trace.rates(start + 30, known_at=start - 10)
+    assert inside[r, m] == pytest.approx(10 * unknown[r, m])
+    launched = next(j for j in range(len(catalog)) if 60 < trace.launch[j] < 2 * DAY)
+    at = float(trace.launch[launched]) + 5
+    assert trace.rates(at)[:, launched].sum() > 0
+    assert trace.rates(at, known_at=at - 10)[:, launched].sum() == 0
+    # Tomorrow, as seen today: today's factor per model stands in for tomorrow's.
+    today, tomorrow = trace._day(1)[0], trace._day(2)[0]
+    seen = trace.rates(2 * DAY + 600.0, known_at=2 * DAY - 60.0)
+    truth = trace.rates(2 * DAY + 600.0)
+    live = truth.sum(axis=0) > 0
+    quiet = np.setdiff1d(np.nonzero(live)[0], trace.bursty)
+    np.testing.assert_allclose(
+        seen[:, quiet].sum(axis=0) / truth[:, quiet].sum(axis=0),
+        (today / tomorrow)[quiet],
+        rtol=1e-9,
+    )
+    replay = TraceFile([(0, "east", catalog.names[0], 1)], fleet, catalog)
+    with pytest.raises(ValueError, match=r"hindsight .* synthetic trace"):
+        simulate(fleet, catalog, replay, 2 * DAY, "hindsight", SimConfig(step_min=15))
+
+
 def test_fleet_sizes_are_trimmed_site_by_site() -> None:
     """After the bisection over one factor, each region loses sites one at a time
     while the target holds: the sizes found are per region, not in steps of the
