@@ -262,6 +262,7 @@ def run_study(study: Study) -> dict[str, object]:
         s = sized[strategy]
         entry: dict[str, object] = dict(s.outcome.summary(n_models))
         entry["gpus"] = s.gpus
+        entry["per_region"] = _per_region(s.fleet) if s.gpus is not None else None
         entry.update(_onset(s.outcome, study.config.step_min))
         report[strategy] = entry
     # Reactive on forecasting's fleet: cold starts at peak onset on equal hardware.
@@ -272,6 +273,7 @@ def run_study(study: Study) -> dict[str, object]:
     )  # fmt: skip
     report["equal_size"] = {
         "gpus": equal.gpus,
+        "per_region": _per_region(equal),
         "reactive": {
             **reactive_equal.summary(n_models),
             **_onset(reactive_equal, study.config.step_min),
@@ -326,3 +328,8 @@ def lower_bound(study: Study) -> dict[str, object]:
         "cell_min": study.bound_cell_min,
         "runtime_s": time.perf_counter() - started,
     }
+
+
+def _per_region(fleet: FleetSpec) -> dict[str, int]:
+    """GPUs per region, in the fleet's region order (bench/sim_at_sizes.py --sizes)."""
+    return {r.name: sum(g.count for g in fleet.sites if g.region == r.name) for r in fleet.regions}

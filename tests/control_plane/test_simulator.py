@@ -282,6 +282,10 @@ def test_simulate_cli_writes_the_report(tmp_path: Path) -> None:
                     "churn_per_hour", "cold_starts_peak_onset", "bytes_moved"):  # fmt: skip
             assert key in report[strategy], (strategy, key)
     assert report["dedicated"]["gpus"] >= report["forecast"]["gpus"]
+    for strategy in ("lru", "static", "reactive", "forecast"):  # the sizes, to run again
+        per_region = report[strategy]["per_region"]
+        assert list(per_region) == ["east", "west", "south"]
+        assert sum(per_region.values()) == report[strategy]["gpus"], strategy
     # No strategy beats the lower bound; the static packing never moves.
     floor = report["lower_bound"]["gpus"]
     assert 0 < floor <= min(report[k]["gpus"] or 10**6 for k in ("lru", "static", "forecast"))
