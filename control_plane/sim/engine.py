@@ -465,6 +465,7 @@ def simulate(
             if strategy == "forecast":
                 planned = forecaster.predict(now, config.forecast_horizon_s)
             elif strategy == HINDSIGHT:
+                assert isinstance(trace, SyntheticTrace)  # checked above
                 planned = _hindsight(trace, t, config.forecast_horizon_s, state.regions, catalog)
             else:
                 planned = demand_seen
