@@ -3,7 +3,7 @@ simulator's full resolution: the standard week at 1-minute steps, counted after
 its two days of history, as `edgeplex simulate --standard --days 7` counts it.
 
     python bench/sim_at_sizes.py [--sizes 6,6,6,6,7 6,6,6,7,7 ...] [--strategies forecast,reactive]
-        [--wan-mbps 1000] [--placement-period-min 5] [--seed 0] [--days 5]
+        [--wan-mbps 1000] [--placement-period-min 5] [--seed 0] [--days 5] [--local-days]
 
 `edgeplex simulate` sizes each strategy by a search at 15-minute steps over two
 days, which leaves slack; this runs exactly the sizes given (sites per region,
@@ -54,14 +54,19 @@ def main() -> None:
         "--wan-mbps", type=float, default=SimConfig.wan_mbps,
         help="a site's download rate for its first copy of a model (megabits a second)",
     )  # fmt: skip
+    parser.add_argument(
+        "--local-days", action="store_true",
+        help="draw each model's day factor from each region's local midnight, not UTC's",
+    )  # fmt: skip
     args = parser.parse_args()
     knobs = StandardKnobs()
     fleet, catalog = standard_fleet(knobs), standard_catalog(knobs, args.seed)
-    trace = SyntheticTrace(fleet, catalog, 7.0, TraceKnobs(), args.seed)
+    trace = SyntheticTrace(fleet, catalog, 7.0, TraceKnobs(local_days=args.local_days), args.seed)
     config = SimConfig(wan_mbps=args.wan_mbps, placement_period_min=args.placement_period_min)
     minutes = min(trace.minutes, int((HISTORY_DAYS + args.days) * 1440))
     print(
-        f"# the standard week (seed {args.seed}), {args.days:g} days counted after "
+        f"# the standard week (seed {args.seed}{', local days' if args.local_days else ''}), "
+        f"{args.days:g} days counted after "
         f"{HISTORY_DAYS} days of history at {config.step_min}-minute steps, placement every "
         f"{config.placement_period_min} min, forward_value {config.forward_value}, "
         f"WAN {config.wan_mbps:g} Mbit/s, "

@@ -25,7 +25,8 @@ requests in that window):
     trend, drawn once, uniform within ±`weekly_trend` (0.2) a week; and
     `daily_burst_share` (0.05) of the models, drawn once, each with one
     unannounced burst a day of `daily_burst_factor` (10x) for an hour, at a
-    random minute in one random region.
+    random minute in one random region. The day factor changes at midnight
+    UTC everywhere, or, with `local_days`, at each region's own midnight.
   Request counts are Poisson draws around the rates, from a generator seeded
   by (seed, minute): the same seed gives the same trace.
 - `TraceFile`: a CSV (`minute,region,model,requests`, with that header) or
@@ -79,6 +80,7 @@ class TraceKnobs:
     weekly_trend: float = 0.2
     daily_burst_share: float = 0.05
     daily_burst_factor: float = 10.0
+    local_days: bool = False
 
 
 class SyntheticTrace:
@@ -166,7 +168,17 @@ class SyntheticTrace:
                 rate[r, m] *= factor
         day = int(minute // MINUTES_PER_DAY)
         noise, burst_region, burst_start = self._day(min(day, int(known // MINUTES_PER_DAY)))
-        rate *= (noise * np.maximum(0.05, 1.0 + self.trend * minute / MINUTES_PER_WEEK))[None, :]
+        rate *= np.maximum(0.05, 1.0 + self.trend * minute / MINUTES_PER_WEEK)[None, :]
+        if self.knobs.local_days:  # each region's day factor from its own midnight
+            for r in range(n_r):
+                shift = self.offsets_h[r] * 60.0
+                local = min(
+                    int((minute + shift) // MINUTES_PER_DAY),
+                    int((known + shift) // MINUTES_PER_DAY),
+                )
+                rate[r] *= self._day(max(local, 0))[0]  # the evening before day 0: day 0's
+        else:
+            rate *= noise[None, :]
         if day == int(known // MINUTES_PER_DAY):
             at = minute % MINUTES_PER_DAY
             on = (burst_start <= known % MINUTES_PER_DAY) & (burst_start <= at)

@@ -373,6 +373,15 @@ def test_the_standard_trace_differs_from_day_to_day() -> None:
     r, start = int(regions[0]), float(starts[0])
     inside, before = trace.rates(1440 + start + 30), trace.rates(1440 + start - 30)
     assert inside[r, m] > 5 * before[r, m]
+    # With local days, a region past its own midnight has the next day's factor.
+    local = SyntheticTrace(fleet, catalog, 3, TraceKnobs(peak_rps=5000, local_days=True), seed=1)
+    at = 1440 + 600.0  # 10:00 UTC: 02:00 of the next day in the south (UTC+16)
+    utc, own = trace.rates(at), local.rates(at)
+    calm = np.setdiff1d(np.nonzero(utc.sum(axis=0) > 0)[0], trace.bursty)
+    np.testing.assert_allclose(own[:2, calm], utc[:2, calm], rtol=1e-9)
+    np.testing.assert_allclose(
+        own[2, calm] / utc[2, calm], (trace._day(2)[0] / trace._day(1)[0])[calm], rtol=1e-9
+    )
     quiet = TraceKnobs(peak_rps=5000, day_sigma=0.0, weekly_trend=0.0, daily_burst_share=0.0,
                        bursts_per_day=0)  # fmt: skip
     flat = SyntheticTrace(fleet, catalog, 3, quiet, seed=1)  # the repeatable trace, as before
