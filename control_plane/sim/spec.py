@@ -107,6 +107,12 @@ class FleetSpec(BaseModel):
     def gpus(self) -> int:
         return sum(g.count for g in self.sites)
 
+    def per_region(self) -> dict[str, int]:
+        """Sites (one GPU each) per region, in the regions' order."""
+        return {
+            r.name: sum(g.count for g in self.sites if g.region == r.name) for r in self.regions
+        }
+
 
 def load_fleet(path: Path) -> FleetSpec:
     return FleetSpec.model_validate(yaml.safe_load(path.read_text()))

@@ -262,7 +262,7 @@ def run_study(study: Study) -> dict[str, object]:
         s = sized[strategy]
         entry: dict[str, object] = dict(s.outcome.summary(n_models))
         entry["gpus"] = s.gpus
-        entry["per_region"] = _per_region(s.fleet) if s.gpus is not None else None
+        entry["per_region"] = s.fleet.per_region() if s.gpus is not None else None
         entry.update(_onset(s.outcome, study.config.step_min))
         report[strategy] = entry
     # Reactive on forecasting's fleet: cold starts at peak onset on equal hardware.
@@ -273,7 +273,7 @@ def run_study(study: Study) -> dict[str, object]:
     )  # fmt: skip
     report["equal_size"] = {
         "gpus": equal.gpus,
-        "per_region": _per_region(equal),
+        "per_region": equal.per_region(),
         "reactive": {
             **reactive_equal.summary(n_models),
             **_onset(reactive_equal, study.config.step_min),
@@ -328,8 +328,3 @@ def lower_bound(study: Study) -> dict[str, object]:
         "cell_min": study.bound_cell_min,
         "runtime_s": time.perf_counter() - started,
     }
-
-
-def _per_region(fleet: FleetSpec) -> dict[str, int]:
-    """GPUs per region, in the fleet's region order (bench/sim_at_sizes.py --sizes)."""
-    return {r.name: sum(g.count for g in fleet.sites if g.region == r.name) for r in fleet.regions}

@@ -93,10 +93,7 @@ class SyntheticTrace:
         rng = np.random.default_rng(seed)
         n_r, n_m = len(fleet.regions), len(catalog)
         self.offsets_h = np.array([r.utc_offset_h for r in fleet.regions])
-        sites = np.array(
-            [sum(g.count for g in fleet.sites if g.region == r.name) for r in fleet.regions],
-            dtype=float,
-        )
+        sites = np.array(list(fleet.per_region().values()), dtype=float)
         self.region_weight = sites / sites.sum() if sites.sum() else np.full(n_r, 1 / n_r)
         # Popularity: a shared head in global order, a shuffled tail per region.
         base = 1.0 / np.arange(1, n_m + 1) ** knobs.zipf
@@ -164,25 +161,19 @@ class SyntheticTrace:
         alive = (self.launch <= known) & (minute < self.retire)
         rate *= alive[None, :]
         for r, m, start, length, factor in self.bursts:
-            if start <= known and start <= minute < start + length:
+            if start <= known and minute < start + length:
                 rate[r, m] *= factor
-        day = int(minute // MINUTES_PER_DAY)
-        noise, burst_region, burst_start = self._day(min(day, int(known // MINUTES_PER_DAY)))
-        rate *= np.maximum(0.05, 1.0 + self.trend * minute / MINUTES_PER_WEEK)[None, :]
-        if self.knobs.local_days:  # each region's day factor from its own midnight
-            for r in range(n_r):
-                shift = self.offsets_h[r] * 60.0
-                local = min(
-                    int((minute + shift) // MINUTES_PER_DAY),
-                    int((known + shift) // MINUTES_PER_DAY),
-                )
-                rate[r] *= self._day(max(local, 0))[0]  # the evening before day 0: day 0's
-        else:
-            rate *= noise[None, :]
-        if day == int(known // MINUTES_PER_DAY):
+        trend = np.maximum(0.05, 1.0 + self.trend * minute / MINUTES_PER_WEEK)
+        # Each region's day factor: of the UTC day, or of its own (`local_days`); the
+        # evening before the trace's first local day takes that day's.
+        shift = self.offsets_h * 60.0 if self.knobs.local_days else np.zeros(n_r)
+        for r, day in enumerate(np.maximum((known + shift) // MINUTES_PER_DAY, 0)):
+            rate[r] *= self._day(int(day))[0] * trend
+        known_day = int(known // MINUTES_PER_DAY)
+        if int(minute // MINUTES_PER_DAY) == known_day:  # the daily bursts begun by `known`
+            _, burst_region, burst_start = self._day(known_day)
             at = minute % MINUTES_PER_DAY
-            on = (burst_start <= known % MINUTES_PER_DAY) & (burst_start <= at)
-            on &= at < burst_start + 60
+            on = (burst_start <= known % MINUTES_PER_DAY) & (at < burst_start + 60)
             if on.any():
                 rate[burst_region[on], self.bursty[on]] *= self.knobs.daily_burst_factor
         return rate
