@@ -20,7 +20,13 @@ import argparse
 import numpy as np
 
 from edgeplex.control_plane.forecast import Forecaster
-from edgeplex.control_plane.sim.engine import TRACE_EPOCH, SimConfig, _as_demand, _hindsight, learn
+from edgeplex.control_plane.sim.engine import (
+    TRACE_EPOCH,
+    SimConfig,
+    as_demand,
+    hindsight_demand,
+    learn,
+)
 from edgeplex.control_plane.sim.spec import StandardKnobs, standard_catalog, standard_fleet
 from edgeplex.control_plane.sim.traces import SyntheticTrace, TraceKnobs
 
@@ -43,9 +49,9 @@ def main() -> None:
     for t in range(start + period, start + int(args.days * 1440), period):
         seen = trace.demand(t - period, period) / (period * 60.0)
         now = TRACE_EPOCH + t * 60.0
-        forecaster.observe(_as_demand(seen, regions, catalog.names), now)
+        forecaster.observe(as_demand(seen, regions, catalog.names), now)
         forecast = forecaster.predict(now, config.forecast_horizon_s)
-        truth = _hindsight(trace, t, config.forecast_horizon_s, regions, catalog)
+        truth = hindsight_demand(trace, t, config.forecast_horizon_s, regions, catalog)
         hour = (t // 60) % 24
         for key in truth.keys() | forecast.keys():
             miss = forecast.get(key, 0.0) - truth.get(key, 0.0)

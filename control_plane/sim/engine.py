@@ -423,7 +423,7 @@ def simulate(
     if strategy == "static":  # placed once for the peak, then never moved
         if peak_rps is None:
             peak_rps = peak_rates(trace, minutes, len(state.regions), len(catalog))
-        planned = _as_demand(peak_rps, state.regions, catalog.names)
+        planned = as_demand(peak_rps, state.regions, catalog.names)
         _apply_placement(state, out, sites, specs, planned, latency, config, catalog, TRACE_EPOCH)
     compute_s = catalog.compute_ms / 1000.0
     demand_seen: dict[tuple[str, str], float] = {}
@@ -458,7 +458,7 @@ def simulate(
             placed_at = t
             if t > start_min:
                 rates = period_requests / ((t - period_start) * 60.0)
-                seen = _as_demand(rates, state.regions, catalog.names)
+                seen = as_demand(rates, state.regions, catalog.names)
                 demand_seen = ewma(demand_seen, seen, now - demand_at, config.demand_half_life_s)
                 demand_at = now
                 forecaster.observe(seen, now)
@@ -466,7 +466,9 @@ def simulate(
                 planned = forecaster.predict(now, config.forecast_horizon_s)
             elif strategy == HINDSIGHT:
                 assert isinstance(trace, SyntheticTrace)  # checked above
-                planned = _hindsight(trace, t, config.forecast_horizon_s, state.regions, catalog)
+                planned = hindsight_demand(
+                    trace, t, config.forecast_horizon_s, state.regions, catalog
+                )
             else:
                 planned = demand_seen
             in_region = state.onehot @ state.placed > 0
@@ -494,14 +496,14 @@ def simulate(
     return out
 
 
-def _hindsight(
+def hindsight_demand(
     trace: SyntheticTrace, minute: int, horizon_s: float, regions: list[str], catalog: Catalog
 ) -> dict[tuple[str, str], float]:
     """What a forecaster with no errors would predict at `minute`: the larger of
     the trace's rates now and `horizon_s` ahead, as far as they are knowable now."""
     now = trace.rates(minute, known_at=minute)
     ahead = trace.rates(minute + horizon_s / 60.0, known_at=minute)
-    return _as_demand(np.maximum(now, ahead), regions, catalog.names)
+    return as_demand(np.maximum(now, ahead), regions, catalog.names)
 
 
 def learn(
@@ -516,7 +518,7 @@ def learn(
     placement period's mean rates, observed at its end."""
     for t in range(period_min, until_min + 1, period_min):
         rates = trace.demand(t - period_min, period_min) / (period_min * 60.0)
-        forecaster.observe(_as_demand(rates, regions, names), TRACE_EPOCH + t * 60.0)
+        forecaster.observe(as_demand(rates, regions, names), TRACE_EPOCH + t * 60.0)
 
 
 def peak_rates(trace: DemandSource, minutes: int, regions: int, models: int,
@@ -528,9 +530,11 @@ def peak_rates(trace: DemandSource, minutes: int, regions: int, models: int,
     return peak
 
 
-def _as_demand(
+def as_demand(
     rates: np.ndarray, regions: list[str], names: list[str]
 ) -> dict[tuple[str, str], float]:
+    """A (region, model) rate array as the planner's demand: requests/s by
+    (region name, model name), keys with no demand left out."""
     r_ix, m_ix = np.nonzero(rates > 1e-6)
     return {(regions[r], names[m]): float(rates[r, m]) for r, m in zip(r_ix, m_ix, strict=True)}
 
