@@ -39,13 +39,15 @@ DAYS = 7.0
 HISTORY_DAYS = 2
 
 
-def size_seed(seed: int, wan_mbps: float, strategies: list[str]) -> dict[str, object]:
+def size_seed(
+    seed: int, wan_mbps: float, strategies: list[str], horizon_s: float
+) -> dict[str, object]:
     """Each strategy's size and what it serves there, for one seed."""
     started = time.perf_counter()
     knobs = StandardKnobs()
     fleet, catalog = standard_fleet(knobs), standard_catalog(knobs, seed)
     trace = SyntheticTrace(fleet, catalog, DAYS, TraceKnobs(), seed)
-    config = SimConfig(wan_mbps=wan_mbps)
+    config = SimConfig(wan_mbps=wan_mbps, forecast_horizon_s=horizon_s)
     study = Study(
         fleet, catalog, trace, trace.minutes, config,
         history_min=HISTORY_DAYS * 1440, log=lambda line: None,
@@ -72,6 +74,11 @@ def main() -> None:
         "--wan-mbps", type=float, default=SimConfig.wan_mbps,
         help="a site's download rate for its first copy of a model (megabits a second)",
     )  # fmt: skip
+    parser.add_argument(
+        "--forecast-horizon-s", type=float, default=SimConfig.forecast_horizon_s,
+        help="how far ahead forecast and hindsight place (0: the forecaster's estimate of "
+        "the present; the control plane's 0 turns forecasting off, `reactive` here)",
+    )  # fmt: skip
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     strategies = args.strategies.split(",")
@@ -80,7 +87,8 @@ def main() -> None:
         f"# {platform.node() or 'this machine'}, {os.cpu_count()} CPUs, "
         f"{time.strftime('%Y-%m-%d')}: the standard week, {HISTORY_DAYS} days of history, "
         f"each strategy sized as `edgeplex simulate --standard` sizes it, "
-        f"WAN {args.wan_mbps:g} Mbit/s, {args.jobs} seed(s) at once"
+        f"WAN {args.wan_mbps:g} Mbit/s, forecast horizon {args.forecast_horizon_s:g} s, "
+        f"{args.jobs} seed(s) at once"
     )
     head = ["seed"]
     for s in strategies:
@@ -90,7 +98,10 @@ def main() -> None:
     print("|" + " --- |" * len(head))
     gaps: dict[str, list[int]] = {s: [] for s in others}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(size_seed, seed, args.wan_mbps, strategies) for seed in seeds]
+        futures = [
+            pool.submit(size_seed, seed, args.wan_mbps, strategies, args.forecast_horizon_s)
+            for seed in seeds
+        ]
         for future in futures:
             row = future.result()
             sizes: dict[str, Any] = {s: row[s] for s in strategies}
