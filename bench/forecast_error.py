@@ -10,7 +10,10 @@ what a forecast without errors would have said then (the simulator's
 `hindsight`: the larger of the trace's rates now and an hour ahead, as far as
 they were knowable). Prints the absolute error as a share of that demand
 (summed over keys, so weighted by rate), split into what was forecast too high
-and too low, overall and per UTC hour. Takes seconds.
+and too low, overall and per UTC hour. Then the same for the present alone:
+how far from the trace's rates at that moment are what reactive placement
+places from (the demand EWMA of the periods observed) and the forecaster's own
+estimate of the present (its forecast at a zero horizon). Takes seconds.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 
 import numpy as np
 
+from edgeplex.control_plane.demand import Demand, ewma
 from edgeplex.control_plane.forecast import Forecaster
 from edgeplex.control_plane.sim.engine import (
     TRACE_EPOCH,
@@ -31,6 +35,13 @@ from edgeplex.control_plane.sim.spec import StandardKnobs, standard_catalog, sta
 from edgeplex.control_plane.sim.traces import SyntheticTrace, TraceKnobs
 
 HISTORY_DAYS = 2
+
+
+def absolute_error(estimate: Demand, truth: Demand) -> float:
+    """The summed absolute difference over every key either has."""
+    return sum(
+        abs(estimate.get(k, 0.0) - truth.get(k, 0.0)) for k in truth.keys() | estimate.keys()
+    )
 
 
 def main() -> None:
@@ -46,10 +57,17 @@ def main() -> None:
     start = HISTORY_DAYS * 1440
     learn(forecaster, trace, start, period, regions, catalog.names)
     error, over, under, demand = (np.zeros(24) for _ in range(4))
+    observed: Demand = {}
+    present = {"observed": 0.0, "forecaster": 0.0, "demand": 0.0}
     for t in range(start + period, start + int(args.days * 1440), period):
-        seen = trace.demand(t - period, period) / (period * 60.0)
+        seen = as_demand(trace.demand(t - period, period) / (period * 60.0), regions, catalog.names)
         now = TRACE_EPOCH + t * 60.0
-        forecaster.observe(as_demand(seen, regions, catalog.names), now)
+        forecaster.observe(seen, now)
+        observed = ewma(observed, seen, period * 60.0, config.demand_half_life_s)
+        truth_now = hindsight_demand(trace, t, 0.0, regions, catalog)
+        present["observed"] += absolute_error(observed, truth_now)
+        present["forecaster"] += absolute_error(forecaster.predict(now, 0.0), truth_now)
+        present["demand"] += sum(truth_now.values())
         forecast = forecaster.predict(now, config.forecast_horizon_s)
         truth = hindsight_demand(trace, t, config.forecast_horizon_s, regions, catalog)
         hour = (t // 60) % 24
@@ -74,6 +92,11 @@ def main() -> None:
             f"{hour:02d}:00 UTC  error {error[hour] / d:6.1%}  too high {over[hour] / d:6.1%}  "
             f"too low {under[hour] / d:6.1%}"
         )
+    print(
+        f"the present: the observed demand (reactive placement's) off by "
+        f"{present['observed'] / present['demand']:.1%} of demand, the forecaster's "
+        f"estimate by {present['forecaster'] / present['demand']:.1%}"
+    )
 
 
 if __name__ == "__main__":
