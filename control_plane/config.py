@@ -106,7 +106,7 @@ class ControlPlaneSettings(FileSettings):
         "and week, scaled to how today runs; a burst's recent level where demand runs well "
         "above the season), so models move before a region's peak. 0: place from observed "
         "demand only. Forecasting pays where a site's first copy of a model is slow to "
-        "arrive: on the standard simulated fleet it saved 2-4 GPUs in 36 with downloads at "
+        "arrive: on the standard simulated fleet it saved 2-4 GPUs in 37 with downloads at "
         '100 Mbit/s and cost about one in 33 at 1 Gbit/s (docs/benchmarks.md, "Sized seed '
         'by seed").',
     )
