@@ -4,7 +4,7 @@ week: how many GPUs each needs, seed by seed, and on average.
     python bench/forecast_gpus_by_seed.py [--seeds 0,1,2,3,4] [--jobs 2] [--wan-mbps 1000]
         [--strategies reactive,forecast,hindsight]
 
-For each seed this sizes the two strategies exactly as `edgeplex simulate
+For each seed this sizes each strategy exactly as `edgeplex simulate
 --standard --days 7 --seed N` does (the study's search over the week's third
 and fourth days at 15-minute steps, then refined site by site at 1-minute
 steps; the first two days are the forecaster's history), and runs each at its
@@ -43,7 +43,6 @@ def size_seed(
     seed: int, wan_mbps: float, strategies: list[str], horizon_s: float
 ) -> dict[str, object]:
     """Each strategy's size and what it serves there, for one seed."""
-    started = time.perf_counter()
     knobs = StandardKnobs()
     fleet, catalog = standard_fleet(knobs), standard_catalog(knobs, seed)
     trace = SyntheticTrace(fleet, catalog, DAYS, TraceKnobs(), seed)
@@ -59,9 +58,7 @@ def size_seed(
             "gpus": sized.gpus,
             "per_region": sized.fleet.per_region(),
             "served": served(sized.outcome),
-            "churn_per_hour": sized.outcome.summary(len(catalog))["churn_per_hour"],
         }
-    row["seconds"] = time.perf_counter() - started
     return row
 
 
