@@ -12,10 +12,10 @@ lint: setup
 	$(PY) -m ruff format --check .
 	$(PY) scripts/typecheck.py
 
-# Two at a time, each test file on one worker (its module fixtures set up once); then
+# Three at a time, each test file on one worker (its module fixtures set up once); then
 # the tests that measure time or hold fixed ports, alone; then the compose rig.
 test: setup lint
-	$(PY) -m pytest -q -n 2 --dist loadfile -m 'not compose and not serial'
+	$(PY) -m pytest -q -n 3 --dist loadfile -m 'not compose and not serial'
 	$(PY) -m pytest -q -m serial
 	$(PY) -m pytest -q -m compose
 

@@ -35,8 +35,9 @@ CACHE = Path(os.environ.get("EDGEPLEX_TEST_CACHE", ROOT / ".cache" / "test-model
 # gap through a failover) or hold fixed ports and network namespaces (the README's
 # fleet, the rig); a killed agent's leftovers, which any agent starting meanwhile
 # sweeps; and schemathesis's, whose operations are sub-items of one test that
-# pytest-xdist's file scheduling does not run. `make test` runs the rest two at a
-# time, file by file, and these alone after it.
+# pytest-xdist's file scheduling does not run. `make test` runs the rest three at a
+# time, file by file (most of them wait on processes more than they compute), and
+# these alone after it.
 SERIAL = (
     "tests/agent/test_crash_safety.py",
     "tests/agent/frontdoor/test_openapi.py",
@@ -49,6 +50,7 @@ SERIAL = (
     "tests/agent/frontdoor/test_attacks.py",
     "tests/agent/residency/test_no_lost_requests.py",
     "tests/control_plane/test_redis_failover.py",
+    "tests/agent/residency/test_overcommit.py::test_loaded_models_never_wait_behind_a_slow_load",
 )
 
 
