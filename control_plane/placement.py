@@ -217,15 +217,23 @@ def place(inp: PlacementInput) -> PlacementResult:
     capacity = [s.capacity for s in sites]
     compute_s = np.array([m.compute_ms / 1000.0 for m in p.models])
     site_load = [0.0] * len(sites)  # compute-seconds/s placed on each site
+    # Plain lists for the per-candidate checks below: a list index costs a tenth of
+    # a numpy scalar's, and the greedy loop makes millions of them on a large fleet.
+    demand_rows = p.demand.tolist()  # [r][m]
+    compute_list = compute_s.tolist()
+    allowed_rows = p.allowed.tolist()  # [R][m]
+    site_open = [s.up and not s.draining for s in sites]
+    site_cordoned = [s.cordoned for s in sites]
+    touched: list[tuple[int, int]] = []  # (model, region) placed since `settle`
 
     def has_throughput(i: int, j: int, r: int) -> bool:
-        return capacity[i] <= 0 or site_load[i] + p.demand[r, j] * compute_s[j] <= capacity[i]
+        cap = capacity[i]
+        return cap <= 0 or site_load[i] + demand_rows[r][j] * compute_list[j] <= cap
 
     def may_hold(i: int, j: int) -> bool:
-        s = sites[i]
-        if not s.up or s.draining or not p.allowed[p.region_ix[s.region], j]:
+        if not site_open[i] or not allowed_rows[site_region[i]][j]:
             return False
-        return not s.cordoned or j in current[i]
+        return not site_cordoned[i] or j in current[i]
 
     def put(i: int, j: int) -> None:
         free[i] -= p.sizes_at(i)[j]
@@ -233,15 +241,24 @@ def place(inp: PlacementInput) -> PlacementResult:
         holds[i].add(j)
         r = site_region[i]
         placed_regions[j].add(r)
-        best_j = best[j]
-        np.maximum(best_j, p.w_m[j][:, r], out=best_j)
-        stale_gains[j] = True
+        touched.append((j, r))
         heapq.heappush(room_heaps[r], (-free[i], i))
+
+    def settle() -> None:
+        """`best` brought up to date with what was put since the last call (one
+        vectorised update, where each put would cost a numpy call)."""
+        if touched:
+            js, rs = np.array(touched).T
+            np.maximum.at(best, js, p.w_m[js, :, rs])
+            for j, _ in touched:
+                stale_gains[j] = True
+            touched.clear()
 
     def site_in_region(r: int, j: int) -> int | None:
         """Where m goes in region r: a site already holding it, else the roomiest."""
+        size = sizes[j]
         for i in holders.get((j, r), ()):
-            fits = free[i] >= p.size[j] and has_throughput(i, j, r)
+            fits = free[i] >= size and has_throughput(i, j, r)
             if j not in holds[i] and fits and may_hold(i, j):
                 return i
         heap = room_heaps[r]
@@ -252,7 +269,7 @@ def place(inp: PlacementInput) -> PlacementResult:
             if -neg_free != free[i]:  # stale entry
                 heapq.heappop(heap)
                 continue
-            if -neg_free < p.size[j]:
+            if -neg_free < size:
                 break
             if j in holds[i] or not may_hold(i, j) or not has_throughput(i, j, r):
                 skipped.append(heapq.heappop(heap))
@@ -267,7 +284,7 @@ def place(inp: PlacementInput) -> PlacementResult:
     for j, m in enumerate(p.models):
         if m.pin:
             for i in range(len(sites)):
-                if may_hold(i, j) and free[i] >= p.size[j]:
+                if may_hold(i, j) and free[i] >= sizes[j]:
                     put(i, j)
 
     # 2. Minimum replicas: where they are already, then where demand is.
@@ -287,7 +304,7 @@ def place(inp: PlacementInput) -> PlacementResult:
         for i in order:
             if need <= 0:
                 break
-            if j not in holds[i] and may_hold(i, j) and free[i] >= p.size[j]:
+            if j not in holds[i] and may_hold(i, j) and free[i] >= sizes[j]:
                 put(i, j)
                 need -= 1
 
@@ -328,6 +345,7 @@ def place(inp: PlacementInput) -> PlacementResult:
             "mr,mrR->mR", p.value_m[js], np.maximum(p.w_m[js] - best[js][:, :, None], 0.0)
         )
 
+    settle()
     dirty = [j for j in range(n_m) if stale_gains[j]]  # placed by pins or min replicas
     if dirty:
         gains[dirty] = regain(dirty)
@@ -355,18 +373,20 @@ def place(inp: PlacementInput) -> PlacementResult:
                     scores[j, r] = -np.inf
                     continue
                 put(target, j)
-                site_load[target] += p.demand[r, j] * compute_s[j]
+                site_load[target] += demand_rows[r][j] * compute_list[j]
                 placed.append(j)
             if placed:
                 blocked_rows = blocked[placed]
                 for row, j in enumerate(placed):
                     blocked_rows[row, list(placed_regions[j])] = True
                 blocked[placed] = blocked_rows
+                settle()
                 fresh = gains[placed] = regain(placed)
                 rows = (fresh - penalty[placed]) / p.size[placed][:, None]
                 keep = np.isfinite(scores[placed])  # regions not ruled out for lack of room
                 scores[placed] = np.where(blocked_rows | ~keep, -np.inf, rows)
 
+    settle()
     # 4. Local search on small instances: greedy by density can strand capacity
     # (the knapsack case); dropping up to two models and refilling recovers it.
     if len(sites) * n_m <= inp.search_limit:
