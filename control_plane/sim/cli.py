@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -88,6 +89,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--bound-cell-min", type=int, default=15, help="the lower bound's grid, in minutes"
     )
+    p.add_argument(
+        "--jobs", type=int, default=None,
+        help="strategies sized at once, each in a worker process (default: one a CPU, "
+        "up to 5); the report is the same for any number",
+    )  # fmt: skip
     p.add_argument("--write-trace", type=Path, help="write the generated trace as CSV and stop")
     p.set_defaults(run=_run)
 
@@ -166,12 +172,12 @@ def _run(args: argparse.Namespace) -> int:
     study = Study(
         fleet, catalog, trace, minutes, config, args.target, args.search_days,
         args.search_step_min, bound_cell_min=args.bound_cell_min, history_min=history_min,
-        refine=args.refine,
+        refine=args.refine, jobs=args.jobs or min(os.cpu_count() or 1, 5),
     )  # fmt: skip
     print(
         f"simulating {minutes / 1440:g} days, the first {history_days:g} history for the "
         f"forecaster: {len(fleet.regions)} regions, {fleet.gpus} sites, "
-        f"{len(catalog)} models, seed {args.seed}"
+        f"{len(catalog)} models, seed {args.seed}; {study.jobs} run(s) at a time"
     )
     report = run_study(study)
     report["config"] = {

@@ -34,6 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from edgeplex.control_plane.sim.engine import (
 )
 from edgeplex.control_plane.sim.spec import Catalog, FleetSpec
 from edgeplex.control_plane.sim.traces import DemandSource
+from edgeplex.control_plane.sim.workers import Parts, Run, run_side_by_side
 
 MAX_SCALE = 4.0  # search no further than 4x the given fleet
 
@@ -66,6 +68,7 @@ class Study:
     history_min: int = 0  # the forecaster learns from these; counted after them
     # Sizes found at `search_step_min` made exact at the final run's steps (`refine`).
     refine: bool = True
+    jobs: int = 1  # strategies sized side by side, each in a forked worker (workers.py)
 
 
 @dataclass
@@ -241,9 +244,7 @@ def run_study(study: Study) -> dict[str, object]:
     n_models = len(study.catalog)
     peak = peak_rates(study.trace, study.minutes, len(study.fleet.regions), n_models)
     report: dict[str, object] = {}
-    study.log("the lower bound")
-    report["lower_bound"] = lower_bound(study)
-    report["dedicated"] = {
+    dedicated = {
         "gpus": dedicated_gpus(study.fleet, study.catalog, peak),
         "served_in_region_within_slo": 1.0,
         "forwarded": 0.0,
@@ -255,22 +256,37 @@ def run_study(study: Study) -> dict[str, object]:
         "bytes_moved": 0,
         "bytes_downloaded": 0,
     }
-    sized: dict[str, Sized] = {}
-    for strategy in STRATEGIES:
-        study.log(f"sizing {strategy}")
-        sized[strategy] = size_strategy(study, strategy, peak if strategy == "static" else None)
-        s = sized[strategy]
+    # The longest runs first: with fewer workers than runs, they start at once.
+    runs: dict[str, Run] = {
+        strategy: partial(_sized_parts, study, strategy, peak if strategy == "static" else None)
+        for strategy in sorted(STRATEGIES, key=("forecast", "reactive", "lru", "static").index)
+    }
+    runs["lower_bound"] = lambda: {"bound": lower_bound(study)}
+    study.log(f"sizing {', '.join(STRATEGIES)} and the lower bound, {study.jobs} at a time")
+
+    def then(name: str, parts: Parts) -> dict[str, Run]:
+        # Reactive on forecasting's fleet: cold starts at peak onset on equal hardware.
+        if name != "forecast":
+            return {}
+        equal = parts["fleet"]
+        assert isinstance(equal, FleetSpec)
+        return {"equal_size": lambda: {"outcome": simulate(
+            equal, study.catalog, study.trace, study.minutes, "reactive", study.config,
+            start_min=study.history_min,
+        )}}  # fmt: skip
+
+    done = run_side_by_side(runs, study.jobs, then)
+    report["lower_bound"] = done["lower_bound"]["bound"]
+    report["dedicated"] = dedicated
+    sized = {strategy: _sized(done[strategy]) for strategy in STRATEGIES}
+    for strategy, s in sized.items():
         entry: dict[str, object] = dict(s.outcome.summary(n_models))
         entry["gpus"] = s.gpus
         entry["per_region"] = s.fleet.per_region() if s.gpus is not None else None
         entry.update(_onset(s.outcome, study.config.step_min))
         report[strategy] = entry
-    # Reactive on forecasting's fleet: cold starts at peak onset on equal hardware.
-    equal = sized["forecast"].fleet
-    reactive_equal = simulate(
-        equal, study.catalog, study.trace, study.minutes, "reactive", study.config,
-        start_min=study.history_min,
-    )  # fmt: skip
+    equal, reactive_equal = sized["forecast"].fleet, done["equal_size"]["outcome"]
+    assert isinstance(reactive_equal, Outcome)
     report["equal_size"] = {
         "gpus": equal.gpus,
         "per_region": equal.per_region(),
@@ -283,6 +299,18 @@ def run_study(study: Study) -> dict[str, object]:
     report["runtime_s"] = time.perf_counter() - started
     report["_timelines"] = {k: v.outcome for k, v in sized.items()}
     return report
+
+
+def _sized_parts(study: Study, strategy: str, peak: np.ndarray | None) -> Parts:
+    sized = size_strategy(study, strategy, peak)
+    study.log(f"{strategy}: {sized.gpus} GPUs")
+    return {"gpus": sized.gpus, "fleet": sized.fleet, "outcome": sized.outcome}
+
+
+def _sized(parts: Parts) -> Sized:
+    gpus, fleet, outcome = parts["gpus"], parts["fleet"], parts["outcome"]
+    assert isinstance(fleet, FleetSpec) and isinstance(outcome, Outcome)
+    return Sized(outcome.strategy, gpus if isinstance(gpus, int) else None, fleet, outcome)
 
 
 def _onset(outcome: Outcome, step_min: int) -> dict[str, float]:

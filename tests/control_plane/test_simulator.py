@@ -299,6 +299,42 @@ def test_simulate_cli_writes_the_report(tmp_path: Path) -> None:
         assert (out / png).stat().st_size > 1000 and png in page
 
 
+def test_the_study_reports_the_same_side_by_side_as_one_run_at_a_time() -> None:
+    """Sized in forked workers (results back as JSON and NumPy files), the report
+    and the timelines it plots are those of one run after another."""
+    from edgeplex.control_plane.sim.study import run_study
+
+    fleet, catalog = small_fleet(), standard_catalog(KNOBS, seed=2)
+    trace = SyntheticTrace(fleet, catalog, 0.2, TraceKnobs(peak_rps=800), seed=4)
+    reports = []
+    for jobs in (1, 3):
+        study = Study(fleet, catalog, trace, trace.minutes, SimConfig(step_min=5), 0.9, 0.2, 15,
+                      log=lambda _line: None, jobs=jobs)  # fmt: skip
+        report = run_study(study)
+        del report["runtime_s"], report["lower_bound"]["runtime_s"]  # type: ignore[attr-defined]
+        timelines = report.pop("_timelines")
+        plotted = {
+            name: [np.asarray(getattr(outcome.timeline, field)).tolist()
+                   for field in ("demand_rps", "gpus_in_use", "holders", "cold_by_region")]
+            for name, outcome in timelines.items()  # type: ignore[attr-defined]
+        }  # fmt: skip
+        reports.append((json.dumps(report, sort_keys=True, default=float), plotted))
+    assert reports[0][0] == reports[1][0]
+    assert reports[0][1] == reports[1][1]
+    assert json.loads(reports[0][0])["forecast"]["gpus"] > 0
+
+
+def test_a_run_that_fails_in_its_worker_is_named_and_stops_the_study() -> None:
+    from edgeplex.control_plane.sim.workers import run_side_by_side
+
+    def fails() -> dict[str, object]:
+        raise ValueError("no such region")
+
+    with pytest.raises(RuntimeError, match="run 'bad' failed"):
+        run_side_by_side({"bad": fails, "slow": lambda: {"x": 1}}, 2)
+    assert run_side_by_side({"a": lambda: {"x": [1, 2]}}, 2) == {"a": {"x": [1, 2]}}
+
+
 def test_study_sizes_within_the_search_bounds() -> None:
     fleet, catalog = small_fleet(sites_per_region=4), standard_catalog(KNOBS, seed=9)
     trace = SyntheticTrace(fleet, catalog, 0.2, TraceKnobs(peak_rps=1500), seed=9)
