@@ -27,13 +27,14 @@ import argparse
 import os
 import platform
 import time
-from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from typing import Any
 
 from edgeplex.control_plane.sim.engine import SimConfig
 from edgeplex.control_plane.sim.spec import StandardKnobs, standard_catalog, standard_fleet
 from edgeplex.control_plane.sim.study import Study, served, size_strategy
 from edgeplex.control_plane.sim.traces import SyntheticTrace, TraceKnobs
+from edgeplex.control_plane.sim.workers import Parts, Run, run_side_by_side
 
 DAYS = 7.0
 HISTORY_DAYS = 2
@@ -94,26 +95,36 @@ def main() -> None:
     print(f"| {' | '.join(head)} |")
     print("|" + " --- |" * len(head))
     gaps: dict[str, list[int]] = {s: [] for s in others}
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [
-            pool.submit(size_seed, seed, args.wan_mbps, strategies, args.forecast_horizon_s)
-            for seed in seeds
+    rows: dict[int, Parts] = {}
+    waiting = list(seeds)  # in the order given
+
+    def print_in_order(name: str, row: Parts) -> dict[str, Run]:
+        """Each seed's row as soon as the seeds before it are in."""
+        rows[int(name)] = row
+        while waiting and waiting[0] in rows:
+            print_row(rows.pop(waiting.pop(0)))
+        return {}
+
+    def print_row(row: Parts) -> None:
+        sizes: dict[str, Any] = {s: row[s] for s in strategies}
+        cells = [
+            f"{sizes[s]['gpus']} {sizes[s]['per_region']} | {sizes[s]['served']:.2%}"
+            for s in strategies
         ]
-        for future in futures:
-            row = future.result()
-            sizes: dict[str, Any] = {s: row[s] for s in strategies}
-            cells = [
-                f"{sizes[s]['gpus']} {sizes[s]['per_region']} | {sizes[s]['served']:.2%}"
-                for s in strategies
-            ]
-            for s in others:
-                if sizes[s]["gpus"] is None or sizes[base]["gpus"] is None:
-                    cells.append("-")
-                    continue
-                gap = sizes[s]["gpus"] - sizes[base]["gpus"]
-                gaps[s].append(gap)
-                cells.append(f"{gap:+d}")
-            print(f"| {row['seed']} | {' | '.join(cells)} |", flush=True)
+        for s in others:
+            if sizes[s]["gpus"] is None or sizes[base]["gpus"] is None:
+                cells.append("-")
+                continue
+            gap = sizes[s]["gpus"] - sizes[base]["gpus"]
+            gaps[s].append(gap)
+            cells.append(f"{gap:+d}")
+        print(f"| {row['seed']} | {' | '.join(cells)} |", flush=True)
+
+    runs: dict[str, Run] = {
+        str(seed): partial(size_seed, seed, args.wan_mbps, strategies, args.forecast_horizon_s)
+        for seed in seeds
+    }
+    run_side_by_side(runs, args.jobs, print_in_order)  # forked workers, no pickle
     for s, found in gaps.items():
         if found:
             mean = sum(found) / len(found)
