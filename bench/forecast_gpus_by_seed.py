@@ -2,7 +2,7 @@
 week: how many GPUs each needs, seed by seed, and on average.
 
     python bench/forecast_gpus_by_seed.py [--seeds 0,1,2,3,4] [--jobs 2] [--wan-mbps 1000]
-        [--strategies reactive,forecast,hindsight]
+        [--strategies reactive,forecast,hindsight,clairvoyant]
 
 For each seed this sizes each strategy exactly as `edgeplex simulate
 --standard --days 7 --seed N` does (the study's search over the week's third
@@ -18,7 +18,8 @@ same target; one seed's sizes differ by a GPU with the seed alone, so this
 prints each seed's sizes and the mean difference of each strategy from
 reactive placement's (the first strategy named). `hindsight` (a forecast
 without errors, docs/simulator.md) sizes what any forecast of the
-forecaster's form could save.
+forecaster's form could save; `clairvoyant` (placement that knows the coming
+period's requests) what any forecast at all could.
 """
 
 from __future__ import annotations

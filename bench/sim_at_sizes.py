@@ -18,7 +18,9 @@ there within the hour after).
 trace's own rates now and an hour ahead, as far as they are knowable then (no
 burst before it begins, no model before its launch, no day's factor before its
 day), in the forecaster's form. What it serves over `reactive` is what a forecast
-without errors would earn at that size.
+without errors would earn at that size. `--strategies clairvoyant` places from
+the requests the coming period will bring, read from the trace: the most any
+forecast could earn (docs/simulator.md).
 """
 
 from __future__ import annotations

@@ -22,7 +22,11 @@ central placement fed, at each placement, the larger of the synthetic trace's
 own rates now and an hour ahead, leaving out only what no forecaster could
 know then (bursts not begun, models not launched, a day's factor not drawn);
 the forecaster's form with its errors taken away, it shows what a forecast
-without errors would earn over `reactive` (bench/sim_at_sizes.py). `static` is
+without errors would earn over `reactive` (bench/sim_at_sizes.py). Nor is
+`clairvoyant`: central placement fed, at each placement, the requests the
+coming placement period will bring (any trace), noise, bursts and all. Nothing
+that places every period can know more, so what it serves over `reactive` is
+the most any forecast could earn there. `static` is
 what an operator sizing a fixed deployment would run (Triton with a fixed
 model list per region): placement once, from each region's peak demand for
 each model over the whole trace, and no moves, loads on demand or forwarding
@@ -59,6 +63,7 @@ from edgeplex.eviction import (
 
 STRATEGIES = ("lru", "static", "reactive", "forecast")
 HINDSIGHT = "hindsight"  # a forecast without errors, not a strategy (see above)
+CLAIRVOYANT = "clairvoyant"  # the next period's own requests known: nor is this
 # A miss for a model that placement puts in the miss's region within this many
 # minutes counts as placement's lag (`Outcome.placed_late`).
 LAG_WINDOW_MIN = 60
@@ -382,7 +387,7 @@ def simulate(
     `peak_rps` [region, model] (each one's peak over the trace; found here when not
     given)."""
     config = config or SimConfig()
-    if strategy not in (*STRATEGIES, HINDSIGHT):
+    if strategy not in (*STRATEGIES, HINDSIGHT, CLAIRVOYANT):
         raise ValueError(f"strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
     if strategy == HINDSIGHT and not isinstance(trace, SyntheticTrace):
         raise ValueError("hindsight reads the trace's own rates: it needs a synthetic trace")
@@ -393,7 +398,7 @@ def simulate(
     if minutes - start_min <= config.warmup_min:
         raise ValueError(f"the run must be longer than the warm-up ({config.warmup_min} min)")
     out = Outcome(strategy, gpus=len(state.site_ids), hours=minutes / 60.0)
-    central = strategy in ("reactive", "forecast", HINDSIGHT)
+    central = strategy in ("reactive", "forecast", HINDSIGHT, CLAIRVOYANT)
     specs = tuple(
         ModelSpec(
             name=n,
@@ -469,6 +474,11 @@ def simulate(
                 planned = hindsight_demand(
                     trace, t, config.forecast_horizon_s, state.regions, catalog
                 )
+            elif strategy == CLAIRVOYANT:
+                ahead = range(t, t + config.placement_period_min, step)
+                counts = np.sum([trace.demand(k, step) for k in ahead], axis=0)
+                coming = counts / (len(ahead) * step * 60.0)
+                planned = as_demand(coming, state.regions, catalog.names)
             else:
                 planned = demand_seen
             in_region = state.onehot @ state.placed > 0

@@ -460,6 +460,24 @@ def test_hindsight_knows_the_trace_but_not_what_has_not_happened() -> None:
         simulate(fleet, catalog, replay, 2 * DAY, "hindsight", SimConfig(step_min=15))
 
 
+def test_clairvoyant_placement_knows_the_coming_periods_requests() -> None:
+    """The most any forecast could earn: placed from the requests the coming period
+    brings. A model first asked for at minute 92 is placed at the placement of
+    minute 90, its download done before its first request: every request served in
+    region and none late, where reactive placement meets it with a load on demand."""
+    fleet, catalog = small_fleet(), standard_catalog(KNOBS, seed=1)
+    steady = [(t, "east", catalog.names[0], 30) for t in range(120)]
+    sudden = [(t, "east", catalog.names[1], 60) for t in range(92, 97)]
+    trace = TraceFile(steady + sudden, fleet, catalog)
+    config = SimConfig(step_min=1, placement_period_min=5)
+    runs = {s: simulate(fleet, catalog, trace, 120, s, config) for s in ("reactive", "clairvoyant")}
+    assert runs["clairvoyant"].requests == runs["reactive"].requests == 60 * 30 + 5 * 60
+    assert runs["clairvoyant"].cold_starts == 0 and runs["clairvoyant"].placed_late == 0
+    assert runs["reactive"].cold_starts == 1 and runs["reactive"].placed_late == 60
+    served = {s: run.in_region_within_slo for s, run in runs.items()}
+    assert served["reactive"] < served["clairvoyant"], served
+
+
 def test_fleet_sizes_are_trimmed_site_by_site() -> None:
     """After the bisection over one factor, each region loses sites one at a time
     while the target holds: the sizes found are per region, not in steps of the
