@@ -99,6 +99,7 @@ def test_identical_requests_are_answered_from_the_cache_without_the_model(tmp_pa
         assert status(agent)["cached"]["tier"] == "staged"
         http_stats = http.get_inference_statistics("cached")["model_stats"][0]
         assert http_stats["inference_stats"]["cache_hit"]["count"] == 2
+        http.close()  # here: a client left to the collector closes on whatever thread it runs
         # A model that does not enable the cache runs every request.
         for _ in range(2):
             client.infer("plain", inputs_for({"INPUT0": a, "INPUT1": b}))
@@ -113,6 +114,7 @@ def test_identical_requests_are_answered_from_the_cache_without_the_model(tmp_pa
         metrics = agent.http_get("/metrics")[1].decode()
         assert 'nv_cache_num_hits_per_model{model="cached",version="1"} 2' in metrics
         assert 'nv_cache_num_misses_per_model{model="cached",version="1"} 2' in metrics
+        client.close()
     finally:
         assert agent.stop() == 0, agent.log()
 
