@@ -200,7 +200,6 @@ def place(inp: PlacementInput) -> PlacementResult:
             holders.setdefault((j, p.region_ix[sites[i].region]), []).append(i)
     best = np.zeros((n_m, n_r))  # [m, r]: best weight serving (r, m) so far
     gains = np.einsum("rm,rRm->mR", p.value, p.w)  # [m, R]: value of adding m in R now
-    stale_gains = [False] * n_m  # gains[j] is out of date (j was placed since)
     sizes = p.size.tolist()
     site_region = [p.region_ix[s.region] for s in sites]
     placed_regions: list[set[int]] = [set() for _ in range(n_m)]
@@ -250,8 +249,6 @@ def place(inp: PlacementInput) -> PlacementResult:
         if touched:
             js, rs = np.array(touched).T
             np.maximum.at(best, js, p.w_m[js, :, rs])
-            for j, _ in touched:
-                stale_gains[j] = True
             touched.clear()
 
     def site_in_region(r: int, j: int) -> int | None:
@@ -345,8 +342,8 @@ def place(inp: PlacementInput) -> PlacementResult:
             "mr,mrR->mR", p.value_m[js], np.maximum(p.w_m[js] - best[js][:, :, None], 0.0)
         )
 
+    dirty = sorted({j for j, _ in touched})  # placed by pins, min replicas or hot models
     settle()
-    dirty = [j for j in range(n_m) if stale_gains[j]]  # placed by pins or min replicas
     if dirty:
         gains[dirty] = regain(dirty)
     scores = np.where(blocked, -np.inf, (gains - penalty) / p.size[:, None])

@@ -100,7 +100,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from edgeplex.control_plane.sim import report as sim_report
-    from edgeplex.control_plane.sim.engine import SimConfig
+    from edgeplex.control_plane.sim.engine import STRATEGIES, SimConfig
     from edgeplex.control_plane.sim.spec import (
         StandardKnobs,
         load_catalog,
@@ -172,7 +172,8 @@ def _run(args: argparse.Namespace) -> int:
     study = Study(
         fleet, catalog, trace, minutes, config, args.target, args.search_days,
         args.search_step_min, bound_cell_min=args.bound_cell_min, history_min=history_min,
-        refine=args.refine, jobs=args.jobs or min(os.cpu_count() or 1, 5),
+        refine=args.refine,
+        jobs=args.jobs or min(os.cpu_count() or 1, len(STRATEGIES) + 1),  # + the bound
     )  # fmt: skip
     print(
         f"simulating {minutes / 1440:g} days, the first {history_days:g} history for the "

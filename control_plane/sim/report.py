@@ -87,12 +87,13 @@ def write(report: dict[str, object], out_dir: Path, step_min: int) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     outcomes: dict[str, Outcome] = report.pop("_timelines")  # type: ignore[assignment]
     report["goals"] = goals(report)
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=_plain) + "\n")
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=as_json) + "\n")
     plots = _plots(outcomes, out_dir, step_min, report)
     (out_dir / "report.html").write_text(_html(report, plots))
 
 
-def _plain(value: object) -> object:
+def as_json(value: object) -> object:
+    """`json.dumps`' default for the simulator's values: a NumPy scalar as its number."""
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"not JSON: {type(value).__name__}")

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeplex.control_plane.sim.engine import Outcome, Timeline
+from edgeplex.control_plane.sim.report import as_json
 from edgeplex.control_plane.sim.spec import FleetSpec
 
 Parts = dict[str, object]
@@ -86,13 +87,13 @@ def save(parts: Parts, folder: Path) -> None:
         if isinstance(value, Outcome):
             scalars = {f.name: getattr(value, f.name) for f in fields(value)}
             del scalars["timeline"]
-            (folder / f"{name}.outcome.json").write_text(json.dumps(scalars, default=_plain))
+            (folder / f"{name}.outcome.json").write_text(json.dumps(scalars, default=as_json))
             np.savez(folder / f"{name}.timeline.npz", **_arrays(value.timeline))  # type: ignore[arg-type]
         elif isinstance(value, FleetSpec):
             (folder / f"{name}.fleet.json").write_text(value.model_dump_json())
         else:
             plain[name] = value
-    (folder / "parts.json").write_text(json.dumps(plain, default=_plain))
+    (folder / "parts.json").write_text(json.dumps(plain, default=as_json))
 
 
 def load(folder: Path) -> Parts:
@@ -127,9 +128,3 @@ def _timeline(arrays: np.lib.npyio.NpzFile) -> Timeline:
             array = arrays[f.name]
             values[f.name] = list(array) if array.ndim > 1 else array.tolist()
     return Timeline(**values)  # type: ignore[arg-type]
-
-
-def _plain(value: object) -> object:
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"not JSON: {type(value).__name__}")
