@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import json
+import multiprocessing
+import os
 import platform
 import statistics
 import sys
@@ -90,14 +91,24 @@ def build_catalog(count: int, width: int = WIDTH, layers: int = LAYERS) -> Path:
     shape = "" if (width, layers) == (WIDTH, LAYERS) else f"-{width}x{layers}"
     source = CACHE / f"models{shape}"
     missing = [i for i in range(count) if not (source / f"c{i:03d}" / "1" / "model.onnx").is_file()]
-    # One process per core: a 512 MiB model takes seconds to generate.
-    with concurrent.futures.ProcessPoolExecutor() as pool:
-        jobs = [
-            pool.submit(demo.make_mlp, source / f"c{i:03d}", width, layers, i, None, IN_WIDTH)
-            for i in missing
-        ]
-        for job in jobs:
-            job.result()  # a failed build stops the run here
+    # A process per core: a 512 MiB model takes seconds to generate. Forked, so
+    # each inherits its arguments (nothing is pickled to it).
+    fork = multiprocessing.get_context("fork")
+    cores = os.cpu_count() or 1
+    for chunk in (missing[at : at + cores] for at in range(0, len(missing), cores)):
+        builds = {
+            i: fork.Process(
+                target=demo.make_mlp,
+                args=(source / f"c{i:03d}", width, layers, i, None, IN_WIDTH),
+            )
+            for i in chunk
+        }
+        for build in builds.values():
+            build.start()
+        for i, build in builds.items():
+            build.join()
+            if build.exitcode != 0:  # a failed build stops the run here
+                raise SystemExit(f"building model c{i:03d} failed (exit {build.exitcode})")
     repo = CACHE / f"repo{shape}-{count}"
     repo.mkdir(parents=True, exist_ok=True)
     for i in range(count):
