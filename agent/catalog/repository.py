@@ -30,6 +30,7 @@ from edgeplex.agent.catalog.triton_config import (
     read_triton_config,
     triton_config,
 )
+from edgeplex.agent.catalog.warmup import WarmupSample
 from edgeplex.names import valid_name, valid_version
 
 MODEL_FILE = "model.onnx"
@@ -52,6 +53,7 @@ class ModelSource:
     declared_outputs: tuple[DeclaredTensor, ...] = ()
     warnings: tuple[str, ...] = ()
     sequence: SequenceSpec | None = None  # config.pbtxt's sequence_batching
+    warmup: tuple[WarmupSample, ...] = ()  # config.pbtxt's model_warmup
 
 
 def scan_model(repo: Path, name: str, defaults: ModelConfig) -> ModelSource | None:
@@ -127,6 +129,7 @@ def scan_versions(
                 declared_outputs=triton.outputs if triton else (),
                 warnings=tuple(warnings),
                 sequence=triton.sequence if triton else None,
+                warmup=triton.warmup if triton else (),
             )
         )
     return out

@@ -25,6 +25,7 @@ never dropped silently:
 | `instance_group` (`count`, `kind`) | `instance_count` (summed over groups) |
 | `version_policy` (`latest`, `all`, `specific`) | which versions are served |
 | `parameters { key: "intra_op_thread_count" ... }` | `intra_op_threads` |
+| `model_warmup` (`zero_data`, `random_data`, `input_data_file`) | run by loads that warm up |
 
 `KIND_GPU` needs `runner.execution_provider: cuda`; elsewhere the model fails
 with the reason (repository.py).
@@ -48,6 +49,7 @@ from edgeplex.agent.catalog.sequence_config import (
     SequenceSpec,
     sequence_spec,
 )
+from edgeplex.agent.catalog.warmup import WarmupSample, warmup_samples
 from edgeplex.agent.oip.tensors import from_triton_type, triton_type
 
 if TYPE_CHECKING:
@@ -143,6 +145,7 @@ class TritonConfig:
     warnings: list[str] = field(default_factory=list)
     kinds: set[str] = field(default_factory=set)  # instance_group kinds named
     sequence: SequenceSpec | None = None  # sequence_batching: a stateful model
+    warmup: tuple[WarmupSample, ...] = ()  # model_warmup: run by loads that warm up
 
 
 _TRITON_TYPES = {
@@ -155,6 +158,7 @@ _PARAMETERS = {"intra_op_thread_count": "intra_op_threads"}
 _HANDLED = {
     "name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
     "instance_group", "version_policy", "parameters", "sequence_batching", "response_cache",
+    "model_warmup",
 }  # fmt: skip
 
 
@@ -199,12 +203,24 @@ def triton_config(data: Message, model: str, directory: Path | None = None) -> T
     _parameters(data.get("parameters", []), out)
     out.sequence = sequence_spec(data.get("sequence_batching", []), directory)
     _sequence_batching(data.get("sequence_batching", []), out)
+    out.warmup = _warmup(data.get("model_warmup", []), out, directory)
     if "response_cache" in data:
         out.settings["response_cache"] = response_cache(data)
     policy = data.get("model_transaction_policy") or [{}]
     if any(policy[-1].get("decoupled") or []):
         raise ValueError(f"{PBTXT_FILE}: decoupled models are not supported")
     return out
+
+
+def _warmup(
+    blocks: list[Any], out: TritonConfig, directory: Path | None
+) -> tuple[WarmupSample, ...]:
+    """The warm-up samples, checked against the inputs the config declares (a stateful
+    model's control and state inputs are named by its samples too, as in Triton)."""
+    declared = {t.name: (t.datatype, t.dims) for t in out.inputs}
+    fed = out.sequence.inputs if out.sequence is not None else set()
+    max_batch_size = int(out.settings.get("max_batch_size", 0))
+    return warmup_samples(blocks, max_batch_size, declared, directory, fed)
 
 
 def _one(message: Message, key: str, default: Any) -> Any:
@@ -379,5 +395,7 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
         }
     out["instance_group"] = [{"count": config.instance_count, "kind": "KIND_AUTO"}]
     out["response_cache"] = {"enable": config.response_cache}
+    if entry.source.warmup:
+        out["model_warmup"] = [sample.config_json() for sample in entry.source.warmup]
     out["edgeplex"] = config.model_dump()
     return out

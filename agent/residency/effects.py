@@ -79,7 +79,7 @@ class RunnerEffects:
         if runner.state == RunnerState.READY:  # (a memory limit applies when a runner starts)
             # Written in this step: the load does not wait for its task to start.
             with contextlib.suppress(RunnerLost):
-                sent = runner.send(self._load_message(record, record.form, fast))
+                sent = runner.send(*self._load_message(record, record.form, fast))
         self._spawn(self._load(record, generation, fast, sent))
 
     def unload(self, record: ModelRecord, generation: int) -> None:
@@ -130,7 +130,9 @@ class RunnerEffects:
 
     # --- the tasks --------------------------------------------------------------------------
 
-    def _load_message(self, record: ModelRecord, form: str, fast: bool) -> ipc.LoadModel:
+    def _load_message(
+        self, record: ModelRecord, form: str, fast: bool
+    ) -> tuple[ipc.LoadModel, list[memoryview]]:
         req_id = self._pool.next_req_id()
         staged = self.staged_dir(record, form)
         return load_message(req_id, record, form, fast, staged, self._settings.runner)
@@ -148,7 +150,7 @@ class RunnerEffects:
         try:
             if sent is None:
                 await asyncio.wait_for(runner.ensure_ready(), settings.start_timeout_s * 3)
-                sent = runner.send(self._load_message(record, record.form, fast))
+                sent = runner.send(*self._load_message(record, record.form, fast))
             async with asyncio.timeout(settings.load_timeout_s):
                 reply, _ = await sent
         except RunnerLost:
@@ -274,11 +276,11 @@ class RunnerEffects:
         owner = self.owner
         assert owner is not None
         loaded: Loaded | None = None
-        message = self._load_message(record, form, fast=False)
+        message, samples = self._load_message(record, form, fast=False)
         message.swap = True
         try:
             reply, _ = await asyncio.wait_for(
-                self._pool.get(record.runner_id).call(message),
+                self._pool.get(record.runner_id).call(message, samples),
                 self._settings.runner.load_timeout_s,
             )
         except (RunnerLost, TimeoutError, ServeError):

@@ -5,9 +5,10 @@ provider that will run it. Pure functions of a record and the settings."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from edgeplex.agent.residency.state import ModelRecord
-from edgeplex.agent.runners import ipc
+from edgeplex.agent.runners import framing, ipc
 from edgeplex.agent.runners.settings import RunnerSettings
 
 ARENAS = {"same_as_requested": "kSameAsRequested", "next_power_of_two": "kNextPowerOfTwo"}
@@ -32,9 +33,12 @@ def device(record: ModelRecord, settings: RunnerSettings) -> int:
 
 def load_message(
     req_id: int, record: ModelRecord, form: str, fast: bool, staged: Path, settings: RunnerSettings
-) -> ipc.LoadModel:
+) -> tuple[ipc.LoadModel, list[memoryview]]:
+    """The load of one of a model's forms, and the bytes of its warm-up samples (none
+    for a `fast` load, a promotion that requests wait for: it does not warm up)."""
     config = record.config
-    return ipc.LoadModel(
+    samples, buffers = ([], []) if fast else warmup_tensors(record)
+    message = ipc.LoadModel(
         req_id=req_id,
         model=str(record.key),
         path=str(record.form_path(form)),
@@ -48,12 +52,26 @@ def load_message(
         memory_limit=config.memory_limit or 0,
         instances=config.instance_count,
         warm_up=not fast,
+        warmup=samples,
         form=form,
         cpu_fallback=settings.cpu_fallback,
         arena=ARENAS[config.gpu_arena],
         mapped_weights=settings.keep_staged_mapped,
         share_graphs=settings.share_graphs,
     )
+    return message, buffers
+
+
+def warmup_tensors(record: ModelRecord) -> tuple[list[list[Any]], list[memoryview]]:
+    """A model's warm-up samples as a load carries them: each [name, runs, tensor
+    descriptors], and all their tensors' bytes, sample after sample."""
+    samples: list[list[Any]] = []
+    buffers: list[memoryview] = []
+    for sample in record.source.warmup:
+        descs, views = framing.pack_tensors(sample.arrays())
+        samples.append([sample.name, sample.runs, descs])
+        buffers += views
+    return samples, buffers
 
 
 def stage_message(

@@ -98,6 +98,10 @@ class LoadModel(Message):
     # Run once on synthetic inputs before answering. Skipped for a promotion that
     # requests wait for: their first batch does the same work, and sooner.
     warm_up: bool = True
+    # With warm_up, the model's own warm-up samples (config.pbtxt's model_warmup) in
+    # place of the synthetic run: each [name, runs, tensor descriptors], their tensors
+    # in the frame's payload, back to back. A sample that fails fails the load.
+    warmup: list[list[Any]] = field(default_factory=list)
     # The form `path` holds ("" as shipped, "int8", "fp16"), named in each result.
     form: str = ""
     # Swap the session of a model loaded now (its form changes while it serves);

@@ -56,6 +56,7 @@ from edgeplex.agent.runners.sessions import (
     no_cuda,
     providers,
     resident_bytes,
+    run_samples,
     scrub,
     served_by,
     session_options,
@@ -146,7 +147,7 @@ class Runner:
                     model.work.put((message, payload))
             elif isinstance(message, ipc.LoadModel):
                 if not self._load_at_once(message):
-                    self._loads.put(message)
+                    self._loads.put((message, payload))  # the payload: its warm-up samples
             elif isinstance(message, ipc.AttachShm):
                 self._attach(message)
             elif isinstance(message, (ipc.StageModel, ipc.Prepack, ipc.BuildVariants)):
@@ -177,7 +178,7 @@ class Runner:
         swept = time.monotonic()
         while True:
             try:
-                request = self._loads.get(timeout=WEIGHT_SWEEP_S)
+                request, payload = self._loads.get(timeout=WEIGHT_SWEEP_S)
             except queue.Empty:
                 request = None
             if time.monotonic() - swept >= WEIGHT_SWEEP_S:
@@ -186,7 +187,7 @@ class Runner:
                 swept = time.monotonic()
             if request is not None:
                 with self._load_lock:
-                    self._answer_load(request, partial(self._load, request))
+                    self._answer_load(request, partial(self._load, request, payload))
 
     def _load_at_once(self, request: ipc.LoadModel) -> bool:
         """Do here, on the reader thread, a load that creates nothing (its graph has a
@@ -237,7 +238,7 @@ class Runner:
             return
         self._send(stage(request))
 
-    def _load(self, request: ipc.LoadModel) -> ipc.ModelLoaded | ipc.Failure:
+    def _load(self, request: ipc.LoadModel, samples: memoryview) -> ipc.ModelLoaded | ipc.Failure:
         stages: dict[str, float] = {}
         staged = Path(request.staged_dir)
         source = "staged" if (staged / STAGED_MODEL).is_file() else "cached"
@@ -262,7 +263,10 @@ class Runner:
             return ipc.Failure(request.req_id, "load", no_cuda(request.model))
         if request.warm_up:
             started = time.perf_counter()
-            warm_up(session, feeds)
+            if request.warmup:
+                run_samples(session, feeds, request.warmup, samples)
+            else:
+                warm_up(session, feeds)
             stages["warmup"] = ms_since(started)
         # What the process grew by, but never less than the weights the session reads:
         # a session over the mapped staged copy may grow by nothing measurable when a

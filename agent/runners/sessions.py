@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from edgeplex.agent.runners import ipc
+from edgeplex.agent.runners import framing, ipc
 
 log = logging.getLogger("edgeplex.runner")
 
@@ -237,6 +237,29 @@ def warm_up(session: ort.InferenceSession, weights: dict[str, np.ndarray] | None
         session.run(None, feeds)
     except Exception as exc:  # a model may reject synthetic inputs; that is not fatal
         log.info("warm-up skipped: %s", str(exc)[:200])
+
+
+def run_samples(
+    session: ort.InferenceSession,
+    weights: dict[str, np.ndarray] | None,
+    samples: list[list[Any]],
+    payload: memoryview,
+) -> None:
+    """The model's own warm-up samples (config.pbtxt's model_warmup, as a LoadModel
+    carries them), each run its number of times, in place of `warm_up`'s zeros; a
+    ValueError naming the sample that fails (so does the load)."""
+    offset = 0
+    for name, runs, descs in samples:
+        size = sum(desc[3] for desc in descs)
+        arrays = framing.unpack_tensors(descs, payload[offset : offset + size])
+        offset += size
+        feeds = dict(weights or {})
+        feeds.update((n, as_text(a)) for n, a in arrays.items())
+        for _ in range(runs):
+            try:
+                session.run(None, feeds)
+            except Exception as exc:
+                raise ValueError(f"model_warmup '{name}' failed: {exc}") from None
 
 
 _ORT_TO_NUMPY = {

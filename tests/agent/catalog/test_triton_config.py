@@ -55,7 +55,16 @@ instance_group [ { count: 2, kind: KIND_CPU } ]
 version_policy: { specific: { versions: [ 1 ] } }
 parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 parameters { key: "cudnn_conv_algo_search" value: { string_value: "1" } }
-model_warmup [ { name: "zeros" batch_size: 1 } ]
+optimization { input_pinned_memory { enable: true } }
+model_warmup [
+  {
+    name: "zeros"
+    batch_size: 2
+    count: 3
+    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] zero_data: true } }
+    inputs { key: "INPUT1" value: { data_type: TYPE_FP32 dims: [ 16 ] random_data: true } }
+  }
+]
 """
 
 
@@ -112,7 +121,7 @@ def test_triton_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
     assert config.outputs[1].dims == (-1,)
     assert config.version_policy.select([3, 2, 1]) == [1]
     text = "\n".join(config.warnings)
-    for unsupported in ("model_warmup", "cudnn_conv_algo_search"):
+    for unsupported in ("optimization", "cudnn_conv_algo_search"):
         assert unsupported in text, text
     assert "preferred_batch_size" not in text, text  # acted on
 
@@ -148,7 +157,7 @@ def test_config_yaml_wins_over_config_pbtxt_and_the_policy_picks_the_version(
     assert source.version == "1"  # version_policy specific [1], though 2 exists
     assert source.config.max_queue_delay_us == 500  # config.yaml
     assert source.config.max_queue_size == 64  # config.pbtxt
-    assert any("model_warmup" in w for w in source.warnings)
+    assert any("optimization" in w for w in source.warnings)
     (tmp_path / "add_sub" / "config.pbtxt").write_text(
         "version_policy: { specific: { versions: [ 7 ] } }"
     )
@@ -175,8 +184,9 @@ def triton_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(repo / "add_sub" / "1", repo / "add_sub" / "2")
     (repo / "add_sub" / "config.pbtxt").write_text(TRITON_ADD_SUB)
     demo.make_add_sub(repo / "misdeclared")
+    without_warmup = TRITON_ADD_SUB.split("model_warmup")[0]  # its dims are the inputs'
     (repo / "misdeclared" / "config.pbtxt").write_text(
-        TRITON_ADD_SUB.replace('"add_sub"', '"misdeclared"').replace(
+        without_warmup.replace('"add_sub"', '"misdeclared"').replace(
             "dims: [ 16 ]", "dims: [ 3 ]", 1
         )
     )
@@ -243,9 +253,9 @@ def test_a_triton_repository_serves_through_tritonclient(triton_repo: Path, tmp_
         by_name = {e["name"]: e for e in json.loads(body)}
         assert "input 'INPUT0' dims [3]" in by_name["misdeclared"]["reason"], by_name["misdeclared"]
         warnings = "\n".join(by_name["add_sub"]["warnings"])
-        assert "model_warmup" in warnings and "preferred_batch_size" not in warnings
+        assert "optimization" in warnings and "preferred_batch_size" not in warnings
         assert by_name["add_sub"]["instances"] == 2  # instance_group count
-        assert "model_warmup" in agent.log()  # logged too
+        assert "optimization" in agent.log()  # logged too
     finally:
         assert agent.stop() == 0, agent.log()
 

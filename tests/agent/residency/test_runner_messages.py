@@ -30,10 +30,10 @@ def test_each_provider_keeps_its_own_staged_copy():
 
 def test_a_load_carries_the_models_device_arena_and_the_fallback_rule():
     settings = RunnerSettings(execution_provider="cuda", device_id=1, cpu_fallback=True)
-    plain = load_message(7, record(), "", False, Path("s"), settings)
+    plain, _ = load_message(7, record(), "", False, Path("s"), settings)
     assert (plain.provider, plain.device_id, plain.arena) == ("cuda", 1, "kSameAsRequested")
     assert plain.cpu_fallback
-    own = load_message(
+    own, _ = load_message(
         8, record(device_id=3, gpu_arena="next_power_of_two"), "", True, Path("s"), settings
     )
     assert (own.device_id, own.arena, own.warm_up) == (3, "kNextPowerOfTwo", False)

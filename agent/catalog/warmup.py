@@ -1,0 +1,216 @@
+"""Triton's `model_warmup` in config.pbtxt: the samples a load runs before the model
+serves, read and checked when the model is found.
+
+Each sample names its data for every model input: zeros (`zero_data`), random
+values (`random_data`; zeros for STRING, as in Triton) or a file's
+(`input_data_file`, a plain name in the model's `warmup/` folder holding one
+sample's values in row-major order, STRING elements each a little-endian u32
+length and its bytes). `dims` leave out the batch dimension when the model batches;
+a sample of `batch_size` n repeats its values n times, and runs `count` times (once
+when 0). The runner runs them on the new session before the model is loaded
+(agent/runners/sessions.py); one that fails fails the load, naming the sample.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeplex.agent.oip.errors import InvalidInput
+from edgeplex.agent.oip.tensors import (
+    BYTES,
+    OIP_TO_NUMPY,
+    decode_bytes,
+    from_triton_type,
+    triton_type,
+)
+
+WARMUP_DIR = "warmup"  # a model's warm-up data files, as in Triton
+MAX_WARMUP_BYTES = 64 << 20  # all of a model's samples, at their batch sizes
+
+Declared = tuple[str, tuple[int, ...]]  # an input as the config declares it: datatype, dims
+
+
+@dataclass(frozen=True)
+class WarmupInput:
+    name: str
+    datatype: str  # OIP name: FP32, BYTES, ...
+    dims: tuple[int, ...]  # one sample's, without the batch dimension when batching
+    fill: str  # "zero", "random" or "file"
+    file: str = ""  # the file in the model's warmup folder, for "file"
+    values: np.ndarray | None = field(default=None, compare=False, repr=False)  # its values
+
+    def array(self, batch: int | None, rng: np.random.Generator) -> np.ndarray:
+        """The input's values, with a leading batch dimension of `batch` (None: the
+        model does not batch)."""
+        dtype = OIP_TO_NUMPY.get(self.datatype, np.dtype(object))
+        if self.values is not None:
+            one = self.values
+        elif self.fill == "random" and dtype.kind == "f":
+            one = rng.random(self.dims).astype(dtype)
+        elif self.fill == "random" and dtype.kind in "iu":
+            one = rng.integers(0, 2, self.dims).astype(dtype)  # 0 or 1: a valid index
+        elif self.fill == "random" and dtype.kind == "b":
+            one = rng.integers(0, 2, self.dims).astype(bool)
+        elif dtype.kind == "O":
+            one = np.full(self.dims, b"", dtype=object)
+        else:
+            one = np.zeros(self.dims, dtype)
+        return one if batch is None else np.broadcast_to(one, (batch, *self.dims))
+
+
+@dataclass(frozen=True)
+class WarmupSample:
+    name: str
+    batch_size: int
+    runs: int
+    inputs: tuple[WarmupInput, ...]
+    batched: bool  # the model batches: inputs get a leading dimension of batch_size
+
+    def arrays(self, seed: int = 0) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        batch = self.batch_size if self.batched else None
+        return {i.name: np.ascontiguousarray(i.array(batch, rng)) for i in self.inputs}
+
+    def nbytes(self) -> int:
+        return sum(_sample_bytes(i) for i in self.inputs) * self.batch_size
+
+    def config_json(self) -> dict[str, Any]:
+        """The sample as Triton's model config endpoint returns it."""
+        inputs = {}
+        for item in self.inputs:
+            entry: dict[str, Any] = {
+                "data_type": triton_type(item.datatype),
+                "dims": list(item.dims),
+            }
+            if item.fill == "file":
+                entry["input_data_file"] = item.file
+            else:
+                entry[f"{item.fill}_data"] = True
+            inputs[item.name] = entry
+        return {"name": self.name, "batch_size": self.batch_size, "count": self.runs,
+                "inputs": inputs}  # fmt: skip
+
+
+def warmup_samples(
+    blocks: list[Any],
+    max_batch_size: int,
+    declared: dict[str, Declared],
+    directory: Path | None,
+    fed: set[str] | frozenset[str] = frozenset(),
+) -> tuple[WarmupSample, ...]:
+    """The `model_warmup` samples of a parsed config, for a model batching up to
+    `max_batch_size` whose config declares the inputs `declared` (name: datatype and
+    dims; empty when it declares none, and the graph then has the last word) and whose
+    sequence batcher fills in the inputs `fed` (a sample names them too). Raises
+    ValueError naming the sample for what cannot run as written."""
+    samples = []
+    for index, block in enumerate(blocks):
+        name = str(_one(block, "name", "")) or f"#{index}"
+        where = f"model_warmup '{name}'"
+        batch_size = int(_one(block, "batch_size", 0))
+        if batch_size < 1:
+            raise ValueError(f"{where}: batch_size must be at least 1")
+        if max_batch_size == 0 and batch_size != 1:
+            raise ValueError(f"{where}: batch_size must be 1 for a model that does not batch")
+        if batch_size > max(1, max_batch_size):
+            raise ValueError(f"{where}: batch_size {batch_size} is above max_batch_size")
+        inputs = tuple(
+            _input(entry, where, declared, fed, directory) for entry in block.get("inputs", [])
+        )
+        if not inputs:
+            raise ValueError(f"{where}: no inputs (a sample names data for every input)")
+        missing = sorted(set(declared) - {i.name for i in inputs})
+        if missing:
+            raise ValueError(f"{where}: no data for input '{missing[0]}'")
+        runs = max(1, int(_one(block, "count", 0)))
+        samples.append(WarmupSample(name, batch_size, runs, inputs, max_batch_size > 0))
+    total = sum(s.nbytes() for s in samples)
+    if total > MAX_WARMUP_BYTES:
+        raise ValueError(f"model_warmup: its samples hold {total} bytes, more than "
+                         f"{MAX_WARMUP_BYTES}")  # fmt: skip
+    return tuple(samples)
+
+
+def _input(
+    entry: dict[str, list[Any]],
+    where: str,
+    declared: dict[str, Declared],
+    fed: set[str] | frozenset[str],
+    directory: Path | None,
+) -> WarmupInput:
+    name = str(_one(entry, "key", ""))
+    spec: dict[str, list[Any]] = _one(entry, "value", {})
+    where = f"{where}: input '{name}'"
+    if declared and name not in declared and name not in fed:
+        raise ValueError(f"{where} is not an input of the model")
+    datatype = from_triton_type(str(_one(spec, "data_type", "TYPE_INVALID")))
+    if datatype not in OIP_TO_NUMPY and datatype != BYTES:
+        raise ValueError(f"{where}: data_type {_one(spec, 'data_type', '')!r} cannot be fed")
+    dims = tuple(int(d) for d in spec.get("dims", []))
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{where}: dims must be fixed, not {list(dims)}")
+    if name in declared:
+        own_type, own_dims = declared[name]
+        if own_type != datatype:
+            raise ValueError(f"{where}: data_type {datatype} is not the input's ({own_type})")
+        if len(own_dims) != len(dims) or any(
+            d not in (-1, w) for d, w in zip(own_dims, dims, strict=True)
+        ):
+            raise ValueError(f"{where}: dims {list(dims)} do not fit the input's {list(own_dims)}")
+    file = str(_one(spec, "input_data_file", ""))
+    if file:
+        values = _read(file, datatype, dims, where, directory)
+        return WarmupInput(name, datatype, dims, "file", file, values)
+    fill = "random" if _one(spec, "random_data", False) else "zero"
+    return WarmupInput(name, datatype, dims, fill)
+
+
+def _read(
+    file: str, datatype: str, dims: tuple[int, ...], where: str, directory: Path | None
+) -> np.ndarray:
+    """One sample's values from `file` in the model's warmup folder."""
+    where = f"{where}: input_data_file {file!r}"
+    if file in (".", "..") or any(c in file for c in "/\\\0"):
+        raise ValueError(f"{where} must name a file in the model's {WARMUP_DIR} folder")
+    if directory is None:
+        raise ValueError(f"{where}: the model's folder is not known")
+    folder = directory / WARMUP_DIR
+    path = folder / file
+    dtype = OIP_TO_NUMPY.get(datatype)
+    need = math.prod(dims) * (dtype.itemsize if dtype is not None else 0)
+    try:
+        if not path.resolve().is_relative_to(folder.resolve()) or not path.is_file():
+            raise ValueError(f"{where}: no such file in the model's {WARMUP_DIR} folder")
+        size = path.stat().st_size
+        if size > MAX_WARMUP_BYTES:
+            raise ValueError(f"{where} holds {size} bytes, more than {MAX_WARMUP_BYTES}")
+        if datatype != BYTES and size != need:
+            raise ValueError(
+                f"{where} holds {size} bytes; dims {list(dims)} of {datatype} need {need}"
+            )
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{where}: {exc.strerror}") from None
+    if datatype == BYTES:
+        try:
+            return decode_bytes(file, dims, data, MAX_WARMUP_BYTES)
+        except InvalidInput as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return np.frombuffer(data, dtype=dtype).reshape(dims)
+
+
+def _sample_bytes(item: WarmupInput) -> int:
+    if item.datatype == BYTES:  # each element a u32 length and its bytes (none: zeros)
+        values = () if item.values is None else item.values.reshape(-1)
+        return 4 * math.prod(item.dims) + sum(len(v) for v in values)
+    return math.prod(item.dims) * OIP_TO_NUMPY[item.datatype].itemsize
+
+
+def _one(message: dict[str, list[Any]], key: str, default: Any) -> Any:
+    values = message.get(key, [])
+    return values[-1] if values else default
