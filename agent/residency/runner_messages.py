@@ -53,6 +53,7 @@ def load_message(
         instances=config.instance_count,
         warm_up=not fast,
         warmup=samples,
+        warmup_s=settings.load_timeout_s,
         form=form,
         cpu_fallback=settings.cpu_fallback,
         arena=ARENAS[config.gpu_arena],

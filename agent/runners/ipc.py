@@ -102,6 +102,9 @@ class LoadModel(Message):
     # place of the synthetic run: each [name, runs, tensor descriptors], their tensors
     # in the frame's payload, back to back. A sample that fails fails the load.
     warmup: list[list[Any]] = field(default_factory=list)
+    # Seconds the samples may take in all (0: no limit): the agent gives up on the
+    # load then, and the runner's one loader must not stay busy with it.
+    warmup_s: float = 0.0
     # The form `path` holds ("" as shipped, "int8", "fp16"), named in each result.
     form: str = ""
     # Swap the session of a model loaded now (its form changes while it serves);

@@ -264,7 +264,7 @@ class Runner:
         if request.warm_up:
             started = time.perf_counter()
             if request.warmup:
-                run_samples(session, feeds, request.warmup, samples)
+                run_samples(session, feeds, request.warmup, samples, request.warmup_s)
             else:
                 warm_up(session, feeds)
             stages["warmup"] = ms_since(started)

@@ -244,10 +244,13 @@ def run_samples(
     weights: dict[str, np.ndarray] | None,
     samples: list[list[Any]],
     payload: memoryview,
+    limit_s: float = 0.0,
 ) -> None:
     """The model's own warm-up samples (config.pbtxt's model_warmup, as a LoadModel
     carries them), each run its number of times, in place of `warm_up`'s zeros; a
-    ValueError naming the sample that fails (so does the load)."""
+    ValueError naming the sample that fails, or that is still running after
+    `limit_s` in all (0: no limit), and so fails the load."""
+    deadline = time.monotonic() + limit_s if limit_s > 0 else None
     offset = 0
     for name, runs, descs in samples:
         size = sum(desc[3] for desc in descs)
@@ -256,6 +259,8 @@ def run_samples(
         feeds = dict(weights or {})
         feeds.update((n, as_text(a)) for n, a in arrays.items())
         for _ in range(runs):
+            if deadline is not None and time.monotonic() > deadline:
+                raise ValueError(f"model_warmup '{name}' did not finish within {limit_s:g} s")
             try:
                 session.run(None, feeds)
             except Exception as exc:

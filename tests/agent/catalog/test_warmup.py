@@ -5,6 +5,7 @@ that fails fails the load, naming it, while every other model serves."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +147,30 @@ def test_an_explicit_load_runs_the_samples_and_one_that_fails_fails_the_load(
         np.testing.assert_array_equal(client.infer("other", inputs).as_numpy("OUTPUT1"), a - a)
         metrics = agent.http_get("/metrics")[1].decode()
         assert 'edgeplex_agent_promotion_stage_duration_seconds_count{stage="warmup"}' in metrics
+        client.close()
+    finally:
+        assert agent.stop() == 0, agent.log()
+
+
+def test_samples_that_outlast_the_load_timeout_fail_it_and_free_the_loader(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    endless = SAMPLES.replace('name: "m"', 'name: "endless"').replace(
+        "count: 2", "count: 1000000000"
+    )
+    write_model(repo / "endless", endless)
+    demo.make_add_sub(repo / "other")
+    env = {"EDGEPLEX_AGENT_RUNNER__LOAD_TIMEOUT_S": "1"}
+    agent = start_agent(repo, tmp_path, env=env)
+    try:
+        client = th.InferenceServerClient(agent.http_url)
+        with pytest.raises(InferenceServerException, match="load did not finish"):
+            client.load_model("endless", headers=ADMIN)
+        started = time.monotonic()
+        # The runner's one loader stopped the samples at the same time limit: free again.
+        client.load_model("other", headers=ADMIN)
+        assert time.monotonic() - started < 1.0
         client.close()
     finally:
         assert agent.stop() == 0, agent.log()
