@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from inspect import iscoroutine
 from typing import Any, Protocol
 
@@ -62,6 +62,7 @@ from edgeplex.agent.observability import views
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.observability.usage import Journal
+from edgeplex.agent.oip import classification
 from edgeplex.agent.oip.errors import (
     DeadlineExceeded,
     InvalidInput,
@@ -83,7 +84,11 @@ from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.names import valid_name
 from edgeplex.settings import state_dir
 
-EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "edgeplex_status"]
+# Triton's protocol extensions it serves (as server metadata names them), and its own.
+EXTENSIONS = [
+    "classification", "sequence", "model_repository", "schedule_policy", "model_configuration",
+    "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "edgeplex_status",
+]  # fmt: skip
 DEFAULT_TIMEOUT_S = 30.0  # a request's deadline when neither it nor its model sets one
 
 # Fetches a model no site holds into this site's repository (fleet/on_demand.py):
@@ -150,6 +155,8 @@ class Decoded(Protocol):
     def sequence(self) -> Flags | None: ...
     @property
     def priority(self) -> int: ...
+    @property
+    def classify(self) -> dict[str, int]: ...
 
 
 class Agent:
@@ -665,6 +672,8 @@ class Agent:
                 inputs = Sequences.inputs(live, inputs, record.max_batch_size > 0)
                 wanted = Sequences.outputs(live, wanted)
             given, batch = validate(record, inputs, wanted)  # before any promotion
+            if body.classify:
+                classification.check(body.classify, {s.name: s.datatype for s in record.outputs})
             cache = self.response_cache if record.config.response_cache else None
             if cache is not None:  # answered before admission: no promotion for a hit
                 # The artifact's digest too: a replaced model.onnx answers anew.
@@ -674,7 +683,8 @@ class Agent:
                     self._answered_from_cache(lookup, self.queues.stats(record.key), arrived,
                                               caller, name, record.version)  # fmt: skip
                     served_by = router.site_id if router is not None else ""
-                    return InferResult(record, lookup.kept, "", "", served_by)
+                    kept = _classified(record, lookup.kept, body.classify)
+                    return InferResult(record, kept, "", "", served_by)
             ticket = self.residency.admit(name, version, deadline)
             if not ticket.settled:
                 waited = await ticket.wait(loop)
@@ -706,6 +716,8 @@ class Agent:
                 served = True
             if cache is not None:
                 self._keep(lookup, outputs, self.queues.stats(record.key))
+            if body.classify:
+                outputs = _classified(record, outputs, body.classify)
             served_by = router.site_id if router is not None else ""
             return InferResult(record, outputs, ticket.cold_start, request.form, served_by)
         except asyncio.CancelledError:  # the caller went away (Triton: CANCELED)
@@ -769,13 +781,15 @@ class Agent:
         decoded = decode()
         body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
         tensors = ensemble_inputs(ensemble, body.inputs)
+        if body.classify:
+            classification.check(body.classify, {t.name: t.datatype for t in ensemble.outputs})
         cache = self.response_cache if ensemble.response_cache else None
         if cache is not None:
             artifacts = self._ensemble_artifacts(ensemble)
             lookup = await self._look_up(cache, name, artifacts, tensors, body.outputs)
             if lookup.kept is not None:
                 self._answered_from_cache(lookup, stats, arrived, caller, name, ensemble.version)
-                return InferResult(ensemble, lookup.kept, "")
+                return InferResult(ensemble, _classified(ensemble, lookup.kept, body.classify), "")
         for wave in ensemble.waves:
             results = await asyncio.gather(
                 *(self._ensemble_step(step, tensors, body, arrived, caller) for step in wave)
@@ -791,7 +805,7 @@ class Agent:
         if cache is not None:
             self._keep(lookup, outputs, stats)
         stats.record_request(loop.time() - arrived, _rows(ensemble, outputs))
-        return InferResult(ensemble, outputs, "")
+        return InferResult(ensemble, _classified(ensemble, outputs, body.classify), "")
 
     # --- the response cache, for models and ensembles alike ----------------------------------
 
@@ -920,6 +934,19 @@ class StepBody:
     timeout_s: float | None
     sequence: Flags | None = None
     priority: int = 0
+    classify: dict[str, int] = field(default_factory=dict)
+
+
+def _classified(
+    entry: ModelRecord | Ensemble, outputs: dict[str, np.ndarray], wanted: dict[str, int]
+) -> dict[str, np.ndarray]:
+    """`outputs` with those asked for as classifications replaced by their top classes
+    (oip/classification.py), labelled as the config's label files say."""
+    if not wanted:
+        return outputs
+    declared = entry.source.declared_outputs if isinstance(entry, ModelRecord) else entry.outputs
+    labels = {t.name: t.labels for t in declared if t.labels}
+    return classification.classify(outputs, wanted, labels, entry.max_batch_size > 0)
 
 
 def _no_header(name: str) -> str | None:

@@ -112,7 +112,7 @@ def read_ensemble(model_dir: Path, known: set[str]) -> Ensemble:
         raise ValueError(f"{PBTXT_FILE}: name {declared!r} does not match the directory {name!r}")
     warnings: list[str] = []
     inputs = tuple(triton_tensor(t, "input", warnings) for t in data.get("input", []))
-    outputs = tuple(triton_tensor(t, "output", warnings) for t in data.get("output", []))
+    outputs = tuple(triton_tensor(t, "output", warnings, model_dir) for t in data.get("output", []))
     if not inputs or not outputs:
         raise ValueError(f"{PBTXT_FILE}: an ensemble declares its inputs and outputs")
     steps = _steps(data, known)

@@ -13,6 +13,7 @@ never dropped silently:
 | `platform: "onnxruntime_onnx"` / `backend: "onnxruntime"` | required when set |
 | `max_batch_size` | `max_batch_size` (dims then leave out the batch dimension) |
 | `input`, `output` (`name`, `data_type`, `dims`) | checked against the graph |
+| `output.label_filename` | the labels of a classification (oip/classification.py) |
 | `dynamic_batching.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `dynamic_batching.preferred_batch_size` | `preferred_batch_sizes` |
 | `dynamic_batching.priority_levels`, `.default_priority_level` | the same |
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from edgeplex.agent.residency.state import ModelRecord
 
 PBTXT_FILE = "config.pbtxt"
+MAX_LABEL_BYTES = 16 << 20  # an output's label file
 
 Message = dict[str, list[Any]]  # a field may repeat: every value is a list
 
@@ -118,6 +120,10 @@ class DeclaredTensor:
     name: str
     datatype: str  # OIP name: FP32, BYTES, ...
     dims: tuple[int, ...]  # without the batch dimension when max_batch_size > 0
+    # An output's class labels, one per index (label_filename): the classification
+    # extension names them.
+    labels: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    label_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -196,7 +202,9 @@ def triton_config(data: Message, model: str, directory: Path | None = None) -> T
     if "max_batch_size" in data:
         out.settings["max_batch_size"] = int(_one(data, "max_batch_size", 0))
     out.inputs = tuple(triton_tensor(t, "input", out.warnings) for t in data.get("input", []))
-    out.outputs = tuple(triton_tensor(t, "output", out.warnings) for t in data.get("output", []))
+    out.outputs = tuple(
+        triton_tensor(t, "output", out.warnings, directory) for t in data.get("output", [])
+    )
     _batching(data.get("dynamic_batching", []), out)
     _instances(data.get("instance_group", []), out)
     _versions(data.get("version_policy", []), out)
@@ -228,7 +236,11 @@ def _one(message: Message, key: str, default: Any) -> Any:
     return values[-1] if values else default
 
 
-def triton_tensor(message: Any, what: str, warnings: list[str]) -> DeclaredTensor:
+def triton_tensor(
+    message: Any, what: str, warnings: list[str], directory: Path | None = None
+) -> DeclaredTensor:
+    """An input or output as declared; an output's label file is read from the model's
+    `directory`."""
     if not isinstance(message, dict) or not _one(message, "name", ""):
         raise ValueError(f"{PBTXT_FILE}: every {what} needs a name")
     name = str(_one(message, "name", ""))
@@ -238,11 +250,37 @@ def triton_tensor(message: Any, what: str, warnings: list[str]) -> DeclaredTenso
             f"{PBTXT_FILE}: {what} '{name}': data_type {data_type!r} is not a Triton type"
         )
     datatype = from_triton_type(data_type)
-    for key in sorted(set(message) - {"name", "data_type", "dims"}):
+    used = {"name", "data_type", "dims"}
+    labels: tuple[str, ...] = ()
+    if what == "output" and directory is not None and "label_filename" in message:
+        used.add("label_filename")
+        labels = read_labels(directory, str(_one(message, "label_filename", "")), name)
+    for key in sorted(set(message) - used):
         warnings.append(
             f"{PBTXT_FILE}: {what} '{name}': '{key}' is not supported and has no effect"
         )
-    return DeclaredTensor(name, datatype, tuple(int(d) for d in message.get("dims", [])))
+    dims = tuple(int(d) for d in message.get("dims", []))
+    label_file = str(_one(message, "label_filename", "")) if labels else ""
+    return DeclaredTensor(name, datatype, dims, labels, label_file)
+
+
+def read_labels(directory: Path, file: str, output: str) -> tuple[str, ...]:
+    """An output's `label_filename`: a plain name in the model's directory, one label
+    per line (UTF-8), as Triton reads it."""
+    where = f"{PBTXT_FILE}: output '{output}': label_filename {file!r}"
+    if file in ("", ".", "..") or any(c in file for c in "/\\\0"):
+        raise ValueError(f"{where} must name a file in the model's directory")
+    path = directory / file
+    try:
+        if not path.resolve().is_relative_to(directory.resolve()) or not path.is_file():
+            raise ValueError(f"{where}: no such file in the model's directory")
+        if path.stat().st_size > MAX_LABEL_BYTES:
+            raise ValueError(f"{where}: more than {MAX_LABEL_BYTES} bytes")
+        return tuple(path.read_bytes().decode().splitlines())
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: not UTF-8") from None
+    except OSError as exc:
+        raise ValueError(f"{where}: {exc.strerror}") from None
 
 
 def _batching(blocks: list[Any], out: TritonConfig) -> None:
@@ -377,6 +415,10 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
         "input": tensors(entry.inputs),
         "output": tensors(entry.outputs),
     }
+    labelled = {t.name: t.label_file for t in entry.source.declared_outputs if t.label_file}
+    for output in out["output"]:
+        if output["name"] in labelled:
+            output["label_filename"] = labelled[output["name"]]
     sequence = entry.source.sequence
     if sequence is not None:  # a stateful model: the one batcher Triton gives it
         out["sequence_batching"] = sequence.config_json(

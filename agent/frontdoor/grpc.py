@@ -13,7 +13,7 @@ import importlib
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -120,6 +120,22 @@ def _sequence_of(request: pb.ModelInferRequest) -> tuple[str, str, int | str] | 
     return (request.model_name, request.model_version, sequence_id)
 
 
+def _classify(request: pb.ModelInferRequest) -> dict[str, int]:
+    """The outputs asked for as classifications (their `classification` parameter), and
+    how many classes each."""
+    found = {}
+    for output in request.outputs:
+        if output.parameters and "classification" in output.parameters:
+            count = grpc_params(output.parameters)["classification"]
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise InvalidInput(
+                    f"output '{output.name}': 'classification' must be a non-negative integer"
+                )
+            if count:
+                found[output.name] = count
+    return found
+
+
 def _shm_outputs(request: pb.ModelInferRequest, regions: ClientRegions | None) -> dict[str, Ref]:
     """The requested outputs to write into shared memory, by name (checked before the
     model runs: a region no one registered is refused first)."""
@@ -147,6 +163,7 @@ class Body:
     sequence: Flags | None = None  # a stateful model's request: its sequence and place
     shm_outputs: dict[str, Ref] | None = None  # outputs to write into shared memory
     priority: int = 0  # the `priority` parameter (0: none)
+    classify: dict[str, int] = field(default_factory=dict)  # output: top k (classification)
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -240,7 +257,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     params = grpc_params(request.parameters)
                     flags, priority = flags_of(params), _priority(params)
                 body = Body(inputs, wanted, timeout_s, flags, _shm_outputs(request, regions),
-                            priority)  # fmt: skip
+                            priority, _classify(request))  # fmt: skip
                 decoded.append(body)
                 return body
 

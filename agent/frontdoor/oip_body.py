@@ -46,6 +46,7 @@ class InferBody:
     shm_outputs: dict[str, Ref] = field(default_factory=dict)
     regions: ClientRegions | None = None
     sequence: Flags | None = None  # a stateful model's request: its sequence and place
+    classify: dict[str, int] = field(default_factory=dict)  # output: top k (classification)
 
 
 def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
@@ -135,6 +136,14 @@ def _outputs(doc: dict[str, Any], body: InferBody) -> None:
             if not isinstance(binary, bool):
                 raise InvalidInput(f"output '{item['name']}': 'binary_data' must be true or false")
             body.binary_outputs[item["name"]] = binary
+        count = params.get("classification")
+        if count is not None:
+            if not _int(count) or count < 0:
+                raise InvalidInput(
+                    f"output '{item['name']}': 'classification' must be a non-negative integer"
+                )
+            if count:
+                body.classify[item["name"]] = count
         names.append(item["name"])
     body.outputs = names or None
 

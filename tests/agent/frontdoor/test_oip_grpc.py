@@ -36,7 +36,7 @@ def test_server_health_and_metadata(client):
     assert client.is_server_ready()
     meta = client.get_server_metadata()
     assert meta.name == "edgeplex"
-    assert "model_repository" in meta.extensions
+    assert {"model_repository", "classification", "sequence"} <= set(meta.extensions)
 
 
 def test_model_metadata_comes_from_the_onnx_graph(client):
