@@ -14,6 +14,7 @@ never dropped silently:
 | `max_batch_size` | `max_batch_size` (dims then leave out the batch dimension) |
 | `input`, `output` (`name`, `data_type`, `dims`) | checked against the graph |
 | `output.label_filename` | the labels of a classification (oip/classification.py) |
+| `input`, `output` `reshape` | clients see `dims`, the graph `reshape.shape` (the runner reshapes) |
 | `dynamic_batching.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `dynamic_batching.preferred_batch_size` | `preferred_batch_sizes` |
 | `dynamic_batching.priority_levels`, `.default_priority_level` | the same |
@@ -37,6 +38,7 @@ edgeplex-native file wins field by field (docs/architecture.md).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,6 +126,9 @@ class DeclaredTensor:
     # extension names them.
     labels: tuple[str, ...] = field(default=(), compare=False, repr=False)
     label_file: str = ""
+    # `reshape`: the shape the graph has (without the batch dimension when batching)
+    # where clients see `dims`; None when they are the same.
+    reshape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -250,7 +255,7 @@ def triton_tensor(
             f"{PBTXT_FILE}: {what} '{name}': data_type {data_type!r} is not a Triton type"
         )
     datatype = from_triton_type(data_type)
-    used = {"name", "data_type", "dims"}
+    used = {"name", "data_type", "dims", "reshape"}
     labels: tuple[str, ...] = ()
     if what == "output" and directory is not None and "label_filename" in message:
         used.add("label_filename")
@@ -261,7 +266,30 @@ def triton_tensor(
         )
     dims = tuple(int(d) for d in message.get("dims", []))
     label_file = str(_one(message, "label_filename", "")) if labels else ""
-    return DeclaredTensor(name, datatype, dims, labels, label_file)
+    reshape = _reshape(message, dims, f"{PBTXT_FILE}: {what} '{name}'")
+    return DeclaredTensor(name, datatype, dims, labels, label_file, reshape)
+
+
+def _reshape(message: Any, dims: tuple[int, ...], where: str) -> tuple[int, ...] | None:
+    """A tensor's `reshape.shape`, checked: it holds as many elements as `dims` when
+    both are fixed; each has at most one variable dimension (taken from the rest)."""
+    blocks = message.get("reshape", [])
+    if not blocks:
+        return None
+    shape = tuple(int(d) for d in blocks[-1].get("shape", []))
+    for what, sizes in (("reshape", shape), ("dims", dims)):
+        if sum(d == -1 for d in sizes) > 1 or any(d < -1 for d in sizes):
+            raise ValueError(
+                f"{where}: {what} {list(sizes)} may have one variable dimension (-1), with reshape"
+            )
+    if (-1 in shape) != (-1 in dims):
+        raise ValueError(f"{where}: reshape {list(shape)} and dims {list(dims)} must both be "
+                         "fixed or both variable")  # fmt: skip
+    if -1 not in dims and math.prod(shape) != math.prod(dims):
+        raise ValueError(
+            f"{where}: reshape {list(shape)} does not hold the elements of dims {list(dims)}"
+        )
+    return shape
 
 
 def read_labels(directory: Path, file: str, output: str) -> tuple[str, ...]:
@@ -419,6 +447,11 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
     for output in out["output"]:
         if output["name"] in labelled:
             output["label_filename"] = labelled[output["name"]]
+    declared = (*entry.source.declared_inputs, *entry.source.declared_outputs)
+    reshaped = {t.name: t.reshape for t in declared if t.reshape is not None}
+    for tensor in (*out["input"], *out["output"]):
+        if tensor["name"] in reshaped:
+            tensor["reshape"] = {"shape": list(reshaped[tensor["name"]])}
     sequence = entry.source.sequence
     if sequence is not None:  # a stateful model: the one batcher Triton gives it
         out["sequence_batching"] = sequence.config_json(

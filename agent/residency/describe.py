@@ -9,10 +9,12 @@ cannot be served as configured with the reason given here.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import NamedTuple
 
 from edgeplex.agent.catalog.graph import GraphError, read_interface
 from edgeplex.agent.catalog.repository import ModelSource
+from edgeplex.agent.catalog.triton_config import DeclaredTensor
 from edgeplex.agent.oip.tensors import TensorSpec
 from edgeplex.agent.residency.state import DEFAULT_MAX_BATCH_SIZE
 
@@ -67,7 +69,24 @@ def describe(key: object, source: ModelSource) -> Described | str:
             f"dynamic batching preferred size must be <= max batch size: {too_large[0]} is "
             f"larger than max_batch_size {max_batch}"
         )
-    return Described(interface.inputs, interface.outputs, max_batch)
+    inputs = _as_clients_see(interface.inputs, source.declared_inputs, max_batch)
+    outputs = _as_clients_see(interface.outputs, source.declared_outputs, max_batch)
+    return Described(inputs, outputs, max_batch)
+
+
+def _as_clients_see(
+    graph: tuple[TensorSpec, ...], declared: tuple[DeclaredTensor, ...], max_batch: int
+) -> tuple[TensorSpec, ...]:
+    """The graph's tensors, those config.pbtxt reshapes with the shape clients send and
+    receive (its `dims`; the runner reshapes them for the graph)."""
+    dims = {t.name: t.dims for t in declared if t.reshape is not None}
+    if not dims:
+        return graph
+    batch = (-1,) if max_batch else ()
+    return tuple(
+        replace(spec, shape=batch + dims[spec.name]) if spec.name in dims else spec
+        for spec in graph
+    )
 
 
 def _declared_mismatch(
@@ -84,14 +103,15 @@ def _declared_mismatch(
             return f"config.pbtxt declares {what} '{t.name}'; the graph's {what}s are {names}"
         if t.datatype != spec.datatype:
             return f"config.pbtxt: {what} '{t.name}' is {t.datatype}; the graph has {spec.datatype}"
-        dims = ((-1,) if max_batch else ()) + t.dims
+        dims = ((-1,) if max_batch else ()) + (t.dims if t.reshape is None else t.reshape)
         agree = len(dims) == len(spec.shape) and all(
             a == b or a == -1 or b == -1 for a, b in zip(dims, spec.shape, strict=True)
         )
         if not agree:
-            shown = list(t.dims)
+            shown = list(t.dims if t.reshape is None else t.reshape)
             return (
-                f"config.pbtxt: {what} '{t.name}' dims {shown} (max_batch_size {max_batch or 0}) "
+                f"config.pbtxt: {what} '{t.name}' {'dims' if t.reshape is None else 'reshape'} "
+                f"{shown} (max_batch_size {max_batch or 0}) "
                 f"do not match the graph's shape {list(spec.shape)}"
             )
     return ""

@@ -36,8 +36,11 @@ def load_message(
 ) -> tuple[ipc.LoadModel, list[memoryview]]:
     """The load of one of a model's forms, and the bytes of its warm-up samples (none
     for a `fast` load, a promotion that requests wait for: it does not warm up)."""
-    config = record.config
+    config, source = record.config, record.source
     samples, buffers = ([], []) if fast else warmup_tensors(record)
+    # config.pbtxt's reshape: what the graph takes, and what clients get back.
+    graph_dims = {t.name: list(t.reshape) for t in source.declared_inputs if t.reshape is not None}
+    client_dims = {t.name: list(t.dims) for t in source.declared_outputs if t.reshape is not None}
     message = ipc.LoadModel(
         req_id=req_id,
         model=str(record.key),
@@ -54,6 +57,9 @@ def load_message(
         warm_up=not fast,
         warmup=samples,
         warmup_s=settings.load_timeout_s,
+        reshape_inputs=graph_dims,
+        reshape_outputs=client_dims,
+        batched=record.max_batch_size > 0,
         form=form,
         cpu_fallback=settings.cpu_fallback,
         arena=ARENAS[config.gpu_arena],

@@ -105,6 +105,12 @@ class LoadModel(Message):
     # Seconds the samples may take in all (0: no limit): the agent gives up on the
     # load then, and the runner's one loader must not stay busy with it.
     warmup_s: float = 0.0
+    # config.pbtxt's `reshape`: the inputs to reshape for the graph (name: the graph's
+    # dims) and the outputs to reshape for clients (name: their dims); without the
+    # batch dimension when `batched`, which every array then keeps first.
+    reshape_inputs: dict[str, list[int]] = field(default_factory=dict)
+    reshape_outputs: dict[str, list[int]] = field(default_factory=dict)
+    batched: bool = False
     # The form `path` holds ("" as shipped, "int8", "fp16"), named in each result.
     form: str = ""
     # Swap the session of a model loaded now (its form changes while it serves);

@@ -55,6 +55,7 @@ from edgeplex.agent.runners.sessions import (
     ms_since,
     no_cuda,
     providers,
+    reshaped,
     resident_bytes,
     run_samples,
     scrub,
@@ -264,7 +265,7 @@ class Runner:
         if request.warm_up:
             started = time.perf_counter()
             if request.warmup:
-                run_samples(session, feeds, request.warmup, samples, request.warmup_s)
+                run_samples(session, feeds, request, samples)
             else:
                 warm_up(session, feeds)
             stages["warmup"] = ms_since(started)
@@ -375,11 +376,14 @@ class Runner:
             feeds = {
                 n: as_text(a) for n, a in framing.unpack_tensors(message.tensors, payload).items()
             }
+            shaped = model.request  # config.pbtxt's reshape, if any
+            feeds = reshaped(feeds, shaped.reshape_inputs, shaped.batched)
             names = message.outputs or model.output_names
             started = time.perf_counter_ns()
             results = model.session.run(names, feeds)
             compute_ns = model.last_ns = time.perf_counter_ns() - started
             arrays = {n: np.asarray(r) for n, r in zip(names, results, strict=True)}
+            arrays = reshaped(arrays, shaped.reshape_outputs, shaped.batched)
             descs, buffers = framing.pack_tensors(arrays)
         except Exception as exc:
             invalid = type(exc).__name__ in ("InvalidArgument", "ProtocolError")

@@ -242,22 +242,23 @@ def warm_up(session: ort.InferenceSession, weights: dict[str, np.ndarray] | None
 def run_samples(
     session: ort.InferenceSession,
     weights: dict[str, np.ndarray] | None,
-    samples: list[list[Any]],
+    request: ipc.LoadModel,
     payload: memoryview,
-    limit_s: float = 0.0,
 ) -> None:
-    """The model's own warm-up samples (config.pbtxt's model_warmup, as a LoadModel
-    carries them), each run its number of times, in place of `warm_up`'s zeros; a
-    ValueError naming the sample that fails, or that is still running after
-    `limit_s` in all (0: no limit), and so fails the load."""
+    """The model's own warm-up samples (config.pbtxt's model_warmup: the load's
+    `warmup`, their tensors in its `payload`), each run its number of times, in place
+    of `warm_up`'s zeros; a ValueError naming the sample that fails, or that is still
+    running after the load's `warmup_s` in all (0: no limit), and so fails the load."""
+    limit_s = request.warmup_s
     deadline = time.monotonic() + limit_s if limit_s > 0 else None
     offset = 0
-    for name, runs, descs in samples:
+    for name, runs, descs in request.warmup:
         size = sum(desc[3] for desc in descs)
         arrays = framing.unpack_tensors(descs, payload[offset : offset + size])
         offset += size
         feeds = dict(weights or {})
         feeds.update((n, as_text(a)) for n, a in arrays.items())
+        feeds = reshaped(feeds, request.reshape_inputs, request.batched)
         for _ in range(runs):
             if deadline is not None and time.monotonic() > deadline:
                 raise ValueError(f"model_warmup '{name}' did not finish within {limit_s:g} s")
@@ -265,6 +266,22 @@ def run_samples(
                 session.run(None, feeds)
             except Exception as exc:
                 raise ValueError(f"model_warmup '{name}' failed: {exc}") from None
+
+
+def reshaped(
+    arrays: dict[str, np.ndarray], shapes: dict[str, list[int]], batched: bool
+) -> dict[str, np.ndarray]:
+    """`arrays` with those named in `shapes` reshaped (config.pbtxt's `reshape`: to the
+    graph's dims for inputs, to the clients' for outputs), each keeping its batch
+    dimension first when `batched`. A view: no copy."""
+    if not shapes:
+        return arrays
+    out = dict(arrays)
+    for name, shape in shapes.items():
+        array = out.get(name)
+        if array is not None:
+            out[name] = array.reshape((*array.shape[:1], *shape) if batched else tuple(shape))
+    return out
 
 
 _ORT_TO_NUMPY = {
