@@ -14,7 +14,7 @@ never dropped silently:
 | `max_batch_size` | `max_batch_size` (dims then leave out the batch dimension) |
 | `input`, `output` (`name`, `data_type`, `dims`) | checked against the graph |
 | `output.label_filename` | the labels of a classification (oip/classification.py) |
-| `input`, `output` `reshape` | clients see `dims`, the graph `reshape.shape` (the runner reshapes) |
+| `input`, `output` `reshape` | clients see `dims`, the graph `reshape.shape` (runner reshapes) |
 | `dynamic_batching.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `dynamic_batching.preferred_batch_size` | `preferred_batch_sizes` |
 | `dynamic_batching.priority_levels`, `.default_priority_level` | the same |
