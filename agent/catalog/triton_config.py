@@ -15,6 +15,7 @@ never dropped silently:
 | `input`, `output` (`name`, `data_type`, `dims`) | checked against the graph |
 | `output.label_filename` | the labels of a classification (oip/classification.py) |
 | `input`, `output` `reshape` | clients see `dims`, the graph `reshape.shape` (runner reshapes) |
+| `input.format` | returned with the config, for clients (Triton does not act on it either) |
 | `dynamic_batching.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `dynamic_batching.preferred_batch_size` | `preferred_batch_sizes` |
 | `dynamic_batching.priority_levels`, `.default_priority_level` | the same |
@@ -129,6 +130,7 @@ class DeclaredTensor:
     # `reshape`: the shape the graph has (without the batch dimension when batching)
     # where clients see `dims`; None when they are the same.
     reshape: tuple[int, ...] | None = None
+    format: str = "FORMAT_NONE"  # an input's layout (FORMAT_NCHW, FORMAT_NHWC): for clients
 
 
 @dataclass(frozen=True)
@@ -255,7 +257,7 @@ def triton_tensor(
             f"{PBTXT_FILE}: {what} '{name}': data_type {data_type!r} is not a Triton type"
         )
     datatype = from_triton_type(data_type)
-    used = {"name", "data_type", "dims", "reshape"}
+    used = {"name", "data_type", "dims", "reshape"} | ({"format"} if what == "input" else set())
     labels: tuple[str, ...] = ()
     if what == "output" and directory is not None and "label_filename" in message:
         used.add("label_filename")
@@ -267,7 +269,8 @@ def triton_tensor(
     dims = tuple(int(d) for d in message.get("dims", []))
     label_file = str(_one(message, "label_filename", "")) if labels else ""
     reshape = _reshape(message, dims, f"{PBTXT_FILE}: {what} '{name}'")
-    return DeclaredTensor(name, datatype, dims, labels, label_file, reshape)
+    layout = str(_one(message, "format", "FORMAT_NONE"))
+    return DeclaredTensor(name, datatype, dims, labels, label_file, reshape, layout)
 
 
 def _reshape(message: Any, dims: tuple[int, ...], where: str) -> tuple[int, ...] | None:
@@ -452,6 +455,9 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
     for tensor in (*out["input"], *out["output"]):
         if tensor["name"] in reshaped:
             tensor["reshape"] = {"shape": list(reshaped[tensor["name"]])}
+    layouts = {t.name: t.format for t in entry.source.declared_inputs}
+    for tensor in out["input"]:  # as Triton's: always there, for clients that read it
+        tensor["format"] = layouts.get(tensor["name"], "FORMAT_NONE")
     sequence = entry.source.sequence
     if sequence is not None:  # a stateful model: the one batcher Triton gives it
         out["sequence_batching"] = sequence.config_json(

@@ -20,7 +20,12 @@ from tests.conftest import start_agent
 SQUARE = """
 name: "square"
 max_batch_size: 8
-input [ { name: "INPUT", data_type: TYPE_FP32, dims: [ 2, 2 ], reshape: { shape: [ 4 ] } } ]
+input [
+  {
+    name: "INPUT", data_type: TYPE_FP32, format: FORMAT_NCHW,
+    dims: [ 2, 2 ], reshape: { shape: [ 4 ] }
+  }
+]
 output [ { name: "OUTPUT", data_type: TYPE_FP32, dims: [ 2, 2 ], reshape: { shape: [ 4 ] } } ]
 dynamic_batching { max_queue_delay_microseconds: 50000 }
 """
@@ -60,6 +65,7 @@ def test_clients_see_dims_and_the_graph_its_reshape(tmp_path: Path) -> None:
         config = client.get_model_config("square")
         assert config["input"][0]["dims"] == [2, 2]
         assert config["input"][0]["reshape"] == {"shape": [4]}
+        assert config["input"][0]["format"] == "FORMAT_NCHW"  # for clients, as Triton's
 
         async def side_by_side() -> list[np.ndarray]:
             """Requests of 1, 2 and 3 rows, batched together by the model's delay."""
