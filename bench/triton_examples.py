@@ -11,10 +11,15 @@ unavailable), starts two agents, one in the default model-control mode and one
 in `explicit` mode for the scripts that load and unload models, runs each
 script with `-u` pointing at the agent, and reports which pass.
 
-Scripts that need what a CPU build has not (CUDA shared memory), images and
-image models (densenet, the image ensemble), or cannot be pointed at another
-address are listed as not run, with why; checks that the server calls itself
-Triton are expected to fail. `--python` runs the examples with another
+The image scripts (image_client.py, grpc_image_client.py, grpc_client.py) run
+against a third agent serving `densenet_onnx` as Triton's quick start configures
+it (an input reshaped from [3, 224, 224] to the graph's [1, 3, 224, 224], NCHW,
+an output of 1,000 classes reshaped from [1, 1000, 1, 1], a label file), with a
+small graph of the same interface in place of DenseNet's weights, classifying a
+generated image (`-c 3 -s INCEPTION`). Scripts that need what a CPU build has not
+(CUDA shared memory), the image preprocessing ensemble, or cannot be pointed at
+another address are listed as not run, with why; checks that the server calls
+itself Triton are expected to fail. `--python` runs the examples with another
 interpreter, so a tritonclient release can be tried in a virtual environment of
 its own.
 """
@@ -34,14 +39,34 @@ from common import Agent
 
 NOT_RUN = {
     "memory_growth_test.py": "has no --url option: it only reaches localhost:8000",
-    "grpc_client.py": "needs the densenet_onnx model and an image",
-    "grpc_image_client.py": "needs an image model and images",
-    "image_client.py": "needs an image model and images",
-    "ensemble_image_client.py": "needs the image preprocessing ensemble and images",
+    "ensemble_image_client.py": "needs the image preprocessing ensemble (DALI or Python)",
     "simple_grpc_cudashm_client.py": "CUDA shared memory: a GPU build only",
     "simple_http_cudashm_client.py": "CUDA shared memory: a GPU build only",
 }
 CONTROL = ("simple_grpc_model_control.py", "simple_http_model_control.py")
+IMAGES = ("image_client.py", "grpc_image_client.py", "grpc_client.py")
+DENSENET = """name: "densenet_onnx"
+platform: "onnxruntime_onnx"
+max_batch_size : 0
+input [
+  {
+    name: "data_0"
+    data_type: TYPE_FP32
+    format: FORMAT_NCHW
+    dims: [ 3, 224, 224 ]
+    reshape { shape: [ 1, 3, 224, 224 ] }
+  }
+]
+output [
+  {
+    name: "fc6_1"
+    data_type: TYPE_FP32
+    dims: [ 1000 ]
+    reshape { shape: [ 1, 1000, 1, 1 ] }
+    label_filename: "densenet_labels.txt"
+  }
+]
+"""  # Triton's quick start configuration of the model, as it is
 # Checks edgeplex does not pass on purpose (the Goal leaves them out): the server's
 # name is edgeplex, not triton.
 CALLS_ITSELF_TRITON = ("simple_grpc_health_metadata.py", "simple_http_health_metadata.py")
@@ -144,6 +169,41 @@ def build_repository(repo: Path, folders: int = 8) -> None:
         (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "{why}"\n')
 
 
+def build_densenet(repo: Path) -> Path:
+    """`densenet_onnx` with the interface of Triton's quick start model and a small graph
+    in place of DenseNet's (each channel's mean, times fixed weights, as 1,000 class
+    scores), its labels, and an image to classify: the image's path."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    weights = np.random.default_rng(0).standard_normal((3, 1000)).astype(np.float32)
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["data_0"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["means"]),
+        helper.make_node("MatMul", ["means", "weights"], ["scores"]),
+        helper.make_node("Reshape", ["scores", "shape"], ["fc6_1"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "densenet_onnx",
+        [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, [1, 3, 224, 224])],
+        [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, [1, 1000, 1, 1])],
+        [numpy_helper.from_array(weights, "weights"),
+         numpy_helper.from_array(np.array([1, 1000, 1, 1], np.int64), "shape")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    folder = repo / "densenet_onnx"
+    (folder / "1").mkdir(parents=True)
+    save(model, str(folder / "1" / "model.onnx"))
+    (folder / "config.pbtxt").write_text(DENSENET)
+    (folder / "densenet_labels.txt").write_text("".join(f"CLASS_{i}\n" for i in range(1000)))
+    pixels = np.random.default_rng(1).integers(0, 256, (96, 128, 3), np.uint8)
+    image = repo.parent / "image.ppm"  # binary PPM: PIL reads it, nothing writes it but this
+    image.write_bytes(b"P6\n128 96\n255\n" + pixels.tobytes())
+    return image
+
+
 def run_script(script: Path, python: str, args: list[str], timeout: float) -> tuple[bool, str]:
     started = time.monotonic()
     try:
@@ -156,16 +216,20 @@ def run_script(script: Path, python: str, args: list[str], timeout: float) -> tu
     return done.returncode == 0, f"{last} ({time.monotonic() - started:.1f} s)"
 
 
-def runs(script: Path, agents: dict[str, Agent]) -> list[tuple[str, list[str]]]:
+def runs(script: Path, agents: dict[str, Agent], image: Path) -> list[tuple[str, list[str]]]:
     """How a script is run: (label, arguments), once per protocol it takes."""
-    agent = agents["default"]
+    agent, extra = agents["default"], []
     if script.name in CONTROL:
         agent = agents["explicit-http" if "http" in script.name else "explicit"]
+    if script.name in IMAGES:
+        agent = agents["images"]
+        if script.name != "grpc_client.py":  # it names its model and sends no image
+            extra = ["-m", "densenet_onnx", "-c", "3", "-s", "INCEPTION", str(image)]
     if "--protocol" in script.read_text():  # either protocol, by -i
-        return [(f"{script.name} -i http", ["-i", "http", "-u", agent.http]),
-                (f"{script.name} -i grpc", ["-i", "grpc", "-u", agent.grpc])]  # fmt: skip
+        return [(f"{script.name} -i http", ["-i", "http", "-u", agent.http, *extra]),
+                (f"{script.name} -i grpc", ["-i", "grpc", "-u", agent.grpc, *extra])]  # fmt: skip
     url = agent.grpc if "grpc" in script.name else agent.http
-    return [(script.name, ["-u", url])]
+    return [(script.name, ["-u", url, *extra])]
 
 
 def main() -> None:
@@ -188,11 +252,13 @@ def main() -> None:
     repo = Path(tempfile.mkdtemp(prefix="edgeplex-triton-examples-"))
     build_repository(repo / "eight")
     build_repository(repo / "seven", folders=7)
+    image = build_densenet(repo / "images")
     control = {"model_control_mode": "explicit", "load_model": '["*"]'}
     agents = {
         "default": Agent(repo / "eight"),
         "explicit": Agent(repo / "eight", **control),
         "explicit-http": Agent(repo / "seven", **control),
+        "images": Agent(repo / "images"),
     }
     rows = []
     try:
@@ -202,7 +268,7 @@ def main() -> None:
                     {"script": script.name, "outcome": "not run", "why": NOT_RUN[script.name]}
                 )
                 continue
-            for label, script_args in runs(script, agents):
+            for label, script_args in runs(script, agents, image):
                 passed, why = run_script(script, args.python, script_args, args.timeout)
                 outcome = "pass" if passed else "fail"
                 if not passed and script.name in CALLS_ITSELF_TRITON:
