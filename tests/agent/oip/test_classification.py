@@ -5,7 +5,9 @@ refused naming the output."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -13,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from onnx import numpy_helper
 from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent.catalog import demo
@@ -146,3 +150,43 @@ def test_a_class_count_that_is_not_a_count_is_refused(classifier: AgentProcess) 
     assert refused.value.code == 400
     said = refused.value.read().decode()
     assert "output 'OUTPUT0': 'classification' must be a non-negative integer" in said
+
+
+def test_tritons_quick_start_densenet_config_classifies_as_image_clients_ask(
+    tmp_path: Path,
+) -> None:
+    """densenet_onnx as Triton's quick start configures it (input format and reshape,
+    output reshape and label file), a small graph of its interface in place of
+    DenseNet's: the top three classes of an image, over both doors, are the ones its
+    weights give."""
+    bench = Path(__file__).resolve().parents[3] / "bench"
+    spec = importlib.util.spec_from_file_location("triton_examples", bench / "triton_examples.py")
+    assert spec is not None and spec.loader is not None
+    examples = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(bench))
+    spec.loader.exec_module(examples)
+    examples.build_densenet(tmp_path / "repo")
+    model = onnx.load(str(tmp_path / "repo" / "densenet_onnx" / "1" / "model.onnx"))
+    weights = next(numpy_helper.to_array(w) for w in model.graph.initializer if w.name == "weights")
+    image = np.random.default_rng(2).random((3, 224, 224), dtype=np.float32)
+    scores = image.mean(axis=(1, 2)) @ weights
+    expected = [f"{scores[i]:f}:{i}:CLASS_{i}".encode() for i in np.argsort(-scores)[:3]]
+    agent = start_agent(tmp_path / "repo", tmp_path)
+    try:
+        with th.InferenceServerClient(agent.http_url) as client:  # as clients see it
+            assert client.get_model_metadata("densenet_onnx")["inputs"][0]["shape"] == [3, 224, 224]
+            assert client.get_model_config("densenet_onnx")["input"][0]["format"] == "FORMAT_NCHW"
+        for module, url in ((th, agent.http_url), (tg, agent.grpc_url)):
+            with module.InferenceServerClient(url) as client:
+                data = module.InferInput("data_0", [3, 224, 224], "FP32")
+                data.set_data_from_numpy(image)
+                asked = [module.InferRequestedOutput("fc6_1", class_count=3)]
+                top = client.infer("densenet_onnx", [data], outputs=asked).as_numpy("fc6_1")
+                got = [v if isinstance(v, bytes) else v.encode() for v in top.tolist()]
+                # The sixth decimal may differ: ORT sums in another order than NumPy.
+                assert [g.split(b":")[1:] for g in got] == [e.split(b":")[1:] for e in expected]
+                assert [float(g.split(b":")[0]) for g in got] == pytest.approx(
+                    [float(e.split(b":")[0]) for e in expected], abs=1e-5
+                )
+    finally:
+        assert agent.stop() == 0, agent.log()
