@@ -673,7 +673,8 @@ class Agent:
                 wanted = Sequences.outputs(live, wanted)
             given, batch = validate(record, inputs, wanted)  # before any promotion
             if body.classify:
-                classification.check(body.classify, {s.name: s.datatype for s in record.outputs})
+                kinds = {s.name: s.datatype for s in record.outputs}
+                classification.check(body.classify, kinds, batch)
             cache = self.response_cache if record.config.response_cache else None
             if cache is not None:  # answered before admission: no promotion for a hit
                 # The artifact's digest too: a replaced model.onnx answers anew.
@@ -782,7 +783,8 @@ class Agent:
         body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
         tensors = ensemble_inputs(ensemble, body.inputs)
         if body.classify:
-            classification.check(body.classify, {t.name: t.datatype for t in ensemble.outputs})
+            kinds = {t.name: t.datatype for t in ensemble.outputs}
+            classification.check(body.classify, kinds, _rows(ensemble, tensors))
         cache = self.response_cache if ensemble.response_cache else None
         if cache is not None:
             artifacts = self._ensemble_artifacts(ensemble)
@@ -986,7 +988,8 @@ def _time_out(future: asyncio.Future[dict[str, np.ndarray]], model: str) -> None
 
 
 def _rows(ensemble: Ensemble, outputs: dict[str, np.ndarray]) -> int:
-    """An ensemble request's inference count: its batch's rows, or 1 unbatched."""
+    """An ensemble request's inference count: its batch's rows (those of `outputs`, or
+    of its inputs), or 1 unbatched."""
     if ensemble.max_batch_size <= 0 or not outputs:
         return 1
     first = next(iter(outputs.values()))

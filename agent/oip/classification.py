@@ -13,13 +13,23 @@ import numpy as np
 
 from edgeplex.agent.oip.errors import InvalidInput
 
+# Classes one output may answer with, over all its rows: a string each, about twenty
+# times the bytes of the value it stands for, so a count is capped before the run.
+MAX_CLASSES = 1 << 16
 
-def check(wanted: Mapping[str, int], datatypes: Mapping[str, str]) -> None:
-    """Refuse a request whose classification asks for something no output can give:
-    a count below 1, or an output of strings (`datatypes`: each output's OIP type)."""
+
+def check(wanted: Mapping[str, int], datatypes: Mapping[str, str], rows: int = 1) -> None:
+    """Refuse a request whose classification asks for something no output can give: a
+    count below 1, more than MAX_CLASSES over its `rows`, or an output of strings
+    (`datatypes`: each output's OIP type)."""
     for name, count in wanted.items():
         if count < 1:
             raise InvalidInput(f"output '{name}': 'classification' must be at least 1")
+        if count * rows > MAX_CLASSES:
+            raise InvalidInput(
+                f"output '{name}': 'classification' {count} for {rows} rows is more than "
+                f"{MAX_CLASSES} classes"
+            )
         if datatypes.get(name) == "BYTES":
             raise InvalidInput(f"output '{name}': BYTES outputs cannot be classified")
 

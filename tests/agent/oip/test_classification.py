@@ -57,6 +57,8 @@ def test_the_top_classes_per_row_with_labels_as_triton_writes_them() -> None:
         check({"p": 0}, {"p": "FP32"})
     with pytest.raises(InvalidInput, match="output 'p': BYTES outputs cannot be classified"):
         check({"p": 1}, {"p": "BYTES"})
+    with pytest.raises(InvalidInput, match="'classification' 8193 for 8 rows is more than 65536"):
+        check({"p": 8193}, {"p": "FP32"}, rows=8)  # before the run: no strings made
 
 
 @pytest.mark.parametrize(
