@@ -86,7 +86,8 @@ from edgeplex.settings import state_dir
 
 # Triton's protocol extensions it serves (as server metadata names them), and its own.
 EXTENSIONS = [
-    "classification", "sequence", "model_repository", "schedule_policy", "model_configuration",
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+    "schedule_policy", "model_configuration",
     "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "edgeplex_status",
 ]  # fmt: skip
 DEFAULT_TIMEOUT_S = 30.0  # a request's deadline when neither it nor its model sets one
@@ -490,11 +491,21 @@ class Agent:
             self.residency.add_version(source)
         self.residency.add(newest, keep={s.version for s in older})
 
-    async def unload(self, name: str) -> None:
-        if name in self.ensembles:  # the ensemble alone: its steps' models stay
-            self.ensembles_off.add(name)
+    async def unload(self, name: str, dependents: bool = False) -> None:
+        """OIP unload. An ensemble alone, its steps' models staying, unless `dependents`
+        (Triton's unload_dependents): then its steps go too, but those that an ensemble
+        still served runs."""
+        ensemble = self.ensembles.get(name)
+        if ensemble is None:
+            await self._settled(self.residency.unload(name))
             return
-        await self._settled(self.residency.unload(name))
+        self.ensembles_off.add(name)
+        if dependents:
+            served = [e for e in self.ensembles.values() if e.name not in self.ensembles_off]
+            needed = {model for e in served for model in e.models}
+            for model in ensemble.models:
+                if model not in needed:
+                    await self.unload(model, dependents=True)
 
     async def _settled(self, ticket: Ticket) -> None:
         await ticket.wait(self.loop)

@@ -400,7 +400,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        await self.agent.unload(request.model_name)
+        dependents = grpc_params(request.parameters).get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidInput("unload: 'unload_dependents' must be a bool")
+        await self.agent.unload(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
     @_serve_errors

@@ -257,14 +257,7 @@ class HttpApi:
     async def load(self, request: web.Request) -> web.Response:
         """OIP load, with Triton's parameters: `config` (a model config in JSON) and
         `file:<path>` (base64 file contents)."""
-        body = await request.read()
-        parameters = {}
-        if body.strip():
-            doc = load_json(body, SMALL_JSON)
-            found = doc.get("parameters") if isinstance(doc, dict) else None
-            if found is not None and not isinstance(found, dict):
-                raise InvalidInput("load: 'parameters' must be a JSON object")
-            parameters = found or {}
+        parameters = await _control_parameters(request, "load")
         config = parameters.get("config")
         if config is not None and not isinstance(config, str):
             config = json.dumps(config)  # an object where Triton takes its JSON text
@@ -319,7 +312,12 @@ class HttpApi:
         return web.Response(status=200)
 
     async def unload(self, request: web.Request) -> web.Response:
-        await self.agent.unload(request.match_info["model"])
+        """OIP unload, with Triton's `unload_dependents` (an ensemble's steps too)."""
+        parameters = await _control_parameters(request, "unload")
+        dependents = parameters.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidInput("unload: 'unload_dependents' must be true or false")
+        await self.agent.unload(request.match_info["model"], dependents)
         return web.Response(status=200)
 
     async def infer(self, request: web.Request) -> Reply:
@@ -514,3 +512,15 @@ async def start_http_server(
     await site.start()
     sockets = getattr(site._server, "sockets", None) or []
     return runner, sockets[0].getsockname()[1] if sockets else port
+
+
+async def _control_parameters(request: web.Request, verb: str) -> dict[str, Any]:
+    """A load's or unload's `parameters` (an empty body has none)."""
+    body = await request.read()
+    if not body.strip():
+        return {}
+    doc = load_json(body, SMALL_JSON)
+    found = doc.get("parameters") if isinstance(doc, dict) else None
+    if found is not None and not isinstance(found, dict):
+        raise InvalidInput(f"{verb}: 'parameters' must be a JSON object")
+    return found or {}

@@ -219,3 +219,36 @@ def test_an_ensembles_steps_run_under_its_tenant_without_counting_again(tmp_path
         client.close()
     finally:
         assert agent.stop() == 0, agent.log()
+
+
+def test_unload_dependents_takes_the_steps_no_served_ensemble_still_runs(tmp_path: Path) -> None:
+    """Triton's unload_dependents: an ensemble unloaded alone leaves its steps' models
+    serving; with its dependents they go too, unless another ensemble served runs
+    them."""
+    repo = tmp_path / "repo"
+    demo.make_add_sub(repo / "add_sub")
+    demo.make_identity(repo / "copy", "FP32", width=16)
+    _ensemble(repo, "pipeline", PIPELINE)
+    _ensemble(repo, "twin", PIPELINE.replace('"pipeline"', '"twin"'))
+    agent = start_agent(repo, tmp_path, env={"EDGEPLEX_AGENT_MODEL_CONTROL_MODE": "explicit"})
+    try:
+        client = tg.InferenceServerClient(agent.grpc_url)  # loopback: control needs no token
+
+        def ready() -> set[str]:
+            index = client.get_model_repository_index().models
+            return {m.name for m in index if m.state == "READY"}
+
+        client.load_model("pipeline")
+        client.load_model("twin")
+        assert ready() == {"add_sub", "copy", "pipeline", "twin"}
+        client.unload_model("pipeline")
+        assert ready() == {"add_sub", "copy", "twin"}
+        client.load_model("pipeline")
+        client.unload_model("pipeline", unload_dependents=True)  # twin still runs them
+        assert ready() == {"add_sub", "copy", "twin"}
+        with th.InferenceServerClient(agent.http_url) as http:
+            http.unload_model("twin", unload_dependents=True)
+        assert ready() == set()
+        client.close()
+    finally:
+        assert agent.stop() == 0, agent.log()
