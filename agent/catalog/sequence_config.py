@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeplex.agent.catalog.model_files import read_model_file
 from edgeplex.agent.oip.tensors import OIP_TO_NUMPY, from_triton_type, triton_type
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
@@ -177,8 +178,6 @@ def initial_state(state: State, entries: list[Any], directory: Path | None) -> n
     if not name:
         return None  # zero_data: zeros, as with no initial state
     where = f"sequence_batching: state '{state.input}': initial_state data_file {name!r}"
-    if name in (".", "..") or any(c in name for c in "/\\\0"):
-        raise ValueError(f"{where} must name a file in the model's {INITIAL_STATE_DIR} folder")
     datatype = from_triton_type(str((entry.get("data_type") or ["TYPE_FP32"])[-1]))
     if datatype != state.datatype:
         raise ValueError(f"{where}: its data_type is not the state's ({state.datatype})")
@@ -193,17 +192,10 @@ def initial_state(state: State, entries: list[Any], directory: Path | None) -> n
         raise ValueError(f"{where}: {need} bytes, more than {MAX_INITIAL_STATE_BYTES}")
     if directory is None:
         raise ValueError(f"{where}: the model's folder is not known")
-    folder = directory / INITIAL_STATE_DIR
-    path = folder / name
-    try:
-        if not path.resolve().is_relative_to(folder.resolve()) or not path.is_file():
-            raise ValueError(f"{where}: no such file in the model's {INITIAL_STATE_DIR} folder")
-        size = path.stat().st_size
-        if size != need:
-            raise ValueError(
-                f"{where} holds {size} bytes; dims {list(dims)} of {datatype} need {need}"
-            )
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"{where}: {exc.strerror}") from None
+    folder, place = directory / INITIAL_STATE_DIR, f"{INITIAL_STATE_DIR} folder"
+    data = read_model_file(folder, name, MAX_INITIAL_STATE_BYTES, where, place)
+    if len(data) != need:
+        raise ValueError(
+            f"{where} holds {len(data)} bytes; dims {list(dims)} of {datatype} need {need}"
+        )
     return np.frombuffer(data, dtype=dtype).reshape(dims)

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from edgeplex.agent.catalog.model_files import read_model_file
 from edgeplex.agent.catalog.sequence_config import (
     SEQUENCE_FIELDS,
     STATE_FIELDS,
@@ -299,19 +300,11 @@ def read_labels(directory: Path, file: str, output: str) -> tuple[str, ...]:
     """An output's `label_filename`: a plain name in the model's directory, one label
     per line (UTF-8), as Triton reads it."""
     where = f"{PBTXT_FILE}: output '{output}': label_filename {file!r}"
-    if file in ("", ".", "..") or any(c in file for c in "/\\\0"):
-        raise ValueError(f"{where} must name a file in the model's directory")
-    path = directory / file
+    data = read_model_file(directory, file, MAX_LABEL_BYTES, where, "directory")
     try:
-        if not path.resolve().is_relative_to(directory.resolve()) or not path.is_file():
-            raise ValueError(f"{where}: no such file in the model's directory")
-        if path.stat().st_size > MAX_LABEL_BYTES:
-            raise ValueError(f"{where}: more than {MAX_LABEL_BYTES} bytes")
-        return tuple(path.read_bytes().decode().splitlines())
+        return tuple(data.decode().splitlines())
     except UnicodeDecodeError:
         raise ValueError(f"{where}: not UTF-8") from None
-    except OSError as exc:
-        raise ValueError(f"{where}: {exc.strerror}") from None
 
 
 def _batching(blocks: list[Any], out: TritonConfig) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeplex.agent.catalog.model_files import read_model_file
 from edgeplex.agent.oip.errors import InvalidInput
 from edgeplex.agent.oip.tensors import (
     BYTES,
@@ -175,27 +176,16 @@ def _read(
 ) -> np.ndarray:
     """One sample's values from `file` in the model's warmup folder."""
     where = f"{where}: input_data_file {file!r}"
-    if file in (".", "..") or any(c in file for c in "/\\\0"):
-        raise ValueError(f"{where} must name a file in the model's {WARMUP_DIR} folder")
     if directory is None:
         raise ValueError(f"{where}: the model's folder is not known")
-    folder = directory / WARMUP_DIR
-    path = folder / file
+    place = f"{WARMUP_DIR} folder"
+    data = read_model_file(directory / WARMUP_DIR, file, MAX_WARMUP_BYTES, where, place)
     dtype = OIP_TO_NUMPY.get(datatype)
     need = math.prod(dims) * (dtype.itemsize if dtype is not None else 0)
-    try:
-        if not path.resolve().is_relative_to(folder.resolve()) or not path.is_file():
-            raise ValueError(f"{where}: no such file in the model's {WARMUP_DIR} folder")
-        size = path.stat().st_size
-        if size > MAX_WARMUP_BYTES:
-            raise ValueError(f"{where} holds {size} bytes, more than {MAX_WARMUP_BYTES}")
-        if datatype != BYTES and size != need:
-            raise ValueError(
-                f"{where} holds {size} bytes; dims {list(dims)} of {datatype} need {need}"
-            )
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"{where}: {exc.strerror}") from None
+    if dtype is not None and len(data) != need:
+        raise ValueError(
+            f"{where} holds {len(data)} bytes; dims {list(dims)} of {datatype} need {need}"
+        )
     if datatype == BYTES:
         try:
             return decode_bytes(file, dims, data, MAX_WARMUP_BYTES)
