@@ -54,6 +54,8 @@ class ModelSource:
     warnings: tuple[str, ...] = ()
     sequence: SequenceSpec | None = None  # config.pbtxt's sequence_batching
     warmup: tuple[WarmupSample, ...] = ()  # config.pbtxt's model_warmup
+    # config.pbtxt's onnxruntime parameters passed to ONNX Runtime (key, value).
+    ort_parameters: tuple[tuple[str, str], ...] = ()
 
 
 def scan_model(repo: Path, name: str, defaults: ModelConfig) -> ModelSource | None:
@@ -130,6 +132,7 @@ def scan_versions(
                 warnings=tuple(warnings),
                 sequence=triton.sequence if triton else None,
                 warmup=triton.warmup if triton else (),
+                ort_parameters=tuple(sorted(triton.ort_parameters.items())) if triton else (),
             )
         )
     return out

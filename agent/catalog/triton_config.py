@@ -28,6 +28,7 @@ never dropped silently:
 | `instance_group` (`count`, `kind`) | `instance_count` (summed over groups) |
 | `version_policy` (`latest`, `all`, `specific`) | which versions are served |
 | `parameters { key: "intra_op_thread_count" ... }` | `intra_op_threads` |
+| `parameters`: ORT's session and CUDA options | passed to ONNX Runtime (ort_parameters.py) |
 | `model_warmup` (`zero_data`, `random_data`, `input_data_file`) | run by loads that warm up |
 
 `KIND_GPU` needs `runner.execution_provider: cuda`; elsewhere the model fails
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from edgeplex.agent.catalog import ort_parameters
 from edgeplex.agent.catalog.model_files import read_model_file
 from edgeplex.agent.catalog.sequence_config import (
     SEQUENCE_FIELDS,
@@ -160,6 +162,8 @@ class TritonConfig:
     kinds: set[str] = field(default_factory=set)  # instance_group kinds named
     sequence: SequenceSpec | None = None  # sequence_batching: a stateful model
     warmup: tuple[WarmupSample, ...] = ()  # model_warmup: run by loads that warm up
+    # The onnxruntime backend's parameters passed to ONNX Runtime (ort_parameters.py).
+    ort_parameters: dict[str, str] = field(default_factory=dict)
 
 
 _TRITON_TYPES = {
@@ -401,6 +405,9 @@ def _versions(blocks: list[Any], out: TritonConfig) -> None:
 
 
 def _parameters(entries: list[Any], out: TritonConfig) -> None:
+    """The onnxruntime backend's parameters: intra_op_thread_count is the model's
+    intra_op_threads, arena_extend_strategy its gpu_arena; the rest of those known go
+    to ONNX Runtime as they are (ort_parameters.py)."""
     for entry in entries:
         key = str(_one(entry, "key", ""))
         value = _one(entry, "value", {})
@@ -412,6 +419,12 @@ def _parameters(entries: list[Any], out: TritonConfig) -> None:
                 raise ValueError(
                     f"{PBTXT_FILE}: parameters '{key}': not an integer: {text!r}"
                 ) from None
+        elif key == "arena_extend_strategy":
+            out.settings["gpu_arena"] = ort_parameters.ARENAS[
+                ort_parameters.checked(key, text, PBTXT_FILE)
+            ]
+        elif ort_parameters.known(key):
+            out.ort_parameters[key] = ort_parameters.checked(key, text, PBTXT_FILE)
         else:
             out.warnings.append(f"{PBTXT_FILE}: parameters '{key}' is not supported")
 

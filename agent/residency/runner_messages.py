@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgeplex.agent.catalog import ort_parameters
 from edgeplex.agent.residency.state import ModelRecord
 from edgeplex.agent.runners import framing, ipc
 from edgeplex.agent.runners.settings import RunnerSettings
@@ -41,13 +42,16 @@ def load_message(
     # config.pbtxt's reshape: what the graph takes, and what clients get back.
     graph_dims = {t.name: list(t.reshape) for t in source.declared_inputs if t.reshape is not None}
     client_dims = {t.name: list(t.dims) for t in source.declared_outputs if t.reshape is not None}
+    parameters = dict(source.ort_parameters)  # config.pbtxt's onnxruntime parameters
+    ort_session, cuda_options = ort_parameters.for_runner(parameters)
+    inter_op = int(parameters.get("inter_op_thread_count", settings.inter_op_threads))
     message = ipc.LoadModel(
         req_id=req_id,
         model=str(record.key),
         path=str(record.form_path(form)),
         staged_dir=str(staged),
         intra_op_threads=config.intra_op_threads or settings.intra_op_threads,
-        inter_op_threads=settings.inter_op_threads,
+        inter_op_threads=inter_op,
         allow_spinning=settings.allow_spinning,
         prepack_weights=settings.prepack_weights and not fast,
         provider=settings.execution_provider,
@@ -60,6 +64,8 @@ def load_message(
         reshape_inputs=graph_dims,
         reshape_outputs=client_dims,
         batched=record.max_batch_size > 0,
+        ort_session=ort_session,
+        cuda_options=cuda_options,
         form=form,
         cpu_fallback=settings.cpu_fallback,
         arena=ARENAS[config.gpu_arena],

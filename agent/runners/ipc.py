@@ -111,6 +111,10 @@ class LoadModel(Message):
     reshape_inputs: dict[str, list[int]] = field(default_factory=dict)
     reshape_outputs: dict[str, list[int]] = field(default_factory=dict)
     batched: bool = False
+    # config.pbtxt's onnxruntime parameters, as ORT names them: session options
+    # (execution_mode, enable_mem_arena, enable_mem_pattern) and CUDA provider options.
+    ort_session: dict[str, str] = field(default_factory=dict)
+    cuda_options: dict[str, str] = field(default_factory=dict)
     # The form `path` holds ("" as shipped, "int8", "fp16"), named in each result.
     form: str = ""
     # Swap the session of a model loaded now (its form changes while it serves);

@@ -52,6 +52,7 @@ def providers(request: ipc.LoadModel | ipc.StageModel) -> list[Any]:
         cuda["arena_extend_strategy"] = request.arena
         if request.memory_limit:
             cuda["gpu_mem_limit"] = request.memory_limit
+        cuda.update(request.cuda_options)  # config.pbtxt's (its gpu_mem_limit wins)
     return [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
 
 
@@ -212,6 +213,15 @@ def session_options(request: ipc.LoadModel) -> ort.SessionOptions:
     # RAM itself (external data). Without prepacking nothing is copied, which is
     # what makes a staged promotion cost about a memcpy.
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    own = request.ort_session  # config.pbtxt's onnxruntime parameters
+    if "execution_mode" in own:
+        parallel = own["execution_mode"] == "1"
+        mode = ort.ExecutionMode.ORT_PARALLEL if parallel else ort.ExecutionMode.ORT_SEQUENTIAL
+        options.execution_mode = mode
+    if "enable_mem_arena" in own:
+        options.enable_cpu_mem_arena = own["enable_mem_arena"] == "1"
+    if "enable_mem_pattern" in own:
+        options.enable_mem_pattern = own["enable_mem_pattern"] == "1"
     if not request.prepack_weights:
         options.add_session_config_entry("session.disable_prepacking", "1")
     options.log_severity_level = 3

@@ -136,7 +136,8 @@ def session_for(
 def _key(weights: StagedWeights, request: ipc.LoadModel) -> Key:
     """What makes two sessions of one graph differ."""
     threads = (request.intra_op_threads, request.inter_op_threads, request.allow_spinning)
-    return (weights.weightless_digest, request.provider, *threads)
+    own = tuple(sorted(request.ort_session.items())) + tuple(sorted(request.cuda_options.items()))
+    return (weights.weightless_digest, request.provider, *threads, own)
 
 
 class WithWeights:

@@ -55,6 +55,9 @@ instance_group [ { count: 2, kind: KIND_CPU } ]
 version_policy: { specific: { versions: [ 1 ] } }
 parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 parameters { key: "cudnn_conv_algo_search" value: { string_value: "1" } }
+parameters { key: "enable_mem_arena" value: { string_value: "0" } }
+parameters { key: "arena_extend_strategy" value: { string_value: "0" } }
+parameters { key: "memory.enable_memory_arena_shrinkage" value: { string_value: "cpu:0" } }
 optimization { input_pinned_memory { enable: true } }
 model_warmup [
   {
@@ -78,7 +81,13 @@ def test_text_format_parses_lists_nesting_strings_and_enums() -> None:
     assert data["version_policy"][0]["specific"][0]["versions"] == [1]
     assert parse_pbtxt('name: "a\\tb" "c"')["name"] == ["a\tbc"]  # escapes, concatenation
     params = parse_pbtxt(TRITON_ADD_SUB)["parameters"]  # a map: key and value, by key
-    assert [p["key"][0] for p in params] == ["cudnn_conv_algo_search", "intra_op_thread_count"]
+    assert [p["key"][0] for p in params] == [
+        "arena_extend_strategy",
+        "cudnn_conv_algo_search",
+        "enable_mem_arena",
+        "intra_op_thread_count",
+        "memory.enable_memory_arena_shrinkage",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -116,12 +125,15 @@ def test_triton_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
         "timeout_ms": 2000,
         "instance_count": 2,
         "intra_op_threads": 1,
+        "gpu_arena": "next_power_of_two",  # arena_extend_strategy 0
     }
+    # The onnxruntime backend's parameters edgeplex passes on, as Triton's are.
+    assert config.ort_parameters == {"cudnn_conv_algo_search": "1", "enable_mem_arena": "0"}
     assert [t.name for t in config.inputs] == ["INPUT0", "INPUT1"]
     assert config.outputs[1].dims == (-1,)
     assert config.version_policy.select([3, 2, 1]) == [1]
     text = "\n".join(config.warnings)
-    for unsupported in ("optimization", "cudnn_conv_algo_search"):
+    for unsupported in ("optimization", "memory.enable_memory_arena_shrinkage"):
         assert unsupported in text, text
     assert "preferred_batch_size" not in text, text  # acted on
 
@@ -134,6 +146,8 @@ def test_triton_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
         ('input [ { name: "x" data_type: TYPE_NOPE } ]', "TYPE_NOPE"),
         ("max_batch_sizee: 8", "no field named"),
         ('parameters { key: "intra_op_thread_count" value: { string_value: "two" } }', "integer"),
+        ('parameters { key: "execution_mode" value: { string_value: "2" } }', "not one of 0, 1"),
+        ('parameters { key: "gpu_mem_limit" value: { string_value: "-1" } }', "not a count"),
     ],
 )
 def test_what_cannot_be_served_as_written_is_an_error(
