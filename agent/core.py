@@ -59,6 +59,7 @@ from edgeplex.agent.frontdoor.overload import OverloadWatch
 from edgeplex.agent.frontdoor.shared_memory import SharedMemory
 from edgeplex.agent.frontdoor.tenants import PEER, Tenants, tenants_of
 from edgeplex.agent.observability import views
+from edgeplex.agent.observability.log_settings import LogSettings
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.observability.usage import Journal
@@ -88,7 +89,8 @@ from edgeplex.settings import state_dir
 EXTENSIONS = [
     "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
     "schedule_policy", "model_configuration",
-    "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "edgeplex_status",
+    "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "logging",
+    "edgeplex_status",
 ]  # fmt: skip
 DEFAULT_TIMEOUT_S = 30.0  # a request's deadline when neither it nor its model sets one
 
@@ -194,6 +196,7 @@ class Agent:
         self.gpu = settings.runner.execution_provider == "cuda"  # KIND_GPU needs it
         security = settings.security
         self.tenants = Tenants(tenants_of(security), security.anonymous)  # who calls, limits
+        self.log_settings = LogSettings()  # Triton's logging extension
         self.usage = queues.usage  # what each tenant used (None: not kept)
         self.shared_memory = SharedMemory(settings.shared_memory, self.gpu)  # Triton's extension
         self.overrides: dict[str, Message] = {}  # config given with a load, by model

@@ -124,6 +124,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=inference__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
                 response_deserializer=inference__pb2.CudaSharedMemoryUnregisterResponse.FromString,
                 _registered_method=True)
+        self.LogSettings = channel.unary_unary(
+                '/inference.GRPCInferenceService/LogSettings',
+                request_serializer=inference__pb2.LogSettingsRequest.SerializeToString,
+                response_deserializer=inference__pb2.LogSettingsResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -238,6 +243,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LogSettings(self, request, context):
+        """Logging extension: the server's log settings, read and (with settings) changed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -330,6 +342,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.CudaSharedMemoryUnregister,
                     request_deserializer=inference__pb2.CudaSharedMemoryUnregisterRequest.FromString,
                     response_serializer=inference__pb2.CudaSharedMemoryUnregisterResponse.SerializeToString,
+            ),
+            'LogSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.LogSettings,
+                    request_deserializer=inference__pb2.LogSettingsRequest.FromString,
+                    response_serializer=inference__pb2.LogSettingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -818,6 +835,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/CudaSharedMemoryUnregister',
             inference__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
             inference__pb2.CudaSharedMemoryUnregisterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LogSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/LogSettings',
+            inference__pb2.LogSettingsRequest.SerializeToString,
+            inference__pb2.LogSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

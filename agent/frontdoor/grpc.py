@@ -407,6 +407,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     @_serve_errors
+    @_requires(Access.CLIENT)
+    async def LogSettings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
+        """Triton's logging extension: the settings named change (with the admin token),
+        all are answered."""
+        changes = {k: getattr(v, v.WhichOneof("parameter_choice") or "string_param")
+                   for k, v in request.settings.items()}  # fmt: skip
+        if changes:
+            auth = authorization(context)
+            self.credentials.check(Access.ADMIN, auth, "LogSettings", context.peer())
+            settings = self.agent.log_settings.update(changes)
+        else:
+            settings = self.agent.log_settings.view()
+        response = pb.LogSettingsResponse()
+        for key, value in settings.items():
+            if isinstance(value, bool):
+                response.settings[key].bool_param = value
+            elif isinstance(value, int):
+                response.settings[key].uint32_param = value
+            else:
+                response.settings[key].string_param = value
+        return response
+
+    @_serve_errors
     @_requires(Access.LOCAL)
     async def SystemSharedMemoryStatus(
         self, request: Any, context: Any

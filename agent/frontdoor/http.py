@@ -178,6 +178,8 @@ class HttpApi:
                     (post, base + "/infer", self.infer, client),
                 )
             ],
+            (get, "/v2/logging", self.logging, client),
+            (post, "/v2/logging", self.set_logging, admin),
             (get, "/edgeplex/v1/status", self.status, client),
             (get, "/edgeplex/v1/memory", self.memory, client),
             (post, "/edgeplex/v1/memory", self.set_memory, admin),
@@ -425,6 +427,17 @@ class HttpApi:
 
     async def memory(self, request: web.Request) -> web.Response:
         return _json(self.agent.memory())
+
+    async def logging(self, request: web.Request) -> web.Response:
+        """Triton's logging extension: the log settings."""
+        return _json(self.agent.log_settings.view())
+
+    async def set_logging(self, request: web.Request) -> web.Response:
+        """Body {setting: value, ...}: the settings named change now; answers them all."""
+        doc = load_json(await request.read(), SMALL_JSON)
+        if not isinstance(doc, dict):
+            raise InvalidInput("log settings: the body must be a JSON object")
+        return _json(self.agent.log_settings.update(doc))
 
     async def set_memory(self, request: web.Request) -> web.Response:
         """Body {"device_budget": bytes | "64MiB" | null}: the loaded tier's new budget,

@@ -141,6 +141,16 @@ def document() -> dict[str, Any]:
             "/v2/repository/models/{model}/unload": verb,
             **_model_paths(model, [_NAME]),
             **_model_paths(versioned, [_NAME, _VERSION]),
+            "/v2/logging": {
+                "get": _op("log settings", [], _JSON_OK),
+                "post": _op(
+                    "change log settings: {setting: value, ...}",
+                    [],
+                    _JSON_OK,
+                    security=_ADMIN,
+                    requestBody={"content": {"application/json": {"schema": {"type": "object"}}}},
+                ),
+            },
             "/edgeplex/v1/status": {"get": _op("every model's state", [], _JSON_OK)},
             "/edgeplex/v1/memory": {
                 "get": _op("bytes per tier", [], _JSON_OK),
