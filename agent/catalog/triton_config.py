@@ -330,8 +330,10 @@ def _batching(blocks: list[Any], out: TritonConfig) -> None:
         for key in ("priority_levels", "default_priority_level"):
             if key in block:
                 out.settings[key] = int(_one(block, key, 0))
+        # preserve_ordering holds always: a stream's answers go back in its requests'
+        # order (frontdoor/stream_calls.py), and a unary call has one answer.
         handled = {"max_queue_delay_microseconds", "default_queue_policy", "preferred_batch_size",
-                   "priority_levels", "default_priority_level"}  # fmt: skip
+                   "priority_levels", "default_priority_level", "preserve_ordering"}  # fmt: skip
         for key in sorted(set(block) - handled):
             out.warnings.append(f"{PBTXT_FILE}: dynamic_batching.{key} is not supported")
 

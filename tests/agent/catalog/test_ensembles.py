@@ -152,6 +152,14 @@ def test_an_ensemble_chains_its_steps(agent: AgentProcess) -> None:
     _, metrics = agent.http_get("/metrics")
     assert b'nv_inference_request_success{model="pipeline",version="1"} 3\n' in metrics
 
+    # An ensemble's output classified, as a model's is: its top two per row.
+    top = [tg.InferRequestedOutput("TWICE_A", class_count=2)]
+    classes = client.infer("pipeline", inputs, outputs=top).as_numpy("TWICE_A")
+    assert classes.tolist() == [
+        [b"30.000000:15", b"28.000000:14"],
+        [b"62.000000:15", b"60.000000:14"],
+    ]
+
 
 def test_an_ensemble_with_the_response_cache_answers_again_without_its_steps(
     agent: AgentProcess,

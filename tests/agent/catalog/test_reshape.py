@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent.catalog import demo
 from edgeplex.agent.catalog.triton_config import read_triton_config
-from tests.conftest import start_agent
+from tests.conftest import AUTH, start_agent
 
 SQUARE = """
 name: "square"
@@ -56,6 +56,13 @@ def test_clients_see_dims_and_the_graph_its_reshape(tmp_path: Path) -> None:
     six = "dims: [ 2, 3 ], reshape: { shape: [ 6 ] }"
     wrong = SQUARE.replace('"square"', '"wrong"').replace(four, six, 1)
     (repo / "wrong" / "config.pbtxt").write_text(wrong)
+    # Warm-up samples are written in the clients' dims, and reshaped as requests are.
+    demo.make_identity(repo / "warm", "FP32", width=4)
+    sample = (
+        'model_warmup [ { name: "rows" batch_size: 3 inputs { key: "INPUT" value: '
+        "{ data_type: TYPE_FP32 dims: [ 2, 2 ] random_data: true } } } ]\n"
+    )
+    (repo / "warm" / "config.pbtxt").write_text(SQUARE.replace('"square"', '"warm"') + sample)
     agent = start_agent(repo, tmp_path)
     try:
         client = th.InferenceServerClient(agent.http_url)
@@ -88,6 +95,8 @@ def test_clients_see_dims_and_the_graph_its_reshape(tmp_path: Path) -> None:
         flat.set_data_from_numpy(np.zeros((1, 4), np.float32))
         with pytest.raises(InferenceServerException, match="INPUT"):
             client.infer("square", [flat])
+        client.load_model("warm", headers=AUTH)  # a load that warms up
+        assert client.is_model_ready("warm")
         assert not client.is_model_ready("wrong")
         status = {m["name"]: m for m in client.get_model_repository_index()}
         assert "reshape [6]" in status["wrong"]["reason"], status["wrong"]

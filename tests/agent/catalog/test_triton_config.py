@@ -49,6 +49,7 @@ output < name: 'OUTPUT1' data_type: TYPE_FP32 dims: [ -1 ] >
 dynamic_batching {
   max_queue_delay_microseconds: 100
   preferred_batch_size: [ 4, 8 ]
+  preserve_ordering: true
   default_queue_policy { max_queue_size: 64 default_timeout_microseconds: 2000000 }
 }
 instance_group [ { count: 2, kind: KIND_CPU } ]
@@ -136,6 +137,7 @@ def test_triton_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
     for unsupported in ("optimization", "memory.enable_memory_arena_shrinkage"):
         assert unsupported in text, text
     assert "preferred_batch_size" not in text, text  # acted on
+    assert "preserve_ordering" not in text, text  # always so
 
 
 @pytest.mark.parametrize(
