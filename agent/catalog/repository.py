@@ -21,11 +21,13 @@ from pathlib import Path
 from edgeplex.agent.catalog.model_config import ModelConfig, load_model_config
 from edgeplex.agent.catalog.sequence_config import SequenceSpec
 from edgeplex.agent.catalog.triton_config import (
+    MODEL_FILE,
     PBTXT_FILE,
     SUPPORTED_BACKENDS,
     SUPPORTED_PLATFORMS,
     DeclaredTensor,
     Message,
+    model_file,
     parse_pbtxt,
     read_triton_config,
     triton_config,
@@ -33,7 +35,6 @@ from edgeplex.agent.catalog.triton_config import (
 from edgeplex.agent.catalog.warmup import WarmupSample
 from edgeplex.names import valid_name, valid_version
 
-MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.yaml"
 
 
@@ -75,16 +76,6 @@ def scan_versions(
     model_dir = repo / name
     if not model_dir.is_dir():
         return []
-    versions = sorted(
-        (
-            int(p.name)
-            for p in model_dir.iterdir()
-            if valid_version(p.name) and p.is_dir() and (p / MODEL_FILE).is_file()
-        ),
-        reverse=True,
-    )
-    if not versions:
-        return []
     triton, error, warnings = None, "", []
     try:
         if override is not None:
@@ -94,6 +85,10 @@ def scan_versions(
         warnings = triton.warnings if triton else []
     except ValueError as exc:
         error = str(exc)
+    graph = triton.model_file if triton else _model_file(model_dir)
+    versions = _versions(model_dir, graph)
+    if not versions:
+        return []
     if triton and "KIND_GPU" in triton.kinds and not gpu:
         error = (
             f"{PBTXT_FILE}: instance_group kind KIND_GPU needs a GPU, and this agent's runners "
@@ -118,7 +113,7 @@ def scan_versions(
             )
     out = []
     for version in [str(v) for v in chosen] or [str(versions[0])]:
-        path = model_dir / version / MODEL_FILE
+        path = model_dir / version / graph
         out.append(
             ModelSource(
                 name,
@@ -177,21 +172,48 @@ def unservable(repo: Path) -> dict[str, str]:
     for entry in sorted(repo.iterdir()):
         if not valid_name(entry.name) or not entry.is_dir():
             continue
-        if any(valid_version(p.name) and (p / MODEL_FILE).is_file() for p in entry.iterdir()):
+        if _versions(entry, _model_file(entry)):
             continue
         found[entry.name] = _why_unservable(entry)
     return found
 
 
-def _why_unservable(model_dir: Path) -> str:
+def _versions(model_dir: Path, graph: str) -> list[int]:
+    """The version folders that hold the graph file `graph`, newest first."""
+    return sorted(
+        (
+            int(p.name)
+            for p in model_dir.iterdir()
+            if valid_version(p.name) and p.is_dir() and (p / graph).is_file()
+        ),
+        reverse=True,
+    )
+
+
+def _config_of(model_dir: Path) -> Message:
+    """The model's config.pbtxt as parsed, or nothing when it cannot be read."""
     try:
-        data = parse_pbtxt((model_dir / PBTXT_FILE).read_text())
+        return parse_pbtxt((model_dir / PBTXT_FILE).read_text())
     except (OSError, UnicodeDecodeError, ValueError):
-        data = {}
+        return {}
+
+
+def _model_file(model_dir: Path) -> str:
+    """The graph's file name as the model's config.pbtxt says (model.onnx by default,
+    and when the config cannot be read: it fails the model then, with the reason)."""
+    try:
+        return model_file(_config_of(model_dir))
+    except ValueError:
+        return MODEL_FILE
+
+
+def _why_unservable(model_dir: Path) -> str:
+    data = _config_of(model_dir)
     platform = (data.get("platform") or data.get("backend") or [""])[-1]
     if platform and platform not in (*SUPPORTED_PLATFORMS, *SUPPORTED_BACKENDS):
         return f"platform '{platform}' is not supported: edgeplex serves ONNX models"
-    return f"no version folder holds a {MODEL_FILE} (<version>/{MODEL_FILE})"
+    graph = _model_file(model_dir)
+    return f"no version folder holds a {graph} (<version>/{graph})"
 
 
 def invalid_file(files: dict[str, bytes]) -> str | None:

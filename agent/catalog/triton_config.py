@@ -10,6 +10,7 @@ never dropped silently:
 | config.pbtxt | edgeplex |
 | --- | --- |
 | `name` | must match the model's directory |
+| `default_model_filename` | the graph's file in each version folder (model.onnx) |
 | `platform: "onnxruntime_onnx"` / `backend: "onnxruntime"` | required when set |
 | `max_batch_size` | `max_batch_size` (dims then leave out the batch dimension) |
 | `input`, `output` (`name`, `data_type`, `dims`) | checked against the graph |
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from edgeplex.agent.residency.state import ModelRecord
 
 PBTXT_FILE = "config.pbtxt"
+MODEL_FILE = "model.onnx"  # a version's graph, unless default_model_filename names another
 MAX_LABEL_BYTES = 16 << 20  # an output's label file
 
 Message = dict[str, list[Any]]  # a field may repeat: every value is a list
@@ -164,6 +166,7 @@ class TritonConfig:
     warmup: tuple[WarmupSample, ...] = ()  # model_warmup: run by loads that warm up
     # The onnxruntime backend's parameters passed to ONNX Runtime (ort_parameters.py).
     ort_parameters: dict[str, str] = field(default_factory=dict)
+    model_file: str = MODEL_FILE  # default_model_filename: each version's graph
 
 
 _TRITON_TYPES = {
@@ -176,7 +179,7 @@ _PARAMETERS = {"intra_op_thread_count": "intra_op_threads"}
 _HANDLED = {
     "name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
     "instance_group", "version_policy", "parameters", "sequence_batching", "response_cache",
-    "model_warmup",
+    "model_warmup", "default_model_filename",
 }  # fmt: skip
 
 
@@ -211,6 +214,7 @@ def triton_config(data: Message, model: str, directory: Path | None = None) -> T
         )
     for key in sorted(set(data) - _HANDLED):
         out.warnings.append(f"{PBTXT_FILE}: '{key}' is not supported and has no effect")
+    out.model_file = model_file(data)
     if "max_batch_size" in data:
         out.settings["max_batch_size"] = int(_one(data, "max_batch_size", 0))
     out.inputs = tuple(triton_tensor(t, "input", out.warnings) for t in data.get("input", []))
@@ -241,6 +245,15 @@ def _warmup(
     fed = out.sequence.inputs if out.sequence is not None else set()
     max_batch_size = int(out.settings.get("max_batch_size", 0))
     return warmup_samples(blocks, max_batch_size, declared, directory, fed)
+
+
+def model_file(data: Message) -> str:
+    """The file each version folder holds the graph in: `default_model_filename`, a
+    plain file name, or model.onnx. ValueError for a name that is not a plain one."""
+    name = str(_one(data, "default_model_filename", "")) or MODEL_FILE
+    if name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ValueError(f"{PBTXT_FILE}: default_model_filename {name!r} is not a file name")
+    return name
 
 
 def _one(message: Message, key: str, default: Any) -> Any:

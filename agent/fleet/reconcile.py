@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from edgeplex.agent.catalog.repository import MODEL_FILE
+from edgeplex.agent.catalog.triton_config import MODEL_FILE
 from edgeplex.agent.residency.state import Phase, Tier
 from edgeplex.artifacts import ArtifactCache, ArtifactError, log_progress, model_file
 from edgeplex.durable import crash_point, write_atomic

@@ -19,7 +19,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfigMessage
 from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent.catalog import demo
-from edgeplex.agent.catalog.repository import scan_model
+from edgeplex.agent.catalog.repository import scan_model, unservable
 from edgeplex.agent.catalog.triton_config import (
     PbtxtError,
     parse_config_json,
@@ -463,3 +463,20 @@ def test_an_initial_state_file_that_cannot_be_read_as_declared_fails_the_model(
     (tmp_path / "c0").write_bytes(bytes(8))  # beside the folder, not in it
     with pytest.raises(ValueError, match=re.escape(reason)):
         read_triton_config(path, "seq")
+
+
+def test_default_model_filename_names_the_graph_in_each_version(tmp_path: Path) -> None:
+    demo.make_add_sub(tmp_path / "custom")
+    (tmp_path / "custom" / "1" / "model.onnx").rename(tmp_path / "custom" / "1" / "graph.onnx")
+    (tmp_path / "custom" / "config.pbtxt").write_text('default_model_filename: "graph.onnx"\n')
+    source = scan_model(tmp_path, "custom", ModelConfig())
+    assert source is not None and source.path.name == "graph.onnx" and not source.config_error
+    demo.make_add_sub(tmp_path / "elsewhere")  # holds model.onnx, names another
+    (tmp_path / "elsewhere" / "config.pbtxt").write_text('default_model_filename: "x.onnx"\n')
+    assert scan_model(tmp_path, "elsewhere", ModelConfig()) is None
+    why = unservable(tmp_path)["elsewhere"]
+    assert why == "no version folder holds a x.onnx (<version>/x.onnx)"
+    (tmp_path / "elsewhere" / "config.pbtxt").write_text('default_model_filename: "../x"\n')
+    said = re.escape("default_model_filename '../x' is not a file name")
+    with pytest.raises(ValueError, match=said):
+        read_triton_config(tmp_path / "elsewhere" / "config.pbtxt", "elsewhere")
