@@ -266,9 +266,9 @@ def run_samples(
         size = sum(desc[3] for desc in descs)
         arrays = framing.unpack_tensors(descs, payload[offset : offset + size])
         offset += size
-        feeds = dict(weights or {})
-        feeds.update((n, as_text(a)) for n, a in arrays.items())
+        feeds = {n: as_text(a) for n, a in arrays.items()}
         feeds = reshaped(feeds, request.reshape_inputs, request.batched)
+        feeds.update(weights or {})  # after the sample's, as a request's (WithWeights)
         for _ in range(runs):
             if deadline is not None and time.monotonic() > deadline:
                 raise ValueError(f"model_warmup '{name}' did not finish within {limit_s:g} s")
