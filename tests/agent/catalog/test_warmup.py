@@ -175,3 +175,26 @@ def test_samples_that_outlast_the_load_timeout_fail_it_and_free_the_loader(
         client.close()
     finally:
         assert agent.stop() == 0, agent.log()
+
+
+def test_string_samples_read_triton_s_length_prefixed_file(tmp_path: Path) -> None:
+    (tmp_path / "warmup").mkdir()
+    words = [b"edge", b"", b"plex"]
+    (tmp_path / "warmup" / "words").write_bytes(
+        b"".join(len(w).to_bytes(4, "little") + w for w in words)
+    )
+    config = (
+        'name: "m"\nmax_batch_size: 4\n'
+        'input [ { name: "TEXT", data_type: TYPE_STRING, dims: [ 3 ] } ]\n'
+        'model_warmup [ { name: "words" batch_size: 2 inputs { key: "TEXT" value: '
+        '{ data_type: TYPE_STRING dims: [ 3 ] input_data_file: "words" } } },\n'
+        '  { name: "blank" batch_size: 1 inputs { key: "TEXT" value: '
+        "{ data_type: TYPE_STRING dims: [ 3 ] random_data: true } } } ]\n"
+    )
+    (tmp_path / "config.pbtxt").write_text(config)
+    words_sample, blank = read_triton_config(tmp_path / "config.pbtxt", "m").warmup
+    assert words_sample.arrays()["TEXT"].tolist() == [words, words]  # repeated per row
+    assert blank.arrays()["TEXT"].tolist() == [[b"", b"", b""]]  # random: empty, as Triton
+    (tmp_path / "warmup" / "words").write_bytes((9).to_bytes(4, "little") + b"abc")
+    with pytest.raises(ValueError, match="input_data_file 'words'"):
+        read_triton_config(tmp_path / "config.pbtxt", "m")
