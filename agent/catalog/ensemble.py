@@ -64,7 +64,8 @@ class Ensemble:
         """As Triton's model config endpoint returns an ensemble's (JSON)."""
 
         def tensors(specs: tuple[DeclaredTensor, ...]) -> list[dict[str, object]]:
-            return [{"name": t.name, "data_type": triton_type(t.datatype), "dims": list(t.dims)}
+            return [{"name": t.name, "data_type": triton_type(t.datatype), "dims": list(t.dims),
+                     **({"label_filename": t.label_file} if t.label_file else {})}
                     for t in specs]  # fmt: skip
 
         steps = [

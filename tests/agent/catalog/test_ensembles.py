@@ -260,3 +260,16 @@ def test_unload_dependents_takes_the_steps_no_served_ensemble_still_runs(tmp_pat
         client.close()
     finally:
         assert agent.stop() == 0, agent.log()
+
+
+def test_an_ensembles_output_labels_are_read_and_shown(tmp_path: Path) -> None:
+    labelled = PIPELINE.replace(
+        '{ name: "TWICE_A" data_type: TYPE_FP32 dims: [ 16 ] }',
+        '{ name: "TWICE_A" data_type: TYPE_FP32 dims: [ 16 ] label_filename: "labels.txt" }',
+    )
+    _ensemble(tmp_path, "pipeline", labelled)
+    (tmp_path / "pipeline" / "labels.txt").write_text("".join(f"L{i}\n" for i in range(16)))
+    ensemble = read_ensemble(tmp_path / "pipeline", {"add_sub", "copy"})
+    assert ensemble.outputs[0].labels[15] == "L15"  # the classification's labels
+    (twice, minus) = ensemble.config_json()["output"]  # type: ignore[misc]
+    assert twice["label_filename"] == "labels.txt" and "label_filename" not in minus
