@@ -13,12 +13,8 @@ def read_model_file(folder: Path, name: str, cap: int, where: str, place: str) -
     "initial_state folder"), at most `cap` of them. ValueError starting with `where`
     for a name that is not a plain file name, a file outside the folder or missing,
     one over the cap, or one that cannot be read."""
-    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
-        raise ValueError(f"{where} must name a file in the model's {place}")
-    path = folder / name
+    path = _inside(folder, name, where, place)
     try:
-        if not path.resolve().is_relative_to(folder.resolve()) or not path.is_file():
-            raise ValueError(f"{where}: no such file in the model's {place}")
         with path.open("rb") as file:
             data = file.read(cap + 1)  # never more than the cap, however the file grows
     except OSError as exc:
@@ -26,3 +22,29 @@ def read_model_file(folder: Path, name: str, cap: int, where: str, place: str) -
     if len(data) > cap:
         raise ValueError(f"{where}: more than {cap} bytes")
     return data
+
+
+def model_file_size(folder: Path, name: str, cap: int, where: str, place: str) -> int:
+    """The size of the file `name` in `folder`, checked as read_model_file checks it,
+    without reading it (for files read only when they are used)."""
+    path = _inside(folder, name, where, place)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ValueError(f"{where}: {exc.strerror}") from None
+    if size > cap:
+        raise ValueError(f"{where}: more than {cap} bytes")
+    return size
+
+
+def _inside(folder: Path, name: str, where: str, place: str) -> Path:
+    """`folder / name`, when `name` is a plain file name of a file inside `folder`."""
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise ValueError(f"{where} must name a file in the model's {place}")
+    path = folder / name
+    try:
+        if not path.resolve().is_relative_to(folder.resolve()) or not path.is_file():
+            raise ValueError(f"{where}: no such file in the model's {place}")
+    except OSError as exc:
+        raise ValueError(f"{where}: {exc.strerror}") from None
+    return path

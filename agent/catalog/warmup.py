@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeplex.agent.catalog.model_files import read_model_file
+from edgeplex.agent.catalog.model_files import model_file_size, read_model_file
 from edgeplex.agent.oip.errors import InvalidInput
 from edgeplex.agent.oip.tensors import (
     BYTES,
@@ -42,15 +42,20 @@ class WarmupInput:
     datatype: str  # OIP name: FP32, BYTES, ...
     dims: tuple[int, ...]  # one sample's, without the batch dimension when batching
     fill: str  # "zero", "random" or "file"
-    file: str = ""  # the file in the model's warmup folder, for "file"
-    values: np.ndarray | None = field(default=None, compare=False, repr=False)  # its values
+    # For "file": the file in the model's warmup folder, read each time the sample is
+    # sent (a catalog of thousands of models keeps none of them in memory), its size
+    # when the model was found, and how errors name the input.
+    file: str = ""
+    folder: Path | None = field(default=None, compare=False)
+    size: int = 0
+    where: str = field(default="", compare=False)
 
     def array(self, batch: int | None, rng: np.random.Generator) -> np.ndarray:
         """The input's values, with a leading batch dimension of `batch` (None: the
-        model does not batch)."""
+        model does not batch). ValueError when its file cannot be read as declared."""
         dtype = OIP_TO_NUMPY.get(self.datatype, np.dtype(object))
-        if self.values is not None:
-            one = self.values
+        if self.fill == "file":
+            one = _read(self.file, self.datatype, self.dims, self.where, self.folder)
         elif self.fill == "random" and dtype.kind == "f":
             one = rng.random(self.dims).astype(dtype)
         elif self.fill == "random" and dtype.kind in "iu":
@@ -165,21 +170,39 @@ def _input(
             raise ValueError(f"{where}: dims {list(dims)} do not fit the input's {list(own_dims)}")
     file = str(_one(spec, "input_data_file", ""))
     if file:
-        values = _read(file, datatype, dims, where, directory)
-        return WarmupInput(name, datatype, dims, "file", file, values)
+        size = _size(file, datatype, dims, where, directory)
+        folder = None if directory is None else directory / WARMUP_DIR
+        return WarmupInput(name, datatype, dims, "file", file, folder, size, where)
     fill = "random" if _one(spec, "random_data", False) else "zero"
     return WarmupInput(name, datatype, dims, fill)
 
 
-def _read(
+def _size(
     file: str, datatype: str, dims: tuple[int, ...], where: str, directory: Path | None
-) -> np.ndarray:
-    """One sample's values from `file` in the model's warmup folder."""
+) -> int:
+    """The size of a sample's `file`, checked when the model is found: inside the
+    model's warmup folder, under the cap, and of the size `dims` need (BYTES: its
+    elements are read when it is sent)."""
     where = f"{where}: input_data_file {file!r}"
     if directory is None:
         raise ValueError(f"{where}: the model's folder is not known")
-    place = f"{WARMUP_DIR} folder"
-    data = read_model_file(directory / WARMUP_DIR, file, MAX_WARMUP_BYTES, where, place)
+    folder, place = directory / WARMUP_DIR, f"{WARMUP_DIR} folder"
+    size = model_file_size(folder, file, MAX_WARMUP_BYTES, where, place)
+    dtype = OIP_TO_NUMPY.get(datatype)
+    need = math.prod(dims) * (dtype.itemsize if dtype is not None else 0)
+    if dtype is not None and size != need:
+        raise ValueError(f"{where} holds {size} bytes; dims {list(dims)} of {datatype} need {need}")
+    return size
+
+
+def _read(
+    file: str, datatype: str, dims: tuple[int, ...], where: str, folder: Path | None
+) -> np.ndarray:
+    """One sample's values from `file` in the model's warmup `folder`, read now."""
+    where = f"{where}: input_data_file {file!r}"
+    if folder is None:
+        raise ValueError(f"{where}: the model's folder is not known")
+    data = read_model_file(folder, file, MAX_WARMUP_BYTES, where, f"{WARMUP_DIR} folder")
     dtype = OIP_TO_NUMPY.get(datatype)
     need = math.prod(dims) * (dtype.itemsize if dtype is not None else 0)
     if dtype is not None and len(data) != need:
@@ -195,9 +218,8 @@ def _read(
 
 
 def _sample_bytes(item: WarmupInput) -> int:
-    if item.datatype == BYTES:  # each element a u32 length and its bytes (none: zeros)
-        values = () if item.values is None else item.values.reshape(-1)
-        return 4 * math.prod(item.dims) + sum(len(v) for v in values)
+    if item.datatype == BYTES:  # its file as sent, or each empty element's u32 length
+        return item.size if item.fill == "file" else 4 * math.prod(item.dims)
     return math.prod(item.dims) * OIP_TO_NUMPY[item.datatype].itemsize
 
 

@@ -77,8 +77,9 @@ class RunnerEffects:
         runner = self._pool.get(record.runner_id)
         sent = None
         if runner.state == RunnerState.READY:  # (a memory limit applies when a runner starts)
-            # Written in this step: the load does not wait for its task to start.
-            with contextlib.suppress(RunnerLost):
+            # Written in this step: the load does not wait for its task to start. (A
+            # warm-up file that cannot be read now is the task's to report.)
+            with contextlib.suppress(RunnerLost, ValueError):
                 sent = runner.send(*self._load_message(record, record.form, fast))
         self._spawn(self._load(record, generation, fast, sent))
 
@@ -157,6 +158,9 @@ class RunnerEffects:
             return  # runner_down has moved the model; runner_up reloads it
         except (TimeoutError, ServeError) as exc:
             owner.load_failed(record.key, generation, f"load did not finish: {exc or 'timeout'}")
+            return
+        except ValueError as exc:  # a warm-up sample's file, changed since it was found
+            owner.load_failed(record.key, generation, str(exc))
             return
         if not isinstance(reply, ipc.ModelLoaded):
             owner.load_failed(record.key, generation, getattr(reply, "message", "load failed"))
@@ -276,14 +280,14 @@ class RunnerEffects:
         owner = self.owner
         assert owner is not None
         loaded: Loaded | None = None
-        message, samples = self._load_message(record, form, fast=False)
-        message.swap = True
         try:
+            message, samples = self._load_message(record, form, fast=False)
+            message.swap = True
             reply, _ = await asyncio.wait_for(
                 self._pool.get(record.runner_id).call(message, samples),
                 self._settings.runner.load_timeout_s,
             )
-        except (RunnerLost, TimeoutError, ServeError):
+        except (RunnerLost, TimeoutError, ServeError, ValueError):
             reply = None
         if isinstance(reply, ipc.ModelLoaded):
             self.promotions.record(record, reply, form)

@@ -143,6 +143,12 @@ def test_an_explicit_load_runs_the_samples_and_one_that_fails_fails_the_load(
         assert over_grpc.model_warmup[1].inputs["INPUT1"].zero_data
         with pytest.raises(InferenceServerException, match="model_warmup '#1' failed"):
             client.load_model("cold", headers=ADMIN)
+        # The sample's file is read at each load: one removed since fails the next load.
+        (repo / "warm" / "warmup" / "x").unlink()
+        client.unload_model("warm", headers=ADMIN)
+        gone = "model_warmup 'from_file': input 'INPUT0': input_data_file 'x': no such file"
+        with pytest.raises(InferenceServerException, match=re.escape(gone)):
+            client.load_model("warm", headers=ADMIN)
         assert not client.is_model_ready("cold")
         np.testing.assert_array_equal(client.infer("other", inputs).as_numpy("OUTPUT1"), a - a)
         metrics = agent.http_get("/metrics")[1].decode()
@@ -195,6 +201,7 @@ def test_string_samples_read_triton_s_length_prefixed_file(tmp_path: Path) -> No
     words_sample, blank = read_triton_config(tmp_path / "config.pbtxt", "m").warmup
     assert words_sample.arrays()["TEXT"].tolist() == [words, words]  # repeated per row
     assert blank.arrays()["TEXT"].tolist() == [[b"", b"", b""]]  # random: empty, as Triton
+    # Read when sent, not kept: a file broken since the model was found fails then.
     (tmp_path / "warmup" / "words").write_bytes((9).to_bytes(4, "little") + b"abc")
-    with pytest.raises(ValueError, match="input_data_file 'words'"):
-        read_triton_config(tmp_path / "config.pbtxt", "m")
+    with pytest.raises(ValueError, match="model_warmup 'words': input 'TEXT': input_data_file"):
+        words_sample.arrays()
