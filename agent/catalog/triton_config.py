@@ -130,7 +130,7 @@ class DeclaredTensor:
     dims: tuple[int, ...]  # without the batch dimension when max_batch_size > 0
     # An output's class labels, one per index (label_filename): the classification
     # extension names them.
-    labels: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    labels: tuple[str, ...] = field(default=(), repr=False)  # compared: an edit reloads
     label_file: str = ""
     # `reshape`: the shape the graph has (without the batch dimension when batching)
     # where clients see `dims`; None when they are the same.

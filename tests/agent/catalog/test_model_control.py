@@ -61,6 +61,16 @@ def _infer(client: tg.InferenceServerClient, model: str) -> np.ndarray:
     return result.as_numpy("OUTPUT0")
 
 
+def _top(client: tg.InferenceServerClient) -> bytes:
+    """The top class of the simple model's OUTPUT0 for _infer's inputs."""
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    inputs = [tg.InferInput("INPUT0", [1, 16], "FP32"), tg.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(np.ones((1, 16), np.float32))
+    asked = [tg.InferRequestedOutput("OUTPUT0", class_count=1)]
+    return bytes(client.infer("simple", inputs, outputs=asked).as_numpy("OUTPUT0")[0][0])
+
+
 def _failure(call: Callable[[], object]) -> str:
     with pytest.raises(InferenceServerException) as caught:
         call()
@@ -174,6 +184,16 @@ def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
         )
         _until(lambda: client.get_model_config("simple").config.max_batch_size == 4)
         _infer(client, "simple")
+        # A changed label file: the classes are named from the new one.
+        (repo / "simple" / "labels.txt").write_text("".join(f"a{i}\n" for i in range(16)))
+        labelled = ADD_SUB.replace("max_batch_size: 8", "max_batch_size: 4").replace(
+            'name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 16 ]',
+            'name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 16 ], label_filename: "labels.txt"',
+        )
+        (repo / "simple" / "config.pbtxt").write_text(labelled)
+        _until(lambda: _top(client) == b"16.000000:15:a15")
+        (repo / "simple" / "labels.txt").write_text("".join(f"b{i}\n" for i in range(16)))
+        _until(lambda: _top(client) == b"16.000000:15:b15")
 
         shutil.rmtree(repo / "added")  # a removed model
         _until(lambda: not client.is_model_ready("added"))
