@@ -150,34 +150,45 @@ def start_agent(
     wait_ready: bool = True,
     tls_ca: Path | None = None,
 ) -> AgentProcess:
-    grpc_port, http_port = free_ports(2)
-    log_path = log_dir / f"agent-{grpc_port}.log"
-    process = subprocess.Popen(
-        agent_command(repo, grpc_port, http_port),
-        stdout=log_path.open("wb"),
-        stderr=subprocess.STDOUT,
-        env={
-            **os.environ,
-            "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN": ADMIN_TOKEN,
-            # Each agent pins its own control-plane key (never the user's state directory).
-            "EDGEPLEX_AGENT_FLEET__TRUST_FILE": str(log_dir / f"control-plane-{grpc_port}.pub"),
-            **(env or {}),
-        },
-    )
-    agent = AgentProcess(process, grpc_port, http_port, log_path, tls_ca)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"agent exited early:\n{agent.log()}")
-        try:
-            status, _ = agent.http_get("/v2/health/ready")
-            if status == 200 or (status == 503 and not wait_ready):
-                return agent
-        except OSError:
-            pass
-        time.sleep(0.1)
-    agent.stop()
-    raise RuntimeError(f"agent not ready in time:\n{agent.log()}")
+    """An agent on free ports, once it answers ready (or at all: `wait_ready` off).
+    Ports another test worker took between their choice and the agent's bind are
+    chosen again, up to three times."""
+    for attempt in range(3):
+        grpc_port, http_port = free_ports(2)
+        log_path = log_dir / f"agent-{grpc_port}.log"
+        with log_path.open("wb") as log:  # the agent writes to its own copy
+            process = subprocess.Popen(
+                agent_command(repo, grpc_port, http_port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={
+                    **os.environ,
+                    "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN": ADMIN_TOKEN,
+                    # Each agent pins its own control-plane key (never the user's state).
+                    "EDGEPLEX_AGENT_FLEET__TRUST_FILE": str(
+                        log_dir / f"control-plane-{grpc_port}.pub"
+                    ),
+                    **(env or {}),
+                },
+            )
+        agent = AgentProcess(process, grpc_port, http_port, log_path, tls_ca)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                if "address already in use" in agent.log() and attempt < 2:
+                    break  # taken meanwhile: choose again
+                raise RuntimeError(f"agent exited early:\n{agent.log()}")
+            try:
+                status, _ = agent.http_get("/v2/health/ready")
+                if status == 200 or (status == 503 and not wait_ready):
+                    return agent
+            except OSError:
+                pass
+            time.sleep(0.1)
+        else:
+            agent.stop()
+            raise RuntimeError(f"agent not ready in time:\n{agent.log()}")
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 @contextlib.contextmanager
