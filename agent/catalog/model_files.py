@@ -37,9 +37,15 @@ def model_file_size(folder: Path, name: str, cap: int, where: str, place: str) -
     return size
 
 
+def plain_name(name: str) -> bool:
+    """Whether `name` names a file in a folder and nothing else: no separator, no NUL,
+    not "", "." or ".."."""
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
 def _inside(folder: Path, name: str, where: str, place: str) -> Path:
     """`folder / name`, when `name` is a plain file name of a file inside `folder`."""
-    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+    if not plain_name(name):
         raise ValueError(f"{where} must name a file in the model's {place}")
     path = folder / name
     try:

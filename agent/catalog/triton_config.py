@@ -50,7 +50,9 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from edgeplex.agent.catalog import ort_parameters
-from edgeplex.agent.catalog.model_files import read_model_file
+from edgeplex.agent.catalog.config_message import Message as Message
+from edgeplex.agent.catalog.config_message import one
+from edgeplex.agent.catalog.model_files import plain_name, read_model_file
 from edgeplex.agent.catalog.sequence_config import (
     SEQUENCE_FIELDS,
     STATE_FIELDS,
@@ -66,8 +68,6 @@ if TYPE_CHECKING:
 PBTXT_FILE = "config.pbtxt"
 MODEL_FILE = "model.onnx"  # a version's graph, unless default_model_filename names another
 MAX_LABEL_BYTES = 4 << 20  # an output's label file (21k ImageNet classes take 0.5 MiB)
-
-Message = dict[str, list[Any]]  # a field may repeat: every value is a list
 
 
 class PbtxtError(ValueError):
@@ -198,12 +198,12 @@ def triton_config(data: Message, model: str, directory: Path | None = None) -> T
     for the model in `directory` (the files a config may name: initial states).
     Raises ValueError for what cannot be served as written."""
     out = TritonConfig()
-    name = _one(data, "name", "")
+    name = one(data, "name", "")
     if name and name != model:
         raise ValueError(
             f"{PBTXT_FILE}: name {name!r} does not match the model's directory {model!r}"
         )
-    platform, backend = _one(data, "platform", ""), _one(data, "backend", "")
+    platform, backend = one(data, "platform", ""), one(data, "backend", "")
     if platform and platform not in SUPPORTED_PLATFORMS:
         raise ValueError(
             f"{PBTXT_FILE}: platform {platform!r}: edgeplex serves ONNX models (onnxruntime_onnx)"
@@ -216,7 +216,7 @@ def triton_config(data: Message, model: str, directory: Path | None = None) -> T
         out.warnings.append(f"{PBTXT_FILE}: '{key}' is not supported and has no effect")
     out.model_file = model_file(data)
     if "max_batch_size" in data:
-        out.settings["max_batch_size"] = int(_one(data, "max_batch_size", 0))
+        out.settings["max_batch_size"] = int(one(data, "max_batch_size", 0))
     out.inputs = tuple(triton_tensor(t, "input", out.warnings) for t in data.get("input", []))
     out.outputs = tuple(
         triton_tensor(t, "output", out.warnings, directory) for t in data.get("output", [])
@@ -250,15 +250,10 @@ def _warmup(
 def model_file(data: Message) -> str:
     """The file each version folder holds the graph in: `default_model_filename`, a
     plain file name, or model.onnx. ValueError for a name that is not a plain one."""
-    name = str(_one(data, "default_model_filename", "")) or MODEL_FILE
-    if name in (".", "..") or any(c in name for c in "/\\\0"):
+    name = str(one(data, "default_model_filename", "")) or MODEL_FILE
+    if not plain_name(name):
         raise ValueError(f"{PBTXT_FILE}: default_model_filename {name!r} is not a file name")
     return name
-
-
-def _one(message: Message, key: str, default: Any) -> Any:
-    values = message.get(key, [])
-    return values[-1] if values else default
 
 
 def triton_tensor(
@@ -266,10 +261,10 @@ def triton_tensor(
 ) -> DeclaredTensor:
     """An input or output as declared; an output's label file is read from the model's
     `directory`."""
-    if not isinstance(message, dict) or not _one(message, "name", ""):
+    if not isinstance(message, dict) or not one(message, "name", ""):
         raise ValueError(f"{PBTXT_FILE}: every {what} needs a name")
-    name = str(_one(message, "name", ""))
-    data_type = str(_one(message, "data_type", "TYPE_INVALID"))
+    name = str(one(message, "name", ""))
+    data_type = str(one(message, "data_type", "TYPE_INVALID"))
     if data_type.removeprefix("TYPE_") not in _TRITON_TYPES:
         raise ValueError(
             f"{PBTXT_FILE}: {what} '{name}': data_type {data_type!r} is not a Triton type"
@@ -279,15 +274,15 @@ def triton_tensor(
     labels: tuple[str, ...] = ()
     if what == "output" and directory is not None and "label_filename" in message:
         used.add("label_filename")
-        labels = read_labels(directory, str(_one(message, "label_filename", "")), name)
+        labels = read_labels(directory, str(one(message, "label_filename", "")), name)
     for key in sorted(set(message) - used):
         warnings.append(
             f"{PBTXT_FILE}: {what} '{name}': '{key}' is not supported and has no effect"
         )
     dims = tuple(int(d) for d in message.get("dims", []))
-    label_file = str(_one(message, "label_filename", "")) if labels else ""
+    label_file = str(one(message, "label_filename", "")) if labels else ""
     reshape = _reshape(message, dims, f"{PBTXT_FILE}: {what} '{name}'")
-    layout = str(_one(message, "format", "FORMAT_NONE"))
+    layout = str(one(message, "format", "FORMAT_NONE"))
     return DeclaredTensor(name, datatype, dims, labels, label_file, reshape, layout)
 
 
@@ -327,11 +322,11 @@ def read_labels(directory: Path, file: str, output: str) -> tuple[str, ...]:
 def _batching(blocks: list[Any], out: TritonConfig) -> None:
     for block in blocks:
         if "max_queue_delay_microseconds" in block:
-            out.settings["max_queue_delay_us"] = int(_one(block, "max_queue_delay_microseconds", 0))
+            out.settings["max_queue_delay_us"] = int(one(block, "max_queue_delay_microseconds", 0))
         for policy in block.get("default_queue_policy", []):
-            if int(_one(policy, "max_queue_size", 0)) > 0:
-                out.settings["max_queue_size"] = int(_one(policy, "max_queue_size", 0))
-            timeout_us = int(_one(policy, "default_timeout_microseconds", 0))
+            if int(one(policy, "max_queue_size", 0)) > 0:
+                out.settings["max_queue_size"] = int(one(policy, "max_queue_size", 0))
+            timeout_us = int(one(policy, "default_timeout_microseconds", 0))
             if timeout_us > 0:
                 out.settings["timeout_ms"] = max(1, timeout_us // 1000)
             for key in sorted(set(policy) - {"max_queue_size", "default_timeout_microseconds"}):
@@ -342,7 +337,7 @@ def _batching(blocks: list[Any], out: TritonConfig) -> None:
             out.settings["preferred_batch_sizes"] = [int(n) for n in block["preferred_batch_size"]]
         for key in ("priority_levels", "default_priority_level"):
             if key in block:
-                out.settings[key] = int(_one(block, key, 0))
+                out.settings[key] = int(one(block, key, 0))
         # preserve_ordering holds always: a stream's answers go back in its requests'
         # order (frontdoor/stream_calls.py), and a unary call has one answer.
         handled = {"max_queue_delay_microseconds", "default_queue_policy", "preferred_batch_size",
@@ -363,7 +358,7 @@ def _sequence_batching(blocks: list[Any], out: TritonConfig) -> None:
         for strategy in ("direct", "oldest"):
             for options in block.get(strategy, []):
                 if "max_queue_delay_microseconds" in options:
-                    delay = int(_one(options, "max_queue_delay_microseconds", 0))
+                    delay = int(one(options, "max_queue_delay_microseconds", 0))
                     out.settings["max_queue_delay_us"] = delay
                 if strategy == "oldest" and options.get("preferred_batch_size"):
                     sizes = [int(n) for n in options["preferred_batch_size"]]
@@ -384,7 +379,7 @@ def _sequence_batching(blocks: list[Any], out: TritonConfig) -> None:
 def response_cache(data: Message) -> bool:
     """Whether a parsed config enables the response cache (`response_cache.enable`);
     a model's and an ensemble's alike."""
-    return any(bool(_one(block, "enable", False)) for block in data.get("response_cache", []))
+    return any(bool(one(block, "enable", False)) for block in data.get("response_cache", []))
 
 
 def _instances(groups: list[Any], out: TritonConfig) -> None:
@@ -392,8 +387,8 @@ def _instances(groups: list[Any], out: TritonConfig) -> None:
         return
     total = 0
     for group in groups:
-        total += max(1, int(_one(group, "count", 1)))
-        kind = str(_one(group, "kind", "KIND_AUTO"))
+        total += max(1, int(one(group, "count", 1)))
+        kind = str(one(group, "kind", "KIND_AUTO"))
         out.kinds.add(kind)
         if kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU"):
             out.warnings.append(f"{PBTXT_FILE}: instance_group kind {kind} is served as KIND_AUTO")
@@ -415,7 +410,7 @@ def _versions(blocks: list[Any], out: TritonConfig) -> None:
             versions = tuple(int(v) for s in block["specific"] for v in s.get("versions", []))
             out.version_policy = VersionPolicy("specific", versions=versions)
         elif "latest" in block:
-            count = int(_one(block["latest"][-1], "num_versions", 1))
+            count = int(one(block["latest"][-1], "num_versions", 1))
             out.version_policy = VersionPolicy("latest", count=max(1, count))
 
 
@@ -424,9 +419,9 @@ def _parameters(entries: list[Any], out: TritonConfig) -> None:
     intra_op_threads, arena_extend_strategy its gpu_arena; the rest of those known go
     to ONNX Runtime as they are (ort_parameters.py)."""
     for entry in entries:
-        key = str(_one(entry, "key", ""))
-        value = _one(entry, "value", {})
-        text = str(_one(value, "string_value", "")) if isinstance(value, dict) else ""
+        key = str(one(entry, "key", ""))
+        value = one(entry, "value", {})
+        text = str(one(value, "string_value", "")) if isinstance(value, dict) else ""
         if key in _PARAMETERS:
             try:
                 out.settings[_PARAMETERS[key]] = int(text)

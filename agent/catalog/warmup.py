@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeplex.agent.catalog.config_message import one
 from edgeplex.agent.catalog.model_files import model_file_size, read_model_file
 from edgeplex.agent.oip.errors import InvalidInput
 from edgeplex.agent.oip.tensors import (
@@ -116,9 +117,9 @@ def warmup_samples(
     ValueError naming the sample for what cannot run as written."""
     samples = []
     for index, block in enumerate(blocks):
-        name = str(_one(block, "name", "")) or f"#{index}"
+        name = str(one(block, "name", "")) or f"#{index}"
         where = f"model_warmup '{name}'"
-        batch_size = int(_one(block, "batch_size", 0))
+        batch_size = int(one(block, "batch_size", 0))
         if batch_size < 1:
             raise ValueError(f"{where}: batch_size must be at least 1")
         if max_batch_size == 0 and batch_size != 1:
@@ -133,7 +134,7 @@ def warmup_samples(
         missing = sorted(set(declared) - {i.name for i in inputs})
         if missing:
             raise ValueError(f"{where}: no data for input '{missing[0]}'")
-        runs = max(1, int(_one(block, "count", 0)))
+        runs = max(1, int(one(block, "count", 0)))
         samples.append(WarmupSample(name, batch_size, runs, inputs, max_batch_size > 0))
     total = sum(s.nbytes() for s in samples)
     if total > MAX_WARMUP_BYTES:
@@ -149,14 +150,14 @@ def _input(
     fed: set[str] | frozenset[str],
     directory: Path | None,
 ) -> WarmupInput:
-    name = str(_one(entry, "key", ""))
-    spec: dict[str, list[Any]] = _one(entry, "value", {})
+    name = str(one(entry, "key", ""))
+    spec: dict[str, list[Any]] = one(entry, "value", {})
     where = f"{where}: input '{name}'"
     if declared and name not in declared and name not in fed:
         raise ValueError(f"{where} is not an input of the model")
-    datatype = from_triton_type(str(_one(spec, "data_type", "TYPE_INVALID")))
+    datatype = from_triton_type(str(one(spec, "data_type", "TYPE_INVALID")))
     if datatype not in OIP_TO_NUMPY and datatype != BYTES:
-        raise ValueError(f"{where}: data_type {_one(spec, 'data_type', '')!r} cannot be fed")
+        raise ValueError(f"{where}: data_type {one(spec, 'data_type', '')!r} cannot be fed")
     dims = tuple(int(d) for d in spec.get("dims", []))
     if any(d < 0 for d in dims):
         raise ValueError(f"{where}: dims must be fixed, not {list(dims)}")
@@ -168,12 +169,12 @@ def _input(
             d not in (-1, w) for d, w in zip(own_dims, dims, strict=True)
         ):
             raise ValueError(f"{where}: dims {list(dims)} do not fit the input's {list(own_dims)}")
-    file = str(_one(spec, "input_data_file", ""))
+    file = str(one(spec, "input_data_file", ""))
     if file:
         size = _size(file, datatype, dims, where, directory)
         folder = None if directory is None else directory / WARMUP_DIR
         return WarmupInput(name, datatype, dims, "file", file, folder, size, where)
-    fill = "random" if _one(spec, "random_data", False) else "zero"
+    fill = "random" if one(spec, "random_data", False) else "zero"
     return WarmupInput(name, datatype, dims, fill)
 
 
@@ -188,11 +189,16 @@ def _size(
         raise ValueError(f"{where}: the model's folder is not known")
     folder, place = directory / WARMUP_DIR, f"{WARMUP_DIR} folder"
     size = model_file_size(folder, file, MAX_WARMUP_BYTES, where, place)
+    _check_size(size, datatype, dims, where)
+    return size
+
+
+def _check_size(size: int, datatype: str, dims: tuple[int, ...], where: str) -> None:
+    """A numeric sample's file holds exactly its dims' values (BYTES: any length)."""
     dtype = OIP_TO_NUMPY.get(datatype)
     need = math.prod(dims) * (dtype.itemsize if dtype is not None else 0)
     if dtype is not None and size != need:
         raise ValueError(f"{where} holds {size} bytes; dims {list(dims)} of {datatype} need {need}")
-    return size
 
 
 def _read(
@@ -203,26 +209,16 @@ def _read(
     if folder is None:
         raise ValueError(f"{where}: the model's folder is not known")
     data = read_model_file(folder, file, MAX_WARMUP_BYTES, where, f"{WARMUP_DIR} folder")
-    dtype = OIP_TO_NUMPY.get(datatype)
-    need = math.prod(dims) * (dtype.itemsize if dtype is not None else 0)
-    if dtype is not None and len(data) != need:
-        raise ValueError(
-            f"{where} holds {len(data)} bytes; dims {list(dims)} of {datatype} need {need}"
-        )
+    _check_size(len(data), datatype, dims, where)  # it may have changed since
     if datatype == BYTES:
         try:
             return decode_bytes(file, dims, data, MAX_WARMUP_BYTES)
         except InvalidInput as exc:
             raise ValueError(f"{where}: {exc}") from None
-    return np.frombuffer(data, dtype=dtype).reshape(dims)
+    return np.frombuffer(data, dtype=OIP_TO_NUMPY[datatype]).reshape(dims)
 
 
 def _sample_bytes(item: WarmupInput) -> int:
     if item.datatype == BYTES:  # its file as sent, or each empty element's u32 length
         return item.size if item.fill == "file" else 4 * math.prod(item.dims)
     return math.prod(item.dims) * OIP_TO_NUMPY[item.datatype].itemsize
-
-
-def _one(message: dict[str, list[Any]], key: str, default: Any) -> Any:
-    values = message.get(key, [])
-    return values[-1] if values else default

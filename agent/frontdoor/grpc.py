@@ -120,37 +120,36 @@ def _sequence_of(request: pb.ModelInferRequest) -> tuple[str, str, int | str] | 
     return (request.model_name, request.model_version, sequence_id)
 
 
-def _classify(request: pb.ModelInferRequest) -> dict[str, int]:
-    """The outputs asked for as classifications (their `classification` parameter), and
-    how many classes each."""
-    found = {}
+def _output_parameters(
+    request: pb.ModelInferRequest, regions: ClientRegions | None
+) -> tuple[dict[str, Ref], dict[str, int]]:
+    """What the requested outputs' parameters ask for, read in one pass: those to write
+    into shared memory, by name (checked before the model runs: a region no one
+    registered is refused first), and those asked for as classifications, with how
+    many classes each."""
+    shm: dict[str, Ref] = {}
+    classify: dict[str, int] = {}
     for output in request.outputs:
-        if output.parameters and "classification" in output.parameters:
-            count = grpc_params(output.parameters)["classification"]
+        if not output.parameters:
+            continue
+        params = grpc_params(output.parameters)
+        ref = ref_of(params, output.name)
+        if ref is not None:
+            if regions is None:
+                raise InvalidInput(
+                    f"output '{output.name}': Unable to find system shared memory "
+                    f"region: '{ref.region}'"
+                )
+            shm[output.name] = ref
+        count = params.get("classification")
+        if count is not None:
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise InvalidInput(
                     f"output '{output.name}': 'classification' must be a non-negative integer"
                 )
             if count:
-                found[output.name] = count
-    return found
-
-
-def _shm_outputs(request: pb.ModelInferRequest, regions: ClientRegions | None) -> dict[str, Ref]:
-    """The requested outputs to write into shared memory, by name (checked before the
-    model runs: a region no one registered is refused first)."""
-    found = {}
-    for output in request.outputs:
-        if output.parameters:
-            ref = ref_of(grpc_params(output.parameters), output.name)
-            if ref is not None:
-                if regions is None:
-                    raise InvalidInput(
-                        f"output '{output.name}': Unable to find system shared memory "
-                        f"region: '{ref.region}'"
-                    )
-                found[output.name] = ref
-    return found
+                classify[output.name] = count
+    return shm, classify
 
 
 @dataclass(frozen=True)
@@ -256,8 +255,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if request.parameters:  # most requests carry none
                     params = grpc_params(request.parameters)
                     flags, priority = flags_of(params), _priority(params)
-                body = Body(inputs, wanted, timeout_s, flags, _shm_outputs(request, regions),
-                            priority, _classify(request))  # fmt: skip
+                shm, classify = _output_parameters(request, regions)
+                body = Body(inputs, wanted, timeout_s, flags, shm, priority, classify)
                 decoded.append(body)
                 return body
 
@@ -411,8 +410,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def LogSettings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
         """Triton's logging extension: the settings named change (with the admin token),
         all are answered."""
-        changes = {k: getattr(v, v.WhichOneof("parameter_choice") or "string_param")
-                   for k, v in request.settings.items()}  # fmt: skip
+        changes = grpc_params(request.settings)
         if changes:
             auth = authorization(context)
             self.credentials.check(Access.ADMIN, auth, "LogSettings", context.peer())

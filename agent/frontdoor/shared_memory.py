@@ -282,7 +282,8 @@ def ref_of(params: Mapping[str, Any], tensor: str) -> Ref | None:
 
 
 def grpc_params(parameters: Any) -> dict[str, Any]:
-    """A gRPC parameters map (InferParameter values) as plain values."""
+    """A gRPC parameters map (InferParameter values, or any message's with the same
+    `parameter_choice`: log settings) as plain values."""
     return {k: getattr(v, v.WhichOneof("parameter_choice") or "string_param")
             for k, v in parameters.items()}  # fmt: skip
 
