@@ -31,6 +31,7 @@ from edgeplex.agent.catalog.ensemble import (
 )
 from edgeplex.agent.catalog.repository import (
     ModelSource,
+    RepositoryRead,
     invalid_file,
     scan_repository_versions,
     scan_versions,
@@ -201,6 +202,8 @@ class Agent:
         self.shared_memory = SharedMemory(settings.shared_memory, self.gpu)  # Triton's extension
         self.overrides: dict[str, Message] = {}  # config given with a load, by model
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
+        self._scanned: dict[str, list[ModelSource]] = {}  # the last scan, by folder
+        self.discoveries = 0  # repository reads applied (a poll's read may be overtaken)
         self.ensembles: dict[str, Ensemble] = {}  # Triton ensembles, run by this core
         self.ensembles_off: set[str] = set()  # unloaded (explicit mode) until loaded
         # Live sequences of stateful models; each holds its model resident.
@@ -413,25 +416,33 @@ class Agent:
     def discover(self) -> list[str]:
         """Know every model of the repository (new ones and new versions). With
         model_control_mode explicit, a model new to the agent starts unloaded."""
-        return list(self._discover())
+        return list(self._discover(self._read_repository(dict(self.overrides))))
 
-    def _discover(self) -> dict[str, list[ModelSource]]:
-        """discover(), returning every servable model's versions as read."""
+    def _read_repository(self, overrides: dict[str, Message]) -> RepositoryRead:
+        """The repository as it is now: file reads only, so poll runs it off the loop.
+        Folders unchanged since the last read are not read again."""
         repo = self.settings.model_repo
-        found = scan_repository_versions(repo, self.settings.model_defaults, self.gpu)
-        for name, override in self.overrides.items():
+        found = scan_repository_versions(
+            repo, self.settings.model_defaults, self.gpu, self._scanned
+        )
+        self._scanned = dict(found)
+        for name, override in overrides.items():
             found[name] = self._scan(name, override) or found.get(name, [])
+        found = {name: versions for name, versions in found.items() if versions}
+        return RepositoryRead(found, unservable(repo, found))
+
+    def _discover(self, read: RepositoryRead) -> dict[str, list[ModelSource]]:
+        """Know the models of `read`; returns every servable model's versions."""
+        self.discoveries += 1
         explicit = self.settings.model_control_mode == "explicit"
-        for name, versions in found.items():
-            if not versions:
-                continue
+        for name, versions in read.found.items():
             new = self.residency.get(name) is None
             self._know(versions)
             if new and explicit:
                 self.residency.unload(name)
-        self.unservable = unservable(repo)
-        self._discover_ensembles(set(found), explicit)
-        return {name: versions for name, versions in found.items() if versions}
+        self.unservable = read.unservable
+        self._discover_ensembles(set(read.found), explicit)
+        return read.found
 
     def _discover_ensembles(self, models: set[str], explicit: bool) -> None:
         """The repository's ensembles, read anew; one that cannot run is listed as
@@ -474,7 +485,11 @@ class Agent:
         """One rescan of the repository (model_control_mode poll): new models and
         versions are known, a model whose folder is gone is unloaded, and a loaded
         model whose files or config changed is loaded again from them."""
-        found = self._discover()
+        before = self.discoveries
+        read = await asyncio.to_thread(self._read_repository, dict(self.overrides))
+        if self.discoveries != before:  # a fleet install read it meanwhile: next time
+            return
+        found = self._discover(read)
         for record in list(self.residency.records()):
             name = record.name
             versions = found.get(name)

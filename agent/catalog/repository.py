@@ -15,6 +15,9 @@ repository or break a URL.
 
 from __future__ import annotations
 
+import hashlib
+import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +60,19 @@ class ModelSource:
     warmup: tuple[WarmupSample, ...] = ()  # config.pbtxt's model_warmup
     # config.pbtxt's onnxruntime parameters passed to ONNX Runtime (key, value).
     ort_parameters: tuple[tuple[str, str], ...] = ()
+    # Every file of the model's folder as it was read (folder_stamp): in poll mode a
+    # model reloads when any of them changes, its graph, config, labels, initial
+    # states or warm-up data, as Triton's poll does.
+    stamp: str = ""
+
+
+@dataclass(frozen=True)
+class RepositoryRead:
+    """One read of the repository: every servable model's versions, newest first,
+    and the model folders that hold nothing to serve, with why."""
+
+    found: dict[str, list[ModelSource]]
+    unservable: dict[str, str]
 
 
 def scan_model(repo: Path, name: str, defaults: ModelConfig) -> ModelSource | None:
@@ -76,6 +92,7 @@ def scan_versions(
     model_dir = repo / name
     if not model_dir.is_dir():
         return []
+    stamp = folder_stamp(model_dir)  # before reading: a change meanwhile shows next time
     triton, error, warnings = None, "", []
     try:
         if override is not None:
@@ -128,6 +145,7 @@ def scan_versions(
                 sequence=triton.sequence if triton else None,
                 warmup=triton.warmup if triton else (),
                 ort_parameters=tuple(sorted(triton.ort_parameters.items())) if triton else (),
+                stamp=stamp,
             )
         )
     return out
@@ -152,25 +170,61 @@ def scan_repository(repo: Path, defaults: ModelConfig) -> dict[str, ModelSource]
 
 
 def scan_repository_versions(
-    repo: Path, defaults: ModelConfig, gpu: bool = False
+    repo: Path,
+    defaults: ModelConfig,
+    gpu: bool = False,
+    last: Mapping[str, list[ModelSource]] | None = None,
 ) -> dict[str, list[ModelSource]]:
-    """Every version to serve of every model, newest first."""
+    """Every version to serve of every model, newest first. A model in `last` (the
+    previous scan) whose folder's stamp is unchanged is taken from it, not read again:
+    poll mode rescans a catalog of thousands every few seconds."""
     if not repo.is_dir():
         raise FileNotFoundError("the model repository does not exist or is not a directory")
     found = {}
     for entry in sorted(repo.iterdir()):
-        versions = scan_versions(repo, entry.name, defaults, gpu)
-        if versions:
+        before = (last or {}).get(entry.name)
+        if before and entry.is_dir() and before[0].stamp == folder_stamp(entry):
+            found[entry.name] = before
+        elif versions := scan_versions(repo, entry.name, defaults, gpu):
             found[entry.name] = versions
     return found
 
 
-def unservable(repo: Path) -> dict[str, str]:
+def folder_stamp(model_dir: Path) -> str:
+    """A digest of what a model's folder holds: the path, size, modification time and
+    inode of every file under it (links followed, each folder once). A stat a file,
+    nothing read; an edit that keeps all four within the file system's clock tick
+    goes unseen, as in Triton's poll."""
+    digest = hashlib.blake2b(digest_size=16)
+    seen: set[tuple[int, int]] = set()
+    for folder, subfolders, files in os.walk(model_dir, followlinks=True):
+        try:
+            info = os.stat(folder)
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) in seen:  # a link back up the tree
+            subfolders.clear()
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        subfolders.sort()
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            try:
+                info = os.stat(path)
+            except OSError:  # gone meanwhile, or a dangling link
+                continue
+            where = os.path.relpath(path, model_dir)
+            digest.update(f"{where}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_ino}\n".encode())
+    return digest.hexdigest()
+
+
+def unservable(repo: Path, served: Collection[str] = ()) -> dict[str, str]:
     """The repository's model folders that hold nothing edgeplex can serve, and why
-    (Triton lists them too; they must not vanish without a word)."""
+    (Triton lists them too; they must not vanish without a word). `served`: the
+    models a scan found versions of."""
     found = {}
     for entry in sorted(repo.iterdir()):
-        if not valid_name(entry.name) or not entry.is_dir():
+        if entry.name in served or not valid_name(entry.name) or not entry.is_dir():
             continue
         if _versions(entry, _model_file(entry)):
             continue

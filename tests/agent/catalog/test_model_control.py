@@ -21,6 +21,7 @@ from edgeplex.agent.catalog import demo
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.oip.errors import Unauthenticated
 from tests.conftest import start_agent
+from tests.support.sequences import make_from_a_hundred, value_input
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +70,13 @@ def _top(client: tg.InferenceServerClient) -> bytes:
     inputs[1].set_data_from_numpy(np.ones((1, 16), np.float32))
     asked = [tg.InferRequestedOutput("OUTPUT0", class_count=1)]
     return bytes(client.infer("simple", inputs, outputs=asked).as_numpy("OUTPUT0")[0][0])
+
+
+def _sequence_start(client: tg.InferenceServerClient, value: int) -> int:
+    """A new sequence of from_a_hundred, sent `value` and ended: its first sum."""
+    result = client.infer("from_a_hundred", [value_input(tg, value)], sequence_id=7,
+                          sequence_start=True, sequence_end=True)  # fmt: skip
+    return int(result.as_numpy("OUTPUT")[0][0])
 
 
 def _failure(call: Callable[[], object]) -> str:
@@ -163,6 +171,7 @@ def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     demo.make_add_sub(repo / "simple")
     (repo / "simple" / "config.pbtxt").write_text(ADD_SUB)
+    make_from_a_hundred(repo / "from_a_hundred")
     agent = start_agent(
         repo,
         tmp_path,
@@ -194,6 +203,11 @@ def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
         _until(lambda: _top(client) == b"16.000000:15:a15")
         (repo / "simple" / "labels.txt").write_text("".join(f"b{i}\n" for i in range(16)))
         _until(lambda: _top(client) == b"16.000000:15:b15")
+        # A changed initial state, of the same size: new sequences start from it.
+        assert _sequence_start(client, 5) == 105
+        state = repo / "from_a_hundred" / "initial_state" / "hundred"
+        state.write_bytes(np.array([200], np.int32).tobytes())
+        _until(lambda: _sequence_start(client, 5) == 205)
 
         shutil.rmtree(repo / "added")  # a removed model
         _until(lambda: not client.is_model_ready("added"))
