@@ -10,6 +10,7 @@ loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from inspect import iscoroutine
@@ -133,6 +134,9 @@ def count_failure(
             bytes_in = sum(array.nbytes for array in request.inputs.values())
     held = record.device_bytes if record is not None else 0
     journal.record(tenant, model, version, failure, bytes_in, 0, 0.0, cold, held)
+
+
+log = logging.getLogger("edgeplex.agent")
 
 
 @dataclass
@@ -459,6 +463,10 @@ class Agent:
         for name, why in nesting_errors(found, MAX_ENSEMBLE_DEPTH).items():
             del found[name]
             self.unservable[name] = f"ensemble: {why}"
+        for name, ensemble in found.items():
+            if ensemble != self.ensembles.get(name):  # new or changed: said once
+                for warning in ensemble.warnings:
+                    log.warning("ensemble %s: %s", name, warning)
         load = self.settings.load_model
         for name in found:
             if explicit and name not in self.ensembles and name not in load and "*" not in load:

@@ -46,6 +46,7 @@ class Ensemble:
     outputs: tuple[DeclaredTensor, ...]
     waves: tuple[tuple[Step, ...], ...]  # steps in the order they can run, together
     response_cache: bool = False  # its answers kept whole (Triton's top-level caching)
+    warnings: tuple[str, ...] = ()  # what its config sets that edgeplex does not act on
 
     def tensor_json(self, tensor: DeclaredTensor) -> dict[str, object]:
         """A tensor as model metadata lists it (with the batch dimension, if any)."""
@@ -114,12 +115,19 @@ def read_ensemble(model_dir: Path, known: set[str]) -> Ensemble:
     warnings: list[str] = []
     inputs = tuple(triton_tensor(t, "input", warnings) for t in data.get("input", []))
     outputs = tuple(triton_tensor(t, "output", warnings, model_dir) for t in data.get("output", []))
+    warnings += [
+        f"{PBTXT_FILE}: input '{t.name}': optional is not supported for an ensemble; required"
+        for t in inputs
+        if t.optional
+    ]
     if not inputs or not outputs:
         raise ValueError(f"{PBTXT_FILE}: an ensemble declares its inputs and outputs")
     steps = _steps(data, known)
     waves = _waves(steps, {t.name for t in inputs}, {t.name for t in outputs})
     max_batch = int((data.get("max_batch_size") or [0])[-1])
-    return Ensemble(name, "1", max_batch, inputs, outputs, waves, response_cache(data))
+    return Ensemble(
+        name, "1", max_batch, inputs, outputs, waves, response_cache(data), tuple(warnings)
+    )
 
 
 def nesting_errors(ensembles: dict[str, Ensemble], max_depth: int) -> dict[str, str]:

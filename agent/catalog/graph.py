@@ -47,7 +47,7 @@ ONNX_TO_OIP = {
 }
 
 # Field numbers (onnx.proto3).
-_MODEL_GRAPH = 7
+_MODEL_IR_VERSION, _MODEL_GRAPH = 1, 7
 _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT, _GRAPH_SPARSE = 5, 11, 12, 15
 _TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME = 1, 2, 8
 _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION, _LOCATION_EXTERNAL = 13, 14, 1
@@ -71,6 +71,9 @@ class GraphError(Exception):
 class Interface:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # Graph inputs that an initializer gives a default (IR version 4 on): a request
+    # may leave them out (ONNX Runtime's overridable initializers).
+    defaulted: tuple[TensorSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +89,12 @@ class ExternalWeight:
 
 
 def read_interface(path: Path) -> Interface:
-    return _read(path, _graph)
+    return _read(path, _interface)
 
 
 def read_external_weights(path: Path) -> list[ExternalWeight]:
     """Every initializer of the graph that keeps its bytes in an external file."""
-    return _read(path, _external_weights)
+    return _read(path, lambda model: _external_weights(_graph_of(model)))
 
 
 def weights_as_inputs(path: Path, weights: list[ExternalWeight]) -> bytes:
@@ -127,12 +130,12 @@ def weights_as_inputs(path: Path, weights: list[ExternalWeight]) -> bytes:
     return bytes(out)
 
 
-def _read(path: Path, read_graph: Callable[[memoryview], T]) -> T:
+def _read(path: Path, read_model: Callable[[memoryview], T]) -> T:
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             view = memoryview(m)
             try:
-                return read_graph(_graph_of(view))
+                return read_model(view)
             finally:
                 view.release()
     except (OSError, ValueError) as exc:
@@ -181,9 +184,12 @@ def _external_weights(buf: memoryview) -> list[ExternalWeight]:
     return weights
 
 
-def _graph(buf: memoryview) -> Interface:
+def _interface(model: memoryview) -> Interface:
+    ir_version = next(
+        (v for f, _, v in _fields(model) if f == _MODEL_IR_VERSION and isinstance(v, int)), 0
+    )
     inputs, outputs, weights = [], [], set()
-    for field, _, value in _fields(buf):
+    for field, _, value in _fields(_graph_of(model)):
         if not isinstance(value, memoryview):
             continue
         if field == _GRAPH_INPUT:
@@ -196,10 +202,11 @@ def _graph(buf: memoryview) -> Interface:
             for f, _, v in _fields(value):
                 if f == _SPARSE_VALUES and isinstance(v, memoryview):
                     weights.add(_string(v, _TENSOR_NAME))
-    # Before IR version 4, weights were also listed as graph inputs.
+    # Before IR version 4, weights were also listed as graph inputs, and fixed.
     return Interface(
         tuple(s for s in inputs if s.name not in weights),
         tuple(outputs),
+        tuple(s for s in inputs if s.name in weights) if ir_version >= 4 else (),
     )
 
 

@@ -17,6 +17,7 @@ never dropped silently:
 | `output.label_filename` | the labels of a classification (oip/classification.py) |
 | `input`, `output` `reshape` | clients see `dims`, the graph `reshape.shape` (runner reshapes) |
 | `input.format` | returned with the config, for clients (Triton does not act on it either) |
+| `input.optional` | may be left out: the graph's initializer gives it (no batching) |
 | `dynamic_batching.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `dynamic_batching.preferred_batch_size` | `preferred_batch_sizes` |
 | `dynamic_batching.priority_levels`, `.default_priority_level` | the same |
@@ -136,6 +137,9 @@ class DeclaredTensor:
     # where clients see `dims`; None when they are the same.
     reshape: tuple[int, ...] | None = None
     format: str = "FORMAT_NONE"  # an input's layout (FORMAT_NCHW, FORMAT_NHWC): for clients
+    # An input a request may leave out (`optional`): the graph's initializer of that
+    # name gives its value then.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -244,7 +248,8 @@ def _warmup(
     declared = {t.name: (t.datatype, t.dims) for t in out.inputs}
     fed = out.sequence.inputs if out.sequence is not None else set()
     max_batch_size = int(out.settings.get("max_batch_size", 0))
-    return warmup_samples(blocks, max_batch_size, declared, directory, fed)
+    optional = {t.name for t in out.inputs if t.optional}
+    return warmup_samples(blocks, max_batch_size, declared, directory, fed, optional)
 
 
 def model_file(data: Message) -> str:
@@ -270,7 +275,9 @@ def triton_tensor(
             f"{PBTXT_FILE}: {what} '{name}': data_type {data_type!r} is not a Triton type"
         )
     datatype = from_triton_type(data_type)
-    used = {"name", "data_type", "dims", "reshape"} | ({"format"} if what == "input" else set())
+    used = {"name", "data_type", "dims", "reshape"} | (
+        {"format", "optional"} if what == "input" else set()
+    )
     labels: tuple[str, ...] = ()
     if what == "output" and directory is not None and "label_filename" in message:
         used.add("label_filename")
@@ -283,7 +290,8 @@ def triton_tensor(
     label_file = str(one(message, "label_filename", "")) if labels else ""
     reshape = _reshape(message, dims, f"{PBTXT_FILE}: {what} '{name}'")
     layout = str(one(message, "format", "FORMAT_NONE"))
-    return DeclaredTensor(name, datatype, dims, labels, label_file, reshape, layout)
+    optional = bool(one(message, "optional", False))
+    return DeclaredTensor(name, datatype, dims, labels, label_file, reshape, layout, optional)
 
 
 def _reshape(message: Any, dims: tuple[int, ...], where: str) -> tuple[int, ...] | None:
@@ -472,8 +480,10 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
         if tensor["name"] in reshaped:
             tensor["reshape"] = {"shape": list(reshaped[tensor["name"]])}
     layouts = {t.name: t.format for t in entry.source.declared_inputs}
-    for tensor in out["input"]:  # as Triton's: always there, for clients that read it
+    optional = {t.name for t in entry.inputs if t.optional}
+    for tensor in out["input"]:  # as Triton's: always there, for clients that read them
         tensor["format"] = layouts.get(tensor["name"], "FORMAT_NONE")
+        tensor["optional"] = tensor["name"] in optional
     sequence = entry.source.sequence
     if sequence is not None:  # a stateful model: the one batcher Triton gives it
         out["sequence_batching"] = sequence.config_json(

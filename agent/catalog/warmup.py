@@ -109,12 +109,14 @@ def warmup_samples(
     declared: dict[str, Declared],
     directory: Path | None,
     fed: set[str] | frozenset[str] = frozenset(),
+    optional: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[WarmupSample, ...]:
     """The `model_warmup` samples of a parsed config, for a model batching up to
     `max_batch_size` whose config declares the inputs `declared` (name: datatype and
-    dims; empty when it declares none, and the graph then has the last word) and whose
-    sequence batcher fills in the inputs `fed` (a sample names them too). Raises
-    ValueError naming the sample for what cannot run as written."""
+    dims; empty when it declares none, and the graph then has the last word), of
+    which a sample may leave out those `optional`, and whose sequence batcher fills
+    in the inputs `fed` (a sample names them too). Raises ValueError naming the
+    sample for what cannot run as written."""
     samples = []
     for index, block in enumerate(blocks):
         name = str(one(block, "name", "")) or f"#{index}"
@@ -131,7 +133,7 @@ def warmup_samples(
         )
         if not inputs:
             raise ValueError(f"{where}: no inputs (a sample names data for every input)")
-        missing = sorted(set(declared) - {i.name for i in inputs})
+        missing = sorted(set(declared) - {i.name for i in inputs} - optional)
         if missing:
             raise ValueError(f"{where}: no data for input '{missing[0]}'")
         runs = max(1, int(one(block, "count", 0)))

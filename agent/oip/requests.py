@@ -39,7 +39,7 @@ def validate(
             raise InvalidInput(f"input '{tensor.name}' is given twice")
         check_against_spec(spec, tensor.datatype, tensor.shape, record.name)
         given[tensor.name] = tensor.array
-    missing = [n for n in specs if n not in given]
+    missing = [n for n, spec in specs.items() if n not in given and not spec.optional]
     if missing:
         raise InvalidInput(f"model '{record.name}': missing input '{missing[0]}'")
     if outputs is not None:

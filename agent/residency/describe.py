@@ -12,7 +12,7 @@ import logging
 from dataclasses import replace
 from typing import NamedTuple
 
-from edgeplex.agent.catalog.graph import GraphError, read_interface
+from edgeplex.agent.catalog.graph import GraphError, Interface, read_interface
 from edgeplex.agent.catalog.repository import ModelSource
 from edgeplex.agent.catalog.triton_config import DeclaredTensor
 from edgeplex.agent.oip.tensors import TensorSpec
@@ -47,7 +47,10 @@ def describe(key: object, source: ModelSource) -> Described | str:
     specs = interface.inputs + interface.outputs
     batchable = all(s.shape and s.shape[0] == -1 for s in specs)
     wanted = source.config.max_batch_size
-    mismatch = _declared_mismatch(source, interface.inputs, "input", wanted) or _declared_mismatch(
+    graph_inputs = _with_optional(interface, source.declared_inputs)
+    if isinstance(graph_inputs, str):
+        return graph_inputs
+    mismatch = _declared_mismatch(source, graph_inputs, "input", wanted) or _declared_mismatch(
         source, interface.outputs, "output", wanted
     )
     if mismatch:
@@ -61,6 +64,9 @@ def describe(key: object, source: ModelSource) -> Described | str:
         )
     else:
         max_batch = wanted
+    optional = [t.name for t in graph_inputs if t.optional]
+    if optional and max_batch:  # as Triton's onnxruntime backend refuses it
+        return f"optional input '{optional[0]}' is not supported for models that support batching"
     if source.config.response_cache and source.sequence is not None:  # Triton refuses it too
         return "the response cache does not support a model with sequence batching"
     too_large = [n for n in source.config.preferred_batch_sizes if n > max_batch]
@@ -69,9 +75,35 @@ def describe(key: object, source: ModelSource) -> Described | str:
             f"dynamic batching preferred size must be <= max batch size: {too_large[0]} is "
             f"larger than max_batch_size {max_batch}"
         )
-    inputs = _as_clients_see(interface.inputs, source.declared_inputs, max_batch)
+    inputs = _as_clients_see(graph_inputs, source.declared_inputs, max_batch)
     outputs = _as_clients_see(interface.outputs, source.declared_outputs, max_batch)
     return Described(inputs, outputs, max_batch)
+
+
+def _with_optional(
+    interface: Interface, declared: tuple[DeclaredTensor, ...]
+) -> tuple[TensorSpec, ...] | str:
+    """The graph's inputs with those config.pbtxt declares `optional`: graph inputs
+    that an initializer gives a default, which a request may leave out. Why not,
+    for an optional input without a default or a defaulted one not declared so."""
+    defaulted = {s.name: s for s in interface.defaulted}
+    required = {s.name for s in interface.inputs}
+    optional = []
+    for t in declared:
+        if t.optional and t.name in required:
+            return (
+                f"config.pbtxt: input '{t.name}' is optional, and the graph has no default for "
+                "it (only a graph input that an initializer of its name gives a value can be "
+                "left out)"
+            )
+        if t.name in defaulted and not t.optional:
+            return (
+                f"config.pbtxt: input '{t.name}' has a default in the graph (an initializer): "
+                "declare it `optional: true`"
+            )
+        if t.optional and t.name in defaulted:
+            optional.append(replace(defaulted[t.name], optional=True))
+    return interface.inputs + tuple(optional)
 
 
 def _as_clients_see(
