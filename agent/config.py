@@ -256,8 +256,9 @@ class AgentSettings(FileSettings):
     otlp_endpoint: str | None = Field(
         default=None,
         description="OTLP/HTTP traces endpoint (for example http://collector:4318/v1/traces): "
-        "each sampled inference request is exported as a span with the access log's trace "
-        "and span ids. Needs the `otel` extra. Unset: no export.",
+        "each traced inference request is exported as a span with the access log's trace "
+        "and span ids: every request at first, or as Triton's trace settings choose "
+        "(/v2/trace/setting). Needs the `otel` extra. Unset: no export.",
     )
     runner: RunnerSettings = Field(
         default_factory=RunnerSettings, description="Runner processes (see RunnerSettings)."

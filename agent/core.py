@@ -61,6 +61,7 @@ from edgeplex.agent.frontdoor.overload import OverloadWatch
 from edgeplex.agent.frontdoor.shared_memory import SharedMemory
 from edgeplex.agent.frontdoor.tenants import PEER, Tenants, tenants_of
 from edgeplex.agent.observability import views
+from edgeplex.agent.observability.access_log import ACCESS
 from edgeplex.agent.observability.log_settings import LogSettings
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
@@ -91,7 +92,7 @@ from edgeplex.settings import state_dir
 EXTENSIONS = [
     "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
     "schedule_policy", "model_configuration",
-    "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "logging",
+    "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "logging", "trace",
     "edgeplex_status",
 ]  # fmt: skip
 DEFAULT_TIMEOUT_S = 30.0  # a request's deadline when neither it nor its model sets one
@@ -282,6 +283,18 @@ class Agent:
         entry = self.entry(name, version)
         self.model_metadata(name, version)  # same availability rule
         return config_json(entry)
+
+    def trace_settings(
+        self, model: str = "", changes: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Triton's trace extension: the settings of the agent or of `model` (a model
+        or ensemble it knows), changed first by `changes` when given."""
+        if model and model not in self.ensembles:
+            self.entry(model)  # NOT_FOUND for an unknown model
+        traces = ACCESS.traces
+        if changes:
+            return traces.update(changes, model or None)
+        return traces.view(model or None)
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         """OIP statistics of every version of every model, of every version of `name`,

@@ -129,6 +129,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=inference__pb2.LogSettingsRequest.SerializeToString,
                 response_deserializer=inference__pb2.LogSettingsResponse.FromString,
                 _registered_method=True)
+        self.TraceSetting = channel.unary_unary(
+                '/inference.GRPCInferenceService/TraceSetting',
+                request_serializer=inference__pb2.TraceSettingRequest.SerializeToString,
+                response_deserializer=inference__pb2.TraceSettingResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -250,6 +255,14 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TraceSetting(self, request, context):
+        """Trace extension: which requests are traced, for the server or one model, read
+        and (with settings) changed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -347,6 +360,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.LogSettings,
                     request_deserializer=inference__pb2.LogSettingsRequest.FromString,
                     response_serializer=inference__pb2.LogSettingsResponse.SerializeToString,
+            ),
+            'TraceSetting': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceSetting,
+                    request_deserializer=inference__pb2.TraceSettingRequest.FromString,
+                    response_serializer=inference__pb2.TraceSettingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -862,6 +880,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/LogSettings',
             inference__pb2.LogSettingsRequest.SerializeToString,
             inference__pb2.LogSettingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceSetting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/TraceSetting',
+            inference__pb2.TraceSettingRequest.SerializeToString,
+            inference__pb2.TraceSettingResponse.FromString,
             options,
             channel_credentials,
             insecure,

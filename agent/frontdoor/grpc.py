@@ -428,6 +428,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     @_serve_errors
+    @_requires(Access.CLIENT)
+    async def TraceSetting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
+        """Triton's trace extension, for the agent or `model_name`: the settings named
+        change (with the admin token; no value clears one), all are answered."""
+        changes = {key: list(value.value) or None for key, value in request.settings.items()}
+        if changes:
+            auth = authorization(context)
+            self.credentials.check(Access.ADMIN, auth, "TraceSetting", context.peer())
+        settings = self.agent.trace_settings(request.model_name, changes)
+        response = pb.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    @_serve_errors
     @_requires(Access.LOCAL)
     async def SystemSharedMemoryStatus(
         self, request: Any, context: Any

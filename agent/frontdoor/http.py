@@ -180,6 +180,10 @@ class HttpApi:
             ],
             (get, "/v2/logging", self.logging, client),
             (post, "/v2/logging", self.set_logging, admin),
+            (get, "/v2/trace/setting", self.trace_setting, client),
+            (post, "/v2/trace/setting", self.set_trace_setting, admin),
+            (get, m + "/trace/setting", self.trace_setting, client),
+            (post, m + "/trace/setting", self.set_trace_setting, admin),
             (get, "/edgeplex/v1/status", self.status, client),
             (get, "/edgeplex/v1/memory", self.memory, client),
             (post, "/edgeplex/v1/memory", self.set_memory, admin),
@@ -438,6 +442,18 @@ class HttpApi:
         if not isinstance(doc, dict):
             raise InvalidInput("log settings: the body must be a JSON object")
         return _json(self.agent.log_settings.update(doc))
+
+    async def trace_setting(self, request: web.Request) -> web.Response:
+        """Triton's trace extension: the agent's trace settings, or a model's."""
+        return _json(self.agent.trace_settings(request.match_info.get("model", "")))
+
+    async def set_trace_setting(self, request: web.Request) -> web.Response:
+        """Body {setting: value | [value] | null, ...}: the settings named change now
+        (null: a model's goes back to the agent's); answers them all."""
+        doc = load_json(await request.read(), SMALL_JSON)
+        if not isinstance(doc, dict):
+            raise InvalidInput("trace settings: the body must be a JSON object")
+        return _json(self.agent.trace_settings(request.match_info.get("model", ""), doc))
 
     async def set_memory(self, request: web.Request) -> web.Response:
         """Body {"device_budget": bytes | "64MiB" | null}: the loaded tier's new budget,

@@ -66,6 +66,21 @@ def _op(summary: str, params: list[dict[str, Any]], ok: dict[str, Any], **extra:
     return {"summary": summary, "parameters": params, "responses": responses, **extra}
 
 
+def _trace_setting(what: str, parameters: list[dict[str, Any]]) -> dict[str, Any]:
+    setting = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+    body = {"type": "object", "additionalProperties": {**setting, "nullable": True}}
+    return {
+        "get": _op(what, parameters, _JSON_OK),
+        "post": _op(
+            f"change {what}: {{setting: value | [value] | null, ...}}",
+            parameters,
+            _JSON_OK,
+            security=_ADMIN,
+            requestBody={"content": {"application/json": {"schema": body}}},
+        ),
+    }
+
+
 def _model_paths(base: str, params: list[dict[str, Any]]) -> dict[str, Any]:
     infer_body = {
         "required": True,
@@ -151,6 +166,8 @@ def document() -> dict[str, Any]:
                     requestBody={"content": {"application/json": {"schema": {"type": "object"}}}},
                 ),
             },
+            "/v2/trace/setting": _trace_setting("the agent's trace settings", []),
+            "/v2/models/{model}/trace/setting": _trace_setting("a model's trace settings", [_NAME]),
             "/edgeplex/v1/status": {"get": _op("every model's state", [], _JSON_OK)},
             "/edgeplex/v1/memory": {
                 "get": _op("bytes per tier", [], _JSON_OK),

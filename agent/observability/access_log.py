@@ -9,8 +9,8 @@ field of the record. Up to `access_log_rate` lines a second are written; above
 that, successes are sampled (failures are always written) and a summary line
 says how many were left out. Trace context (`traceparent`) is accepted from the
 caller, and a forwarded request carries it on with this site's span as the
-parent. With `otlp_endpoint` set, each sampled request is also an OpenTelemetry
-span with the same ids (tracing.py), whatever the line rate.
+parent. With `otlp_endpoint` set, each traced request (trace_settings.py) is also
+an OpenTelemetry span with the same ids (tracing.py), whatever the line rate.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from edgeplex.agent.observability.trace_settings import TraceSettings
 
 if TYPE_CHECKING:
     from edgeplex.agent.observability.tracing import Spans
@@ -64,6 +66,7 @@ class AccessEntry:
     _trace_id: str  # the caller's trace; "" until one is drawn (trace_id)
     flags: str
     parent_span_id: str = ""  # the caller's span; "" when the trace started here
+    traced: bool = False  # a span for it is exported (trace_settings.py decides)
     # At arrival: loaded, staged, cached ("" when not in the repository). Set by the
     # door when the request ends: a served one's tier is known from its cold start,
     # so no lookup is made on the way in.
@@ -104,6 +107,7 @@ class AccessLog:
 
     def configure(self, rate_per_s: float, spans: Spans | None = None) -> None:
         self.spans = spans
+        self.traces = TraceSettings(exporting=spans is not None)
         self.rate = rate_per_s
         self._tokens = rate_per_s
         self._refilled = time.monotonic()
@@ -119,8 +123,14 @@ class AccessLog:
         request_id: str | None,
     ) -> AccessEntry:
         trace_id, parent, flags = trace_of(traceparent)
+        sampler = self.traces.of(model)
+        if parent:  # the caller's trace, and its decision
+            traced = int(flags, 16) & 1 == 1 and sampler.level != "OFF"
+        else:
+            traced = sampler.start()
+            flags = "01" if traced else "00"
         rid = request_id[:128] if request_id else ""
-        return AccessEntry(door, model, version, rid, trace_id, flags, parent)
+        return AccessEntry(door, model, version, rid, trace_id, flags, parent, traced)
 
     def finish(self, access: AccessEntry, status: int | str, failed: bool) -> None:
         if self.spans is not None:

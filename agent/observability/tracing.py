@@ -1,12 +1,13 @@
 """OpenTelemetry export of the access log's spans (optional: the `otel` extra).
 
-With `otlp_endpoint` set, every sampled inference request (the caller's
-traceparent says sampled, or it started a trace here) becomes one SERVER span,
-sent over OTLP/HTTP by the SDK's batch processor, off the event loop. The span
-carries the ids the access log prints and the forward propagates: the trace
-id, this hop's span id (the parent of the peer's span), and the caller's span
-id as its parent; its attributes are the access line's fields. Export never
-slows a request: the batch queue drops spans when the collector falls behind.
+With `otlp_endpoint` set, every traced inference request (the caller's
+traceparent says sampled, or the trace settings start one here: trace_settings.py)
+becomes one SERVER span, sent over OTLP/HTTP by the SDK's batch processor, off
+the event loop. The span carries the ids the access log prints and the forward
+propagates: the trace id, this hop's span id (the parent of the peer's span),
+and the caller's span id as its parent; its attributes are the access line's
+fields. Export never slows a request: the batch queue drops spans when the
+collector falls behind.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Spans:
     def finished(
         self, access: AccessEntry, status: int | str, failed: bool, end_ns: int, ms: float
     ) -> None:
-        if not int(access.flags, 16) & 1:  # the caller did not sample this trace
+        if not access.traced:  # trace_settings.py decided
             return
         from opentelemetry.sdk.trace import ReadableSpan
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
