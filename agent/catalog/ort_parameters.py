@@ -16,6 +16,12 @@ the runner sets them (agent/runners/sessions.py).
 | `cudnn_conv_use_max_workspace`, `do_copy_in_default_stream` (0, 1) | CUDA's |
 
 `intra_op_thread_count` is the model's `intra_op_threads` (triton_config.py).
+
+`optimization { graph { level } }` is kept beside them (GRAPH_LEVEL): the level at
+which ONNX Runtime optimizes the model's graph when it stages it, the one time
+the graph is optimized (runners/sessions.py): -1 basic, 1 extended, 2 none. 0, or
+none set, is edgeplex's own, extended: the staged copy is saved, and the layout
+changes of ORT's "all" are for one machine's kernels.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ CUDA: dict[str, tuple[str, ...] | None] = {
     "do_copy_in_default_stream": ("0", "1"),
 }
 ARENAS = {"0": "next_power_of_two", "1": "same_as_requested"}  # arena_extend_strategy
+GRAPH_LEVEL = "optimization.graph.level"
+GRAPH_LEVELS = {"-1": "basic", "0": "extended", "1": "extended", "2": "disabled"}
+DEFAULT_GRAPH_LEVEL = "extended"
 CONV_SEARCH = ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")
 
 
@@ -46,6 +55,8 @@ def checked(key: str, text: str, where: str) -> str:
     `where`, the file) for a value the parameter does not take."""
     if key == "arena_extend_strategy":
         allowed: tuple[str, ...] | None = tuple(ARENAS)
+    elif key == GRAPH_LEVEL:
+        allowed = tuple(GRAPH_LEVELS)
     else:
         allowed = SESSION[key] if key in SESSION else CUDA[key]
     value = text.strip()
@@ -54,9 +65,8 @@ def checked(key: str, text: str, where: str) -> str:
             raise ValueError(f"{where}: parameters '{key}': not a count: {text!r}")
         return str(int(value))
     if value not in allowed:
-        raise ValueError(
-            f"{where}: parameters '{key}': {text!r} is not one of {', '.join(allowed)}"
-        )
+        what = key if key == GRAPH_LEVEL else f"parameters '{key}'"
+        raise ValueError(f"{where}: {what}: {text!r} is not one of {', '.join(allowed)}")
     return value
 
 
@@ -69,3 +79,9 @@ def for_runner(parameters: dict[str, str]) -> tuple[dict[str, str], dict[str, st
     if "cudnn_conv_algo_search" in cuda:
         cuda["cudnn_conv_algo_search"] = CONV_SEARCH[int(cuda["cudnn_conv_algo_search"])]
     return session, cuda
+
+
+def graph_level(parameters: dict[str, str]) -> str:
+    """The level the model's graph is optimized at when staged: disabled, basic or
+    extended (ONNX Runtime's names, less ORT_ENABLE_)."""
+    return GRAPH_LEVELS[parameters.get(GRAPH_LEVEL, "0")]

@@ -31,6 +31,7 @@ never dropped silently:
 | `version_policy` (`latest`, `all`, `specific`) | which versions are served |
 | `parameters { key: "intra_op_thread_count" ... }` | `intra_op_threads` |
 | `parameters`: ORT's session and CUDA options | passed to ONNX Runtime (ort_parameters.py) |
+| `optimization.graph.level` | the level ORT optimizes the staged graph at (ort_parameters.py) |
 | `model_warmup` (`zero_data`, `random_data`, `input_data_file`) | run by loads that warm up |
 
 `KIND_GPU` needs `runner.execution_provider: cuda`; elsewhere the model fails
@@ -183,7 +184,7 @@ _PARAMETERS = {"intra_op_thread_count": "intra_op_threads"}
 _HANDLED = {
     "name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
     "instance_group", "version_policy", "parameters", "sequence_batching", "response_cache",
-    "model_warmup", "default_model_filename",
+    "model_warmup", "default_model_filename", "optimization",
 }  # fmt: skip
 
 
@@ -229,6 +230,7 @@ def triton_config(data: Message, model: str, directory: Path | None = None) -> T
     _instances(data.get("instance_group", []), out)
     _versions(data.get("version_policy", []), out)
     _parameters(data.get("parameters", []), out)
+    _optimization(data.get("optimization", []), out)
     out.sequence = sequence_spec(data.get("sequence_batching", []), directory)
     _sequence_batching(data.get("sequence_batching", []), out)
     out.warmup = _warmup(data.get("model_warmup", []), out, directory)
@@ -447,6 +449,21 @@ def _parameters(entries: list[Any], out: TritonConfig) -> None:
             out.warnings.append(f"{PBTXT_FILE}: parameters '{key}' is not supported")
 
 
+def _optimization(blocks: list[Any], out: TritonConfig) -> None:
+    """`optimization`: its `graph.level` is the level ONNX Runtime optimizes the graph
+    at (ort_parameters.py); every other field is named in a warning."""
+    if not blocks:
+        return
+    block = blocks[-1]
+    for key in sorted(set(block) - {"graph"}):
+        out.warnings.append(f"{PBTXT_FILE}: optimization.{key} is not supported and has no effect")
+    graph = (block.get("graph") or [{}])[-1]
+    if "level" in graph:
+        level = str(one(graph, "level", 0))
+        key = ort_parameters.GRAPH_LEVEL
+        out.ort_parameters[key] = ort_parameters.checked(key, level, PBTXT_FILE)
+
+
 def config_json(entry: ModelRecord) -> dict[str, Any]:
     """A model's configuration as Triton's model config endpoint returns it (JSON),
     with edgeplex's own settings under `edgeplex`."""
@@ -502,6 +519,9 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
         }
     out["instance_group"] = [{"count": config.instance_count, "kind": "KIND_AUTO"}]
     out["response_cache"] = {"enable": config.response_cache}
+    level = dict(entry.source.ort_parameters).get(ort_parameters.GRAPH_LEVEL)
+    if level is not None:
+        out["optimization"] = {"graph": {"level": int(level)}}
     if entry.source.warmup:
         out["model_warmup"] = [sample.config_json() for sample in entry.source.warmup]
     out["edgeplex"] = config.model_dump()

@@ -16,14 +16,22 @@ ARENAS = {"same_as_requested": "kSameAsRequested", "next_power_of_two": "kNextPo
 
 
 def staged_dir(root: Path, record: ModelRecord, form: str, provider: str) -> Path:
-    """A form's staged copy, optimized for the provider that runs it: each provider
-    has its own, and a replaced artifact (a new digest) a new one."""
+    """A form's staged copy, optimized for the provider that runs it at the model's
+    level: each provider and level has its own, and a replaced artifact (a new
+    digest) a new one."""
     name = record.source.digest[:16] or "0"
     if form:
         name += f"-{form}"
     if provider != "cpu":
         name += f"-{provider}"
+    level = graph_level(record)
+    if level != ort_parameters.DEFAULT_GRAPH_LEVEL:
+        name += f"-{level}"
     return root / record.name / record.version / name
+
+
+def graph_level(record: ModelRecord) -> str:
+    return ort_parameters.graph_level(dict(record.source.ort_parameters))
 
 
 def device(record: ModelRecord, settings: RunnerSettings) -> int:
@@ -71,6 +79,7 @@ def load_message(
         arena=ARENAS[config.gpu_arena],
         mapped_weights=settings.keep_staged_mapped,
         share_graphs=settings.share_graphs,
+        graph_level=graph_level(record),
     )
     return message, buffers
 
@@ -97,4 +106,5 @@ def stage_message(
         str(staged),
         settings.execution_provider,
         device(record, settings),
+        graph_level(record),
     )

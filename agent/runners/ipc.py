@@ -130,6 +130,9 @@ class LoadModel(Message):
     # ... and, with mapped_weights, runs on the one session of its weightless graph
     # that every model with the same graph shares (shared_graphs.py).
     share_graphs: bool = True
+    # The level a cached model's graph is optimized at as it is staged: disabled,
+    # basic or extended (config.pbtxt's optimization.graph.level).
+    graph_level: str = "extended"
 
 
 @_message
@@ -167,9 +170,11 @@ class StageModel(Message):
     model: str
     path: str
     staged_dir: str
-    # The graph is optimized for the provider that will run it ("cpu" or "cuda").
+    # The graph is optimized for the provider that will run it ("cpu" or "cuda"),
+    # at the model's level (LoadModel.graph_level).
     provider: str = "cpu"
     device_id: int = 0
+    graph_level: str = "extended"
 
 
 @_message

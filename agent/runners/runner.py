@@ -244,7 +244,8 @@ class Runner:
         staged = Path(request.staged_dir)
         source = "staged" if (staged / STAGED_MODEL).is_file() else "cached"
         if source == "cached":
-            stage_model(Path(request.path), staged, stages, providers(request))
+            level = request.graph_level
+            stage_model(Path(request.path), staged, stages, providers(request), level)
         options = session_options(request)
         measure = device_bytes if request.provider == "cuda" else resident_bytes
         epoch = self._side_epoch

@@ -141,13 +141,25 @@ def directory_bytes(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
 
 
+GRAPH_LEVELS = {
+    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+}
+
+
 def stage_model(
-    source: Path, staged: Path, stages: dict[str, float], provider_list: list[Any]
+    source: Path,
+    staged: Path,
+    stages: dict[str, float],
+    provider_list: list[Any],
+    level: str = "extended",
 ) -> None:
-    """cached -> staged: optimize `source` once for the providers that will run it and
-    write the result to `staged` (a directory in host RAM) as a small graph plus one
-    external weights file. A graph optimized for one provider is kept for that one
-    only: the agent keeps a staged copy per provider.
+    """cached -> staged: optimize `source` once, at `level` (GRAPH_LEVELS), for the
+    providers that will run it and write the result to `staged` (a directory in host
+    RAM) as a small graph plus one external weights file. A graph optimized for one
+    provider, or at one level, is kept for that one only: the agent keeps a staged
+    copy per provider and level.
 
     Written to a temporary sibling and renamed, so a reader never sees a partial
     copy, and never modified afterwards: sessions map the weights file, and
@@ -164,7 +176,7 @@ def stage_model(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.graph_optimization_level = GRAPH_LEVELS[level]
     options.optimized_model_filepath = str(tmp / STAGED_MODEL)
     options.add_session_config_entry(
         "session.optimized_model_external_initializers_file_name", STAGED_WEIGHTS
@@ -194,7 +206,7 @@ def stage(request: ipc.StageModel) -> ipc.ModelStaged | ipc.Failure:
     staged = Path(request.staged_dir)
     try:
         if not (staged / STAGED_MODEL).is_file():
-            stage_model(Path(request.path), staged, stages, providers(request))
+            stage_model(Path(request.path), staged, stages, providers(request), request.graph_level)
         return ipc.ModelStaged(request.req_id, directory_bytes(staged), stages)
     except Exception as exc:
         message = scrub(str(exc), request.path, request.staged_dir)
