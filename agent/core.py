@@ -202,7 +202,7 @@ class Agent:
         self.gpu = settings.runner.execution_provider == "cuda"  # KIND_GPU needs it
         security = settings.security
         self.tenants = Tenants(tenants_of(security), security.anonymous)  # who calls, limits
-        self.log_settings = LogSettings()  # Triton's logging extension
+        self.log_settings = LogSettings(on_level=runners.set_log_level)  # Triton's extension
         self.usage = queues.usage  # what each tenant used (None: not kept)
         self.shared_memory = SharedMemory(settings.shared_memory, self.gpu)  # Triton's extension
         self.overrides: dict[str, Message] = {}  # config given with a load, by model

@@ -10,7 +10,13 @@ LogFormat = Literal["text", "json"]
 FIELDS = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
-def configure(level: str, fmt: LogFormat = "text", **static: str) -> None:
+def level_of(text: str) -> int | str:
+    """A level as a runner is told it: a level's name, or its number ("60": above
+    CRITICAL, nothing logged)."""
+    return int(text) if text.isdigit() else text
+
+
+def configure(level: str | int, fmt: LogFormat = "text", **static: str) -> None:
     """Set the root logger up once per process. `static` fields (say, a runner's
     id) go into every JSON record, and before the logger name in text."""
     handler = logging.StreamHandler()

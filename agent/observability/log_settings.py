@@ -6,12 +6,14 @@ above 0 logs DEBUG, else `log_info` INFO, else `log_warnings` WARNING, else
 `log_errors` ERROR, else nothing. The toggles read back as they were set. Where the
 log goes and its format are the agent's start-up settings (`--log-format`, the
 service manager's journal): `log_file` stays "" and `log_format` "default", and a
-change to either is refused. Runners keep the level they started with.
+change to either is refused. Runners log at the agent's level: a change reaches
+those serving at once, and those that start later start with it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from edgeplex.agent.oip.errors import InvalidInput
@@ -21,8 +23,14 @@ FIXED = {"log_file": "", "log_format": "default"}  # set at start, not here
 
 
 class LogSettings:
-    def __init__(self, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger | None = None,
+        on_level: Callable[[int], None] | None = None,
+    ) -> None:
+        """`on_level`: told each new level (the runners log at it too)."""
         self._logger = logger or logging.getLogger()
+        self._on_level = on_level
         level = self._logger.level
         self._values: dict[str, Any] = {
             "log_info": level <= logging.INFO,
@@ -57,7 +65,10 @@ class LogSettings:
             else:
                 raise InvalidInput(f"log settings: no setting '{key}'")
         self._values.update((k, v) for k, v in changes.items() if k not in FIXED)
-        self._logger.setLevel(self._level())
+        level = self._level()
+        self._logger.setLevel(level)
+        if self._on_level is not None:
+            self._on_level(level)
         return self.view()
 
     def _level(self) -> int:

@@ -249,6 +249,22 @@ class InstancesSet(Message):
 
 
 @_message
+class SetLogLevel(Message):
+    """agent -> runner: log at `level` from now on (a logging level's name, or its
+    number). Answered by LogLevelSet."""
+
+    TAG: ClassVar[str] = "log_level"
+    req_id: int
+    level: str
+
+
+@_message
+class LogLevelSet(Message):
+    TAG: ClassVar[str] = "log_level_set"
+    req_id: int
+
+
+@_message
 class UnloadModel(Message):
     TAG: ClassVar[str] = "unload"
     req_id: int

@@ -157,6 +157,9 @@ class Runner:
                 self._unload(message)
             elif isinstance(message, ipc.SetInstances):
                 self._set_instances(message)
+            elif isinstance(message, ipc.SetLogLevel):
+                logging.getLogger().setLevel(logs.level_of(message.level))
+                self._send(ipc.LogLevelSet(message.req_id))
             else:
                 raise ipc.ProtocolError(f"runner cannot handle {message.TAG}")
 
@@ -291,6 +294,14 @@ class Runner:
         model = Model(request.model, runs, [o[0] for o in outputs], request, weights=mapped)
         if not self._install(model):
             return ipc.Failure(request.req_id, "not_loaded", f"{request.model} left")
+        log.debug(
+            "%s loaded from the %s tier on %s in %.1f ms (%s)",
+            request.model,
+            source,
+            provider,
+            sum(stages.values()),
+            ", ".join(f"{stage} {ms:.1f} ms" for stage, ms in stages.items()),
+        )
         return ipc.ModelLoaded(
             request.req_id,
             request.model,
@@ -410,7 +421,7 @@ def main(
     # it has no handler for: a stop must still stop it.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, _: os._exit(128 + signum))
-    logs.configure(log_level, log_format, runner=runner_id)
+    logs.configure(logs.level_of(log_level), log_format, runner=runner_id)
     sessions.HOST_PID = pid or os.getpid()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(socket_path)

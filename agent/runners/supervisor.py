@@ -49,6 +49,7 @@ from edgeplex.agent.runners.view import RunnerView
 from edgeplex.agent.runners.zygote_client import ZygoteClient
 
 log = logging.getLogger("edgeplex.agent.runners")
+_NAMED = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
 
 
 class RunnerState(StrEnum):
@@ -90,6 +91,7 @@ class RunnerProcess:
         self.last_loss = ""  # why it last went down
         self.sandbox: dict[str, str] = {}  # its layers, as its Hello reported them
         self.sandbox_us: dict[str, int] = {}  # and what each took to apply
+        self._log_level = pool.log_level  # what it was told to log at
 
     # --- public ---------------------------------------------------------------------------
 
@@ -224,10 +226,17 @@ class RunnerProcess:
                     settings.restart_backoff_max_s,
                 )
 
+    def set_log_level(self, level: str) -> None:
+        """Log at `level` from now on; a runner not serving starts with the pool's."""
+        if self.state == RunnerState.READY and level != self._log_level:
+            self.post(ipc.SetLogLevel(self._pool.next_req_id(), level))
+            self._log_level = level
+
     async def _start_once(self) -> None:
         loop = asyncio.get_running_loop()
         self._hello = loop.create_future()
         self.pid = None
+        self._log_level = self._pool.log_level  # spawned with it
         self.pid = await self._pool.zygote.spawn(self._pool.spawn_request(self.runner_id))
         try:
             self._conn = await asyncio.wait_for(
@@ -244,6 +253,7 @@ class RunnerProcess:
         self._started_at = time.monotonic()
         self._ready.set()
         log.info("runner %s ready (pid %d)", self.runner_id, self.pid)
+        self.set_log_level(self._pool.log_level)  # changed while it started
         self._pool.on_up(self.runner_id)
 
     async def _attach(self) -> shm.AgentChannel | None:
@@ -366,6 +376,13 @@ class RunnerPool:
         # it first asks for the runner.
         self.memory_limits: dict[str, int] = {}
         log.info("runner memory limits use %s", self.limiter.mechanism)
+
+    def set_log_level(self, level: int) -> None:
+        """The agent's log level changed (Triton's logging extension): every runner
+        logs at it, those serving now and those that start later."""
+        self.log_level = logging.getLevelName(level) if level in _NAMED else str(level)
+        for runner in self._runners.values():
+            runner.set_log_level(self.log_level)
 
     def next_req_id(self) -> int:
         return next(self._req_ids)

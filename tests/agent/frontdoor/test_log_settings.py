@@ -1,5 +1,5 @@
 """Triton's logging extension: the agent's log settings read by clients and changed
-with the admin token, over both doors, taking effect at once."""
+with the admin token, over both doors, taking effect at once, in the runners too."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_the_toggles_nest_into_one_level_and_read_back_as_set() -> None:
 
 def test_clients_read_the_settings_and_the_admin_changes_them(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    for name in ("quiet", "heard"):
+    for name in ("quiet", "heard", "verbose"):
         demo.make_add_sub(repo / name)
     # Explicit mode: nothing is loaded until asked, so each load logs a line.
     agent = start_agent(repo, tmp_path, env={"EDGEPLEX_AGENT_MODEL_CONTROL_MODE": "explicit"})
@@ -67,6 +67,11 @@ def test_clients_read_the_settings_and_the_admin_changes_them(tmp_path: Path) ->
         http.load_model("heard", headers=ADMIN)
         log = agent.log()
         assert "model heard:1 loaded" in log and "model quiet:1 loaded" not in log, log
+        # Verbose: the runners log their DEBUG lines too (each load's stages).
+        assert "heard:1 loaded from the" not in log
+        http.update_log_settings({"log_verbose_level": 1}, headers=ADMIN)
+        http.load_model("verbose", headers=ADMIN)
+        assert "verbose:1 loaded from the cached tier on cpu" in agent.log()
         http.close()
     finally:
         assert agent.stop() == 0, agent.log()
