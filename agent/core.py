@@ -207,7 +207,10 @@ class Agent:
         self.shared_memory = SharedMemory(settings.shared_memory, self.gpu)  # Triton's extension
         self.overrides: dict[str, Message] = {}  # config given with a load, by model
         self.unservable: dict[str, str] = {}  # model folders with nothing to serve: why
-        self._scanned: dict[str, list[ModelSource]] = {}  # the last scan, by folder
+        # The last read of each folder, reused while its stamp holds: written whole by
+        # the loop (discover) or poll's thread; an entry from an older read is only
+        # ever reused for a folder whose files are still as they were then.
+        self._scanned: dict[str, list[ModelSource]] = {}
         self.discoveries = 0  # repository reads applied (a poll's read may be overtaken)
         self.ensembles: dict[str, Ensemble] = {}  # Triton ensembles, run by this core
         self.ensembles_off: set[str] = set()  # unloaded (explicit mode) until loaded
