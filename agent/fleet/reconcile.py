@@ -9,7 +9,9 @@ any pending one, so the agent never works through a backlog.
 Applying is idempotent:
 1. fetch each model's artifact into the content-addressed cache (sha256
    checked before use) and install it in the repository as
-   `<repo>/<name>/<version>/model.onnx` (a symlink into the cache), atomically;
+   `<repo>/<name>/<version>/model.onnx` (a symlink into the cache), atomically,
+   with the config.pbtxt and its files that an archive brings beside it
+   (model_folder.py);
 2. load the `loaded` models (pinned ones pinned), stage the `staged` ones; a
    model this site then loads because a request asked for it takes no room
    from the `loaded` ones (agent/residency/planner.py);
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from edgeplex.agent.catalog.triton_config import MODEL_FILE
+from edgeplex.agent.fleet import model_folder
 from edgeplex.agent.residency.state import Phase, Tier
 from edgeplex.artifacts import ArtifactCache, ArtifactError, log_progress, model_file
 from edgeplex.durable import crash_point, write_atomic
@@ -202,7 +205,10 @@ class Reconciler:
             dm.artifact_uri, dm.sha256, progress=log_progress(log, f"model {dm.name}")
         )
         onnx = model_file(artifact)
-        (self._repo / dm.name).mkdir(parents=True, exist_ok=True)
+        # A Triton model folder's config.pbtxt and its files, before the version: a
+        # kill between the two installs both again (the version's marker is last).
+        model_folder.place(artifact, self._repo / dm.name)
+        beside = model_folder.model_level(artifact)
         staging = path_under(self._repo, dm.name, f".{version}.tmp")
         old = path_under(self._repo, dm.name, f".{version}.old")
         _remove_flat(staging)
@@ -211,7 +217,7 @@ class Reconciler:
         os.symlink(onnx, staging / MODEL_FILE)
         if artifact.is_dir():
             for extra in artifact.iterdir():  # external weights next to the graph
-                if extra.name != MODEL_FILE and extra.is_file():
+                if extra.name != MODEL_FILE and extra.is_file() and extra.name not in beside:
                     os.symlink(extra, staging / extra.name)
         write_atomic(staging / ".sha256", (dm.sha256 + "\n").encode(), 0o644)
         if target.exists():
