@@ -43,6 +43,7 @@ class ZygoteClient:
         self._spawned: dict[str, asyncio.Future[int]] = {}
         self._reader_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._stopping = False
 
     @property
     def alive(self) -> bool:
@@ -99,7 +100,10 @@ class ZygoteClient:
             if not future.done():
                 future.set_exception(Unavailable("the runner zygote exited"))
         self._spawned.clear()
-        log.warning("zygote connection closed")
+        if self._stopping:
+            log.debug("zygote connection closed")
+        else:  # the zygote died: the next spawn starts another
+            log.warning("zygote connection closed: it is started again for the next runner")
 
     async def spawn(self, request: ipc.SpawnRunner) -> int:
         """Have the zygote start a runner; its pid as this process sees it."""
@@ -117,6 +121,7 @@ class ZygoteClient:
             framing.write_frame(self._writer, ipc.KillRunner(runner_id, int(sig)))
 
     async def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True  # its connection closing now is expected
         if self._writer is not None:
             self._writer.close()
         if self._process is not None and self._process.returncode is None:
