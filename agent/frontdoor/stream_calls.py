@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 Request = TypeVar("Request")
 Answer = TypeVar("Answer")
@@ -81,12 +81,12 @@ async def until_set(
     door ends its calls' messages itself)."""
     iterator = aiter(requests)
     ended = asyncio.ensure_future(ending.wait())
+    following: asyncio.Future[Request] | None = None
     try:
         while True:
             following = asyncio.ensure_future(anext(iterator))
             await asyncio.wait({following, ended}, return_when=asyncio.FIRST_COMPLETED)
             if not following.done():
-                following.cancel()
                 return
             try:
                 yield following.result()
@@ -94,3 +94,13 @@ async def until_set(
                 return
     finally:
         ended.cancel()
+        # A read still waiting (the call ends, or its consumer was cancelled): it
+        # may yet finish as the stream closes, and its end is nobody's to report.
+        if following is not None and not following.done():
+            following.cancel()
+            following.add_done_callback(_retrieved)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -6,6 +6,7 @@ call."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 
 import pytest
@@ -87,3 +88,35 @@ async def test_until_set_ends_a_call_whose_client_sends_nothing_more() -> None:
     ending.set()
     await asyncio.wait_for(reading, 1)
     assert got == [1]
+
+
+async def test_a_call_cancelled_while_waiting_leaves_no_task_behind() -> None:
+    """The client cancels while until_set waits for its next message; the read it
+    had started ends later (the stream closes), and its end is not left for asyncio
+    to report as never retrieved."""
+    closed = asyncio.Event()
+
+    async def silent_until_closed() -> AsyncIterator[int]:
+        await closed.wait()
+        return
+        yield  # an async generator
+
+    reported: list[dict] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+
+    async def read() -> None:
+        async for _ in until_set(silent_until_closed(), asyncio.Event()):
+            pass
+
+    reading = asyncio.create_task(read())
+    await asyncio.sleep(0.01)
+    reading.cancel()  # the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    closed.set()
+    await asyncio.sleep(0.01)
+    gc.collect()  # an unretrieved task's exception is reported when it is collected
+    await asyncio.sleep(0)
+    loop.set_exception_handler(None)
+    assert not reported, reported
