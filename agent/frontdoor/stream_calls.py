@@ -94,10 +94,11 @@ async def until_set(
                 return
     finally:
         ended.cancel()
-        # A read still waiting (the call ends, or its consumer was cancelled): it
-        # may yet finish as the stream closes, and its end is nobody's to report.
-        if following is not None and not following.done():
-            following.cancel()
+        # The last read, when the call ends or its consumer is cancelled: still
+        # waiting, it may yet finish as the stream closes; or it finished as the
+        # consumer was cancelled, unread. Either way its end is nobody's to report.
+        if following is not None:
+            following.cancel()  # nothing, once it is done
             following.add_done_callback(_retrieved)
 
 

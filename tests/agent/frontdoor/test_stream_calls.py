@@ -90,10 +90,11 @@ async def test_until_set_ends_a_call_whose_client_sends_nothing_more() -> None:
     assert got == [1]
 
 
-async def test_a_call_cancelled_while_waiting_leaves_no_task_behind() -> None:
+@pytest.mark.parametrize("closes", ["later", "meanwhile"])
+async def test_a_call_cancelled_while_waiting_leaves_no_task_behind(closes: str) -> None:
     """The client cancels while until_set waits for its next message; the read it
-    had started ends later (the stream closes), and its end is not left for asyncio
-    to report as never retrieved."""
+    had started ends later, or at the same turn of the loop (the stream closes), and
+    its end is not left for asyncio to report as never retrieved."""
     closed = asyncio.Event()
 
     async def silent_until_closed() -> AsyncIterator[int]:
@@ -111,6 +112,8 @@ async def test_a_call_cancelled_while_waiting_leaves_no_task_behind() -> None:
 
     reading = asyncio.create_task(read())
     await asyncio.sleep(0.01)
+    if closes == "meanwhile":
+        closed.set()
     reading.cancel()  # the client went away
     with pytest.raises(asyncio.CancelledError):
         await reading
