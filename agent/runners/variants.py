@@ -126,9 +126,12 @@ def _build_int8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]]) -> str
 
     ops = _op_types(src)
     if ops["MatMul"] + ops["Gemm"] >= ops["Conv"]:
-        # Handed in loaded: given a path, the quantizer writes a file beside the
-        # original, in a repository a runner may only read.
-        quantize_dynamic(onnx.load(str(src)), dst, weight_type=QuantType.QInt8)
+        # Shape inference and graph optimisation first, as for static (below).
+        # Written beside `dst`: given the original's path, the quantizer writes a
+        # file beside it, in a repository a runner may only read.
+        prepared = dst.with_name("prepared.onnx")
+        quant_pre_process(str(src), str(prepared), skip_symbolic_shape=True)
+        quantize_dynamic(prepared, dst, weight_type=QuantType.QInt8)
         return "dynamic"
 
     class Reader(CalibrationDataReader):
