@@ -13,10 +13,8 @@ import asyncio
 import time
 from pathlib import Path
 
-import aiomqtt
-
 from edgeplex.control_plane.config import ControlPlaneSettings
-from edgeplex.fleet import key_topic, parse_mqtt_url
+from edgeplex.fleet import key_topic, mqtt_session, parse_mqtt_url
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.settings import state_dir
 from edgeplex.signing import ROLLOVER, Signer
@@ -34,7 +32,7 @@ def rotate(settings: ControlPlaneSettings, new_file: Path) -> Signer:
 
     async def publish() -> None:
         kwargs = parse_mqtt_url(settings.mqtt_url).client_kwargs(settings.mqtt_tls_ca)
-        async with aiomqtt.Client(**kwargs) as client:  # type: ignore[arg-type]
+        async with mqtt_session(**kwargs) as client:
             await client.publish(key_topic(), sealed, qos=1, retain=True)
 
     asyncio.run(publish())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiomqtt
 
-from edgeplex.fleet import Backoff, parse_mqtt_url
+from edgeplex.fleet import Backoff, mqtt_session, parse_mqtt_url
 from edgeplex.signing import Signer
 
 log = logging.getLogger("edgeplex.control_plane.publisher")
@@ -129,7 +129,7 @@ class Publisher:
         while True:
             await self._active.wait()
             try:
-                async with aiomqtt.Client(
+                async with mqtt_session(
                     identifier=self._client_id,
                     max_inflight_messages=WINDOW,
                     **self._target.client_kwargs(self._ca),  # type: ignore[arg-type]

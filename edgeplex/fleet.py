@@ -1,13 +1,19 @@
 """What the agent and the control plane share on the wire besides proto/: MQTT
-topics and URLs, and the jittered backoff both use to reconnect."""
+topics, URLs and sessions, and the jittered backoff both use to reconnect."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 import ssl
 import urllib.parse
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import aiomqtt
 
 TOPIC_ROOT = "edgeplex/v1"
 
@@ -47,6 +53,25 @@ class MqttTarget:
         if self.tls:
             kwargs["tls_context"] = ssl.create_default_context(cafile=ca)
         return kwargs
+
+
+@contextlib.asynccontextmanager
+async def mqtt_session(**kwargs: Any) -> AsyncIterator[aiomqtt.Client]:
+    """An aiomqtt client, connected for the block (`kwargs`: aiomqtt.Client's).
+
+    When the broker goes away and nothing reads or publishes after (the session
+    ends as the process stops, say), aiomqtt 2.5 leaves its disconnect error in a
+    future nobody reads, and asyncio logs "Future exception was never retrieved"
+    at exit. The error is taken here: the block's own exception says what
+    happened."""
+    client = aiomqtt.Client(**kwargs)
+    try:
+        async with client:
+            yield client
+    finally:
+        ended = getattr(client, "_disconnected", None)  # aiomqtt's own
+        if isinstance(ended, asyncio.Future) and ended.done() and not ended.cancelled():
+            ended.exception()
 
 
 def parse_mqtt_url(url: str) -> MqttTarget:

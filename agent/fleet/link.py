@@ -48,7 +48,7 @@ from edgeplex.agent.fleet.reconcile import Reconciler
 from edgeplex.agent.fleet.settings import FleetSettings
 from edgeplex.agent.residency.state import Phase
 from edgeplex.artifacts import ArtifactCache, FetchPolicy
-from edgeplex.fleet import Backoff, parse_mqtt_url, presence_topic
+from edgeplex.fleet import Backoff, mqtt_session, parse_mqtt_url, presence_topic
 from edgeplex.net import is_loopback
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
@@ -316,7 +316,7 @@ class FleetLink:
         will = aiomqtt.Will(presence_topic(self._site), b"offline", qos=1, retain=True)
         while True:
             try:
-                async with aiomqtt.Client(
+                async with mqtt_session(
                     identifier=f"edgeplex-agent-{self._site}",
                     will=will,
                     **self._mqtt.client_kwargs(self._settings.fleet.tls_ca),  # type: ignore[arg-type]
