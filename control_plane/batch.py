@@ -73,11 +73,13 @@ def pick_site(
     offsets_h: dict[str, float],
     now: float,
 ) -> SiteLoad | None:
-    """The site for the next shard of `model`, or None when no site is idle. Pure."""
+    """The site for the next shard of `model`, or None when no site is idle. Pure.
+    A site that registered no HTTP address cannot take one (shards are HTTP calls)."""
     idle = [
         s
         for s in sites
         if s.up
+        and s.http_address
         and not s.draining
         and s.utilization < IDLE_UTILIZATION
         and busy.get(s.site_id, 0) < MAX_SHARDS_PER_SITE

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -44,6 +45,9 @@ def test_shards_prefer_idle_sites_where_it_is_night() -> None:
     # Same time of day: the site that already has the model loaded.
     both = [site("eu1", "eu"), site("eu2", "eu", loaded=("m",))]
     assert pick_site(both, "m", {}, offsets, noon_utc).site_id == "eu2"  # type: ignore[union-attr]
+    # A site with no HTTP address takes no shard, idle as it is.
+    headless = [replace(site("ap1", "ap"), http_address=""), site("eu1", "eu", util=0.2)]
+    assert pick_site(headless, "m", {}, offsets, noon_utc).site_id == "eu1"  # type: ignore[union-attr]
 
 
 def test_jobs_validate_their_inputs() -> None:
