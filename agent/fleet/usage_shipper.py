@@ -32,12 +32,22 @@ async def ship_closed(journal: Journal, site_id: str, send: Send) -> int:
 
 
 async def run(journal: Journal, site_id: str, send: Send, every_s: float) -> None:
-    """Ship closed minutes every `every_s` while the agent runs."""
+    """Ship closed minutes every `every_s` while the agent runs. A failure is said
+    once, and its end; the tries between are DEBUG (the link says the control plane
+    is away on its own)."""
+    failing = False
     while True:
         try:
             await ship_closed(journal, site_id, send)
+            if failing:
+                log.info("usage records sent again")
+            failing = False
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the control plane away, or Redis behind it: later
-            log.warning("usage records not sent yet: %s", exc)
+            if failing:
+                log.debug("usage records not sent yet: %s", exc)
+            else:
+                log.warning("usage records not sent yet: %s", exc)
+            failing = True
         await asyncio.sleep(every_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeplex.agent.fleet.usage_shipper import ship_closed
+from edgeplex.agent.fleet.usage_shipper import run, ship_closed
 from edgeplex.agent.observability.usage import BatchUsage, Journal
 from edgeplex.usage import COUNTS, MAGIC, entries, fold, key_bytes
 
@@ -210,3 +211,32 @@ def test_a_batch_is_counted_per_tenant_by_its_rows(tmp_path: Path) -> None:
     assert (zeta.requests, zeta.bytes_in, zeta.bytes_out) == (2, 2 * 40, 8 + 24)
     assert zeta.compute_s == pytest.approx(400 / 1e9)
     assert acme.device_byte_seconds == pytest.approx(1000 * 60 * 3 / 5)
+
+
+def test_an_outage_is_said_once_and_its_end_too(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Records not sent are a warning the first time, DEBUG while the control plane
+    stays away, and the time they go again is said."""
+    journal = Journal(tmp_path, interval_s=60, grace_s=2)
+    (tmp_path / "100.counts").write_bytes(counts_file(("t", "m", "1", "")))
+    tries: list[int] = []
+
+    async def send(report) -> None:  # type: ignore[no-untyped-def]
+        tries.append(report.minute)
+        if len(tries) <= 3:
+            raise ConnectionError("the control plane is away")
+
+    async def shipping() -> None:
+        task = asyncio.create_task(run(journal, "site", send, every_s=0.01))
+        while tmp_path.joinpath("100.counts").exists():
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    with caplog.at_level(logging.DEBUG, logger="edgeplex.agent.usage"):
+        asyncio.run(shipping())
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        ("WARNING", "usage records not sent yet: the control plane is away"),
+        ("DEBUG", "usage records not sent yet: the control plane is away"),
+        ("DEBUG", "usage records not sent yet: the control plane is away"),
+        ("INFO", "usage records sent again"),
+    ]
