@@ -234,10 +234,12 @@ def test_a_light_tenant_keeps_its_latency_beside_a_flood(site) -> None:
     assert served.get("200", 0) > 0 and set(served) == {"200"}, served
     # Its floor: the batch running when it arrives, then a full batch of 4. With the
     # flood from a lean client (tests/support/load.py), 12 runs here measured 1.26x
-    # to 2.26x, median 1.7x (the goal: 2x); first-come order measures 7-8x. The
-    # bound leaves room for this machine's noise in a p99 of 5 s.
+    # to 2.26x, median 1.7x (the goal: 2x); on a slower day (2026-12-06) 2.2x to
+    # 2.8x, median 2.6x, the same for this code and the one before it, side by side,
+    # and 3.04x once in a suite run. First-come order measures 7-8x: the bound
+    # tells the two apart with room for this machine's noise in a p99 of 5 s.
     ratio = beside / alone
-    assert ratio <= 3.0, f"{alone * 1000:.2f} ms alone, {beside * 1000:.2f} ms beside"
+    assert ratio <= 4.0, f"{alone * 1000:.2f} ms alone, {beside * 1000:.2f} ms beside"
 
 
 FLOOD = """
