@@ -149,10 +149,9 @@ class FleetLink:
         await asyncio.gather(*loops)
 
     async def _send_usage(self, report: pb.UsageReport) -> None:
-        """One closed minute to the control plane (once registered: a refusal for an
-        unknown site would only be retried)."""
-        if not self.registered.is_set():
-            raise ConnectionError("not registered with the control plane yet")
+        """One closed minute to the control plane, once registered (a refusal for an
+        unknown site would only be retried): it waits for the registration."""
+        await self.registered.wait()
         channel = self._channel()
         try:
             stub = pb_grpc.AgentServiceStub(channel)
