@@ -51,7 +51,8 @@ def place(artifact: Path, model_dir: Path) -> None:
     listed = model_dir / PLACED
     before = set(listed.read_text().split()) if listed.is_file() else set()
     for name in sorted(before - names):
-        _remove(model_dir / name)
+        if plain_name(name):  # the list is a file in the repository: names, never paths
+            _remove(model_dir / name)
     for name in sorted(names):
         source = artifact / name
         if source.is_dir():
