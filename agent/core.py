@@ -710,7 +710,10 @@ class Agent:
                 await self.on_demand(name, version, origin or self.region, wait_s)
             record = self.entry(name, version)
             METRICS.of_model(name).requests.inc()
-            deadline = arrived + self._time_limit(record, body.timeout_s)
+            # Its priority level (0: the model has one); none for a model whose config
+            # could not be read, which fails below.
+            level = record.config.priority_level(body.priority) if record.source.config else 0
+            deadline = arrived + self._time_limit(record, body.timeout_s, level)
             if record.phase == Phase.FAILED:  # no interface to validate against
                 raise ModelFailed.load(name, record.reason)
             inputs, wanted = body.inputs, body.outputs
@@ -752,8 +755,7 @@ class Agent:
                 raise ticket.error
             request = Request(given, wanted, batch, deadline, loop.create_future())
             request.tenant, request.weight = caller, weight
-            if record.config.priority_levels:  # else one level: nothing to look up
-                request.priority = record.config.priority_level(body.priority)
+            request.priority = level
             request.cold_start = ticket.cold_start
             self.queues.submit(ticket.key, request)
             # A timer, not wait_for: one fewer task and loop hop on the hot path. The
@@ -934,9 +936,11 @@ class Agent:
         return result.outputs  # type: ignore[union-attr]  # served here: never Forwarded
 
     @staticmethod
-    def _time_limit(record: ModelRecord, timeout_s: float | None) -> float:
-        """Seconds the request may take: the earliest of the caller's and the model's."""
-        limit = record.config.timeout_ms / 1000 if record.source.config else DEFAULT_TIMEOUT_S
+    def _time_limit(record: ModelRecord, timeout_s: float | None, level: int = 0) -> float:
+        """Seconds the request may take: the earliest of the caller's and the model's
+        (its priority `level`'s, where the level has a timeout of its own)."""
+        config = record.source.config
+        limit = config.level_timeout_ms(level) / 1000 if config else DEFAULT_TIMEOUT_S
         if timeout_s is not None:
             if timeout_s <= 0:
                 raise DeadlineExceeded(f"model '{record.name}': request arrived past its deadline")

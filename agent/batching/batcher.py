@@ -16,7 +16,8 @@ Guarantees:
   the request at fault is alone: it alone fails (INTERNAL, naming the model),
   the others are answered;
 - requests past their deadline are failed with DEADLINE_EXCEEDED, queued or not;
-- the queue is bounded: `submit` raises QueueFull beyond max_queue_size.
+- the queue is bounded: `submit` raises QueueFull beyond max_queue_size, or beyond
+  its priority level's own cap (level_caps: Triton's priority_queue_policy).
 
 All methods run on the agent's event loop.
 """
@@ -64,6 +65,7 @@ class Batcher:
         max_batch_size: int,
         max_queue_delay_us: int,
         max_queue_size: int,
+        level_caps: dict[int, int] | None = None,
         preferred_batch_sizes: tuple[int, ...] = (),
         instance_count: int,
         execute: Execute,
@@ -77,6 +79,7 @@ class Batcher:
         self.max_queue_delay_s = max_queue_delay_us / 1e6
         self.preferred_batch_sizes = preferred_batch_sizes
         self.max_queue_size = max_queue_size
+        self.level_caps = level_caps or {}  # priority level: its own cap on waiting
         self._execute = execute
         self._read: Read = read or _result
         self._ready = ready  # set by the model table while the model can serve
@@ -101,6 +104,11 @@ class Batcher:
     def depth(self) -> int:
         return len(self._queue)
 
+    def _waiting_at(self, level: int) -> int:
+        """Requests of priority `level` queued (a count over the queue: only for a
+        level with a cap of its own, bounded by max_queue_size)."""
+        return sum(1 for queued in self._queue if queued.priority == level)
+
     @property
     def load(self) -> int:
         """Requests queued or running: what a demotion would have to drain."""
@@ -116,6 +124,14 @@ class Batcher:
             raise QueueFull(
                 f"model '{self.model}': queue is full ({self.max_queue_size} requests waiting)"
             )
+        cap = self.level_caps.get(request.priority)
+        if cap is not None and self._waiting_at(request.priority) >= cap:
+            self._drop_abandoned()
+            if self._waiting_at(request.priority) >= cap:
+                raise QueueFull(
+                    f"model '{self.model}': the queue of priority level {request.priority} is "
+                    f"full ({cap} requests waiting)"
+                )
         if (
             not self._queue
             and self._free_slots > 0

@@ -92,6 +92,11 @@ def make_batcher(
         max_batch_size=entry.max_batch_size,
         max_queue_delay_us=config.max_queue_delay_us,
         max_queue_size=config.max_queue_size,
+        level_caps={
+            level: policy.max_queue_size
+            for level, policy in config.priority_queue_policy.items()
+            if policy.max_queue_size is not None
+        },
         preferred_batch_sizes=tuple(config.preferred_batch_sizes),
         instance_count=config.instance_count,
         execute=execute,

@@ -12,6 +12,25 @@ from edgeplex.agent.catalog.forms import Calibration, Form, VariantGuard
 from edgeplex.sizes import parse_size
 
 
+class LevelPolicy(BaseModel):
+    """One priority level's own queue policy (Triton's `priority_queue_policy` entry)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_queue_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests of this level that may wait in the queue; one more is refused "
+        "as the queue full. Unset: only the model's `max_queue_size` holds.",
+    )
+    timeout_ms: int | None = Field(
+        default=None,
+        ge=1,
+        description="This level's deadline, in place of the model's `timeout_ms` (a "
+        "caller's own timeout still counts when it is sooner).",
+    )
+
+
 class ModelConfig(BaseModel):
     """`<repo>/<model>/config.yaml`: how one model is served. Every field is optional."""
 
@@ -50,6 +69,12 @@ class ModelConfig(BaseModel):
         ge=0,
         description="The level of a request that names none (Triton's "
         "`default_priority_level`); with `priority_levels`, from 1 to it.",
+    )
+    priority_queue_policy: dict[int, LevelPolicy] = Field(
+        default={},
+        description="Queue policies of single priority levels (Triton's "
+        "`priority_queue_policy`), by level, from 1 to `priority_levels`: a level's own cap "
+        "on waiting requests and its own timeout.",
     )
     response_cache: bool = Field(
         default=False,
@@ -173,7 +198,20 @@ class ModelConfig(BaseModel):
         levels = self.priority_levels
         if levels and not 1 <= self.default_priority_level <= levels:
             raise ValueError(f"default priority level must be in range [1, {levels}]")
+        outside = [level for level in self.priority_queue_policy if not 1 <= level <= levels]
+        if outside:
+            raise ValueError(
+                f"priority_queue_policy: level {outside[0]} is not one of the model's "
+                f"priority levels (1 to {levels})"
+            )
         return self
+
+    def level_timeout_ms(self, level: int) -> int:
+        """A request's deadline at priority `level`: its level's, or the model's."""
+        policy = self.priority_queue_policy.get(level)
+        if policy is not None and policy.timeout_ms is not None:
+            return policy.timeout_ms
+        return self.timeout_ms
 
     def priority_level(self, asked: int) -> int:
         """The queue level of a request whose `priority` parameter is `asked` (0: none),

@@ -23,6 +23,7 @@ never dropped silently:
 | `dynamic_batching.priority_levels`, `.default_priority_level` | the same |
 | `response_cache.enable` | `response_cache` |
 | `dynamic_batching.default_queue_policy` | `max_queue_size`, `timeout_ms` |
+| `dynamic_batching.priority_queue_policy` | `priority_queue_policy` (a level's cap, timeout) |
 | `sequence_batching` (controls, states, initial states, idle time) | a stateful model |
 | `sequence_batching.direct` / `.oldest` `.max_queue_delay_microseconds` | `max_queue_delay_us` |
 | `sequence_batching.oldest.preferred_batch_size` | `preferred_batch_sizes` |
@@ -334,15 +335,19 @@ def _batching(blocks: list[Any], out: TritonConfig) -> None:
         if "max_queue_delay_microseconds" in block:
             out.settings["max_queue_delay_us"] = int(one(block, "max_queue_delay_microseconds", 0))
         for policy in block.get("default_queue_policy", []):
-            if int(one(policy, "max_queue_size", 0)) > 0:
-                out.settings["max_queue_size"] = int(one(policy, "max_queue_size", 0))
-            timeout_us = int(one(policy, "default_timeout_microseconds", 0))
-            if timeout_us > 0:
-                out.settings["timeout_ms"] = max(1, timeout_us // 1000)
-            for key in sorted(set(policy) - {"max_queue_size", "default_timeout_microseconds"}):
-                out.warnings.append(
-                    f"{PBTXT_FILE}: dynamic_batching.default_queue_policy.{key} is not supported"
-                )
+            cap, timeout_ms = _queue_policy(policy, "default_queue_policy", out)
+            if cap:
+                out.settings["max_queue_size"] = cap
+            if timeout_ms:
+                out.settings["timeout_ms"] = timeout_ms
+        levels = {}
+        for entry in block.get("priority_queue_policy", []):
+            level = int(one(entry, "key", 0))
+            where = f"priority_queue_policy[{level}]"
+            cap, timeout_ms = _queue_policy(one(entry, "value", {}), where, out)
+            levels[level] = {"max_queue_size": cap, "timeout_ms": timeout_ms}
+        if levels:
+            out.settings["priority_queue_policy"] = levels
         if block.get("preferred_batch_size"):
             out.settings["preferred_batch_sizes"] = [int(n) for n in block["preferred_batch_size"]]
         for key in ("priority_levels", "default_priority_level"):
@@ -351,9 +356,21 @@ def _batching(blocks: list[Any], out: TritonConfig) -> None:
         # preserve_ordering holds always: a stream's answers go back in its requests'
         # order (frontdoor/stream_calls.py), and a unary call has one answer.
         handled = {"max_queue_delay_microseconds", "default_queue_policy", "preferred_batch_size",
-                   "priority_levels", "default_priority_level", "preserve_ordering"}  # fmt: skip
+                   "priority_levels", "default_priority_level", "preserve_ordering",
+                   "priority_queue_policy"}  # fmt: skip
         for key in sorted(set(block) - handled):
             out.warnings.append(f"{PBTXT_FILE}: dynamic_batching.{key} is not supported")
+
+
+def _queue_policy(policy: Any, where: str, out: TritonConfig) -> tuple[int | None, int | None]:
+    """A ModelQueuePolicy's cap on waiting requests and its timeout in milliseconds
+    (None where unset); its other fields named in warnings."""
+    policy = policy if isinstance(policy, dict) else {}
+    cap = int(one(policy, "max_queue_size", 0)) or None
+    timeout_us = int(one(policy, "default_timeout_microseconds", 0))
+    for key in sorted(set(policy) - {"max_queue_size", "default_timeout_microseconds"}):
+        out.warnings.append(f"{PBTXT_FILE}: dynamic_batching.{where}.{key} is not supported")
+    return cap, max(1, timeout_us // 1000) if timeout_us > 0 else None
 
 
 def _sequence_batching(blocks: list[Any], out: TritonConfig) -> None:
@@ -517,6 +534,14 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
                 "default_timeout_microseconds": config.timeout_ms * 1000,
             },
         }
+        if config.priority_queue_policy:  # map keys are strings in protobuf's JSON
+            out["dynamic_batching"]["priority_queue_policy"] = {
+                str(level): {
+                    "max_queue_size": policy.max_queue_size or 0,
+                    "default_timeout_microseconds": (policy.timeout_ms or 0) * 1000,
+                }
+                for level, policy in sorted(config.priority_queue_policy.items())
+            }
     out["instance_group"] = [{"count": config.instance_count, "kind": "KIND_AUTO"}]
     out["response_cache"] = {"enable": config.response_cache}
     level = dict(entry.source.ort_parameters).get(ort_parameters.GRAPH_LEVEL)

@@ -28,7 +28,15 @@ def make_request(
 
 
 def batcher(
-    execute, *, ready=None, max_batch=8, delay_us=0, queue=16, instances=1, preferred=()
+    execute,
+    *,
+    ready=None,
+    max_batch=8,
+    delay_us=0,
+    queue=16,
+    instances=1,
+    preferred=(),
+    level_caps=None,
 ) -> Batcher:
     if ready is None:
         ready = asyncio.Event()
@@ -38,6 +46,7 @@ def batcher(
         max_batch_size=max_batch,
         max_queue_delay_us=delay_us,
         max_queue_size=queue,
+        level_caps=level_caps,
         preferred_batch_sizes=preferred,
         instance_count=instances,
         execute=execute,
@@ -237,6 +246,35 @@ async def test_queue_bound_and_queued_deadlines():
         await short.future
     gate.set()
     await running.future
+    await b.close(Unavailable("done"), drain=True)
+
+
+async def test_a_priority_level_with_a_cap_of_its_own():
+    """Triton's priority_queue_policy: level 2 may have one request waiting, level 1
+    is held only by the model's queue size."""
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Event()
+
+    async def execute(inputs, outputs):
+        await gate.wait()
+        return {"y": inputs["x"]}, 0, ""
+
+    b = batcher(execute, queue=8, max_batch=0, level_caps={2: 1})
+    b.submit(make_request(loop))  # runs, holding the one instance
+    await asyncio.sleep(0)
+    low = [make_request(loop) for _ in range(2)]
+    for request in low:
+        request.priority = 2
+    b.submit(low[0])
+    with pytest.raises(QueueFull, match="the queue of priority level 2 is full"):
+        b.submit(low[1])
+    for _ in range(3):
+        high = make_request(loop)
+        high.priority = 1
+        b.submit(high)
+    low[0].future.cancel()  # a cancelled one holds no place
+    b.submit(low[1])
+    gate.set()
     await b.close(Unavailable("done"), drain=True)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent.catalog import demo
 from edgeplex.proto import inference_pb2 as pb
@@ -109,5 +110,60 @@ def test_the_priority_parameter_over_both_doors_and_a_bad_one_refused(tmp_path):
             pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "'priority' must be a non-negative integer" in bad.value.details()
+    finally:
+        assert agent.stop() == 0, agent.log()
+
+
+def test_a_priority_level_has_its_own_queue_size_and_timeout(tmp_path):
+    """Triton's priority_queue_policy: behind a backlog of level 1, a level 2 request
+    times out at its level's 0.6 s (the model's own timeout is 30 s), and a second
+    one is refused while the first waits, level 2 holding one; the config says so,
+    and a level the model does not have fails it."""
+    repo = tmp_path / "repo"
+    demo.make_slow(repo / "slow", size=SIZE, depth=24)
+    policy = (
+        "priority_queue_policy { key: 2 value: { max_queue_size: 1 "
+        "default_timeout_microseconds: 600000 } } }"
+    )
+    (repo / "slow" / "config.pbtxt").write_text(CONFIG.replace("2 }", f"2 {policy}"))
+    demo.make_add_sub(repo / "no_such_level")
+    (repo / "no_such_level" / "config.pbtxt").write_text(
+        "max_batch_size: 8\ndynamic_batching { priority_levels: 2 default_priority_level: 1 "
+        "priority_queue_policy { key: 3 value: { max_queue_size: 1 } } }\n"
+    )
+    agent = start_agent(repo, tmp_path)
+    try:
+        client = th.InferenceServerClient(agent.http_url)
+        config = client.get_model_config("slow")["dynamic_batching"]
+        assert config["priority_queue_policy"] == {
+            "2": {"max_queue_size": 1, "default_timeout_microseconds": 600_000}
+        }
+        status = {m["name"]: m for m in client.get_model_repository_index()}
+        why = "priority_queue_policy: level 3 is not one of the model's priority levels (1 to 2)"
+        assert why in status["no_such_level"]["reason"], status["no_such_level"]
+        inputs = [th.InferInput("input", [1, SIZE, SIZE], "FP32")]
+        inputs[0].set_data_from_numpy(np.full((1, SIZE, SIZE), 1 / SIZE, np.float32))
+        client.infer("slow", inputs)  # loaded
+        errors: dict[str, str] = {}
+
+        def call(name: str, priority: int) -> None:
+            try:
+                th.InferenceServerClient(agent.http_url).infer("slow", inputs, priority=priority)
+            except InferenceServerException as exc:
+                errors[name] = str(exc)
+
+        threads = [threading.Thread(target=call, args=(f"high{i}", 1)) for i in range(5)]
+        for thread in threads:  # about a second and a quarter of level 1 work
+            thread.start()
+        _until_queued(agent, 4)
+        threads.append(threading.Thread(target=call, args=("low", 2)))
+        threads[-1].start()
+        _until_queued(agent, 5)
+        call("refused", 2)
+        for thread in threads:
+            thread.join(60)
+        assert "the queue of priority level 2 is full (1 requests waiting)" in errors["refused"]
+        assert "timed out" in errors["low"], errors
+        assert not any(name.startswith("high") for name in errors), errors
     finally:
         assert agent.stop() == 0, agent.log()
