@@ -712,7 +712,12 @@ class Agent:
             METRICS.of_model(name).requests.inc()
             # Its priority level (0: the model has one); none for a model whose config
             # could not be read, which fails below.
-            level = record.config.priority_level(body.priority) if record.source.config else 0
+            config = record.source.config
+            level = (
+                config.priority_level(body.priority)
+                if config is not None and config.priority_levels
+                else 0
+            )
             deadline = arrived + self._time_limit(record, body.timeout_s, level)
             if record.phase == Phase.FAILED:  # no interface to validate against
                 raise ModelFailed.load(name, record.reason)
@@ -940,7 +945,12 @@ class Agent:
         """Seconds the request may take: the earliest of the caller's and the model's
         (its priority `level`'s, where the level has a timeout of its own)."""
         config = record.source.config
-        limit = config.level_timeout_ms(level) / 1000 if config else DEFAULT_TIMEOUT_S
+        if config is None:
+            limit = DEFAULT_TIMEOUT_S
+        elif level and config.priority_queue_policy:  # a level with its own, maybe
+            limit = config.level_timeout_ms(level) / 1000
+        else:
+            limit = config.timeout_ms / 1000
         if timeout_s is not None:
             if timeout_s <= 0:
                 raise DeadlineExceeded(f"model '{record.name}': request arrived past its deadline")
