@@ -82,17 +82,24 @@ def scan_model(repo: Path, name: str, defaults: ModelConfig) -> ModelSource | No
 
 
 def scan_versions(
-    repo: Path, name: str, defaults: ModelConfig, gpu: bool = False, override: Message | None = None
+    repo: Path,
+    name: str,
+    defaults: ModelConfig,
+    gpu: bool = False,
+    override: Message | None = None,
+    stamp: str | None = None,
 ) -> list[ModelSource]:
     """Every version of one model to serve, newest first ([] when there is none).
     `gpu`: whether the runners have a GPU (KIND_GPU needs one); `override`: a model
-    config that replaces config.pbtxt (a load's `config` parameter)."""
+    config that replaces config.pbtxt (a load's `config` parameter); `stamp`: the
+    folder's, when the caller took it already."""
     if not valid_name(name):
         return []
     model_dir = repo / name
     if not model_dir.is_dir():
         return []
-    stamp = folder_stamp(model_dir)  # before reading: a change meanwhile shows next time
+    if stamp is None:  # taken before reading: a change meanwhile shows next time
+        stamp = folder_stamp(model_dir)
     triton, error, warnings = None, "", []
     try:
         if override is not None:
@@ -182,10 +189,13 @@ def scan_repository_versions(
         raise FileNotFoundError("the model repository does not exist or is not a directory")
     found = {}
     for entry in sorted(repo.iterdir()):
+        if not valid_name(entry.name) or not entry.is_dir():
+            continue  # not a model's folder (.artifacts, .variants): never walked
+        stamp = folder_stamp(entry)
         before = (last or {}).get(entry.name)
-        if before and entry.is_dir() and before[0].stamp == folder_stamp(entry):
+        if before and before[0].stamp == stamp:
             found[entry.name] = before
-        elif versions := scan_versions(repo, entry.name, defaults, gpu):
+        elif versions := scan_versions(repo, entry.name, defaults, gpu, stamp=stamp):
             found[entry.name] = versions
     return found
 

@@ -438,10 +438,7 @@ class HttpApi:
 
     async def set_logging(self, request: web.Request) -> web.Response:
         """Body {setting: value, ...}: the settings named change now; answers them all."""
-        doc = load_json(await request.read(), SMALL_JSON)
-        if not isinstance(doc, dict):
-            raise InvalidInput("log settings: the body must be a JSON object")
-        return _json(self.agent.log_settings.update(doc))
+        return _json(self.agent.log_settings.update(await _settings(request, "log")))
 
     async def trace_setting(self, request: web.Request) -> web.Response:
         """Triton's trace extension: the agent's trace settings, or a model's."""
@@ -450,10 +447,8 @@ class HttpApi:
     async def set_trace_setting(self, request: web.Request) -> web.Response:
         """Body {setting: value | [value] | null, ...}: the settings named change now
         (null: a model's goes back to the agent's); answers them all."""
-        doc = load_json(await request.read(), SMALL_JSON)
-        if not isinstance(doc, dict):
-            raise InvalidInput("trace settings: the body must be a JSON object")
-        return _json(self.agent.trace_settings(request.match_info.get("model", ""), doc))
+        changes = await _settings(request, "trace")
+        return _json(self.agent.trace_settings(request.match_info.get("model", ""), changes))
 
     async def set_memory(self, request: web.Request) -> web.Response:
         """Body {"device_budget": bytes | "64MiB" | null}: the loaded tier's new budget,
@@ -541,6 +536,15 @@ async def start_http_server(
     await site.start()
     sockets = getattr(site._server, "sockets", None) or []
     return runner, sockets[0].getsockname()[1] if sockets else port
+
+
+async def _settings(request: web.Request, what: str) -> dict[str, Any]:
+    """A settings change's body (Triton's logging and trace extensions): one JSON
+    object of {setting: value}."""
+    doc = load_json(await request.read(), SMALL_JSON)
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{what} settings: the body must be a JSON object")
+    return doc
 
 
 async def _control_parameters(request: web.Request, verb: str) -> dict[str, Any]:
