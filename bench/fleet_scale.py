@@ -87,6 +87,7 @@ from tests.services import (  # noqa: E402
     Sentinel,
     online_replicas,
     sentinel_url,
+    usage_minutes_on,
 )
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
@@ -437,6 +438,7 @@ class Failover:
             admin, agents = pb_grpc.AdminServiceStub(opened), pb_grpc.AgentServiceStub(opened)
             site = (("authorization", f"Bearer {self.site['join_token']}"),)
             i = 0
+            now_minute = int(time.time() // 60)  # recent minutes: old ones are dropped
             while not self.stop.is_set():
                 try:
                     if what == "sites":
@@ -446,11 +448,11 @@ class Failover:
                     elif what == "usage":
                         record = pb.UsageRecord(tenant="acme", model="m0", version="1", requests=1)
                         agents.ReportUsage(
-                            pb.UsageReport(site_id=self.site["site_id"], minute=1000 + i,
+                            pb.UsageReport(site_id=self.site["site_id"], minute=now_minute + i,
                                            interval_s=60, records=[record]),
                             metadata=site, timeout=10,
                         )  # fmt: skip
-                        self.acked[what].append(f"{self.site['site_id']}/{1000 + i}")
+                        self.acked[what].append(f"{self.site['site_id']}/{now_minute + i}")
                     else:
                         job = admin.SubmitBatch(
                             pb.BatchSubmit(model="m0", inputs=['{"inputs": []}']),
@@ -472,12 +474,12 @@ class Failover:
         import redis
 
         found = redis.Redis(port=redis_port)
-        keys = {"sites": "edgeplex:join_tokens", "usage": "edgeplex:usage",
-                "batch": "edgeplex:batch:jobs"}  # fmt: skip
-        return {
-            what: len(set(self.acked[what]) - {k.decode() for k in found.hkeys(keys[what])})
-            for what in self.acked
+        present = {
+            "sites": {k.decode() for k in found.hkeys("edgeplex:join_tokens")},
+            "usage": usage_minutes_on(redis_port),
+            "batch": {k.decode() for k in found.hkeys("edgeplex:batch:jobs")},
         }
+        return {what: len(set(self.acked[what]) - present[what]) for what in self.acked}
 
 
 def redis_ha(work: Path, down_after_ms: int) -> tuple[RedisServer, RedisReplica, list[Sentinel]]:

@@ -112,6 +112,8 @@ class TenantAdmin:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "by: model, site or hour")
         try:
             reports = await self._store.usage_reports(request.from_time, request.to_time)
+        except usage.UsageGone as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RedisError:
             await redis_down(context)
             raise

@@ -212,6 +212,19 @@ class ControlPlaneSettings(FileSettings):
         description="Signed messages expire after this long; the leader re-signs the latest "
         "ones every third of it, so a site that restarts always finds a valid one retained.",
     )
+    usage_minutes_kept_h: float = Field(
+        default=48.0,
+        gt=0,
+        description="How long the sites' usage minutes are kept beside their hourly sums "
+        "(docs/tenants.md). Older hours keep their sums only: a usage query must then start "
+        "and end on the hour, and a minute a site sends that late is added to its hour once.",
+    )
+    usage_kept_days: float = Field(
+        default=90.0,
+        gt=0,
+        description="How long hourly usage sums are kept; older ones are dropped. Bill from "
+        "`edgeplex admin usage --by hour --csv` to keep them longer elsewhere.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level."
     )

@@ -11,8 +11,9 @@ step) polls `/dashboard/state.json`, which shows:
 - the catalog, each model's placement explanation on request
   (`/dashboard/explain/{model}`);
 - batch jobs with their progress;
-- each tenant's usage of each model over the last hour (the sites' closed
-  minutes: docs/tenants.md).
+- each tenant's usage over the last 24 hours, by model, site or hour
+  (`/dashboard/usage.json?by=`: the sites' hourly sums, docs/tenants.md; read
+  at most every `USAGE_CACHE_S`, however many pages poll).
 
 Viewing needs no token. The actions (cordon, drain, cancel a batch job) are
 POSTs that need the admin token as `Authorization: Bearer`.
@@ -39,6 +40,7 @@ from edgeplex.control_plane.explain import explain
 from edgeplex.control_plane.placement import PlacementResult
 from edgeplex.names import valid_name
 from edgeplex.net import bearer_token
+from edgeplex.proto import edgeplex_control_pb2 as pb
 
 if TYPE_CHECKING:
     from edgeplex.control_plane.planner import Planner
@@ -51,6 +53,8 @@ CSP = (
 )
 SAMPLE_S = 5.0
 HISTORY = 720  # an hour at 5 s
+USAGE_HOURS = 24  # the usage table's window: this hour so far and the 23 before
+USAGE_CACHE_S = 10.0  # a usage view is read from Redis at most this often
 
 
 class Dashboard:
@@ -59,11 +63,14 @@ class Dashboard:
     ) -> None:
         self._store, self._planner, self._token, self._poke = store, planner, admin_token, poke
         self.history: deque[tuple[float, dict[str, float]]] = deque(maxlen=HISTORY)
+        self._usage: dict[str, tuple[float, list[dict[str, object]]]] = {}  # by: (when, rows)
+        self._usage_read = asyncio.Lock()  # one read of Redis at a time, for every page
 
     def routes(self) -> list[web.RouteDef]:
         return [
             web.get("/", self.page),
             web.get("/dashboard/state.json", self.state),
+            web.get("/dashboard/usage.json", self.usage),
             web.get("/dashboard/explain/{model}", self.explain),
             web.post("/dashboard/sites/{site}/{action}", self._admin(self.site_action)),
             web.post("/dashboard/batches/{job}/cancel", self._admin(self.cancel)),
@@ -97,10 +104,6 @@ class Dashboard:
             catalog = await self._store.models()
             jobs = await self._store.batch_jobs()
             done = {j.job_id: len(await self._store.batch_done_shards(j.job_id)) for j in jobs}
-            hour_ago = time.time() - 3600
-            used = usage.summarize(
-                await self._store.usage_reports(hour_ago, 0), "", hour_ago, 0, "model"
-            )
         except RedisError:
             return web.json_response({"error": "Redis is unavailable"}, status=503)
         now = time.time()
@@ -136,18 +139,6 @@ class Dashboard:
                 ],
                 "tiers": tiers,
                 "demand": [{"t": t, "regions": r} for t, r in self.history],
-                "usage": [
-                    {
-                        "tenant": u.tenant,
-                        "model": u.key,
-                        "requests": u.requests,
-                        "failures": u.failures,
-                        "compute_s": round(u.compute_s, 3),
-                        "cold_starts": u.cold_starts,
-                        "device_gb_h": round(u.device_byte_seconds / 3.6e12, 6),
-                    }
-                    for u in used.rows
-                ],
                 "batches": [
                     {
                         "job": j.job_id,
@@ -162,6 +153,25 @@ class Dashboard:
                 ],
             }
         )
+
+    async def usage(self, request: web.Request) -> web.Response:
+        """Each tenant's usage in the last USAGE_HOURS hours (whole hours: this one so
+        far and those before it), by model (default), site or hour."""
+        by = request.query.get("by", "model")
+        if by not in ("model", "site", "hour"):
+            return web.json_response({"error": "by: model, site or hour"}, status=400)
+        async with self._usage_read:
+            now = time.time()
+            read_at, rows = self._usage.get(by, (0.0, []))
+            if now - read_at >= USAGE_CACHE_S:
+                since = now - now % usage.HOUR_S - (USAGE_HOURS - 1) * usage.HOUR_S
+                try:
+                    reports = await self._store.usage_reports(since, 0)
+                except RedisError:
+                    return web.json_response({"error": "Redis is unavailable"}, status=503)
+                rows = [_usage_row(u, by) for u in usage.summarize(reports, "", since, 0, by).rows]
+                self._usage[by] = (now, rows)
+        return web.json_response({"by": by, "hours": USAGE_HOURS, "rows": rows})
 
     async def explain(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
@@ -223,3 +233,17 @@ class Dashboard:
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=409)
         return web.json_response({"job": job.job_id, "state": job.state})
+
+
+def _usage_row(row: pb.UsageRow, by: str) -> dict[str, object]:
+    return {
+        "tenant": row.tenant,
+        by: row.key,
+        "requests": row.requests,
+        "failures": row.failures,
+        "bytes_in": row.bytes_in,
+        "bytes_out": row.bytes_out,
+        "compute_s": round(row.compute_s, 3),
+        "cold_starts": row.cold_starts,
+        "device_gb_h": round(row.device_byte_seconds / 3.6e12, 6),
+    }

@@ -15,11 +15,13 @@ import contextlib
 import logging
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import grpc
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
 
 from edgeplex import logs, systemd
 from edgeplex.artifacts import ArtifactCache, FetchPolicy
@@ -40,6 +42,7 @@ from edgeplex.settings import state_dir
 from edgeplex.signing import Signer
 
 log = logging.getLogger("edgeplex.control_plane")
+USAGE_UPKEEP_S = 60.0  # how often the leader seals and drops usage hours
 
 
 def check_binds(settings: ControlPlaneSettings) -> None:
@@ -153,6 +156,30 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
                     await admin.verify_pending()
                 planner.poke()
 
+    async def keep_usage() -> None:
+        """Once a minute the leader seals the usage hours whose minutes are kept no
+        longer and drops the hours past keeping. Minutes an earlier version kept in
+        one hash move into their hours first (any replica; moving is idempotent)."""
+        migrated = False
+        while True:
+            try:
+                if not migrated:
+                    moved = await store.migrate_usage()
+                    migrated = True
+                    if moved:
+                        log.info("moved %d usage minutes into their hourly sums", moved)
+                if lease.is_leader:
+                    sealed, dropped = await store.trim_usage(
+                        time.time(),
+                        settings.usage_minutes_kept_h * 3600,
+                        settings.usage_kept_days * 86400,
+                    )
+                    if sealed or dropped:
+                        log.info("usage: %d site-hours sealed, %d dropped", sealed, dropped)
+            except RedisError as exc:
+                log.warning("usage upkeep waits for Redis: %s", exc)
+            await asyncio.sleep(USAGE_UPKEEP_S)
+
     batches = BatchRunner(store, lease, settings.region_clock_offset_h)
     tasks = [
         asyncio.create_task(lease.run()),
@@ -162,6 +189,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
         asyncio.create_task(token_watch.run()),
         asyncio.create_task(publisher.run()),
         asyncio.create_task(follow_leadership()),
+        asyncio.create_task(keep_usage()),
         asyncio.create_task(systemd.watchdog()),
     ]
     log.info(

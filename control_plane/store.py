@@ -13,6 +13,11 @@
     edgeplex:credentials     string  a random value, new whenever a join token changes
     edgeplex:catalog         string  a random value, new whenever the catalog changes
     edgeplex:events          pub/sub  "catalog", "sites": wake the placement loop
+    edgeplex:usage:h:<hour>:<site>  string  UsageHour: the site's usage in the hour,
+                             summed (hour: its start, unix seconds)
+    edgeplex:usage:m:<hour>:<site>  hash  minute start -> UsageReport, while kept
+    edgeplex:usage:hours     zset  "<hour>:<site>" -> hour (every hour kept)
+    edgeplex:usage:open      zset  "<hour>:<site>" -> hour (hours whose minutes are kept)
     edgeplex:batch:jobs      hash  job id -> BatchJob (summary, protobuf)
     edgeplex:batch:<id>:in   hash  shard index -> JSON list of the shard's request bodies
     edgeplex:batch:<id>:out  hash  shard index -> JSON list of its outputs (HSETNX: written once)
@@ -33,7 +38,9 @@ desired states, leases) is rebuilt within a round and is not waited for.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import math
 import secrets
 import time
 import urllib.parse
@@ -50,6 +57,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
 
+from edgeplex.control_plane import usage
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.tenants import TenantTable
 
@@ -386,27 +394,147 @@ class Store:
 
     # --- usage ------------------------------------------------------------------------
 
-    async def put_usage(self, report: pb.UsageReport) -> None:
-        """A site's minute of usage records, under (site, minute): stored again, it
-        replaces itself (idempotent)."""
-        member = f"{report.site_id}/{report.minute}"
-        start = report.minute * report.interval_s
+    async def put_usage(self, report: pb.UsageReport) -> bool:
+        """A site's minute of usage records, added to the site's hour and kept under
+        (site, hour, minute) while the hour's minutes are kept: stored again, it
+        replaces itself. Once the hour is sealed (its minutes dropped, `trim_usage`) a
+        minute it holds is not added again. False when it was already counted so."""
+        start, hour = usage.start_of(report), usage.hour_of(report)
+        offset = start - hour  # what the hour's list of minutes holds
+        member = f"{hour}:{report.site_id}"
+        hour_key, minutes_key = P + "usage:h:" + member, P + "usage:m:" + member
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(P + "usage", member, report.SerializeToString())
-            pipe.zadd(P + "usage:minutes", {member: start})
-            await pipe.execute()
+            while True:
+                try:
+                    await pipe.watch(hour_key, minutes_key)
+                    raw = await pipe.get(hour_key)
+                    kept = pb.UsageHour.FromString(raw) if raw is not None else pb.UsageHour()
+                    if offset in kept.minutes:
+                        if kept.sealed:  # sent again after its minutes were dropped
+                            await pipe.reset()
+                            return False
+                        # Sent again: the hour is summed anew, with this copy in place.
+                        stored = await pipe.hgetall(minutes_key)
+                        stored[str(start).encode()] = report.SerializeToString()
+                        reports = [pb.UsageReport.FromString(v) for v in stored.values()]
+                        kept.sum.CopyFrom(usage.hour_sum(report.site_id, hour, reports))
+                    else:
+                        if not kept.HasField("sum"):
+                            kept.sum.CopyFrom(usage.hour_sum(report.site_id, hour, ()))
+                        usage.add(kept.sum, report)
+                        kept.minutes.append(offset)
+                    pipe.multi()
+                    if not kept.sealed:
+                        pipe.hset(minutes_key, str(start), report.SerializeToString())
+                        pipe.zadd(P + "usage:open", {member: hour})
+                    pipe.set(hour_key, kept.SerializeToString())
+                    pipe.zadd(P + "usage:hours", {member: hour})
+                    await pipe.execute()
+                    break
+                except WatchError:
+                    continue
         await self.replicated()
+        return True
 
     async def usage_reports(self, from_time: float, to_time: float) -> list[pb.UsageReport]:
-        """The stored minutes that start in [from_time, to_time) (0: no end)."""
-        members = await self.redis.zrangebyscore(
-            P + "usage:minutes", from_time, f"({to_time}" if to_time else "+inf"
+        """Reports that cover [from_time, to_time) (0: no end) exactly: the sum of each
+        site's hour that lies wholly inside, and the minutes of an hour cut by either
+        end. UsageGone when such an hour's minutes are no longer kept."""
+        end = to_time or math.inf
+        found = await self.redis.zrangebyscore(
+            P + "usage:hours",
+            from_time - from_time % usage.HOUR_S,
+            f"({to_time}" if to_time else "+inf",
         )
-        if not members:
-            return []
-        names = [text(m) for m in members if isinstance(m, bytes | str)]  # no scores asked
-        raw = await self.redis.hmget(P + "usage", names)
-        return [pb.UsageReport.FromString(r) for r in raw if r is not None]
+        whole: list[str] = []  # members of the hours wholly inside the range
+        cut: list[str] = []  # and of those either end cuts
+        for member in _names(found):
+            hour = int(member.partition(":")[0])
+            inside = from_time <= hour and hour + usage.HOUR_S <= end
+            (whole if inside else cut).append(member)
+        reports = []
+        for chunk in _chunks(whole, 1000):
+            for raw in await self.redis.mget([P + "usage:h:" + m for m in chunk]):
+                if raw is not None:
+                    reports.append(pb.UsageHour.FromString(raw).sum)
+        for chunk in _chunks(cut, 500):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                for member in chunk:
+                    pipe.get(P + "usage:h:" + member)
+                    pipe.hvals(P + "usage:m:" + member)
+                replies = await pipe.execute()
+            for member, raw, minutes in zip(chunk, replies[::2], replies[1::2], strict=True):
+                if raw is not None and pb.UsageHour.FromString(raw).sealed:
+                    hour = int(member.partition(":")[0])
+                    at = datetime.datetime.fromtimestamp(hour, datetime.UTC)
+                    raise usage.UsageGone(
+                        f"the minutes of {at:%Y-%m-%dT%H:00Z} are no longer kept, only its "
+                        "hourly sums: give from and to on the hour"
+                    )
+                reports.extend(pb.UsageReport.FromString(r) for r in minutes)
+        return reports
+
+    async def trim_usage(self, now: float, minutes_kept_s: float, kept_s: float) -> tuple[int, int]:
+        """Seal the hours that ended more than `minutes_kept_s` ago (drop their
+        minutes; their sums stay) and drop the hours that ended more than `kept_s`
+        ago; at most 10,000 of each a call. Returns (sealed, dropped)."""
+        sealed = 0
+        ended = now - minutes_kept_s - usage.HOUR_S
+        for member in _names(
+            await self.redis.zrangebyscore(P + "usage:open", "-inf", ended, start=0, num=10_000)
+        ):
+            hour_key = P + "usage:h:" + member
+            async with self.redis.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        await pipe.watch(hour_key)
+                        raw = await pipe.get(hour_key)
+                        pipe.multi()
+                        if raw is not None:
+                            kept = pb.UsageHour.FromString(raw)
+                            kept.sealed = True
+                            pipe.set(hour_key, kept.SerializeToString())
+                        pipe.delete(P + "usage:m:" + member)
+                        pipe.zrem(P + "usage:open", member)
+                        await pipe.execute()
+                        break
+                    except WatchError:
+                        continue
+            sealed += 1
+        old = _names(
+            await self.redis.zrangebyscore(
+                P + "usage:hours", "-inf", now - kept_s - usage.HOUR_S, start=0, num=10_000
+            )
+        )
+        for chunk in _chunks(old, 1000):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(*(P + "usage:h:" + m for m in chunk))
+                pipe.delete(*(P + "usage:m:" + m for m in chunk))
+                pipe.zrem(P + "usage:hours", *chunk)
+                pipe.zrem(P + "usage:open", *chunk)
+                await pipe.execute()
+        if sealed or old:
+            await self.replicated()
+        return sealed, len(old)
+
+    async def migrate_usage(self) -> int:
+        """Minutes an earlier control plane kept in one hash (`usage`, with its index
+        `usage:minutes`), moved into their hours; returns how many were moved."""
+        moved = 0
+        while True:
+            _, found = await self.redis.hscan(P + "usage", 0, count=500)
+            assert isinstance(found, dict)  # field -> value (no_values not asked)
+            if not found:
+                await self.redis.delete(P + "usage:minutes")
+                return moved
+            for raw in found.values():
+                await self.put_usage(pb.UsageReport.FromString(_bytes(raw)))
+            names = list(found)
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hdel(P + "usage", *names)
+                pipe.zrem(P + "usage:minutes", *names)
+                await pipe.execute()
+            moved += len(names)
 
     async def put_placement(self, placement: pb.Placement) -> None:
         await self.redis.set(P + "placement", placement.SerializeToString())
@@ -545,6 +673,16 @@ class ShardLease:
         parts = raw.split()
         holder = parts[3] if len(parts) > 3 else ""
         return cls(parts[0], float(parts[1]), int(parts[2]), holder)
+
+
+def _names(reply: Any) -> list[str]:
+    """The members a Redis range reply lists (no scores asked), as str."""
+    return [text(member) for member in reply]
+
+
+def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
+    for at in range(0, len(items), size):
+        yield items[at : at + size]
 
 
 def text(value: bytes | str) -> str:

@@ -1,6 +1,7 @@
-"""Usage records at the control plane: each site's closed minutes, stored under
-(minute, site) so a minute sent again replaces itself, and summed per tenant by
-model, site or hour for `edgeplex admin usage`."""
+"""Usage records at the control plane: each site's closed minutes, summed into
+the site's hours as they arrive (a minute sent again replaces itself), and summed
+per tenant by model, site or hour for `edgeplex admin usage` and the dashboard.
+Pure functions; the store (store.py) keeps minutes and hours in Redis."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from collections.abc import Iterable
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
 MAX_RECORDS = 100_000  # per report: a site's tenants x models in one minute
+HOUR_S = 3600
+
+
+class UsageGone(ValueError):
+    """A range that cuts an hour whose minutes are no longer kept (only its sum is)."""
 
 
 def check(report: pb.UsageReport) -> str:
@@ -21,6 +27,46 @@ def check(report: pb.UsageReport) -> str:
     if len(report.records) > MAX_RECORDS:
         return f"at most {MAX_RECORDS} records a minute"
     return ""
+
+
+def start_of(report: pb.UsageReport) -> int:
+    """When the report's interval starts, in unix seconds."""
+    return report.minute * report.interval_s
+
+
+def hour_of(report: pb.UsageReport) -> int:
+    """The start of the hour a report counts in: the one its interval starts in."""
+    start = start_of(report)
+    return start - start % HOUR_S
+
+
+def hour_sum(site_id: str, hour: int, reports: Iterable[pb.UsageReport]) -> pb.UsageReport:
+    """A site's reports of one hour summed into one report of the hour (interval_s
+    3600), one record per (tenant, model, version)."""
+    total = pb.UsageReport(site_id=site_id, minute=hour // HOUR_S, interval_s=HOUR_S)
+    for report in reports:
+        add(total, report)
+    return total
+
+
+def add(total: pb.UsageReport, report: pb.UsageReport) -> None:
+    """Add `report`'s records into `total`'s, record by (tenant, model, version)."""
+    records = {(r.tenant, r.model, r.version): r for r in total.records}
+    for record in report.records:
+        key = (record.tenant, record.model, record.version)
+        into = records.get(key)
+        if into is None:
+            into = records[key] = total.records.add(
+                tenant=record.tenant, model=record.model, version=record.version
+            )
+        into.requests += record.requests
+        for reason, count in record.failures.items():
+            into.failures[reason] += count
+        into.bytes_in += record.bytes_in
+        into.bytes_out += record.bytes_out
+        into.compute_s += record.compute_s
+        into.cold_starts += record.cold_starts
+        into.device_byte_seconds += record.device_byte_seconds
 
 
 def summarize(

@@ -661,6 +661,16 @@ class UsageReport(_message.Message):
     records: _containers.RepeatedCompositeFieldContainer[UsageRecord]
     def __init__(self, site_id: _Optional[str] = ..., minute: _Optional[int] = ..., interval_s: _Optional[int] = ..., records: _Optional[_Iterable[_Union[UsageRecord, _Mapping]]] = ...) -> None: ...
 
+class UsageHour(_message.Message):
+    __slots__ = ("sum", "minutes", "sealed")
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    MINUTES_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    sum: UsageReport
+    minutes: _containers.RepeatedScalarFieldContainer[int]
+    sealed: bool
+    def __init__(self, sum: _Optional[_Union[UsageReport, _Mapping]] = ..., minutes: _Optional[_Iterable[int]] = ..., sealed: _Optional[bool] = ...) -> None: ...
+
 class UsageAck(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -209,6 +209,22 @@ def online_replicas(port: int) -> int:
     )  # fmt: skip
 
 
+def usage_minutes_on(port: int) -> set[str]:
+    """The usage minutes ("<site>/<minute>") summed into the hours of the Redis on
+    `port` (the control plane's layout: store.py)."""
+    import redis
+
+    from edgeplex.proto import edgeplex_control_pb2 as pb
+
+    found = redis.Redis(port=port)
+    minutes = set()
+    for key in found.scan_iter("edgeplex:usage:h:*"):
+        hour = pb.UsageHour.FromString(found.get(key) or b"")
+        start = hour.sum.minute * 3600
+        minutes |= {f"{hour.sum.site_id}/{(start + at) // 60}" for at in hour.minutes}
+    return minutes
+
+
 def sentinel_url(sentinels: list[Sentinel]) -> str:
     hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
     return f"redis+sentinel://{hosts}/{MASTER}/0"

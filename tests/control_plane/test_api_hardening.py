@@ -1,9 +1,10 @@
 """The control plane's API under misuse: roles, site addresses it could be sent to,
-reports that are not reports, streams that outlive their credential, and binds
-beyond loopback without TLS."""
+reports that are not reports, streams that outlive their credential, binds
+beyond loopback without TLS, and usage ranges the kept usage cannot answer."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import subprocess
@@ -17,6 +18,7 @@ import grpc
 import pytest
 
 from edgeplex.control_plane.site_identity import Refused, check_address
+from edgeplex.control_plane.store import Store
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, join_token
@@ -154,3 +156,40 @@ def test_the_control_plane_refuses_clear_text_beyond_loopback(tmp_path: Path) ->
     )  # fmt: skip
     assert result.returncode != 0
     assert "without TLS" in result.stdout + result.stderr
+
+
+def test_a_usage_range_that_cuts_an_hour_kept_only_as_its_sum_is_refused(
+    cp: ControlPlane,
+) -> None:
+    """Minutes sent over gRPC three days late; once the hour is sealed (the leader's
+    upkeep, run here on the control plane's Redis, or by the leader itself: its
+    minutes are past the 48 hours kept), a range on the hour is answered and one
+    cutting it is refused, naming the hour."""
+    hour = int(time.time() // 3600 - 72) * 3600
+    with grpc.insecure_channel(cp.address) as channel:
+        agents, metadata = registered(cp, channel, "s2")
+        for n in range(3):
+            record = pb.UsageRecord(tenant="acme", model="m", version="1", requests=5)
+            minute = pb.UsageReport(site_id="s2", minute=hour // 60 + n, interval_s=60,
+                                    records=[record])  # fmt: skip
+            agents.ReportUsage(minute, metadata=metadata, timeout=10)
+
+        async def seal() -> None:
+            store = Store(cp.redis_url)
+            try:
+                await store.trim_usage(time.time(), 3600, 400 * 86400)
+            finally:
+                await store.close()
+
+        asyncio.run(seal())
+        admin = pb_grpc.AdminServiceStub(channel)
+        auth = (("authorization", f"Bearer {TOKEN}"),)
+        whole = pb.UsageQuery(from_time=hour, to_time=hour + 3600, by="site")
+        rows = admin.GetUsage(whole, metadata=auth, timeout=10).rows
+        assert [(r.key, r.requests) for r in rows] == [("s2", 15)]
+        with pytest.raises(grpc.RpcError) as err:
+            cut = pb.UsageQuery(from_time=hour + 60, to_time=hour + 3600)
+            admin.GetUsage(cut, metadata=auth, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        named = time.strftime("%Y-%m-%dT%H:00Z", time.gmtime(hour))
+        assert f"the minutes of {named} are no longer kept" in (err.value.details() or "")

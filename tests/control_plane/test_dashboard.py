@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import urllib.error
 import urllib.request
@@ -87,7 +88,8 @@ def test_the_state_shows_sites_models_and_where_they_are(fleet: Fleet) -> None:
     assert {s["site"] for s in state["sites"]} == {"a1", "b1"}  # type: ignore[index]
     assert all(s["up"] for s in state["sites"])  # type: ignore[index]
     assert state["models"][0]["name"] == "mlp"  # type: ignore[index]
-    # A request's usage, once its minute is closed and sent, is on the page's state.
+    # A request's usage, once its minute is closed and sent, is in the usage view, by
+    # model, by site and by hour.
     body = json.dumps({"inputs": [{"name": "input", "shape": [1, 32], "datatype": "FP32",
                                    "data": [0.5] * 32}]}).encode()  # fmt: skip
     request = urllib.request.Request(
@@ -95,8 +97,20 @@ def test_the_state_shows_sites_models_and_where_they_are(fleet: Fleet) -> None:
     )
     with urllib.request.urlopen(request, timeout=30) as reply:
         assert reply.status == 200
-    wait_until(lambda: any(u["model"].startswith("mlp") for u in fleet.state()["usage"]),
-               20, "usage on the dashboard")  # fmt: skip
+
+    def used(by: str) -> list[dict[str, object]]:
+        status, _, body = fleet.get(f"/dashboard/usage.json?by={by}")
+        assert status == 200, body
+        return json.loads(body)["rows"]  # type: ignore[no-any-return]
+
+    rows = wait_until(lambda: [u for u in used("model") if str(u["model"]).startswith("mlp")],
+                      30, "usage on the dashboard")  # fmt: skip
+    assert rows[0]["requests"] >= 1, rows  # type: ignore[index]
+    sites = {u["site"] for u in used("site")}
+    assert sites and sites <= {"a1", "b1"}, sites
+    hours = [str(u["hour"]) for u in used("hour")]
+    assert hours and all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:00Z", h) for h in hours), hours
+    assert fleet.get("/dashboard/usage.json?by=tenant")[0] == 400
     status, _, body = fleet.get("/dashboard/explain/mlp")
     assert status == 200 and any("a1" in line for line in json.loads(body)["lines"])
     assert fleet.get("/dashboard/explain/..%2Fx")[0] in (400, 404)

@@ -35,6 +35,7 @@ from tests.services import (
     join_token,
     online_replicas,
     sentinel_url,
+    usage_minutes_on,
 )
 from tests.support.waiting import wait_until
 
@@ -128,12 +129,14 @@ def test_a_primary_killed_under_load_loses_nothing_acknowledged(
                           timeout=10)  # fmt: skip
             return f"x{i}"
 
+        now_minute = int(time.time() // 60)  # recent minutes: old ones are dropped
+
         def usage(i: int) -> str:
             record = pb.UsageRecord(tenant="acme", model="m0", version="1", requests=i + 1)
-            minute = pb.UsageReport(site_id="s0", minute=1000 + i, interval_s=60,
+            minute = pb.UsageReport(site_id="s0", minute=now_minute + i, interval_s=60,
                                     records=[record])  # fmt: skip
             agents.ReportUsage(minute, metadata=site, timeout=10)
-            return f"s0/{1000 + i}"
+            return f"s0/{now_minute + i}"
 
         def batch(i: int) -> str:
             job = admin.SubmitBatch(pb.BatchSubmit(model="m0", inputs=['{"inputs": []}']),
@@ -219,7 +222,7 @@ def test_a_primary_killed_under_load_loses_nothing_acknowledged(
         new = redis.Redis(port=now)
         models = {k.decode() for k in new.hkeys("edgeplex:models")}
         sites = {k.decode() for k in new.hkeys("edgeplex:join_tokens")}
-        minutes = {k.decode() for k in new.hkeys("edgeplex:usage")}
+        minutes = usage_minutes_on(now)
         jobs = {k.decode() for k in new.hkeys("edgeplex:batch:jobs")}
         report = {w.name: (len(w.acked), w.refused) for w in writers}
         assert all(len(w.acked) > 20 for w in writers), report

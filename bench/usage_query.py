@@ -1,0 +1,171 @@
+"""What the control plane's usage costs, in hourly sums and as the raw minutes it
+kept before, side by side in one run on one Redis.
+
+    python bench/usage_query.py [--sites 100] [--hours 24] [--records 10] [--rounds 3]
+
+`--sites` sites each send one minute of usage for every minute of `--hours`
+hours, each minute with `--records` records (tenants x models). The same minutes
+are written twice, on two databases of one Redis:
+
+- `minutes`: the layout before hourly sums, one hash of every minute ever sent
+  (and its index by time), each query reading every minute in its range;
+- `hours`: the store as it is (store.py): each minute summed into its site's
+  hour as it arrives, a query reading an hour's sum wherever the range holds the
+  whole hour.
+
+Printed, each the median of `--rounds`: a minute's write (microseconds, the
+client's wall time, all minutes written in order), all the hours' usage by site and
+by hour (milliseconds), a range cut mid-hour at both ends, and Redis's memory for
+each database, the hours before and after their minutes are dropped (sealed),
+as the leader does once they are older than `usage_minutes_kept_h`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from edgeplex.control_plane import usage  # noqa: E402
+from edgeplex.control_plane.store import Store  # noqa: E402
+from edgeplex.proto import edgeplex_control_pb2 as pb  # noqa: E402
+from tests.services import RedisServer  # noqa: E402
+
+DAY = 1_796_428_800  # a UTC midnight
+
+
+class Minutes:
+    """The layout before hourly sums: every minute in one hash, indexed by start."""
+
+    def __init__(self, store: Store) -> None:
+        self.redis = store.redis
+
+    async def put(self, report: pb.UsageReport) -> None:
+        member = f"{report.site_id}/{report.minute}"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset("edgeplex:usage", member, report.SerializeToString())
+            pipe.zadd("edgeplex:usage:minutes", {member: usage.start_of(report)})
+            await pipe.execute()
+
+    async def reports(self, from_time: float, to_time: float) -> list[pb.UsageReport]:
+        members = await self.redis.zrangebyscore(
+            "edgeplex:usage:minutes", from_time, f"({to_time}" if to_time else "+inf"
+        )
+        if not members:
+            return []
+        raw = await self.redis.hmget("edgeplex:usage", [m.decode() for m in members])
+        return [pb.UsageReport.FromString(r) for r in raw if r is not None]
+
+
+def minutes(sites: int, hours: int, records: int) -> list[pb.UsageReport]:
+    """Every minute of every site, in time order."""
+    out = []
+    for n in range(hours * 60):
+        for s in range(sites):
+            report = pb.UsageReport(site_id=f"site-{s:04d}", minute=DAY // 60 + n, interval_s=60)
+            for r in range(records):
+                record = report.records.add(
+                    tenant=f"tenant-{r % 5}", model=f"model-{r // 5}", version="1",
+                    requests=1 + (n + s + r) % 40, bytes_in=4096, bytes_out=512,
+                    compute_s=0.002, device_byte_seconds=6e9,
+                )  # fmt: skip
+                record.failures["REJECTED"] = (n + r) % 3
+            out.append(report)
+    return out
+
+
+async def timed_ms(call: Callable[[], Awaitable[object]]) -> float:
+    started = time.perf_counter()
+    await call()
+    return (time.perf_counter() - started) * 1000
+
+
+async def memory(store: Store) -> int:
+    info = await store.redis.info("memory")
+    return int(info["used_memory"])
+
+
+async def run(args: argparse.Namespace, url: str) -> None:
+    old_store, new_store = Store(url + "1"), Store(url + "2")
+    old, new = Minutes(old_store), new_store
+    sent = minutes(args.sites, args.hours, args.records)
+    writes: dict[str, float] = {}
+    used: dict[str, int] = {}  # Redis's memory as each layout was written
+    base = await memory(new_store)
+    for name, put in (("minutes", old.put), ("hours", new.put_usage)):
+        started = time.perf_counter()
+        for report in sent:
+            await put(report)
+        writes[name] = (time.perf_counter() - started) / len(sent) * 1e6
+        used[name] = await memory(new_store)
+    end = DAY + args.hours * 3600
+    cut_from, cut_to = DAY + 1800, end - 1800
+    queries = {
+        "all hours, by site": (DAY, end, "site"),
+        "all hours, by hour": (DAY, end, "hour"),
+        "cut mid-hour, by model": (cut_from, cut_to, "model"),
+    }
+    reads: dict[str, dict[str, list[float]]] = {q: {"minutes": [], "hours": []} for q in queries}
+    for _ in range(args.rounds):
+        for query, (f, t, by) in queries.items():
+            for name, source in (("minutes", old.reports), ("hours", new.usage_reports)):
+
+                async def answer(source=source, f=f, t=t, by=by) -> pb.UsageTable:  # type: ignore[no-untyped-def]
+                    return usage.summarize(await source(f, t), "", f, t, by)
+
+                reads[query][name].append(await timed_ms(answer))
+                if name == "hours":  # the two answers agree
+                    a = usage.summarize(await old.reports(f, t), "", f, t, by)
+                    b = usage.summarize(await new.usage_reports(f, t), "", f, t, by)
+                    assert [(r.key, r.requests) for r in a.rows] == [
+                        (r.key, r.requests) for r in b.rows
+                    ], query
+    minutes_bytes, hours_bytes = used["minutes"] - base, used["hours"] - used["minutes"]
+    await new_store.trim_usage(end + 3600, 0, 400 * 86400)  # every hour sealed
+    sealed_bytes = await memory(new_store) - used["minutes"]
+    await old_store.close()
+    await new_store.close()
+
+    print(f"usage at the control plane: {args.sites} sites x {args.hours} h x 60 minutes "
+          f"({len(sent):,} minutes), {args.records} records a minute; "
+          f"median of {args.rounds} rounds")  # fmt: skip
+    print(f"{'':28} {'minutes':>10} {'hours':>10} {'ratio':>7}")
+    print(f"{'a minute written (us)':28} {writes['minutes']:>10.0f} {writes['hours']:>10.0f} "
+          f"{writes['hours'] / writes['minutes']:>6.2f}x")  # fmt: skip
+    for query, times in reads.items():
+        m, h = statistics.median(times["minutes"]), statistics.median(times["hours"])
+        print(f"{query + ' (ms)':28} {m:>10.1f} {h:>10.1f} {m / h:>6.1f}x")
+    print(f"{'Redis memory (MiB)':28} {minutes_bytes / 2**20:>10.1f} {hours_bytes / 2**20:>10.1f}"
+          f"   (hours sealed, minutes dropped: {sealed_bytes / 2**20:.1f} MiB)")  # fmt: skip
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"one local Redis (appendfsync always), one client")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sites", type=int, default=100)
+    parser.add_argument("--hours", type=int, default=24)
+    parser.add_argument("--records", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="edgeplex-usage-bench-") as work:
+        redis = RedisServer(Path(work))
+        redis.start()
+        try:
+            asyncio.run(run(args, redis.url.rsplit("/", 1)[0] + "/"))
+        finally:
+            redis.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Usage at the control plane against a real Redis: minutes summed into each
+site's hours as they arrive, a minute sent again counted once, any range answered
+exactly as the raw minutes would answer it, hours sealed and dropped by age, and
+minutes an earlier version kept moved into their hours."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from edgeplex.control_plane import usage
+from edgeplex.control_plane.store import Store
+from edgeplex.proto import edgeplex_control_pb2 as pb
+from tests.services import RedisServer
+
+pytestmark = pytest.mark.slow
+
+DAY = 1_796_428_800  # a UTC midnight (2026-12-05)
+HOUR = 3600
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+def minute(
+    site: str, start: int, requests: int, tenant: str = "acme", **more: float
+) -> pb.UsageReport:
+    record = pb.UsageRecord(
+        tenant=tenant, model="mlp", version="1", requests=requests,
+        bytes_in=100 * requests, compute_s=0.25 * requests,
+        device_byte_seconds=1e9 * requests, **more,  # type: ignore[arg-type]
+    )  # fmt: skip
+    record.failures["REJECTED"] = requests // 3
+    return pb.UsageReport(site_id=site, minute=start // 60, interval_s=60, records=[record])
+
+
+def rows(table: pb.UsageTable) -> dict[tuple[str, str], tuple[int, int, int, float]]:
+    return {
+        (r.tenant, r.key): (r.requests, r.failures, r.bytes_in, round(r.compute_s, 6))
+        for r in table.rows
+    }
+
+
+def run(redis_url: str, scenario):  # type: ignore[no-untyped-def]
+    async def main():  # type: ignore[no-untyped-def]
+        store = Store(redis_url)
+        try:
+            await store.redis.flushdb()
+            return await scenario(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+def test_any_range_answers_as_the_raw_minutes_would(redis_url: str) -> None:
+    """Random minutes of three sites over five hours (some sent twice, with new
+    counts), and random ranges cut anywhere: the rows from hourly sums and cut
+    hours' minutes equal the rows summed from the minutes as last sent."""
+    rng = random.Random(7)
+    latest: dict[tuple[str, int], pb.UsageReport] = {}
+
+    async def scenario(store: Store) -> None:
+        for _ in range(400):
+            site = rng.choice(["a1", "a2", "b1"])
+            start = DAY + 60 * rng.randrange(5 * 60)
+            report = minute(site, start, rng.randrange(1, 50), rng.choice(["acme", "zed"]))
+            latest[(site, start)] = report
+            await store.put_usage(report)
+        for _ in range(40):
+            from_time = DAY + rng.randrange(-600, 5 * HOUR)
+            to_time = rng.choice([0, from_time + rng.randrange(1, 4 * HOUR)])
+            by = rng.choice(["model", "site", "hour"])
+            for tenant in ("", "acme"):
+                got = usage.summarize(await store.usage_reports(from_time, to_time), tenant,
+                                      from_time, to_time, by)  # fmt: skip
+                want = usage.summarize(latest.values(), tenant, from_time, to_time, by)
+                assert rows(got) == rows(want), (from_time - DAY, to_time and to_time - DAY, by)
+
+    run(redis_url, scenario)
+
+
+def test_a_minute_sent_again_replaces_itself_even_at_once(redis_url: str) -> None:
+    async def scenario(store: Store) -> None:
+        # Sixty minutes of one site's hour at once (each put watches the hour's sum),
+        # then each sent again with another count, also at once.
+        await asyncio.gather(*(store.put_usage(minute("a1", DAY + 60 * n, 1)) for n in range(60)))
+        await asyncio.gather(*(store.put_usage(minute("a1", DAY + 60 * n, 2)) for n in range(60)))
+        table = usage.summarize(await store.usage_reports(DAY, DAY + HOUR), "", DAY, 0, "site")
+        assert rows(table) == {("acme", "a1"): (120, 0, 12_000, 30.0)}
+        hour = pb.UsageHour.FromString(await store.redis.get(f"edgeplex:usage:h:{DAY}:a1"))
+        assert sorted(hour.minutes) == [60 * n for n in range(60)]  # seconds into the hour
+
+    run(redis_url, scenario)
+
+
+def test_sealed_hours_keep_their_sums_and_count_a_late_minute_once(redis_url: str) -> None:
+    async def scenario(store: Store) -> None:
+        for n in range(3):
+            await store.put_usage(minute("a1", DAY + 60 * n, 10))
+        await store.put_usage(minute("a1", DAY + 2 * HOUR, 5))
+        now = DAY + 3 * HOUR
+        # Minutes kept for an hour: the first hour ended two hours ago, the third is
+        # still going on.
+        assert await store.trim_usage(now, HOUR, 30 * 86400) == (1, 0)
+        assert not await store.redis.exists(f"edgeplex:usage:m:{DAY}:a1")
+        assert await store.redis.exists(f"edgeplex:usage:m:{DAY + 2 * HOUR}:a1")
+        whole = usage.summarize(await store.usage_reports(DAY, 0), "", DAY, 0, "hour")
+        assert [r.requests for r in whole.rows] == [30, 5]
+        # A range that cuts the sealed hour is refused, naming it; one that cuts a
+        # kept hour is answered from its minutes.
+        with pytest.raises(usage.UsageGone, match="2026-12-05T00:00Z"):
+            await store.usage_reports(DAY + 60, 0)
+        cut = await store.usage_reports(DAY + 2 * HOUR + 30, 0)
+        assert usage.summarize(cut, "", DAY + 2 * HOUR + 30, 0, "model").rows == []
+        # A minute that comes after its hour was sealed is added once; one the hour
+        # holds already is not added again.
+        assert await store.put_usage(minute("a1", DAY + 60 * 7, 4))
+        assert not await store.put_usage(minute("a1", DAY + 60 * 7, 4))
+        assert not await store.put_usage(minute("a1", DAY, 10))
+        again = usage.summarize(await store.usage_reports(DAY, DAY + HOUR), "", DAY, 0, "model")
+        assert [r.requests for r in again.rows] == [34]
+        assert not await store.redis.exists(f"edgeplex:usage:m:{DAY}:a1")
+        # Past keeping, hours go, sealed or not.
+        assert await store.trim_usage(DAY + 10 * 86400, HOUR, 7 * 86400) == (1, 2)
+        assert await store.usage_reports(0, 0) == []
+        assert not [k async for k in store.redis.scan_iter("edgeplex:usage*")]
+
+    run(redis_url, scenario)
+
+
+def test_minutes_an_earlier_version_kept_move_into_their_hours(redis_url: str) -> None:
+    async def scenario(store: Store) -> None:
+        old = [minute(s, DAY + 60 * n, n + 1) for s in ("a1", "b1") for n in range(0, 120, 7)]
+        for report in old:  # the layout before hourly sums
+            member = f"{report.site_id}/{report.minute}"
+            await store.redis.hset("edgeplex:usage", member, report.SerializeToString())
+            await store.redis.zadd("edgeplex:usage:minutes", {member: usage.start_of(report)})
+        assert await store.migrate_usage() == len(old)
+        assert not await store.redis.exists("edgeplex:usage", "edgeplex:usage:minutes")
+        got = usage.summarize(await store.usage_reports(0, 0), "", 0, 0, "site")
+        assert rows(got) == rows(usage.summarize(old, "", 0, 0, "site"))
+        assert await store.migrate_usage() == 0
+
+    run(redis_url, scenario)
+
+
+def test_hour_sums_add_every_field() -> None:
+    a = minute("a1", DAY, 3, cold_starts=1)
+    b = minute("a1", DAY + 60, 6, tenant="zed")
+    c = minute("a1", DAY + 120, 9, bytes_out=5)
+    total = usage.hour_sum("a1", DAY, [a, b, c])
+    assert (total.minute, total.interval_s, usage.start_of(total)) == (DAY // HOUR, HOUR, DAY)
+    acme, zed = sorted(total.records, key=lambda r: r.tenant)
+    assert (acme.requests, acme.cold_starts, acme.bytes_out, acme.failures["REJECTED"]) == (
+        12, 1, 5, 4,
+    )  # fmt: skip
+    assert (zed.requests, zed.bytes_in, zed.compute_s, zed.device_byte_seconds) == (
+        6, 600, 1.5, 6e9,
+    )  # fmt: skip
