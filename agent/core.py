@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from inspect import iscoroutine
@@ -160,6 +161,8 @@ class Decoded(Protocol):
     def outputs(self) -> list[str] | None: ...
     @property
     def timeout_s(self) -> float | None: ...
+    @property
+    def deadline_s(self) -> float | None: ...
     @property
     def sequence(self) -> Flags | None: ...
     @property
@@ -718,7 +721,8 @@ class Agent:
                 if config is not None and config.priority_levels
                 else 0
             )
-            deadline = arrived + self._time_limit(record, body.timeout_s, level)
+            limit_s, delay_s = self._time_limit(record, body, level)
+            deadline = arrived + limit_s
             if record.phase == Phase.FAILED:  # no interface to validate against
                 raise ModelFailed.load(name, record.reason)
             inputs, wanted = body.inputs, body.outputs
@@ -761,6 +765,7 @@ class Agent:
             request = Request(given, wanted, batch, deadline, loop.create_future())
             request.tenant, request.weight = caller, weight
             request.priority = level
+            request.delay_at = arrived + delay_s  # inf: never (timeout_action: reject)
             request.cold_start = ticket.cold_start
             self.queues.submit(ticket.key, request)
             # A timer, not wait_for: one fewer task and loop hop on the hot path. The
@@ -934,28 +939,36 @@ class Agent:
         # sequence.
         body = StepBody(
             inputs, list(step.outputs) or None, request.timeout_s, request.sequence,
-            request.priority,
+            request.priority, deadline_s=request.deadline_s,
         )  # fmt: skip
         result = await self.handle(step.model, step.version, _no_header, None, lambda: body,
                                    arrived=arrived, step_of=caller)  # fmt: skip
         return result.outputs  # type: ignore[union-attr]  # served here: never Forwarded
 
     @staticmethod
-    def _time_limit(record: ModelRecord, timeout_s: float | None, level: int = 0) -> float:
-        """Seconds the request may take: the earliest of the caller's and the model's
-        (its priority `level`'s, where the level has a timeout of its own)."""
+    def _time_limit(record: ModelRecord, body: Decoded, level: int = 0) -> tuple[float, float]:
+        """Seconds the request may take, and after how many, still queued, it is
+        delayed behind its level's requests (inf: never). The caller's time (its
+        `timeout` parameter only where the model allows the override) always ends it;
+        the model's (its priority `level`'s, where the level has one of its own) ends
+        it too, or, under `timeout_action: delay`, delays it, and the agent's default
+        time ends it after that where the caller gave none."""
         config = record.source.config
         if config is None:
-            limit = DEFAULT_TIMEOUT_S
+            model_s, delay, override = DEFAULT_TIMEOUT_S, False, True
         elif level and config.priority_queue_policy:  # a level with its own, maybe
-            limit = config.level_timeout_ms(level) / 1000
+            timeout_ms, delay, override = config.queue_policy(level)
+            model_s = timeout_ms / 1000
         else:
-            limit = config.timeout_ms / 1000
-        if timeout_s is not None:
-            if timeout_s <= 0:
-                raise DeadlineExceeded(f"model '{record.name}': request arrived past its deadline")
-            limit = min(limit, timeout_s)
-        return limit
+            model_s = config.timeout_ms / 1000
+            delay, override = config.timeout_action == "delay", config.allow_timeout_override
+        caller_s = body.timeout_s if override else body.deadline_s
+        if caller_s is not None and caller_s <= 0:
+            raise DeadlineExceeded(f"model '{record.name}': request arrived past its deadline")
+        if not delay:
+            return (model_s if caller_s is None else min(model_s, caller_s)), math.inf
+        limit = model_s + DEFAULT_TIMEOUT_S if caller_s is None else caller_s
+        return limit, (model_s if model_s < limit else math.inf)
 
     def tier_of(self, name: str) -> str:
         """The tier `name` is in now ("" for a model this site does not know)."""
@@ -1004,6 +1017,7 @@ class StepBody:
     sequence: Flags | None = None
     priority: int = 0
     classify: dict[str, int] = field(default_factory=dict)
+    deadline_s: float | None = None
 
 
 def _classified(

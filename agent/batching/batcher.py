@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -296,9 +297,13 @@ class Batcher:
         return False
 
     def _expire(self, now: float) -> None:
-        if not any(r.deadline <= now for r in self._queue):
+        """Fail the queued requests past their deadline, and move those past their
+        delay (timeout_action: delay) behind every request of their level that is not
+        delayed, in the order they were."""
+        if not any(r.deadline <= now or r.delay_at <= now for r in self._queue):
             return
         keep: deque[Request] = deque()
+        moved = False
         for request in self._queue:
             if request.deadline <= now:
                 _fail(
@@ -307,8 +312,12 @@ class Batcher:
                         f"model '{self.model}': request timed out after waiting in the queue"
                     ),
                 )
-            else:
-                keep.append(request)
+                continue
+            if request.delay_at <= now:
+                request.delay_at, request.delayed, moved = math.inf, True, True
+            keep.append(request)
+        if moved:  # a stable sort: each level's order kept, its delayed ones last
+            keep = deque(sorted(keep, key=lambda r: (r.priority, r.delayed)))
         self._queue = keep
         self._depth.set(len(keep))
 
@@ -409,10 +418,13 @@ class Batcher:
 
 
 def _after(queued: Request, request: Request) -> bool:
-    """Whether `queued` is to be served after `request`: a lower priority level, or
-    the same level and a later virtual finish tag."""
+    """Whether `queued` is to be served after `request`: a lower priority level; or
+    the same level, and delayed where `request` is not; or else a later virtual
+    finish tag."""
     if queued.priority != request.priority:
         return queued.priority > request.priority
+    if queued.delayed != request.delayed:
+        return queued.delayed
     return queued.tag > request.tag
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ class Request:
     tag: float = 0.0
     cold_start: str = ""  # the tier its model was promoted from for it ("": loaded)
     priority: int = 0  # its level in the queue: lower goes first (ModelConfig.priority_level)
+    # When, still queued, it goes behind every request of its level not delayed
+    # (timeout_action: delay); inf: never. `delayed` once it has.
+    delay_at: float = math.inf
+    delayed: bool = False
 
 
 def batch_key(inputs: dict[str, np.ndarray], batching: bool) -> BatchKey:

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edgeplex.agent.catalog.forms import Calibration, Form, VariantGuard
 from edgeplex.sizes import parse_size
+
+TimeoutAction = Literal["reject", "delay"]
+
+
+class QueuePolicy(NamedTuple):
+    """What a request's priority level gives it: its timeout, whether a queued
+    request past it is delayed rather than failed, and whether the caller's
+    `timeout` parameter may shorten it."""
+
+    timeout_ms: int
+    delay: bool
+    override: bool
 
 
 class LevelPolicy(BaseModel):
@@ -28,6 +40,14 @@ class LevelPolicy(BaseModel):
         ge=1,
         description="This level's deadline, in place of the model's `timeout_ms` (a "
         "caller's own timeout still counts when it is sooner).",
+    )
+    timeout_action: TimeoutAction | None = Field(
+        default=None,
+        description="This level's `timeout_action`, in place of the model's.",
+    )
+    allow_timeout_override: bool | None = Field(
+        default=None,
+        description="This level's `allow_timeout_override`, in place of the model's.",
     )
 
 
@@ -95,6 +115,20 @@ class ModelConfig(BaseModel):
         ge=1,
         description="Default per-request time limit, queueing included. A request's own "
         "deadline (gRPC deadline or the `timeout` parameter, in microseconds) can shorten it.",
+    )
+    timeout_action: TimeoutAction = Field(
+        default="reject",
+        description="What `timeout_ms` does to a request still queued when it runs out "
+        "(Triton's `timeout_action`): `reject` fails it with DEADLINE_EXCEEDED; `delay` moves "
+        "it behind every request of its priority level still within its timeout, to run when "
+        "they have. A delayed request fails at its caller's own deadline, or, when the caller "
+        "set none, 30 s after its delay.",
+    )
+    allow_timeout_override: bool = Field(
+        default=True,
+        description="Whether a request's `timeout` parameter may shorten `timeout_ms` (Triton's "
+        "`allow_timeout_override`, whose default is false; a config.pbtxt queue policy sets "
+        "it). A gRPC deadline always counts: past it the caller has gone.",
     )
     execution_timeout_ms: int = Field(
         default=60_000,
@@ -206,12 +240,17 @@ class ModelConfig(BaseModel):
             )
         return self
 
-    def level_timeout_ms(self, level: int) -> int:
-        """A request's deadline at priority `level`: its level's, or the model's."""
-        policy = self.priority_queue_policy.get(level)
-        if policy is not None and policy.timeout_ms is not None:
-            return policy.timeout_ms
-        return self.timeout_ms
+    def queue_policy(self, level: int) -> QueuePolicy:
+        """The queue policy of a request at priority `level`: its level's own where it
+        has one, else the model's, field by field."""
+        policy = self.priority_queue_policy.get(level) or LevelPolicy()
+        action = policy.timeout_action or self.timeout_action
+        override = policy.allow_timeout_override
+        return QueuePolicy(
+            policy.timeout_ms or self.timeout_ms,
+            action == "delay",
+            self.allow_timeout_override if override is None else override,
+        )
 
     def priority_level(self, asked: int) -> int:
         """The queue level of a request whose `priority` parameter is `asked` (0: none),

@@ -66,6 +66,7 @@ from edgeplex.agent.catalog.warmup import WarmupSample, warmup_samples
 from edgeplex.agent.oip.tensors import from_triton_type, triton_type
 
 if TYPE_CHECKING:
+    from edgeplex.agent.catalog.model_config import LevelPolicy, ModelConfig
     from edgeplex.agent.residency.state import ModelRecord
 
 PBTXT_FILE = "config.pbtxt"
@@ -335,17 +336,12 @@ def _batching(blocks: list[Any], out: TritonConfig) -> None:
         if "max_queue_delay_microseconds" in block:
             out.settings["max_queue_delay_us"] = int(one(block, "max_queue_delay_microseconds", 0))
         for policy in block.get("default_queue_policy", []):
-            cap, timeout_ms = _queue_policy(policy, "default_queue_policy", out)
-            if cap:
-                out.settings["max_queue_size"] = cap
-            if timeout_ms:
-                out.settings["timeout_ms"] = timeout_ms
+            out.settings.update(_queue_policy(policy, "default_queue_policy", out))
         levels = {}
         for entry in block.get("priority_queue_policy", []):
             level = int(one(entry, "key", 0))
             where = f"priority_queue_policy[{level}]"
-            cap, timeout_ms = _queue_policy(one(entry, "value", {}), where, out)
-            levels[level] = {"max_queue_size": cap, "timeout_ms": timeout_ms}
+            levels[level] = _queue_policy(one(entry, "value", {}), where, out)
         if levels:
             out.settings["priority_queue_policy"] = levels
         if block.get("preferred_batch_size"):
@@ -362,15 +358,25 @@ def _batching(blocks: list[Any], out: TritonConfig) -> None:
             out.warnings.append(f"{PBTXT_FILE}: dynamic_batching.{key} is not supported")
 
 
-def _queue_policy(policy: Any, where: str, out: TritonConfig) -> tuple[int | None, int | None]:
-    """A ModelQueuePolicy's cap on waiting requests and its timeout in milliseconds
-    (None where unset); its other fields named in warnings."""
+def _queue_policy(policy: Any, where: str, out: TritonConfig) -> dict[str, Any]:
+    """A ModelQueuePolicy as settings of a model (or of a level: LevelPolicy): its
+    cap on waiting requests and its timeout in milliseconds where set, and, as in
+    Triton, its timeout action (REJECT unless set) and whether a request's timeout
+    may shorten it (not unless set: proto3 cannot tell a false from no value)."""
     policy = policy if isinstance(policy, dict) else {}
-    cap = int(one(policy, "max_queue_size", 0)) or None
+    settings: dict[str, Any] = {}
+    if int(one(policy, "max_queue_size", 0)) > 0:
+        settings["max_queue_size"] = int(one(policy, "max_queue_size", 0))
     timeout_us = int(one(policy, "default_timeout_microseconds", 0))
-    for key in sorted(set(policy) - {"max_queue_size", "default_timeout_microseconds"}):
+    if timeout_us > 0:
+        settings["timeout_ms"] = max(1, timeout_us // 1000)
+    settings["timeout_action"] = str(one(policy, "timeout_action", "REJECT")).lower()
+    settings["allow_timeout_override"] = bool(one(policy, "allow_timeout_override", False))
+    known = {"max_queue_size", "default_timeout_microseconds", "timeout_action",
+             "allow_timeout_override"}  # fmt: skip
+    for key in sorted(set(policy) - known):
         out.warnings.append(f"{PBTXT_FILE}: dynamic_batching.{where}.{key} is not supported")
-    return cap, max(1, timeout_us // 1000) if timeout_us > 0 else None
+    return settings
 
 
 def _sequence_batching(blocks: list[Any], out: TritonConfig) -> None:
@@ -532,14 +538,13 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
             "default_queue_policy": {
                 "max_queue_size": config.max_queue_size,
                 "default_timeout_microseconds": config.timeout_ms * 1000,
+                "timeout_action": config.timeout_action.upper(),
+                "allow_timeout_override": config.allow_timeout_override,
             },
         }
         if config.priority_queue_policy:  # map keys are strings in protobuf's JSON
             out["dynamic_batching"]["priority_queue_policy"] = {
-                str(level): {
-                    "max_queue_size": policy.max_queue_size or 0,
-                    "default_timeout_microseconds": (policy.timeout_ms or 0) * 1000,
-                }
+                str(level): _level_policy_json(config, level, policy)
                 for level, policy in sorted(config.priority_queue_policy.items())
             }
     out["instance_group"] = [{"count": config.instance_count, "kind": "KIND_AUTO"}]
@@ -551,3 +556,16 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
         out["model_warmup"] = [sample.config_json() for sample in entry.source.warmup]
     out["edgeplex"] = config.model_dump()
     return out
+
+
+def _level_policy_json(config: ModelConfig, level: int, policy: LevelPolicy) -> dict[str, Any]:
+    """A level's queue policy as Triton's JSON has it: its own cap (0: none of its
+    own), and the timeout, action and override its requests get (its own, else the
+    model's)."""
+    timeout_ms, delay, override = config.queue_policy(level)
+    return {
+        "max_queue_size": policy.max_queue_size or 0,
+        "default_timeout_microseconds": timeout_ms * 1000,
+        "timeout_action": "DELAY" if delay else "REJECT",
+        "allow_timeout_override": override,
+    }

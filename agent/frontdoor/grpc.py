@@ -23,7 +23,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfigMessage
 from edgeplex.agent.batching.sequences import Flags, flags_of
 from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, GrpcForward
 from edgeplex.agent.frontdoor.auth import Access, Credentials
-from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_bytes, request_timeout_s
+from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_bytes, request_timeouts
 from edgeplex.agent.frontdoor.health import add_health_and_reflection
 from edgeplex.agent.frontdoor.shared_memory import (
     BYTE_SIZE,
@@ -163,6 +163,7 @@ class Body:
     shm_outputs: dict[str, Ref] | None = None  # outputs to write into shared memory
     priority: int = 0  # the `priority` parameter (0: none)
     classify: dict[str, int] = field(default_factory=dict)  # output: top k (classification)
+    deadline_s: float | None = None  # the gRPC deadline alone (timeout_s: or the parameter)
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -239,7 +240,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             request_id = metadata.get(REQUEST_ID) or request.id
             traceparent = metadata.get(TRACEPARENT)
             access = ACCESS.start("grpc", name, request.model_version, traceparent, request_id)
-            timeout_s = request_timeout_s(request, context)  # the deadline left
+            timeout_s, deadline_s = request_timeouts(request, context)  # the time left
 
             shared = agent.shared_memory
             regions = ClientRegions(
@@ -256,7 +257,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     params = grpc_params(request.parameters)
                     flags, priority = flags_of(params), _priority(params)
                 shm, classify = _output_parameters(request, regions)
-                body = Body(inputs, wanted, timeout_s, flags, shm, priority, classify)
+                body = Body(inputs, wanted, timeout_s, flags, shm, priority, classify, deadline_s)
                 decoded.append(body)
                 return body
 

@@ -87,16 +87,16 @@ def request_bytes(request: pb.ModelInferRequest) -> int:
     return total
 
 
-def request_timeout_s(
+def request_timeouts(
     request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
-) -> float | None:
-    limits = []
+) -> tuple[float | None, float | None]:
+    """Seconds the caller gives the request: the sooner of its gRPC deadline and its
+    `timeout` parameter; and its gRPC deadline alone (None where unset)."""
     remaining = context.time_remaining()
-    if remaining is not None:
-        limits.append(remaining)
     if "timeout" in request.parameters:
         param = request.parameters["timeout"]
         micros = param.int64_param or param.uint64_param
         if micros > 0:
-            limits.append(micros / 1e6)
-    return min(limits) if limits else None
+            given = micros / 1e6
+            return (given if remaining is None else min(given, remaining)), remaining
+    return remaining, remaining

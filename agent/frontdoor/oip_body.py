@@ -41,6 +41,7 @@ class InferBody:
     binary_default: bool = False
     request_id: str | None = None
     timeout_s: float | None = None
+    deadline_s: float | None = None  # a transport's deadline: HTTP has none
     priority: int = 0  # the `priority` parameter (0: none)
     # Outputs to write into shared memory, and the regions as this client may use them.
     shm_outputs: dict[str, Ref] = field(default_factory=dict)

@@ -278,6 +278,43 @@ async def test_a_priority_level_with_a_cap_of_its_own():
     await b.close(Unavailable("done"), drain=True)
 
 
+async def test_a_request_past_its_delay_goes_behind_its_level():
+    """Triton's `timeout_action: DELAY`: a queued request past its model's timeout is
+    not failed but served after every request of its level still within theirs,
+    those that arrive later included; a higher level still goes first, and the
+    request's own deadline still fails it."""
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Event()
+    order: list[float] = []
+
+    async def execute(inputs, outputs):
+        await gate.wait()
+        order.append(float(inputs["x"][0, 0]))
+        return {"y": inputs["x"]}, 0, ""
+
+    b = batcher(execute, queue=8, max_batch=0)
+    b.submit(make_request(loop, value=0))  # runs, holding the one instance
+    await asyncio.sleep(0)
+    late = make_request(loop, value=1)
+    late.delay_at = loop.time() + 0.05
+    gone = make_request(loop, value=9, timeout=0.1)
+    gone.delay_at = loop.time() + 0.05
+    b.submit(late)
+    b.submit(gone)
+    b.submit(make_request(loop, value=2))
+    await asyncio.sleep(0.15)  # both delayed; `gone` past its deadline as well
+    b.submit(make_request(loop, value=3))  # within its timeout: ahead of the delayed
+    high = make_request(loop, value=4)
+    high.priority, high.delay_at = -1, loop.time()  # a higher level, delayed at once
+    b.submit(high)
+    gate.set()
+    await late.future
+    with pytest.raises(Exception, match="timed out"):
+        await gone.future
+    assert order == [0, 4, 2, 3, 1]
+    await b.close(Unavailable("done"), drain=True)
+
+
 async def test_cancelled_requests_hold_no_place_in_a_full_queue():
     loop = asyncio.get_running_loop()
     b, gate, running = await busy_batcher(loop)

@@ -136,8 +136,9 @@ def test_a_priority_level_has_its_own_queue_size_and_timeout(tmp_path):
         client = th.InferenceServerClient(agent.http_url)
         config = client.get_model_config("slow")["dynamic_batching"]
         assert config["priority_queue_policy"] == {
-            "2": {"max_queue_size": 1, "default_timeout_microseconds": 600_000}
-        }
+            "2": {"max_queue_size": 1, "default_timeout_microseconds": 600_000,
+                  "timeout_action": "REJECT", "allow_timeout_override": False}
+        }  # fmt: skip
         status = {m["name"]: m for m in client.get_model_repository_index()}
         why = "priority_queue_policy: level 3 is not one of the model's priority levels (1 to 2)"
         assert why in status["no_such_level"]["reason"], status["no_such_level"]
@@ -165,5 +166,55 @@ def test_a_priority_level_has_its_own_queue_size_and_timeout(tmp_path):
         assert "the queue of priority level 2 is full (1 requests waiting)" in errors["refused"]
         assert "timed out" in errors["low"], errors
         assert not any(name.startswith("high") for name in errors), errors
+    finally:
+        assert agent.stop() == 0, agent.log()
+
+
+def test_a_delay_policy_serves_queued_requests_past_their_timeout(tmp_path):
+    """Triton's `timeout_action: DELAY` with `allow_timeout_override: false`: requests
+    that wait behind a busy instance well past the model's 0.1 s are served, not
+    failed, one of them asking for a 1 ms `timeout` that the model does not let
+    shorten its own; a gRPC deadline still ends a call. The config says so."""
+    repo = tmp_path / "repo"
+    demo.make_slow(repo / "slow", size=SIZE, depth=24)
+    policy = (
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100000 "
+        "allow_timeout_override: false }"
+    )
+    (repo / "slow" / "config.pbtxt").write_text(
+        f'name: "slow"\nmax_batch_size: 1\ndynamic_batching {{ {policy} }}\n'
+    )
+    agent = start_agent(repo, tmp_path)
+    try:
+        client = tg.InferenceServerClient(agent.grpc_url)
+        queue_policy = client.get_model_config("slow").config.dynamic_batching.default_queue_policy
+        assert queue_policy.timeout_action == queue_policy.DELAY
+        assert not queue_policy.allow_timeout_override
+        inputs = [tg.InferInput("input", [1, SIZE, SIZE], "FP32")]
+        inputs[0].set_data_from_numpy(np.full((1, SIZE, SIZE), 1 / SIZE, np.float32))
+        client.infer("slow", inputs)  # loaded
+        errors: dict[str, str] = {}
+        served: list[str] = []
+
+        def call(name: str, **options: float) -> None:
+            try:
+                tg.InferenceServerClient(agent.grpc_url).infer("slow", inputs, **options)
+                served.append(name)
+            except InferenceServerException as exc:
+                errors[name] = str(exc)
+
+        calls = [("busy", {}), ("a", {}), ("b", {"timeout": 1000}), ("c", {})]
+        threads = [threading.Thread(target=call, args=(n,), kwargs=o) for n, o in calls]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.02)
+        _until_queued(agent, 3)
+        # Each waits a quarter of a second or more per request ahead of it.
+        gone = threading.Thread(target=call, args=("gone",), kwargs={"client_timeout": 0.3})
+        gone.start()
+        for thread in [*threads, gone]:
+            thread.join(60)
+        assert sorted(served) == ["a", "b", "busy", "c"], errors
+        assert "DEADLINE_EXCEEDED" in errors["gone"], errors
     finally:
         assert agent.stop() == 0, agent.log()

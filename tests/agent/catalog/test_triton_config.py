@@ -124,6 +124,10 @@ def test_triton_fields_map_and_the_rest_are_named(tmp_path: Path) -> None:
         "preferred_batch_sizes": [4, 8],
         "max_queue_size": 64,
         "timeout_ms": 2000,
+        # As Triton's: a queue policy rejects, and ignores a request's timeout, unless
+        # it says otherwise.
+        "timeout_action": "reject",
+        "allow_timeout_override": False,
         "instance_count": 2,
         "intra_op_threads": 1,
         "gpu_arena": "next_power_of_two",  # arena_extend_strategy 0
