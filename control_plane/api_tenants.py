@@ -110,16 +110,18 @@ class TenantAdmin:
     ) -> pb.UsageTable:
         if request.by not in ("", "model", "site", "hour"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "by: model, site or hour")
+        summary = usage.Summary(
+            request.tenant, request.from_time, request.to_time, request.by or "model"
+        )
         try:
-            reports = await self._store.usage_reports(request.from_time, request.to_time)
+            async for part in self._store.usage_parts(request.from_time, request.to_time):
+                summary.add(part)
         except usage.UsageGone as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RedisError:
             await redis_down(context)
             raise
-        return usage.summarize(
-            reports, request.tenant, request.from_time, request.to_time, request.by or "model"
-        )
+        return summary.table()
 
     # --- the plumbing ---------------------------------------------------------------------
 

@@ -19,6 +19,11 @@ from google.protobuf.json_format import MessageToJson
 
 from edgeplex.control_plane.cli_render import render
 
+# The admin CLI reads what the control plane it was pointed at answers: a usage
+# table of a large fleet is many megabytes (gRPC's default cap is 4 MiB).
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 << 20)]
+CALL_TIMEOUT_S = {"GetUsage": 300.0}  # a month of a fleet's hours; other calls: 30 s
+
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     cp = sub.add_parser("control-plane", help="run the control plane (state in Redis)")
@@ -249,7 +254,7 @@ def _run_admin(args: argparse.Namespace) -> int:
             private_key=args.tls_key.read_bytes() if args.tls_key else None,
             certificate_chain=args.tls_cert.read_bytes() if args.tls_cert else None,
         )
-        channel = grpc.secure_channel(args.control_plane, creds)
+        channel = grpc.secure_channel(args.control_plane, creds, options=CHANNEL_OPTIONS)
     else:
         host = args.control_plane.rpartition(":")[0]
         if token and not is_loopback(host) and not args.insecure:
@@ -259,7 +264,7 @@ def _run_admin(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        channel = grpc.insecure_channel(args.control_plane)
+        channel = grpc.insecure_channel(args.control_plane, options=CHANNEL_OPTIONS)
     stub = pb_grpc.AdminServiceStub(channel)
     metadata = [("authorization", f"Bearer {token}")] if token else []
     # A control plane started a moment ago (`control-plane &` in a script) gets a
@@ -268,7 +273,8 @@ def _run_admin(args: argparse.Namespace) -> int:
         grpc.channel_ready_future(channel).result(timeout=args.wait_s)
 
     def call(method: str, request: Any) -> Any:
-        return getattr(stub, method)(request, metadata=metadata, timeout=30)
+        timeout = CALL_TIMEOUT_S.get(method, 30.0)
+        return getattr(stub, method)(request, metadata=metadata, timeout=timeout)
 
     try:
         reply = args.call(args, call)

@@ -165,11 +165,13 @@ class Dashboard:
             read_at, rows = self._usage.get(by, (0.0, []))
             if now - read_at >= USAGE_CACHE_S:
                 since = now - now % usage.HOUR_S - (USAGE_HOURS - 1) * usage.HOUR_S
+                summary = usage.Summary("", since, 0, by)
                 try:
-                    reports = await self._store.usage_reports(since, 0)
+                    async for part in self._store.usage_parts(since, 0):
+                        summary.add(part)
                 except RedisError:
                     return web.json_response({"error": "Redis is unavailable"}, status=503)
-                rows = [_usage_row(u, by) for u in usage.summarize(reports, "", since, 0, by).rows]
+                rows = [_usage_row(u, by) for u in summary.table().rows]
                 self._usage[by] = (now, rows)
         return web.json_response({"by": by, "hours": USAGE_HOURS, "rows": rows})
 

@@ -44,7 +44,7 @@ import math
 import secrets
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -437,9 +437,16 @@ class Store:
         return True
 
     async def usage_reports(self, from_time: float, to_time: float) -> list[pb.UsageReport]:
-        """Reports that cover [from_time, to_time) (0: no end) exactly: the sum of each
-        site's hour that lies wholly inside, and the minutes of an hour cut by either
-        end. UsageGone when such an hour's minutes are no longer kept."""
+        """Every report of `usage_parts`, in one list."""
+        return [report async for part in self.usage_parts(from_time, to_time) for report in part]
+
+    async def usage_parts(
+        self, from_time: float, to_time: float
+    ) -> AsyncIterator[list[pb.UsageReport]]:
+        """Reports that cover [from_time, to_time) (0: no end) exactly, a part at a
+        time: the minutes of each hour that either end cuts, then the sum of each
+        site's hour that lies wholly inside. UsageGone, before any part, when a cut
+        hour's minutes are no longer kept."""
         end = to_time or math.inf
         found = await self.redis.zrangebyscore(
             P + "usage:hours",
@@ -452,18 +459,14 @@ class Store:
             hour = int(member.partition(":")[0])
             inside = from_time <= hour and hour + usage.HOUR_S <= end
             (whole if inside else cut).append(member)
-        reports = []
-        for chunk in _chunks(whole, 1000):
-            for raw in await self.redis.mget([P + "usage:h:" + m for m in chunk]):
-                if raw is not None:
-                    reports.append(pb.UsageHour.FromString(raw).sum)
+        minutes: list[pb.UsageReport] = []  # at most two hours of minutes a site
         for chunk in _chunks(cut, 500):
             async with self.redis.pipeline(transaction=True) as pipe:
                 for member in chunk:
                     pipe.get(P + "usage:h:" + member)
                     pipe.hvals(P + "usage:m:" + member)
                 replies = await pipe.execute()
-            for member, raw, minutes in zip(chunk, replies[::2], replies[1::2], strict=True):
+            for member, raw, kept in zip(chunk, replies[::2], replies[1::2], strict=True):
                 if raw is not None and pb.UsageHour.FromString(raw).sealed:
                     hour = int(member.partition(":")[0])
                     at = datetime.datetime.fromtimestamp(hour, datetime.UTC)
@@ -471,8 +474,12 @@ class Store:
                         f"the minutes of {at:%Y-%m-%dT%H:00Z} are no longer kept, only its "
                         "hourly sums: give from and to on the hour"
                     )
-                reports.extend(pb.UsageReport.FromString(r) for r in minutes)
-        return reports
+                minutes.extend(pb.UsageReport.FromString(r) for r in kept)
+        if minutes:
+            yield minutes
+        for chunk in _chunks(whole, 1000):
+            raws = await self.redis.mget([P + "usage:h:" + m for m in chunk])
+            yield [pb.UsageHour.FromString(raw).sum for raw in raws if raw is not None]
 
     async def trim_usage(self, now: float, minutes_kept_s: float, kept_s: float) -> tuple[int, int]:
         """Seal the hours that ended more than `minutes_kept_s` ago (drop their

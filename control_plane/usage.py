@@ -74,29 +74,48 @@ def summarize(
 ) -> pb.UsageTable:
     """Rows per (tenant, model | site | hour) of the reports' records in
     [from_time, to_time) (a minute counts where it starts)."""
-    rows: dict[tuple[str, str], pb.UsageRow] = {}
-    for report in reports:
-        start = report.minute * report.interval_s
-        if start < from_time or (to_time and start >= to_time):
-            continue
-        for record in report.records:
-            if tenant and record.tenant != tenant:
+    summary = Summary(tenant, from_time, to_time, by)
+    summary.add(reports)
+    return summary.table()
+
+
+class Summary:
+    """`summarize`, fed a part at a time: what it holds is its rows, never the
+    reports (a month of a large fleet's hourly sums is read in parts)."""
+
+    def __init__(self, tenant: str, from_time: float, to_time: float, by: str) -> None:
+        self.tenant, self.from_time, self.to_time, self.by = tenant, from_time, to_time, by
+        self._rows: dict[tuple[str, str], pb.UsageRow] = {}
+
+    def add(self, reports: Iterable[pb.UsageReport]) -> None:
+        for report in reports:
+            start = report.minute * report.interval_s
+            if start < self.from_time or (self.to_time and start >= self.to_time):
                 continue
-            if by == "site":
-                key = report.site_id
-            elif by == "hour":
-                hour = datetime.datetime.fromtimestamp(start - start % 3600, datetime.UTC)
-                key = hour.strftime("%Y-%m-%dT%H:00Z")
-            else:
-                key = f"{record.model}:{record.version}" if record.version else record.model
-            row = rows.get((record.tenant, key))
-            if row is None:
-                row = rows[(record.tenant, key)] = pb.UsageRow(tenant=record.tenant, key=key)
-            row.requests += record.requests
-            row.failures += sum(record.failures.values())
-            row.bytes_in += record.bytes_in
-            row.bytes_out += record.bytes_out
-            row.compute_s += record.compute_s
-            row.cold_starts += record.cold_starts
-            row.device_byte_seconds += record.device_byte_seconds
-    return pb.UsageTable(rows=[rows[k] for k in sorted(rows)])
+            for record in report.records:
+                if self.tenant and record.tenant != self.tenant:
+                    continue
+                key = self._key(report, record, start)
+                row = self._rows.get((record.tenant, key))
+                if row is None:
+                    row = self._rows[(record.tenant, key)] = pb.UsageRow(
+                        tenant=record.tenant, key=key
+                    )
+                row.requests += record.requests
+                row.failures += sum(record.failures.values())
+                row.bytes_in += record.bytes_in
+                row.bytes_out += record.bytes_out
+                row.compute_s += record.compute_s
+                row.cold_starts += record.cold_starts
+                row.device_byte_seconds += record.device_byte_seconds
+
+    def _key(self, report: pb.UsageReport, record: pb.UsageRecord, start: int) -> str:
+        if self.by == "site":
+            return report.site_id
+        if self.by == "hour":
+            hour = datetime.datetime.fromtimestamp(start - start % HOUR_S, datetime.UTC)
+            return hour.strftime("%Y-%m-%dT%H:00Z")
+        return f"{record.model}:{record.version}" if record.version else record.model
+
+    def table(self) -> pb.UsageTable:
+        return pb.UsageTable(rows=[self._rows[k] for k in sorted(self._rows)])

@@ -5,6 +5,7 @@ beyond loopback without TLS, and usage ranges the kept usage cannot answer."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import queue
 import subprocess
@@ -193,3 +194,31 @@ def test_a_usage_range_that_cuts_an_hour_kept_only_as_its_sum_is_refused(
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         named = time.strftime("%Y-%m-%dT%H:00Z", time.gmtime(hour))
         assert f"the minutes of {named} are no longer kept" in (err.value.details() or "")
+
+
+def test_a_usage_table_beyond_grpc_s_default_message_size_reaches_the_cli(
+    cp: ControlPlane,
+) -> None:
+    """70,000 tenants' usage in two minutes: the table (about 6 MB, over gRPC's
+    default 4 MiB cap on what a client receives) reaches `edgeplex admin usage`."""
+    hour = int(time.time() // 3600) * 3600
+    with grpc.insecure_channel(cp.address) as channel:
+        agents, metadata = registered(cp, channel, "s3")
+        for n in range(2):
+            minute = pb.UsageReport(site_id="s3", minute=hour // 60 + n, interval_s=60)
+            for i in range(35_000):
+                minute.records.add(
+                    tenant=f"tenant-with-a-long-name-for-billing-{n}-{i:06d}", model="m",
+                    version="1", requests=3, bytes_in=123_456, bytes_out=654_321,
+                    compute_s=0.123, device_byte_seconds=1.5e9,
+                )  # fmt: skip
+            agents.ReportUsage(minute, metadata=metadata, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "edgeplex", "admin", "--control-plane", cp.address, "--json",
+         "usage", "--from", time.strftime("%Y-%m-%dT%H:00Z", time.gmtime(hour))],
+        env={**os.environ, "EDGEPLEX_ADMIN_TOKEN": TOKEN},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert len(rows) == 70_000 and {r["key"] for r in rows} == {"m:1"}
