@@ -156,6 +156,10 @@ class FleetLink:
         try:
             stub = pb_grpc.AgentServiceStub(channel)
             await stub.ReportUsage(report, timeout=10, metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:  # the same, every time
+                raise usage_shipper.Refused(exc.details() or "INVALID_ARGUMENT") from exc
+            raise
         finally:
             await channel.close()
 

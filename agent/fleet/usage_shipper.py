@@ -17,15 +17,31 @@ from edgeplex.usage import fold, report_of
 log = logging.getLogger("edgeplex.agent.usage")
 
 Send = Callable[[pb.UsageReport], Awaitable[object]]
+REFUSED = ".refused"  # a minute the control plane will never take, kept for an operator
+
+
+class Refused(Exception):
+    """The control plane refused a minute for what it is (sending it again would be
+    refused again), not for being away."""
 
 
 async def ship_closed(journal: Journal, site_id: str, send: Send) -> int:
     """Send every closed minute, oldest first, removing each file once acknowledged;
-    stops at the first that fails (tried again next time). Returns how many went."""
+    stops at the first that fails (tried again next time). A minute refused for
+    what it is would stop every later one for good: its file is renamed
+    `<minute>.counts.refused`, kept and said at ERROR, and the next minutes go.
+    Returns how many went."""
     sent = 0
     for minute, path in journal.closed():
         records = fold(path, journal.interval_s)
-        await send(report_of(site_id, minute, journal.interval_s, records))
+        try:
+            await send(report_of(site_id, minute, journal.interval_s, records))
+        except Refused as exc:
+            kept = path.with_name(path.name + REFUSED)
+            path.rename(kept)
+            log.error("usage of minute %d refused by the control plane (%s): kept in %s",
+                      minute, exc, kept)  # fmt: skip
+            continue
         path.unlink(missing_ok=True)
         sent += 1
     return sent

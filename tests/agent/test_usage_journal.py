@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeplex.agent.fleet.usage_shipper import run, ship_closed
+from edgeplex.agent.fleet.usage_shipper import Refused, run, ship_closed
 from edgeplex.agent.observability.usage import BatchUsage, Journal
 from edgeplex.usage import COUNTS, MAGIC, entries, fold, key_bytes
 
@@ -72,6 +72,26 @@ def test_closed_minutes_ship_oldest_first_and_go_once_acknowledged(tmp_path: Pat
     # Tried again (by the real clock every minute here has closed): 101 and 102 go.
     asyncio.run(ship_closed(journal, "site", send))
     assert sent == [100, 101, 101, 102] and not list(tmp_path.glob("*.counts"))
+
+
+def test_a_minute_refused_for_what_it_is_is_kept_aside_and_the_rest_go(tmp_path: Path) -> None:
+    """A refusal that sending again cannot change (the control plane's
+    INVALID_ARGUMENT) does not hold back every later minute: the refused one is
+    renamed and kept for an operator, the others are sent."""
+    journal = Journal(tmp_path, interval_s=60, grace_s=2)
+    for minute in (100, 101, 102):
+        (tmp_path / f"{minute}.counts").write_bytes(counts_file(("t", "m", "1", "")))
+    sent: list[int] = []
+
+    async def send(report) -> None:  # type: ignore[no-untyped-def]
+        if report.minute == 101:
+            raise Refused("at most 100000 records a minute")
+        sent.append(report.minute)
+
+    assert asyncio.run(ship_closed(journal, "site", send)) == 2
+    assert sent == [100, 102]
+    assert [p.name for p in tmp_path.iterdir()] == ["101.counts.refused"]
+    assert [m for m, _ in journal.closed()] == []  # not sent again
 
 
 def test_a_killed_writer_keeps_every_request_and_a_restart_counts_on(tmp_path: Path) -> None:
