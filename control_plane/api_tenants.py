@@ -108,8 +108,10 @@ class TenantAdmin:
     async def GetUsage(
         self, request: pb.UsageQuery, context: grpc.aio.ServicerContext
     ) -> pb.UsageTable:
-        if request.by not in ("", "model", "site", "hour"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "by: model, site or hour")
+        if request.by and request.by not in usage.GROUPS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"by: one of {', '.join(usage.GROUPS)}"
+            )
         summary = usage.Summary(
             request.tenant, request.from_time, request.to_time, request.by or "model"
         )

@@ -15,17 +15,18 @@ from typing import Any
 Call = Callable[[str, Any], Any]
 COLUMNS = ("tenant", "key", "requests", "failures", "bytes_in", "bytes_out", "compute_s",
            "cold_starts", "device_byte_seconds")  # fmt: skip
+GROUPS = ("model", "site", "hour", "day", "month")  # usage.GROUPS, without importing it
 
 
 def add_usage_noun(nouns: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     usage = nouns.add_parser(
-        "usage", parents=[common], help="what tenants used, from the sites' minute records"
+        "usage", parents=[common], help="what tenants used, from the sites' usage records"
     )
     usage.add_argument("--tenant", default="", help="one tenant (default: every one)")
     usage.add_argument("--from", dest="from_", default="", help="ISO 8601 start (UTC if no zone)")
     usage.add_argument("--to", default="", help="ISO 8601 end, exclusive (default: now)")
     usage.add_argument(
-        "--by", choices=["model", "site", "hour"], default="model", help="rows per (model)"
+        "--by", choices=GROUPS, default="model", help="rows per (model); times in UTC"
     )
     usage.add_argument("--csv", action="store_true", help="print CSV (for a billing system)")
     usage.add_argument(

@@ -12,6 +12,15 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 
 MAX_RECORDS = 100_000  # per report: a site's tenants x models in one minute
 HOUR_S = 3600
+# What a usage table's rows are per, besides the tenant; for times, their key's form
+# (UTC).
+GROUPS = {
+    "model": "",
+    "site": "",
+    "hour": "%Y-%m-%dT%H:00Z",
+    "day": "%Y-%m-%d",
+    "month": "%Y-%m",
+}
 
 
 class UsageGone(ValueError):
@@ -72,7 +81,7 @@ def add(total: pb.UsageReport, report: pb.UsageReport) -> None:
 def summarize(
     reports: Iterable[pb.UsageReport], tenant: str, from_time: float, to_time: float, by: str
 ) -> pb.UsageTable:
-    """Rows per (tenant, model | site | hour) of the reports' records in
+    """Rows per (tenant, model | site | hour | day | month) of the reports' records in
     [from_time, to_time) (a minute counts where it starts)."""
     summary = Summary(tenant, from_time, to_time, by)
     summary.add(reports)
@@ -112,9 +121,9 @@ class Summary:
     def _key(self, report: pb.UsageReport, record: pb.UsageRecord, start: int) -> str:
         if self.by == "site":
             return report.site_id
-        if self.by == "hour":
-            hour = datetime.datetime.fromtimestamp(start - start % HOUR_S, datetime.UTC)
-            return hour.strftime("%Y-%m-%dT%H:00Z")
+        form = GROUPS.get(self.by)
+        if form:  # the hour, day or month the report starts in (an hour's sum: its own)
+            return datetime.datetime.fromtimestamp(start, datetime.UTC).strftime(form)
         return f"{record.model}:{record.version}" if record.version else record.model
 
     def table(self) -> pb.UsageTable:

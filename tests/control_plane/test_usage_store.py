@@ -78,7 +78,7 @@ def test_any_range_answers_as_the_raw_minutes_would(redis_url: str) -> None:
         for _ in range(40):
             from_time = DAY + rng.randrange(-600, 5 * HOUR)
             to_time = rng.choice([0, from_time + rng.randrange(1, 4 * HOUR)])
-            by = rng.choice(["model", "site", "hour"])
+            by = rng.choice(list(usage.GROUPS))
             for tenant in ("", "acme"):
                 got = usage.summarize(await store.usage_reports(from_time, to_time), tenant,
                                       from_time, to_time, by)  # fmt: skip
@@ -166,3 +166,20 @@ def test_hour_sums_add_every_field() -> None:
     assert (zed.requests, zed.bytes_in, zed.compute_s, zed.device_byte_seconds) == (
         6, 600, 1.5, 6e9,
     )  # fmt: skip
+
+
+def test_rows_by_hour_day_and_month_are_utc_and_the_cli_offers_every_grouping() -> None:
+    from edgeplex.control_plane.cli_usage import GROUPS
+
+    month_end = 1_798_761_540  # 2026-12-31T23:59:00Z
+    reports = [minute("a1", month_end, 2), minute("a1", month_end + 60, 3)]
+    keys = {
+        by: [(r.key, r.requests) for r in usage.summarize(reports, "", 0, 0, by).rows]
+        for by in ("hour", "day", "month")
+    }
+    assert keys == {
+        "hour": [("2026-12-31T23:00Z", 2), ("2027-01-01T00:00Z", 3)],
+        "day": [("2026-12-31", 2), ("2027-01-01", 3)],
+        "month": [("2026-12", 2), ("2027-01", 3)],
+    }
+    assert tuple(usage.GROUPS) == GROUPS
