@@ -78,7 +78,9 @@ class HttpForward:
 
 @dataclass(frozen=True)
 class GrpcForward:
-    """A gRPC ModelInfer request to pass on to a peer, with the deadline it has left."""
+    """A gRPC ModelInfer request to pass on to a peer, with the gRPC deadline it has
+    left (its `timeout` parameter travels in the request: the peer applies it as
+    the model there allows)."""
 
     request: pb.ModelInferRequest
     timeout_s: float | None

@@ -267,7 +267,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     name,
                     request.model_version,
                     metadata.get,
-                    GrpcForward(request, timeout_s),
+                    GrpcForward(request, deadline_s),  # `timeout` goes as it came
                     decode,
                     access.forward_traceparent,
                     arrived=getattr(context, "received", None),  # the native door's; grpcio: now
