@@ -17,7 +17,9 @@ Printed, each the median of `--rounds`: a minute's write (microseconds, the
 client's wall time, all minutes written in order), all the hours' usage by site and
 by hour (milliseconds), a range cut mid-hour at both ends, and Redis's memory for
 each database, the hours before and after their minutes are dropped (sealed),
-as the leader does once they are older than `usage_minutes_kept_h`.
+as the leader does once they are older than `usage_minutes_kept_h`. Then a
+30-day month of `--month-sites` sites, every hour sealed: the month by model
+read from the sites' hourly sums and from the hours summed over the fleet.
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
     minutes_bytes, hours_bytes = used["minutes"] - base, used["hours"] - used["minutes"]
     await new_store.trim_usage(end + 3600, 0, 400 * 86400)  # every hour sealed
     sealed_bytes = await memory(new_store) - used["minutes"]
+    month = await month_by_model(new_store, args) if args.month_sites else None
     await old_store.close()
     await new_store.close()
 
@@ -147,8 +150,46 @@ async def run(args: argparse.Namespace, url: str) -> None:
         print(f"{query + ' (ms)':28} {m:>10.1f} {h:>10.1f} {m / h:>6.1f}x")
     print(f"{'Redis memory (MiB)':28} {minutes_bytes / 2**20:>10.1f} {hours_bytes / 2**20:>10.1f}"
           f"   (hours sealed, minutes dropped: {sealed_bytes / 2**20:.1f} MiB)")  # fmt: skip
+    if month is not None:
+        sites_ms, fleet_ms, sums = month
+        print(f"a 30-day month by model, {args.month_sites} sites ({sums:,} hourly sums, all "
+              f"sealed): from the sites' sums {sites_ms:.0f} ms, from the fleet's "
+              f"{fleet_ms:.0f} ms ({sites_ms / fleet_ms:.1f}x)")  # fmt: skip
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"one local Redis (appendfsync always), one client")  # fmt: skip
+
+
+async def month_by_model(store: Store, args: argparse.Namespace) -> tuple[float, float, int]:
+    """A month of hourly sums for `--month-sites` sites (one hour-long report each),
+    every hour sealed and summed over the fleet; the month by model read from the
+    sites' sums and from the fleet's (median ms of each), and how many sums."""
+    await store.redis.flushdb()
+    start = DAY - 30 * 86400
+    for hour in range(30 * 24):
+        for s in range(args.month_sites):
+            report = pb.UsageReport(site_id=f"site-{s:04d}", minute=start // 3600 + hour,
+                                    interval_s=3600)  # fmt: skip
+            for r in range(args.records):
+                report.records.add(tenant=f"tenant-{r % 5}", model=f"model-{r // 5}",
+                                   version="1", requests=1 + r, compute_s=0.1)  # fmt: skip
+            await store.put_usage(report)
+    while (await store.trim_usage(DAY + 3 * 86400, 3600, 400 * 86400))[0]:
+        pass
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(args.rounds):
+        for fleet in (False, True):
+
+            async def answer(fleet: bool = fleet) -> pb.UsageTable:
+                return usage.summarize(
+                    await store.usage_reports(start, DAY, fleet), "", start, DAY, "model"
+                )
+
+            times[fleet].append(await timed_ms(answer))
+    a = usage.summarize(await store.usage_reports(start, DAY, False), "", start, DAY, "model")
+    b = usage.summarize(await store.usage_reports(start, DAY, True), "", start, DAY, "model")
+    assert [(r.key, r.requests) for r in a.rows] == [(r.key, r.requests) for r in b.rows]
+    sums = 30 * 24 * args.month_sites
+    return statistics.median(times[False]), statistics.median(times[True]), sums
 
 
 def main() -> None:
@@ -157,6 +198,8 @@ def main() -> None:
     parser.add_argument("--hours", type=int, default=24)
     parser.add_argument("--records", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--month-sites", type=int, default=100,
+                        help="sites of the month's query, from sealed hours (0: none)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="edgeplex-usage-bench-") as work:
         redis = RedisServer(Path(work))

@@ -112,11 +112,11 @@ class TenantAdmin:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"by: one of {', '.join(usage.GROUPS)}"
             )
-        summary = usage.Summary(
-            request.tenant, request.from_time, request.to_time, request.by or "model"
-        )
+        by = request.by or "model"
+        summary = usage.Summary(request.tenant, request.from_time, request.to_time, by)
+        parts = self._store.usage_parts(request.from_time, request.to_time, by != "site")
         try:
-            async for part in self._store.usage_parts(request.from_time, request.to_time):
+            async for part in parts:
                 summary.add(part)
         except usage.UsageGone as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

@@ -167,7 +167,7 @@ class Dashboard:
                 since = now - now % usage.HOUR_S - (USAGE_HOURS - 1) * usage.HOUR_S
                 summary = usage.Summary("", since, 0, by)
                 try:
-                    async for part in self._store.usage_parts(since, 0):
+                    async for part in self._store.usage_parts(since, 0, by != "site"):
                         summary.add(part)
                 except RedisError:
                     return web.json_response({"error": "Redis is unavailable"}, status=503)

@@ -18,6 +18,9 @@
     edgeplex:usage:m:<hour>:<site>  hash  minute start -> UsageReport, while kept
     edgeplex:usage:hours     zset  "<hour>:<site>" -> hour (every hour kept)
     edgeplex:usage:open      zset  "<hour>:<site>" -> hour (hours whose minutes are kept)
+    edgeplex:usage:f:<hour>  string  UsageReport: the hour summed over every site, once
+                             every site's hour is sealed
+    edgeplex:usage:fleet     zset  "<hour>" -> hour (the hours summed so)
     edgeplex:batch:jobs      hash  job id -> BatchJob (summary, protobuf)
     edgeplex:batch:<id>:in   hash  shard index -> JSON list of the shard's request bodies
     edgeplex:batch:<id>:out  hash  shard index -> JSON list of its outputs (HSETNX: written once)
@@ -403,12 +406,17 @@ class Store:
         offset = start - hour  # what the hour's list of minutes holds
         member = f"{hour}:{report.site_id}"
         hour_key, minutes_key = P + "usage:h:" + member, P + "usage:m:" + member
+        fleet_key = P + f"usage:f:{hour}"
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    await pipe.watch(hour_key, minutes_key)
-                    raw = await pipe.get(hour_key)
+                    await pipe.watch(hour_key, minutes_key, fleet_key)
+                    raw, summed = await pipe.mget(hour_key, fleet_key)
                     kept = pb.UsageHour.FromString(raw) if raw is not None else pb.UsageHour()
+                    # An hour summed over the fleet has every site's hour sealed: a
+                    # site's first minute in it comes sealed, and adds to both sums.
+                    fleet = pb.UsageReport.FromString(summed) if summed is not None else None
+                    kept.sealed = kept.sealed or fleet is not None
                     if offset in kept.minutes:
                         if kept.sealed:  # sent again after its minutes were dropped
                             await pipe.reset()
@@ -423,12 +431,16 @@ class Store:
                             kept.sum.CopyFrom(usage.hour_sum(report.site_id, hour, ()))
                         usage.add(kept.sum, report)
                         kept.minutes.append(offset)
+                        if fleet is not None:
+                            usage.add(fleet, report)
                     pipe.multi()
                     if not kept.sealed:
                         pipe.hset(minutes_key, str(start), report.SerializeToString())
                         pipe.zadd(P + "usage:open", {member: hour})
                     pipe.set(hour_key, kept.SerializeToString())
                     pipe.zadd(P + "usage:hours", {member: hour})
+                    if fleet is not None:
+                        pipe.set(fleet_key, fleet.SerializeToString())
                     await pipe.execute()
                     break
                 except WatchError:
@@ -436,17 +448,21 @@ class Store:
         await self.replicated()
         return True
 
-    async def usage_reports(self, from_time: float, to_time: float) -> list[pb.UsageReport]:
+    async def usage_reports(
+        self, from_time: float, to_time: float, fleet: bool = False
+    ) -> list[pb.UsageReport]:
         """Every report of `usage_parts`, in one list."""
-        return [report async for part in self.usage_parts(from_time, to_time) for report in part]
+        parts = self.usage_parts(from_time, to_time, fleet)
+        return [report async for part in parts for report in part]
 
     async def usage_parts(
-        self, from_time: float, to_time: float
+        self, from_time: float, to_time: float, fleet: bool = False
     ) -> AsyncIterator[list[pb.UsageReport]]:
         """Reports that cover [from_time, to_time) (0: no end) exactly, a part at a
         time: the minutes of each hour that either end cuts, then the sum of each
-        site's hour that lies wholly inside. UsageGone, before any part, when a cut
-        hour's minutes are no longer kept."""
+        site's hour that lies wholly inside; with `fleet` (for rows not by site), an
+        hour summed over the fleet in place of its sites'. UsageGone, before any
+        part, when a cut hour's minutes are no longer kept."""
         end = to_time or math.inf
         found = await self.redis.zrangebyscore(
             P + "usage:hours",
@@ -477,15 +493,29 @@ class Store:
                 minutes.extend(pb.UsageReport.FromString(r) for r in kept)
         if minutes:
             yield minutes
+        if fleet and whole:
+            summed = await self.redis.zrangebyscore(
+                P + "usage:fleet", from_time, f"({end}" if to_time else "+inf"
+            )
+            hours = [h for h in _names(summed) if int(h) + usage.HOUR_S <= end]
+            for chunk in _chunks(hours, 1000):
+                raws = await self.redis.mget([P + "usage:f:" + h for h in chunk])
+                yield [pb.UsageReport.FromString(raw) for raw in raws if raw is not None]
+            # Read after the list of summed hours: an hour summed meanwhile is read
+            # from its sites (their sums stay), never from both.
+            done = set(hours)
+            whole = [m for m in whole if m.partition(":")[0] not in done]
         for chunk in _chunks(whole, 1000):
             raws = await self.redis.mget([P + "usage:h:" + m for m in chunk])
             yield [pb.UsageHour.FromString(raw).sum for raw in raws if raw is not None]
 
     async def trim_usage(self, now: float, minutes_kept_s: float, kept_s: float) -> tuple[int, int]:
         """Seal the hours that ended more than `minutes_kept_s` ago (drop their
-        minutes; their sums stay) and drop the hours that ended more than `kept_s`
-        ago; at most 10,000 of each a call. Returns (sealed, dropped)."""
+        minutes; their sums stay), sum each hour whose every site is sealed over the
+        fleet, and drop the hours that ended more than `kept_s` ago; at most 10,000
+        site-hours of each a call. Returns (sealed, dropped)."""
         sealed = 0
+        hours: set[int] = set()  # the hours of the site-hours sealed
         ended = now - minutes_kept_s - usage.HOUR_S
         for member in _names(
             await self.redis.zrangebyscore(P + "usage:open", "-inf", ended, start=0, num=10_000)
@@ -508,21 +538,57 @@ class Store:
                     except WatchError:
                         continue
             sealed += 1
+            hours.add(int(member.partition(":")[0]))
+        for hour in sorted(hours):
+            await self._sum_fleet_hour(hour)
         old = _names(
             await self.redis.zrangebyscore(
                 P + "usage:hours", "-inf", now - kept_s - usage.HOUR_S, start=0, num=10_000
             )
         )
         for chunk in _chunks(old, 1000):
+            gone = sorted({m.partition(":")[0] for m in chunk})
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.delete(*(P + "usage:h:" + m for m in chunk))
                 pipe.delete(*(P + "usage:m:" + m for m in chunk))
+                pipe.delete(*(P + "usage:f:" + h for h in gone))
                 pipe.zrem(P + "usage:hours", *chunk)
                 pipe.zrem(P + "usage:open", *chunk)
+                pipe.zrem(P + "usage:fleet", *gone)
                 await pipe.execute()
         if sealed or old:
             await self.replicated()
         return sealed, len(old)
+
+    async def _sum_fleet_hour(self, hour: int, tries: int = 5) -> bool:
+        """The hour summed over every site, once every site's hour in it is sealed;
+        False if it is not (yet), or if new sites kept arriving in it while it was
+        summed (it is then read from its sites, as before)."""
+        fleet_key = P + f"usage:f:{hour}"
+        for _ in range(tries):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    # A site's first minute in the hour changes `usage:hours`.
+                    await pipe.watch(fleet_key, P + "usage:hours")
+                    if await pipe.exists(fleet_key) or await pipe.zcount(
+                        P + "usage:open", hour, hour
+                    ):
+                        return False
+                    members = _names(await pipe.zrangebyscore(P + "usage:hours", hour, hour))
+                    keys = [P + "usage:h:" + m for m in members]
+                    if keys:
+                        await pipe.watch(*keys)  # a minute sent late to a sealed hour
+                    raws = await pipe.mget(keys) if keys else []
+                    sums = [pb.UsageHour.FromString(raw).sum for raw in raws if raw]
+                    total = usage.hour_sum("", hour, sums)
+                    pipe.multi()
+                    pipe.set(fleet_key, total.SerializeToString())
+                    pipe.zadd(P + "usage:fleet", {str(hour): hour})
+                    await pipe.execute()
+                    return True
+                except WatchError:
+                    continue
+        return False
 
     async def migrate_usage(self) -> int:
         """Minutes an earlier control plane kept in one hash (`usage`, with its index

@@ -137,6 +137,49 @@ def test_sealed_hours_keep_their_sums_and_count_a_late_minute_once(redis_url: st
     run(redis_url, scenario)
 
 
+def test_hours_summed_over_the_fleet_answer_as_their_sites_do(redis_url: str) -> None:
+    """Once every site's hour is sealed, the hour is summed over the fleet; queries
+    not by site read that sum. Minutes sent late (a known site's, a new site's
+    first, one the hour holds already) keep both sums in step: every grouping, for
+    random ranges on the hour, reads the same from the fleet's sums, from the
+    sites' and from the minutes counted."""
+    rng = random.Random(11)
+    counted: dict[tuple[str, int], pb.UsageReport] = {}
+
+    async def put(store: Store, report: pb.UsageReport) -> None:
+        if await store.put_usage(report):
+            counted[(report.site_id, usage.start_of(report))] = report
+
+    async def scenario(store: Store) -> None:
+        for _ in range(300):
+            start = DAY + 60 * rng.randrange(6 * 60)
+            site, tenant = rng.choice(["a1", "a2", "b1"]), rng.choice(["acme", "zed"])
+            await put(store, minute(site, start, rng.randrange(1, 50), tenant))
+        # Minutes kept an hour: hours 0 to 3 ended over an hour before "now".
+        sealed, _ = await store.trim_usage(DAY + 5 * HOUR, HOUR, 30 * 86400)
+        assert sealed >= 10
+        summed = await store.redis.zrange("edgeplex:usage:fleet", 0, -1)
+        assert sorted(int(h) for h in summed) == [DAY + n * HOUR for n in range(4)]
+        await put(store, minute("a1", DAY + HOUR + 59 * 60, 7))  # late, a known site
+        await put(store, minute("c9", DAY + 2 * HOUR + 60, 5, "new"))  # a new site's first
+        again = next(r for (s, t), r in counted.items() if t < DAY + HOUR)
+        assert not await store.put_usage(minute(again.site_id, usage.start_of(again), 99))
+        for _ in range(30):
+            first = DAY + HOUR * rng.randrange(-1, 6)
+            last = rng.choice([0, first + HOUR * rng.randrange(1, 7)])
+            for by in usage.GROUPS:
+                want = rows(usage.summarize(counted.values(), "", first, last, by))
+                for fleet in (False, True) if by != "site" else (False,):
+                    got = await store.usage_reports(first, last, fleet)
+                    table = usage.summarize(got, "", first, last, by)
+                    assert rows(table) == want, (first - DAY, last and last - DAY, by, fleet)
+        # Past keeping, the fleet's sums go with the sites'.
+        await store.trim_usage(DAY + 40 * 86400, HOUR, 30 * 86400)
+        assert not [k async for k in store.redis.scan_iter("edgeplex:usage*")]
+
+    run(redis_url, scenario)
+
+
 def test_minutes_an_earlier_version_kept_move_into_their_hours(redis_url: str) -> None:
     async def scenario(store: Store) -> None:
         old = [minute(s, DAY + 60 * n, n + 1) for s in ("a1", "b1") for n in range(0, 120, 7)]
