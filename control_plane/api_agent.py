@@ -243,11 +243,14 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         await self._identify(context, request.site_id, None)
         problem = usage.check(request)
         if problem:
+            METRICS.usage_minutes.labels(outcome="refused").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         try:
-            await self._store.put_usage(request)
+            stored = await self._store.put_usage(request)
         except RedisError:
             await redis_down(context)
+            raise
+        METRICS.usage_minutes.labels(outcome="stored" if stored else "again").inc()
         return pb.UsageAck()
 
     async def LookupModel(

@@ -66,6 +66,14 @@ class ControlPlaneMetrics:
             "out of demand; one number, whatever the names).",
             registry=r,
         )
+        self.usage_minutes = Counter(
+            "edgeplex_cp_usage_minutes",
+            "Usage minutes sites sent, by outcome: stored (added to its hour, or in place "
+            "of the same minute sent before), again (sent after its hour was sealed with "
+            "it), refused (INVALID_ARGUMENT: not storable).",
+            ["outcome"],
+            registry=r,
+        )
         self.bad_reports = Counter(
             "edgeplex_cp_bad_reports_total",
             "Load reports refused as unusable (a rate that is not finite, a bad name).",

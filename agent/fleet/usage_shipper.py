@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.usage import Journal
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.usage import fold, report_of
@@ -39,6 +40,7 @@ async def ship_closed(journal: Journal, site_id: str, send: Send) -> int:
         except Refused as exc:
             kept = path.with_name(path.name + REFUSED)
             path.rename(kept)
+            METRICS.usage_refused.inc()
             log.error("usage of minute %d refused by the control plane (%s): kept in %s",
                       minute, exc, kept)  # fmt: skip
             continue

@@ -272,6 +272,12 @@ class AgentMetrics:
             ["runner"],
             registry=r,
         )
+        self.usage_refused = Counter(
+            "edgeplex_agent_usage_refused_minutes",
+            "Usage minutes the control plane refused for what they are, kept aside in "
+            "usage_dir as <minute>.counts.refused (docs/tenants.md).",
+            registry=r,
+        )
         self.sandbox_layer = Gauge(
             "edgeplex_runner_sandbox_layer",
             "1 for each runner sandbox layer this host gives runners, 0 for each it cannot "

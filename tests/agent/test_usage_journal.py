@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from edgeplex.agent.fleet.usage_shipper import Refused, run, ship_closed
+from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.usage import BatchUsage, Journal
 from edgeplex.usage import COUNTS, MAGIC, entries, fold, key_bytes
 
@@ -88,8 +89,10 @@ def test_a_minute_refused_for_what_it_is_is_kept_aside_and_the_rest_go(tmp_path:
             raise Refused("at most 100000 records a minute")
         sent.append(report.minute)
 
+    refused = METRICS.usage_refused._value.get()
     assert asyncio.run(ship_closed(journal, "site", send)) == 2
     assert sent == [100, 102]
+    assert METRICS.usage_refused._value.get() == refused + 1
     assert [p.name for p in tmp_path.iterdir()] == ["101.counts.refused"]
     assert [m for m, _ in journal.closed()] == []  # not sent again
 
