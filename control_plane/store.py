@@ -21,6 +21,9 @@
     edgeplex:usage:f:<hour>  string  UsageReport: the hour summed over every site, once
                              every site's hour is sealed
     edgeplex:usage:fleet     zset  "<hour>" -> hour (the hours summed so)
+    edgeplex:usage:sites:<hour>  set  the sites with usage in the hour
+    edgeplex:usage:unsummed  zset  "<hour>" -> hour (hours with a site-hour sealed, not
+                             yet summed over the fleet)
     edgeplex:batch:jobs      hash  job id -> BatchJob (summary, protobuf)
     edgeplex:batch:<id>:in   hash  shard index -> JSON list of the shard's request bodies
     edgeplex:batch:<id>:out  hash  shard index -> JSON list of its outputs (HSETNX: written once)
@@ -439,6 +442,7 @@ class Store:
                         pipe.zadd(P + "usage:open", {member: hour})
                     pipe.set(hour_key, kept.SerializeToString())
                     pipe.zadd(P + "usage:hours", {member: hour})
+                    pipe.sadd(P + f"usage:sites:{hour}", report.site_id)
                     if fleet is not None:
                         pipe.set(fleet_key, fleet.SerializeToString())
                     await pipe.execute()
@@ -515,7 +519,6 @@ class Store:
         fleet, and drop the hours that ended more than `kept_s` ago; at most 10,000
         site-hours of each a call. Returns (sealed, dropped)."""
         sealed = 0
-        hours: set[int] = set()  # the hours of the site-hours sealed
         ended = now - minutes_kept_s - usage.HOUR_S
         for member in _names(
             await self.redis.zrangebyscore(P + "usage:open", "-inf", ended, start=0, num=10_000)
@@ -533,13 +536,16 @@ class Store:
                             pipe.set(hour_key, kept.SerializeToString())
                         pipe.delete(P + "usage:m:" + member)
                         pipe.zrem(P + "usage:open", member)
+                        hour = int(member.partition(":")[0])
+                        pipe.zadd(P + "usage:unsummed", {str(hour): hour})
                         await pipe.execute()
                         break
                     except WatchError:
                         continue
             sealed += 1
-            hours.add(int(member.partition(":")[0]))
-        for hour in sorted(hours):
+        # Each hour with a site-hour sealed is summed once every site's is; one that
+        # is not yet, or whose summing lost to sites arriving, is tried again here.
+        for hour in map(int, _names(await self.redis.zrange(P + "usage:unsummed", 0, 999))):
             await self._sum_fleet_hour(hour)
         old = _names(
             await self.redis.zrangebyscore(
@@ -552,30 +558,34 @@ class Store:
                 pipe.delete(*(P + "usage:h:" + m for m in chunk))
                 pipe.delete(*(P + "usage:m:" + m for m in chunk))
                 pipe.delete(*(P + "usage:f:" + h for h in gone))
+                pipe.delete(*(P + "usage:sites:" + h for h in gone))
                 pipe.zrem(P + "usage:hours", *chunk)
                 pipe.zrem(P + "usage:open", *chunk)
                 pipe.zrem(P + "usage:fleet", *gone)
+                pipe.zrem(P + "usage:unsummed", *gone)
                 await pipe.execute()
         if sealed or old:
             await self.replicated()
         return sealed, len(old)
 
     async def _sum_fleet_hour(self, hour: int, tries: int = 5) -> bool:
-        """The hour summed over every site, once every site's hour in it is sealed;
-        False if it is not (yet), or if new sites kept arriving in it while it was
-        summed (it is then read from its sites, as before)."""
-        fleet_key = P + f"usage:f:{hour}"
+        """The hour summed over every site once every site's hour in it is sealed
+        (then it leaves `usage:unsummed`); False while one is not, or if sites kept
+        arriving while it was summed: it is tried again at the next trim, and read
+        from its sites meanwhile."""
+        fleet_key, sites_key = P + f"usage:f:{hour}", P + f"usage:sites:{hour}"
         for _ in range(tries):
             async with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    # A site's first minute in the hour changes `usage:hours`.
-                    await pipe.watch(fleet_key, P + "usage:hours")
-                    if await pipe.exists(fleet_key) or await pipe.zcount(
-                        P + "usage:open", hour, hour
-                    ):
+                    await pipe.watch(fleet_key, sites_key)  # a site's first minute: SADD
+                    if await pipe.exists(fleet_key):
+                        await pipe.reset()
+                        await self.redis.zrem(P + "usage:unsummed", str(hour))
+                        return True
+                    if await pipe.zcount(P + "usage:open", hour, hour):
                         return False
-                    members = _names(await pipe.zrangebyscore(P + "usage:hours", hour, hour))
-                    keys = [P + "usage:h:" + m for m in members]
+                    sites = sorted(_names(await pipe.smembers(sites_key)))
+                    keys = [P + f"usage:h:{hour}:{site}" for site in sites]
                     if keys:
                         await pipe.watch(*keys)  # a minute sent late to a sealed hour
                     raws = await pipe.mget(keys) if keys else []
@@ -584,6 +594,7 @@ class Store:
                     pipe.multi()
                     pipe.set(fleet_key, total.SerializeToString())
                     pipe.zadd(P + "usage:fleet", {str(hour): hour})
+                    pipe.zrem(P + "usage:unsummed", str(hour))
                     await pipe.execute()
                     return True
                 except WatchError:
