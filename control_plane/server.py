@@ -158,10 +158,12 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
 
     async def keep_usage() -> None:
         """Once a minute the leader seals the usage hours whose minutes are kept no
-        longer and drops the hours past keeping. Minutes an earlier version kept in
-        one hash move into their hours first (any replica; moving is idempotent)."""
+        longer and drops the hours past keeping (a replica that comes to lead does
+        so within a second). Minutes an earlier version kept in one hash move into
+        their hours first (any replica; moving is idempotent)."""
         migrated = False
         while True:
+            wait = 1.0  # until this replica leads
             try:
                 if not migrated:
                     moved = await store.migrate_usage()
@@ -169,6 +171,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
                     if moved:
                         log.info("moved %d usage minutes into their hourly sums", moved)
                 if lease.is_leader:
+                    wait = USAGE_UPKEEP_S
                     sealed, dropped = await store.trim_usage(
                         time.time(),
                         settings.usage_minutes_kept_h * 3600,
@@ -178,7 +181,9 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
                         log.info("usage: %d site-hours sealed, %d dropped", sealed, dropped)
             except RedisError as exc:
                 log.warning("usage upkeep waits for Redis: %s", exc)
-            await asyncio.sleep(USAGE_UPKEEP_S)
+            except Exception:  # a bug must not end the upkeep for good: said, tried again
+                log.exception("usage upkeep failed; trying again in %.0f s", wait)
+            await asyncio.sleep(wait)
 
     batches = BatchRunner(store, lease, settings.region_clock_offset_h)
     tasks = [

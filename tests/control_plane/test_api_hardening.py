@@ -17,12 +17,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis
 
 from edgeplex.control_plane.site_identity import Refused, check_address
 from edgeplex.control_plane.store import Store
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, join_token
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -222,3 +224,42 @@ def test_a_usage_table_beyond_grpc_s_default_message_size_reaches_the_cli(
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
     assert len(rows) == 70_000 and {r["key"] for r in rows} == {"m:1"}
+
+
+def test_a_starting_control_plane_moves_old_usage_and_its_leader_seals_and_sums_it(
+    tmp_path: Path,
+) -> None:
+    """Minutes in the layout before hourly sums, three days old, in Redis before a
+    control plane starts: it moves them into their hours, and as leader seals
+    those hours (48 h of minutes are kept) and sums them over the fleet, by
+    itself; GetUsage answers from the sums and refuses a range that cuts them."""
+    hour = int(time.time() // 3600 - 72) * 3600
+    r, m = RedisServer(tmp_path), Mosquitto(tmp_path)
+    r.start()
+    m.start()
+    plane = ControlPlane(tmp_path, r, m.url())
+    try:
+        raw = redis.Redis(port=r.port)
+        for site, n in (("a1", 0), ("a1", 1), ("b1", 0)):
+            record = pb.UsageRecord(tenant="acme", model="m", version="1", requests=2 + n)
+            report = pb.UsageReport(site_id=site, minute=hour // 60 + n, interval_s=60,
+                                    records=[record])  # fmt: skip
+            raw.hset("edgeplex:usage", f"{site}/{report.minute}", report.SerializeToString())
+            raw.zadd("edgeplex:usage:minutes", {f"{site}/{report.minute}": hour + 60 * n})
+        plane.start()
+        wait_until(lambda: raw.zscore("edgeplex:usage:fleet", str(hour)) is not None, 30,
+                   "the hour moved, sealed and summed by the leader")  # fmt: skip
+        assert not raw.exists("edgeplex:usage", "edgeplex:usage:minutes")
+        with grpc.insecure_channel(plane.address) as channel:
+            admin = pb_grpc.AdminServiceStub(channel)
+            auth = (("authorization", f"Bearer {TOKEN}"),)
+            query = pb.UsageQuery(from_time=hour, to_time=hour + 3600)
+            rows = admin.GetUsage(query, metadata=auth, timeout=10).rows
+            assert [(r.tenant, r.key, r.requests) for r in rows] == [("acme", "m:1", 7)]
+            with pytest.raises(grpc.RpcError) as err:
+                admin.GetUsage(pb.UsageQuery(from_time=hour + 60), metadata=auth, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        plane.stop()
+        m.stop()
+        r.stop()
