@@ -68,14 +68,19 @@ def add(total: pb.UsageReport, report: pb.UsageReport) -> None:
             into = records[key] = total.records.add(
                 tenant=record.tenant, model=record.model, version=record.version
             )
-        into.requests += record.requests
         for reason, count in record.failures.items():
             into.failures[reason] += count
-        into.bytes_in += record.bytes_in
-        into.bytes_out += record.bytes_out
-        into.compute_s += record.compute_s
-        into.cold_starts += record.cold_starts
-        into.device_byte_seconds += record.device_byte_seconds
+        _add_counts(into, record)
+
+
+def _add_counts(into: pb.UsageRecord | pb.UsageRow, record: pb.UsageRecord) -> None:
+    """The counts a usage record and a usage table's row both keep, added."""
+    into.requests += record.requests
+    into.bytes_in += record.bytes_in
+    into.bytes_out += record.bytes_out
+    into.compute_s += record.compute_s
+    into.cold_starts += record.cold_starts
+    into.device_byte_seconds += record.device_byte_seconds
 
 
 def summarize(
@@ -97,34 +102,30 @@ class Summary:
         self._rows: dict[tuple[str, str], pb.UsageRow] = {}
 
     def add(self, reports: Iterable[pb.UsageReport]) -> None:
+        form = GROUPS[self.by]
         for report in reports:
-            start = report.minute * report.interval_s
+            start = start_of(report)
             if start < self.from_time or (self.to_time and start >= self.to_time):
                 continue
+            # The row's key, where the report alone decides it: its site, or the hour,
+            # day or month it starts in (an hour's sum: its own).
+            fixed = report.site_id if self.by == "site" else None
+            if form:
+                fixed = datetime.datetime.fromtimestamp(start, datetime.UTC).strftime(form)
             for record in report.records:
                 if self.tenant and record.tenant != self.tenant:
                     continue
-                key = self._key(report, record, start)
+                if fixed is not None:
+                    key = fixed
+                else:
+                    key = f"{record.model}:{record.version}" if record.version else record.model
                 row = self._rows.get((record.tenant, key))
                 if row is None:
                     row = self._rows[(record.tenant, key)] = pb.UsageRow(
                         tenant=record.tenant, key=key
                     )
-                row.requests += record.requests
                 row.failures += sum(record.failures.values())
-                row.bytes_in += record.bytes_in
-                row.bytes_out += record.bytes_out
-                row.compute_s += record.compute_s
-                row.cold_starts += record.cold_starts
-                row.device_byte_seconds += record.device_byte_seconds
-
-    def _key(self, report: pb.UsageReport, record: pb.UsageRecord, start: int) -> str:
-        if self.by == "site":
-            return report.site_id
-        form = GROUPS.get(self.by)
-        if form:  # the hour, day or month the report starts in (an hour's sum: its own)
-            return datetime.datetime.fromtimestamp(start, datetime.UTC).strftime(form)
-        return f"{record.model}:{record.version}" if record.version else record.model
+                _add_counts(row, record)
 
     def table(self) -> pb.UsageTable:
         return pb.UsageTable(rows=[self._rows[k] for k in sorted(self._rows)])
