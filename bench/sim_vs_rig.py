@@ -346,7 +346,7 @@ def run(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
     if args.replays > 1:
         each = [ratio_of(replay) for replay in replays]
         report["replays"] = [
-            {**{key: replay[key] for key in keys}, "ratio": r}
+            {**{key: replay[key] for key in ("requests", "failed", *keys)}, "ratio": r}
             for replay, r in zip(replays, each, strict=True)
         ]
         report["median_ratio"] = {key: float(np.median([r[key] for r in each])) for key in keys}

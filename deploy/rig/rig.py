@@ -157,13 +157,29 @@ class Rig:
             env=cp_env,
         )  # fmt: skip
         self.save(state)
-        _wait_tcp(gw, 7070)
+        try:
+            _wait_tcp(gw, 7070)
+        except RuntimeError as exc:
+            tail = self._log_tail("control-plane")
+            raise RuntimeError(f"the control plane: {exc}{tail}") from None
         for site in topo.sites:
             state["pids"][site.site_id] = self.start_agent(state, site.site_id, agent_env)
             self.save(state)
         for site in topo.sites:
-            _wait_http(f"http://{site.http}/v2/health/ready", 90)
+            try:
+                _wait_http(f"http://{site.http}/v2/health/ready", 90)
+            except RuntimeError as exc:
+                tail = self._log_tail(f"agent-{site.site_id}")
+                raise RuntimeError(f"site {site.site_id}: {exc}{tail}") from None
         return state
+
+    def _log_tail(self, name: str, lines: int = 20) -> str:
+        """The end of a part's log, for an error that says it did not start."""
+        try:
+            text = (self.state_dir / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return f" (no {name}.log)"
+        return f"; {name}.log ends:\n" + "\n".join(text.splitlines()[-lines:])
 
     def start_agent(
         self, state: dict, site_id: str, extra_env: dict[str, str] | None = None

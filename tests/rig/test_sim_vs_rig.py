@@ -5,9 +5,11 @@ and in the simulator; served-in-region share and cold starts agree within 10%.
 The goal is the median of five replays with the agents' defaults (bench/
 sim_vs_rig.py --replays 5: 1.02 and 1.07, docs/benchmarks.md). One replay is
 what the suite has time for, so this test runs the agents with kept mappings
-off, where the rig's cold starts vary least (679-707 in three replays, against
-624-738 with them on): a guard on the simulator's fidelity that does not fail
-on the rig's own spread.
+off, where the rig's cold starts vary least, as a guard on the simulator's
+fidelity. The rig's own spread still puts a replay outside the guard's band
+now and then (574 cold starts against the simulator's 725 in one CI run, with
+649-749 the usual range): a replay outside it is followed by two more, and the
+median of the three is judged, as the bench judges five.
 
 bench/sim_vs_rig.py does the work and documents what is compared.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import statistics
 from pathlib import Path
 
 import pytest
@@ -36,21 +39,29 @@ def _bench():  # type: ignore[no-untyped-def]
     return module
 
 
-@pytest.mark.timeout(600)
+def _within_guard(ratio: dict[str, float]) -> bool:
+    # The rig's cold starts move with the machine's timing: 649 to 776 in ten
+    # replays of this trace on one 2-vCPU machine (docs/benchmarks.md) against the
+    # simulator's 699-725. 10% is the fidelity measured, over five replays; this
+    # guard of one allows the rig's own spread on top.
+    return 0.9 <= ratio["served_in_region_within_slo"] <= 1.1 and 0.8 <= ratio["cold_starts"] <= 1.2
+
+
+@pytest.mark.timeout(900)
 def test_the_simulator_agrees_with_the_rig(tmp_path: Path) -> None:
     bench = _bench()
-    report = bench.run(
-        bench.parse(["--out", str(tmp_path), "--compression", "30", "--no-kept-mapping"])
-    )
+    argv = ["--out", str(tmp_path), "--compression", "30", "--no-kept-mapping"]
+    report = bench.run(bench.parse(argv))
     print(json.dumps(report, indent=2))
-    rig, sim = report["rig"], report["sim"]
-    assert rig["requests"] == sim["requests"] > 1000
-    assert rig["failed"] <= 0.002 * rig["requests"], rig
-    ratio = report["ratio"]
-    assert 0.9 <= ratio["served_in_region_within_slo"] <= 1.1, (rig, sim)
-    # The rig's cold starts move with the machine's timing: 657 to 776 in seven
-    # replays of this trace on one 2-vCPU machine in one day, against the
-    # simulator's 683 (docs/benchmarks.md), and 805 against 699 in one run of the
-    # whole suite (1.15; 687 in the next). 10% is the fidelity measured, over five
-    # replays; this guard of one allows the rig's own spread on top.
-    assert 0.8 <= ratio["cold_starts"] <= 1.2, (rig, sim)
+    rigs, sim = [report["rig"]], report["sim"]
+    ratios = [report["ratio"]]
+    if not _within_guard(ratios[0]):
+        more = bench.run(bench.parse([*argv, "--replays", "2"]))
+        print(json.dumps(more, indent=2))
+        rigs += more["replays"]
+        ratios += [replay["ratio"] for replay in more["replays"]]
+    for rig in rigs:
+        assert rig["requests"] == sim["requests"] > 1000
+        assert rig["failed"] <= 0.002 * rig["requests"], rig
+    median = {key: statistics.median(r[key] for r in ratios) for key in ratios[0]}
+    assert _within_guard(median), (ratios, rigs, sim)
