@@ -684,12 +684,15 @@ class Residency:
 
     def _reload(self, record: ModelRecord) -> None:
         """Its runner is back: load it again into the room it kept (as the form it
-        served, unless that variant went with a replaced artifact)."""
+        served, unless that variant went with a replaced artifact). Fast, without a
+        warm-up, only while requests wait for it; an idle model warms up again (its
+        `model_warmup` samples too), as any load no request waits for does."""
         if record.form not in record.variants:
             record.form = ORIGINAL
         record.generation += 1
         record.enter(Phase.LOADING)
-        self._effects.load(record, record.generation, fast=True)
+        fast = bool(record.leases or record.waiters)
+        self._effects.load(record, record.generation, fast=fast)
 
     def _drop_staged(self, record: ModelRecord) -> None:
         if record.staged_bytes or record.staged_variant_bytes:

@@ -4,7 +4,10 @@ that fails fails the load, naming it, while every other model serves."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 from edgeplex.agent.catalog import demo
 from edgeplex.agent.catalog.triton_config import read_triton_config
 from tests.conftest import ADMIN_TOKEN, start_agent
+from tests.support.waiting import wait_until
 
 SAMPLES = """
 name: "m"
@@ -153,6 +157,38 @@ def test_an_explicit_load_runs_the_samples_and_one_that_fails_fails_the_load(
         np.testing.assert_array_equal(client.infer("other", inputs).as_numpy("OUTPUT1"), a - a)
         metrics = agent.http_get("/metrics")[1].decode()
         assert 'edgeplex_agent_promotion_stage_duration_seconds_count{stage="warmup"}' in metrics
+        client.close()
+    finally:
+        assert agent.stop() == 0, agent.log()
+
+
+def test_an_idle_model_reloaded_after_its_runner_dies_runs_its_samples_again(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    write_model(repo / "warm", SAMPLES.replace('name: "m"', 'name: "warm"'))
+    agent = start_agent(repo, tmp_path)
+
+    def warm() -> dict | None:
+        body = json.loads(agent.http_get("/edgeplex/v1/status")[1])
+        (model,) = [m for m in body if m["name"] == "warm"]
+        return model if model["state"] == "READY" else None
+
+    try:
+        client = th.InferenceServerClient(agent.http_url)
+        client.load_model("warm", headers=ADMIN)
+        before = wait_until(warm, what="the model ready")
+        assert "warmup" in before["last_promotion"]["stages_ms"]
+        os.kill(before["runner_pid"], signal.SIGKILL)
+        after = wait_until(
+            lambda: (m := warm()) and m["runner_pid"] != before["runner_pid"] and m,
+            what="the model reloaded in a new runner",
+        )
+        # No request waited for it: its samples ran again before it served, and the
+        # reload is not counted as a cold start.
+        assert "warmup" in after["last_promotion"]["stages_ms"], after
+        metrics = agent.http_get("/metrics")[1].decode()
+        assert 'edgeplex_agent_cold_starts_total{model="warm"}' not in metrics
         client.close()
     finally:
         assert agent.stop() == 0, agent.log()

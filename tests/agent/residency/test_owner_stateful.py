@@ -65,6 +65,7 @@ class FakeEffects:
     def __init__(self) -> None:
         self.owner: Residency | None = None
         self.loads: dict[ModelKey, int] = {}
+        self.fast: dict[ModelKey, bool] = {}  # each model's last load: without a warm-up?
         self.unloads: dict[ModelKey, int] = {}
         self.violations: list[str] = []
         self.reloading = False  # a runner came back: its models reload into their own room
@@ -78,6 +79,7 @@ class FakeEffects:
         if budget is not None and self.owner.device_bytes() > budget and not self.reloading:
             self.violations.append(f"load of {record.key} started over the budget")
         self.loads[record.key] = generation
+        self.fast[record.key] = fast
 
     def unload(self, record: ModelRecord, generation: int) -> None:
         if record.leases:
@@ -505,3 +507,22 @@ def test_a_load_for_placement_is_not_taken_for_a_promotion_on_demand(sources):
     )
     assert record.usage.promote_s == 0.002 and record.usage.setup_s == 0.030
     assert owner.ledger.slot(record).promote_s == pytest.approx(0.032)
+
+
+def test_a_model_reloaded_after_its_runner_died_warms_up_unless_requests_wait(sources):
+    effects = FakeEffects()
+    owner = Residency(Limits(), GreedyDualSizeFrequency(), effects, clock=lambda: 1000.0)
+    effects.owner = owner
+    for source in sources.values():
+        owner.add(source)
+    for name in ("a", "b"):
+        owner.load(name)
+        key = owner.get(name).key
+        assert effects.fast[key] is False  # asked for: it warms up
+        owner.load_done(key, effects.loads.pop(key), Loaded(1000, 0.01, 1000, False, "cached"))
+    held = owner.admit("a", "", 1010.0)
+    assert held.granted  # a request on "a" when its runner dies
+    owner.runner_down("shared-0", "killed")
+    owner.runner_up("shared-0")
+    assert effects.fast[owner.get("a").key] is True  # its request waits: no warm-up
+    assert effects.fast[owner.get("b").key] is False  # idle: warmed up as before
