@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from edgeplex.agent.catalog.forms import Calibration, VariantGuard
-from edgeplex.agent.catalog.model_config import ModelConfig, load_model_config
+from edgeplex.agent.catalog.model_config import ModelConfig, check_resources, load_model_config
 from edgeplex.agent.fleet.settings import FleetSettings
 from edgeplex.agent.frontdoor.settings import (
     DoorSettings,
@@ -103,6 +103,19 @@ class AgentSettings(FileSettings):
         "`--cache-config local,size=`: answers of the models whose config enables "
         "`response_cache`, kept by what was asked, least recently used going first. Taken "
         "only as answers are kept; 0 turns the cache off for every model.",
+    )
+    rate_limit: Literal["off", "execution_count"] = Field(
+        default="off",
+        description="Triton's --rate-limit. off: a batch runs as soon as its model has a free "
+        "instance. execution_count: a batch of a model that names `rate_limit_resources` "
+        "runs only while it holds them, from one pool shared by every model; models "
+        "waiting for resources take turns by their `rate_limit_priority`.",
+    )
+    rate_limit_resources: dict[str, int] = Field(
+        default={},
+        description="Triton's --rate-limit-resource: how many of each resource the pool "
+        "holds, by name. A resource not named here holds the most any model asks for; a "
+        "model asking for more than a count named here fails, with the reason.",
     )
     drain_timeout_s: float = Field(
         default=30.0,
@@ -298,6 +311,11 @@ class AgentSettings(FileSettings):
     @classmethod
     def _size(cls, value: Any) -> Any:
         return None if value is None else parse_size(value)
+
+    @field_validator("rate_limit_resources")
+    @classmethod
+    def _resources(cls, value: dict[str, int]) -> dict[str, int]:
+        return check_resources(value)
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> AgentSettings:

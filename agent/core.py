@@ -13,7 +13,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from inspect import iscoroutine
 from typing import Any, Protocol
 
@@ -22,6 +22,7 @@ import numpy as np
 from edgeplex import __version__
 from edgeplex.agent.batching.policy import Request
 from edgeplex.agent.batching.queues import Queues
+from edgeplex.agent.batching.rate_limiter import RateLimiter
 from edgeplex.agent.batching.sequences import Flags, Live, Sequences
 from edgeplex.agent.catalog.ensemble import (
     ENSEMBLE,
@@ -110,6 +111,14 @@ def usage_journal(settings: AgentSettings) -> Journal | None:
     if directory is None and settings.fleet.control_plane:
         directory = state_dir() / "usage" / (settings.fleet.site_id or "site")
     return Journal(directory, settings.usage_interval_s) if directory is not None else None
+
+
+def rate_limiter(settings: AgentSettings) -> RateLimiter | None:
+    """The pool of rate limiter resources every model shares (`rate_limit:
+    execution_count`, batching/rate_limiter.py), or None when rate limiting is off."""
+    if settings.rate_limit == "off":
+        return None
+    return RateLimiter(settings.rate_limit_resources)
 
 
 def count_failure(
@@ -429,7 +438,9 @@ class Agent:
 
     def _scan(self, name: str, override: Message | None = None) -> list[ModelSource]:
         settings = self.settings
-        return scan_versions(settings.model_repo, name, settings.model_defaults, self.gpu, override)
+        return self._runnable(
+            scan_versions(settings.model_repo, name, settings.model_defaults, self.gpu, override)
+        )
 
     async def place(self, name: str) -> None:
         """Placement asks for `name` here: serve it, unless the operator unloaded it or
@@ -451,8 +462,20 @@ class Agent:
         self._scanned = dict(found)
         for name, override in overrides.items():
             found[name] = self._scan(name, override) or found.get(name, [])
-        found = {name: versions for name, versions in found.items() if versions}
+        found = {name: self._runnable(versions) for name, versions in found.items() if versions}
         return RepositoryRead(found, unservable(repo, found))
+
+    def _runnable(self, versions: list[ModelSource]) -> list[ModelSource]:
+        """`versions`, each failed with the reason where its rate limiter resources
+        exceed what the agent's pool holds (Triton fails such a model's load too)."""
+        limiter = self.queues.limiter
+        if limiter is None:
+            return versions
+        out = []
+        for source in versions:
+            why = limiter.shortfall(source.config.rate_limit_resources) if source.config else ""
+            out.append(replace(source, config=None, config_error=why) if why else source)
+        return out
 
     def _discover(self, read: RepositoryRead) -> dict[str, list[ModelSource]]:
         """Know the models of `read`; returns every servable model's versions."""

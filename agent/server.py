@@ -26,7 +26,7 @@ from pathlib import Path
 from edgeplex import logs, systemd
 from edgeplex.agent.batching.queues import Queues
 from edgeplex.agent.config import AgentSettings
-from edgeplex.agent.core import Agent, usage_journal
+from edgeplex.agent.core import Agent, rate_limiter, usage_journal
 from edgeplex.agent.fleet.forward import Router
 from edgeplex.agent.fleet.link import FleetLink, check_first_contact
 from edgeplex.agent.frontdoor.auth import Credentials, check_binds, tls_credentials
@@ -73,7 +73,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event | None = None) -> N
     )
     try:
         await pool.start()
-        queues = Queues(pool, usage_journal(settings))
+        queues = Queues(pool, usage_journal(settings), rate_limiter(settings))
         effects = RunnerEffects(settings, pool, queues, staging)
         residency = build_residency(settings, effects)
         agent = Agent(settings, residency, queues, pool, effects.promotions)

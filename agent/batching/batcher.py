@@ -17,7 +17,10 @@ Guarantees:
   the others are answered;
 - requests past their deadline are failed with DEADLINE_EXCEEDED, queued or not;
 - the queue is bounded: `submit` raises QueueFull beyond max_queue_size, or beyond
-  its priority level's own cap (level_caps: Triton's priority_queue_policy).
+  its priority level's own cap (level_caps: Triton's priority_queue_policy);
+- with a rate limiter `gate` (rate_limiter.py), a batch starts only once it holds
+  the model's resources, and gives them back when it is answered; a grant the
+  batcher cannot use (its queue emptied, the model stopped serving) goes back.
 
 All methods run on the agent's event loop.
 """
@@ -36,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from edgeplex.agent.batching.policy import Request, batch_key, batch_ready, take_batch
+from edgeplex.agent.batching.rate_limiter import Gate
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.oip.errors import (
@@ -74,6 +78,7 @@ class Batcher:
         read: Read | None = None,
         stats: ModelStats,
         count: Count | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.model = model
         self.max_batch_size = max_batch_size
@@ -98,6 +103,10 @@ class Batcher:
         self._inflight: set[asyncio.Future[Any]] = set()  # batches sent, not answered
         self._closed: ServeError | None = None
         self._suspects = 0  # group ids of split batches
+        self._gate = gate
+        self._granted = Wakeup()
+        if gate is not None:
+            gate.on_grant = self._granted.set
         self._task = asyncio.create_task(self._run(), name=f"batcher-{model}")
         self._depth = METRICS.queue_depth.labels(model=model)
 
@@ -138,6 +147,7 @@ class Batcher:
             and self._free_slots > 0
             and self._ready.is_set()
             and not (self.max_queue_delay_s and self.max_batch_size)
+            and (self._gate is None or self._gate.take_now())
         ):
             # Fast path: an idle model starts the request now, skipping one loop hop.
             self._start([request])
@@ -190,6 +200,8 @@ class Batcher:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        if self._gate is not None:
+            self._gate.withdraw()
         for request in self._queue:
             _fail(request, error)
         self._queue.clear()
@@ -217,10 +229,15 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             self._expire(loop.time())
+            gate = self._gate
             if not self._queue:
+                if gate is not None:
+                    gate.withdraw()
                 self._arrived.clear()
                 await self._arrived.wait(loop)
                 continue
+            if gate is not None and (self._free_slots <= 0 or not self._ready.is_set()):
+                gate.withdraw()  # resources are no use to a batch that cannot start
             if not await self._ready_or_expire(loop):
                 continue
             if self._free_slots <= 0:
@@ -228,9 +245,16 @@ class Batcher:
                 continue  # re-check deadlines, readiness and the queue
             if not self._ready.is_set():
                 continue  # the runner died while we waited for a slot: wait for the reload
-            waited_out = False
-            if self.max_queue_delay_s and self.max_batch_size:
+            # Holding a grant, the batch goes with what is queued: no resources held idle.
+            waited_out = gate is not None and gate.pending
+            if self.max_queue_delay_s and self.max_batch_size and not waited_out:
                 waited_out = await self._gather_more(loop)
+            if gate is not None and not gate.pending:
+                if not gate.waiting and not gate.ask():
+                    METRICS.rate_limited.labels(model=self.model).inc()
+                if not gate.pending:
+                    await self._wait_for_resources(loop)
+                    continue  # re-check deadlines, readiness and the queue
             # Past its delay a batch takes what is queued; before it, a preferred size.
             preferred = () if waited_out else self.preferred_batch_sizes
             batch = take_batch(self._queue, self.max_batch_size, preferred)
@@ -245,6 +269,8 @@ class Batcher:
         `execute` returns a future, as the runner dispatch does)."""
         self._free_slots -= 1
         self._running += len(batch)
+        if self._gate is not None:
+            self._gate.started()
         started = time.monotonic()
         if len(batch) == 1:
             inputs = batch[0].inputs
@@ -283,6 +309,12 @@ class Batcher:
         self._slot_freed.clear()
         earliest = min((r.deadline for r in self._queue), default=loop.time() + 1.0)
         await self._slot_freed.wait(loop, earliest)
+
+    async def _wait_for_resources(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for the rate limiter's grant, at most until the earliest deadline."""
+        self._granted.clear()
+        earliest = min((r.deadline for r in self._queue), default=loop.time() + 1.0)
+        await self._granted.wait(loop, earliest)
 
     async def _gather_more(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Hold the head's batch until it may go (policy.batch_ready) or the head has
@@ -337,6 +369,8 @@ class Batcher:
         finally:
             self._free_slots += 1
             self._running -= len(batch)
+            if self._gate is not None:
+                self._gate.done()
             self._slot_freed.set()
 
     def _answer(

@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from edgeplex.agent.batching.batcher import Batcher, BatchResult
+from edgeplex.agent.batching.rate_limiter import RateLimiter
 from edgeplex.agent.catalog.model_config import ModelConfig
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
@@ -45,9 +46,12 @@ def make_batcher(
     ready: asyncio.Event,
     stats: ModelStats,
     usage: Journal | None = None,
+    limiter: RateLimiter | None = None,
 ) -> Batcher:
     """The model's queue and batcher, executing each batch on the model's runner and
-    counting the requests it answers into the usage journal (when one is kept)."""
+    counting the requests it answers into the usage journal (when one is kept); with
+    a rate `limiter`, a model that names resources runs a batch only while it holds
+    them."""
     config = entry.config
     model_id = str(entry.key)
     timeout_s = config.execution_timeout_ms / 1000
@@ -104,4 +108,9 @@ def make_batcher(
         ready=ready,
         stats=stats,
         count=BatchUsage(usage, entry) if usage is not None else None,
+        gate=(
+            limiter.gate(config.rate_limit_resources, config.rate_limit_priority)
+            if limiter is not None and config.rate_limit_resources
+            else None
+        ),
     )

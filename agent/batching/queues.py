@@ -14,6 +14,7 @@ from collections.abc import Hashable
 from edgeplex.agent.batching.batcher import Batcher
 from edgeplex.agent.batching.dispatch import Served, make_batcher
 from edgeplex.agent.batching.policy import Request
+from edgeplex.agent.batching.rate_limiter import RateLimiter
 from edgeplex.agent.observability.metrics import METRICS
 from edgeplex.agent.observability.stats import ModelStats
 from edgeplex.agent.observability.usage import Journal
@@ -22,9 +23,12 @@ from edgeplex.agent.runners.supervisor import RunnerPool
 
 
 class Queues:
-    def __init__(self, pool: RunnerPool, usage: Journal | None = None) -> None:
+    def __init__(
+        self, pool: RunnerPool, usage: Journal | None = None, limiter: RateLimiter | None = None
+    ) -> None:
         self._pool = pool
         self.usage = usage  # where batchers count the requests they answer
+        self.limiter = limiter  # rate_limit: execution_count (rate_limiter.py)
         self._queues: dict[Hashable, Batcher] = {}
         self._ready: dict[Hashable, asyncio.Event] = {}
         self._made_from: dict[Hashable, object] = {}  # the source each queue was made for
@@ -60,7 +64,7 @@ class Queues:
             queue = None
         if queue is None:
             self._queues[key] = make_batcher(
-                model, self._pool, ready, self.stats(model.key), self.usage
+                model, self._pool, ready, self.stats(model.key), self.usage, self.limiter
             )
             self._made_from[key] = source
         else:  # a reload starts over at the configured instance count

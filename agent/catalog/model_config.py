@@ -14,6 +14,18 @@ from edgeplex.sizes import parse_size
 TimeoutAction = Literal["reject", "delay"]
 
 
+def check_resources(counts: dict[str, int]) -> dict[str, int]:
+    """Rate limiter resources as a model asks for them or the agent counts them: named
+    (1 to 64 printable characters), at least one of each."""
+    for name, count in counts.items():
+        if not 1 <= len(name) <= 64 or not name.isprintable():
+            raise ValueError(f"a rate limiter resource name must be 1 to 64 printable "
+                             f"characters, not {name[:80]!r}")  # fmt: skip
+        if count < 1:
+            raise ValueError(f"rate limiter resource '{name}': count {count} is below 1")
+    return counts
+
+
 class QueuePolicy(NamedTuple):
     """What a request's priority level gives it: its timeout, whether a queued
     request past it is delayed rather than failed, and whether the caller's
@@ -157,6 +169,20 @@ class ModelConfig(BaseModel):
         gt=0,
         description="Seconds without a queue before an elastic model drops its extra instances.",
     )
+    rate_limit_resources: dict[str, int] = Field(
+        default={},
+        description="With the agent's `rate_limit: execution_count`, the resources each "
+        "batch of this model holds while it runs, by name (Triton's instance_group "
+        "`rate_limiter.resources`): a batch starts only when the agent's pool has them "
+        "free. Empty: not limited.",
+    )
+    rate_limit_priority: int = Field(
+        default=1,
+        ge=1,
+        description="With the agent's `rate_limit: execution_count`, this model's weight "
+        "among models waiting for resources (Triton's `rate_limiter.priority`): one of "
+        "priority 2 gets half the turns of one of priority 1.",
+    )
     isolation: Literal["shared", "dedicated"] = Field(
         default="shared",
         description="`shared`: the model lives in its device's shared runner. `dedicated`: "
@@ -226,6 +252,11 @@ class ModelConfig(BaseModel):
         if any(size < 1 for size in value):
             raise ValueError("a preferred batch size is at least 1")
         return sorted(set(value))
+
+    @field_validator("rate_limit_resources")
+    @classmethod
+    def _resources(cls, value: dict[str, int]) -> dict[str, int]:
+        return check_resources(value)
 
     @model_validator(mode="after")
     def _levels(self) -> ModelConfig:

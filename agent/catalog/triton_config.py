@@ -29,6 +29,7 @@ never dropped silently:
 | `sequence_batching.oldest.preferred_batch_size` | `preferred_batch_sizes` |
 | `sequence_batching.oldest.max_candidate_sequences` | the sequence slots per instance |
 | `instance_group` (`count`, `kind`) | `instance_count` (summed over groups) |
+| `instance_group.rate_limiter` | `rate_limit_resources`, `rate_limit_priority` |
 | `version_policy` (`latest`, `all`, `specific`) | which versions are served |
 | `parameters { key: "intra_op_thread_count" ... }` | `intra_op_threads` |
 | `parameters`: ORT's session and CUDA options | passed to ONNX Runtime (ort_parameters.py) |
@@ -419,20 +420,50 @@ def _instances(groups: list[Any], out: TritonConfig) -> None:
     if not groups:
         return
     total = 0
+    limits: list[tuple[dict[str, int], int]] = []
     for group in groups:
         total += max(1, int(one(group, "count", 1)))
         kind = str(one(group, "kind", "KIND_AUTO"))
         out.kinds.add(kind)
         if kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU"):
             out.warnings.append(f"{PBTXT_FILE}: instance_group kind {kind} is served as KIND_AUTO")
-        for key in sorted(set(group) - {"count", "kind", "name"}):
+        for key in sorted(set(group) - {"count", "kind", "name", "rate_limiter"}):
             out.warnings.append(
                 f"{PBTXT_FILE}: instance_group.{key} is not supported (the agent's execution "
                 "provider and device decide where instances run)"
             )
+        limits.append(_rate_limiter(one(group, "rate_limiter", {})))
     if total > 16:
         out.warnings.append(f"{PBTXT_FILE}: instance_group asks for {total} instances; 16 at most")
     out.settings["instance_count"] = min(16, total)
+    resources: dict[str, int] = {}
+    for need, _ in limits:
+        for name, count in need.items():
+            resources[name] = max(resources.get(name, 0), count)
+    if resources:
+        out.settings["rate_limit_resources"] = resources
+        out.settings["rate_limit_priority"] = min(priority for _, priority in limits)
+    if len(set(map(repr, limits))) > 1:
+        out.warnings.append(
+            f"{PBTXT_FILE}: instance groups with different rate limiters are served as one: "
+            "each resource's largest count, and the highest priority (the lowest number)"
+        )
+
+
+def _rate_limiter(block: Message) -> tuple[dict[str, int], int]:
+    """An instance group's `rate_limiter`: its resources by name (global or per device
+    alike: an agent serves one device) and its priority (0, unset, counts as 1)."""
+    resources: dict[str, int] = {}
+    for resource in block.get("resources", []):
+        name = str(one(resource, "name", ""))
+        count = int(one(resource, "count", 0))
+        if not name or count < 1:
+            raise ValueError(
+                f"{PBTXT_FILE}: instance_group.rate_limiter: a resource needs a name and a "
+                f"count of at least 1 (got name {name!r}, count {count})"
+            )
+        resources[name] = resources.get(name, 0) + count
+    return resources, max(1, int(one(block, "priority", 0)))
 
 
 def _versions(blocks: list[Any], out: TritonConfig) -> None:
@@ -547,7 +578,16 @@ def config_json(entry: ModelRecord) -> dict[str, Any]:
                 str(level): _level_policy_json(config, level, policy)
                 for level, policy in sorted(config.priority_queue_policy.items())
             }
-    out["instance_group"] = [{"count": config.instance_count, "kind": "KIND_AUTO"}]
+    group: dict[str, Any] = {"count": config.instance_count, "kind": "KIND_AUTO"}
+    if config.rate_limit_resources:
+        group["rate_limiter"] = {
+            "resources": [
+                {"name": name, "count": count}
+                for name, count in sorted(config.rate_limit_resources.items())
+            ],
+            "priority": config.rate_limit_priority,
+        }
+    out["instance_group"] = [group]
     out["response_cache"] = {"enable": config.response_cache}
     level = dict(entry.source.ort_parameters).get(ort_parameters.GRAPH_LEVEL)
     if level is not None:

@@ -192,6 +192,13 @@ class AgentMetrics:
             ["model"],
             registry=r,
         )
+        self.rate_limited = Counter(
+            "edgeplex_agent_rate_limiter_waits_total",
+            "Times a model's next batch waited for its rate limiter resources "
+            "(rate_limit: execution_count).",
+            ["model"],
+            registry=r,
+        )
         self.hung_batches = Counter(
             "edgeplex_agent_hung_batches_total",
             "Batches that ran past the model's execution timeout (their runner was killed).",

@@ -144,7 +144,7 @@ def test_a_priority_level_has_its_own_queue_size_and_timeout(tmp_path):
         assert why in status["no_such_level"]["reason"], status["no_such_level"]
         inputs = [th.InferInput("input", [1, SIZE, SIZE], "FP32")]
         inputs[0].set_data_from_numpy(np.full((1, SIZE, SIZE), 1 / SIZE, np.float32))
-        client.infer("slow", inputs)  # loaded
+        client.infer("slow", inputs, priority=1)  # loaded (level 2 would allow it 0.6 s)
         errors: dict[str, str] = {}
 
         def call(name: str, priority: int) -> None:
