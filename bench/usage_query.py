@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgeplex.control_plane import usage  # noqa: E402
+from edgeplex.control_plane.dashboard import USAGE_HOURS, Dashboard  # noqa: E402
 from edgeplex.control_plane.store import Store  # noqa: E402
 from edgeplex.proto import edgeplex_control_pb2 as pb  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
@@ -132,6 +133,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
                     assert [(r.key, r.requests) for r in a.rows] == [
                         (r.key, r.requests) for r in b.rows
                     ], query
+    dashboard = await dashboard_reads(new_store, args, end)
     minutes_bytes, hours_bytes = used["minutes"] - base, used["hours"] - used["minutes"]
     await new_store.trim_usage(end + 3600, 0, 400 * 86400)  # every hour sealed
     sealed_bytes = await memory(new_store) - used["minutes"]
@@ -150,6 +152,10 @@ async def run(args: argparse.Namespace, url: str) -> None:
         print(f"{query + ' (ms)':28} {m:>10.1f} {h:>10.1f} {m / h:>6.1f}x")
     print(f"{'Redis memory (MiB)':28} {minutes_bytes / 2**20:>10.1f} {hours_bytes / 2**20:>10.1f}"
           f"   (hours sealed, minutes dropped: {sealed_bytes / 2**20:.1f} MiB)")  # fmt: skip
+    whole_ms, cached_ms = dashboard
+    print(f"the dashboard's {USAGE_HOURS} h by model after a minute arrives: read whole "
+          f"{whole_ms:.1f} ms, from its per-hour cache (the minute's hour read again) "
+          f"{cached_ms:.1f} ms ({whole_ms / cached_ms:.1f}x)")  # fmt: skip
     if month is not None:
         sites_ms, fleet_ms, sums = month
         print(f"a 30-day month by model, {args.month_sites} sites ({sums:,} hourly sums, all "
@@ -157,6 +163,32 @@ async def run(args: argparse.Namespace, url: str) -> None:
               f"{fleet_ms:.0f} ms ({sites_ms / fleet_ms:.1f}x)")  # fmt: skip
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"one local Redis (appendfsync always), one client")  # fmt: skip
+
+
+async def dashboard_reads(store: Store, args: argparse.Namespace, end: int) -> tuple[float, float]:
+    """The dashboard's window (the last USAGE_HOURS hours, by model) after a site
+    sends a minute into its last hour: read whole, as before the per-hour cache, and
+    through the cache, which reads that hour again alone (median ms of each)."""
+    dashboard = Dashboard(store, None, "", lambda: None)  # type: ignore[arg-type]
+    since = end - USAGE_HOURS * 3600
+    await dashboard._usage_since(since, "model")  # the cache filled, as by a first page
+    times: dict[str, list[float]] = {"whole": [], "cached": []}
+    for round_ in range(args.rounds):
+        late = minutes(1, 1, args.records)[0]
+        late.minute = (end - 3600) // 60 + round_  # into the window's last hour
+        await store.put_usage(late)
+
+        async def whole() -> pb.UsageTable:
+            return usage.summarize(await store.usage_reports(since, 0, True), "", since, 0, "model")
+
+        async def cached() -> pb.UsageTable:
+            return (await dashboard._usage_since(since, "model")).table()
+
+        times["cached"].append(await timed_ms(cached))
+        times["whole"].append(await timed_ms(whole))
+        a, b = await whole(), await cached()
+        assert [(r.key, r.requests) for r in a.rows] == [(r.key, r.requests) for r in b.rows]
+    return statistics.median(times["whole"]), statistics.median(times["cached"])
 
 
 async def month_by_model(store: Store, args: argparse.Namespace) -> tuple[float, float, int]:

@@ -65,6 +65,9 @@ class Dashboard:
         self.history: deque[tuple[float, dict[str, float]]] = deque(maxlen=HISTORY)
         self._usage: dict[str, tuple[float, list[dict[str, object]]]] = {}  # by: (when, rows)
         self._usage_read = asyncio.Lock()  # one read of Redis at a time, for every page
+        # Each hour's rows by (by, hour), with the hour's count of minutes stored when
+        # read (Store.usage_versions): read again only once a minute has come since.
+        self._hours: dict[tuple[str, int], tuple[int, list[pb.UsageRow]]] = {}
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -164,16 +167,34 @@ class Dashboard:
             now = time.time()
             read_at, rows = self._usage.get(by, (0.0, []))
             if now - read_at >= USAGE_CACHE_S:
-                since = now - now % usage.HOUR_S - (USAGE_HOURS - 1) * usage.HOUR_S
-                summary = usage.Summary("", since, 0, by)
+                since = int(now - now % usage.HOUR_S) - (USAGE_HOURS - 1) * usage.HOUR_S
                 try:
-                    async for part in self._store.usage_parts(since, 0, by != "site"):
-                        summary.add(part)
+                    summary = await self._usage_since(since, by)
                 except RedisError:
                     return web.json_response({"error": "Redis is unavailable"}, status=503)
                 rows = [_usage_row(u, by) for u in summary.table().rows]
                 self._usage[by] = (now, rows)
         return web.json_response({"by": by, "hours": USAGE_HOURS, "rows": rows})
+
+    async def _usage_since(self, since: int, by: str) -> usage.Summary:
+        """The window's rows from each hour's own: an hour no minute has reached since
+        it was last read is taken from the cache (in a large fleet, all but this hour
+        and those a late minute reached), the rest read from their sums."""
+        hours = [since + i * usage.HOUR_S for i in range(USAGE_HOURS)]
+        # Counts first: a minute stored while its hour is read moves the count after.
+        versions = await self._store.usage_versions(hours)
+        summary = usage.Summary("", since, 0, by)
+        for hour, version in zip(hours, versions, strict=True):
+            cached = self._hours.get((by, hour))
+            if cached is None or cached[0] != version:
+                one = usage.Summary("", hour, hour + usage.HOUR_S, by)
+                async for part in self._store.usage_parts(hour, hour + usage.HOUR_S, by != "site"):
+                    one.add(part)
+                cached = self._hours[(by, hour)] = (version, list(one.table().rows))
+            summary.merge(cached[1])
+        for key in [k for k in self._hours if k[1] < since]:
+            del self._hours[key]  # out of the window
+        return summary
 
     async def explain(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]

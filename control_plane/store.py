@@ -443,6 +443,7 @@ class Store:
                     pipe.set(hour_key, kept.SerializeToString())
                     pipe.zadd(P + "usage:hours", {member: hour})
                     pipe.sadd(P + f"usage:sites:{hour}", report.site_id)
+                    pipe.incr(P + f"usage:v:{hour}")  # readers' caches of the hour go stale
                     if fleet is not None:
                         pipe.set(fleet_key, fleet.SerializeToString())
                     await pipe.execute()
@@ -451,6 +452,12 @@ class Store:
                     continue
         await self.replicated()
         return True
+
+    async def usage_versions(self, hours: list[int]) -> list[int]:
+        """Each hour's count of minutes stored in it (0: none since this count began):
+        a cache of what an hour holds is current while its count has not moved."""
+        raws = await self.redis.mget([P + f"usage:v:{hour}" for hour in hours])
+        return [int(raw) if raw is not None else 0 for raw in raws]
 
     async def usage_reports(
         self, from_time: float, to_time: float, fleet: bool = False
@@ -559,6 +566,7 @@ class Store:
                 pipe.delete(*(P + "usage:m:" + m for m in chunk))
                 pipe.delete(*(P + "usage:f:" + h for h in gone))
                 pipe.delete(*(P + "usage:sites:" + h for h in gone))
+                pipe.delete(*(P + "usage:v:" + h for h in gone))
                 pipe.zrem(P + "usage:hours", *chunk)
                 pipe.zrem(P + "usage:open", *chunk)
                 pipe.zrem(P + "usage:fleet", *gone)

@@ -73,7 +73,7 @@ def add(total: pb.UsageReport, report: pb.UsageReport) -> None:
         _add_counts(into, record)
 
 
-def _add_counts(into: pb.UsageRecord | pb.UsageRow, record: pb.UsageRecord) -> None:
+def _add_counts(into: pb.UsageRecord | pb.UsageRow, record: pb.UsageRecord | pb.UsageRow) -> None:
     """The counts a usage record and a usage table's row both keep, added."""
     into.requests += record.requests
     into.bytes_in += record.bytes_in
@@ -126,6 +126,17 @@ class Summary:
                     )
                 row.failures += sum(record.failures.values())
                 _add_counts(row, record)
+
+    def merge(self, rows: Iterable[pb.UsageRow]) -> None:
+        """Rows of another summary (of other reports, grouped alike), added in."""
+        for other in rows:
+            row = self._rows.get((other.tenant, other.key))
+            if row is None:
+                row = self._rows[(other.tenant, other.key)] = pb.UsageRow(
+                    tenant=other.tenant, key=other.key
+                )
+            row.failures += other.failures
+            _add_counts(row, other)
 
     def table(self) -> pb.UsageTable:
         return pb.UsageTable(rows=[self._rows[k] for k in sorted(self._rows)])

@@ -254,3 +254,48 @@ def test_rows_by_hour_day_and_month_are_utc_and_the_cli_offers_every_grouping() 
         "month": [("2026-12", 2), ("2027-01", 3)],
     }
     assert tuple(usage.GROUPS) == GROUPS
+
+
+def test_the_dashboard_reads_again_only_the_hours_a_minute_has_reached(redis_url: str) -> None:
+    """The dashboard's 24 hours are kept per hour with the hour's count of minutes
+    stored: a read after no change reads no hour, a minute sent late (or sent again)
+    has only its own hour read again, and the rows always equal the minutes' own."""
+    from edgeplex.control_plane.dashboard import Dashboard
+
+    latest: dict[tuple[str, int], pb.UsageReport] = {}
+    read: list[int] = []
+
+    async def scenario(store: Store) -> None:
+        parts = store.usage_parts
+
+        def counted(from_time: float, to_time: float, fleet: bool = False):  # type: ignore[no-untyped-def]
+            read.append(int(from_time))
+            return parts(from_time, to_time, fleet)
+
+        store.usage_parts = counted  # type: ignore[method-assign]
+        dashboard = Dashboard(store, None, "token", lambda: None)  # type: ignore[arg-type]
+
+        async def put(report: pb.UsageReport) -> None:
+            latest[(report.site_id, report.minute)] = report
+            await store.put_usage(report)
+
+        async def check(by: str) -> None:
+            got = (await dashboard._usage_since(DAY, by)).table()
+            assert rows(got) == rows(usage.summarize(latest.values(), "", DAY, 0, by)), by
+
+        for i, site in enumerate(["a1", "b1", "a1", "b1"]):
+            await put(minute(site, DAY + i * HOUR + 60 * i, 10 + i, tenant=f"t{i % 2}"))
+        for by in ("model", "site", "hour"):
+            await check(by)
+        assert len(read) == 3 * 24  # each hour once, for each grouping
+        read.clear()
+        await check("model")
+        assert read == []  # nothing new: every hour from the cache
+        await put(minute("a1", DAY + HOUR + 300, 7))  # late, into an hour already read
+        await put(minute("b1", DAY + 3 * HOUR + 180, 99, tenant="t1"))  # sent again
+        await check("model")
+        assert sorted(read) == [DAY + HOUR, DAY + 3 * HOUR]
+        await dashboard._usage_since(DAY + 2 * HOUR, "model")
+        assert min(hour for _, hour in dashboard._hours) >= DAY + 2 * HOUR  # left the window
+
+    run(redis_url, scenario)
