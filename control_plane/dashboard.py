@@ -38,6 +38,7 @@ from edgeplex.control_plane.api_admin import set_site_flag
 from edgeplex.control_plane.api_batch import cancel_batch
 from edgeplex.control_plane.explain import explain
 from edgeplex.control_plane.placement import PlacementResult
+from edgeplex.control_plane.usage import Summary
 from edgeplex.names import valid_name
 from edgeplex.net import bearer_token
 from edgeplex.proto import edgeplex_control_pb2 as pb
@@ -176,18 +177,18 @@ class Dashboard:
                 self._usage[by] = (now, rows)
         return web.json_response({"by": by, "hours": USAGE_HOURS, "rows": rows})
 
-    async def _usage_since(self, since: int, by: str) -> usage.Summary:
+    async def _usage_since(self, since: int, by: str) -> Summary:
         """The window's rows from each hour's own: an hour no minute has reached since
         it was last read is taken from the cache (in a large fleet, all but this hour
         and those a late minute reached), the rest read from their sums."""
         hours = [since + i * usage.HOUR_S for i in range(USAGE_HOURS)]
         # Counts first: a minute stored while its hour is read moves the count after.
         versions = await self._store.usage_versions(hours)
-        summary = usage.Summary("", since, 0, by)
+        summary = Summary("", since, 0, by)
         for hour, version in zip(hours, versions, strict=True):
             cached = self._hours.get((by, hour))
             if cached is None or cached[0] != version:
-                one = usage.Summary("", hour, hour + usage.HOUR_S, by)
+                one = Summary("", hour, hour + usage.HOUR_S, by)
                 async for part in self._store.usage_parts(hour, hour + usage.HOUR_S, by != "site"):
                     one.add(part)
                 cached = self._hours[(by, hour)] = (version, list(one.table().rows))
