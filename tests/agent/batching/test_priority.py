@@ -148,10 +148,13 @@ def test_a_priority_level_has_its_own_queue_size_and_timeout(tmp_path):
         errors: dict[str, str] = {}
 
         def call(name: str, priority: int) -> None:
+            own = th.InferenceServerClient(agent.http_url)  # closed in the thread that made it
             try:
-                th.InferenceServerClient(agent.http_url).infer("slow", inputs, priority=priority)
+                own.infer("slow", inputs, priority=priority)
             except InferenceServerException as exc:
                 errors[name] = str(exc)
+            finally:
+                own.close()
 
         threads = [threading.Thread(target=call, args=(f"high{i}", 1)) for i in range(5)]
         for thread in threads:  # about a second and a quarter of level 1 work
