@@ -586,7 +586,10 @@ class Agent:
         )
 
     def memory(self) -> dict[str, Any]:
-        return views.memory(self.settings, self.residency, self.runners)
+        view = views.memory(self.settings, self.residency, self.runners)
+        if self.queues.limiter is not None:  # rate_limit: execution_count
+            view["rate_limiter"] = self.queues.limiter.view()
+        return view
 
     def set_device_budget(self, budget: int | None) -> None:
         """A new device budget, at run time (a GPU shared anew, an operator's change):

@@ -58,6 +58,17 @@ class RateLimiter:
     def waiting(self) -> int:
         return len(self._line)
 
+    def view(self) -> dict[str, object]:
+        """The pool as the agent's memory view shows it: each resource's count, what
+        is free of it now and whether the operator set the count; models in line."""
+        return {
+            "resources": {
+                name: {"count": count, "free": self.free[name], "set": name in self.named}
+                for name, count in sorted(self.counts.items())
+            },
+            "waiting": self.waiting,
+        }
+
     # --- for Gate --------------------------------------------------------------------------
 
     def _fits(self, need: Mapping[str, int]) -> bool:

@@ -6,6 +6,7 @@ serve."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -120,6 +121,15 @@ def test_models_sharing_a_resource_take_turns_and_answer_every_request(tmp_path:
             if line.startswith("edgeplex_agent_rate_limiter_waits_total{")
         )
         assert waits > 0, "no batch waited for the shared resource"
+        # At rest the pool is whole again; G's count is the most a model asks for.
+        pool = json.loads(agent.http_get("/edgeplex/v1/memory")[1])["rate_limiter"]
+        assert pool == {
+            "resources": {
+                "G": {"count": 1, "free": 1, "set": False},
+                "R": {"count": 1, "free": 1, "set": True},
+            },
+            "waiting": 0,
+        }
         client.close()
     finally:
         assert agent.stop() == 0, agent.log()
