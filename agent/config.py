@@ -317,6 +317,12 @@ class AgentSettings(FileSettings):
     def _resources(cls, value: dict[str, int]) -> dict[str, int]:
         return check_resources(value)
 
+    @field_validator("rate_limit", mode="before")
+    @classmethod
+    def _rate_limit(cls, value: Any) -> Any:
+        # YAML reads an unquoted `off` as false: the user meant "off".
+        return "off" if value is False else value
+
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> AgentSettings:
     """Settings from flags (`overrides`; None means not given), env and the YAML file."""

@@ -64,6 +64,22 @@ def test_unknown_keys_and_bad_values_are_errors(tmp_path):
         load_model_config(model, ModelConfig())
 
 
+def test_rate_limiting_read_as_written(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text("rate_limit: off\n")  # YAML reads an unquoted off as false
+    assert load_settings(path).rate_limit == "off"
+    path.write_text("rate_limit: execution_count\nrate_limit_resources: {gpu_slots: 2}\n")
+    settings = load_settings(path)
+    assert settings.rate_limit == "execution_count"
+    assert settings.rate_limit_resources == {"gpu_slots": 2}
+    path.write_text("rate_limit: on\n")
+    with pytest.raises(ValidationError):
+        load_settings(path)
+    path.write_text("rate_limit_resources: {gpu_slots: 0}\n")
+    with pytest.raises(ValidationError, match="gpu_slots': count 0 is below 1"):
+        load_settings(path)
+
+
 def test_sizes():
     assert parse_size("64MiB") == 64 * 2**20
     assert parse_size("2G") == 2 * 2**30
