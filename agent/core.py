@@ -735,8 +735,11 @@ class Agent:
             if self.draining:
                 raise Unavailable("the agent is shutting down")
             if self.on_demand is not None and self.residency.get(name) is None and valid_name(name):
+                # Within the request's time, which runs from its arrival (its model's
+                # own limits are not known until it is here).
                 wait_s = DEFAULT_TIMEOUT_S if body.timeout_s is None else body.timeout_s
-                await self.on_demand(name, version, origin or self.region, wait_s)
+                left_s = max(0.0, arrived + wait_s - loop.time())
+                await self.on_demand(name, version, origin or self.region, left_s)
             record = self.entry(name, version)
             METRICS.of_model(name).requests.inc()
             # Its priority level (0: the model has one); none for a model whose config
