@@ -985,12 +985,9 @@ class Agent:
         config = record.source.config
         if config is None:
             model_s, delay, override = DEFAULT_TIMEOUT_S, False, True
-        elif level and config.priority_queue_policy:  # a level with its own, maybe
+        else:
             timeout_ms, delay, override = config.queue_policy(level)
             model_s = timeout_ms / 1000
-        else:
-            model_s = config.timeout_ms / 1000
-            delay, override = config.timeout_action == "delay", config.allow_timeout_override
         caller_s = body.timeout_s if override else body.deadline_s
         if caller_s is not None and caller_s <= 0:
             raise DeadlineExceeded(f"model '{record.name}': request arrived past its deadline")

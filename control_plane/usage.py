@@ -119,24 +119,22 @@ class Summary:
                     key = fixed
                 else:
                     key = f"{record.model}:{record.version}" if record.version else record.model
-                row = self._rows.get((record.tenant, key))
-                if row is None:
-                    row = self._rows[(record.tenant, key)] = pb.UsageRow(
-                        tenant=record.tenant, key=key
-                    )
+                row = self._row(record.tenant, key)
                 row.failures += sum(record.failures.values())
                 _add_counts(row, record)
 
     def merge(self, rows: Iterable[pb.UsageRow]) -> None:
         """Rows of another summary (of other reports, grouped alike), added in."""
         for other in rows:
-            row = self._rows.get((other.tenant, other.key))
-            if row is None:
-                row = self._rows[(other.tenant, other.key)] = pb.UsageRow(
-                    tenant=other.tenant, key=other.key
-                )
+            row = self._row(other.tenant, other.key)
             row.failures += other.failures
             _add_counts(row, other)
+
+    def _row(self, tenant: str, key: str) -> pb.UsageRow:
+        row = self._rows.get((tenant, key))
+        if row is None:
+            row = self._rows[(tenant, key)] = pb.UsageRow(tenant=tenant, key=key)
+        return row
 
     def table(self) -> pb.UsageTable:
         return pb.UsageTable(rows=[self._rows[k] for k in sorted(self._rows)])

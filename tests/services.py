@@ -216,12 +216,12 @@ def usage_minutes_on(port: int) -> set[str]:
 
     from edgeplex.proto import edgeplex_control_pb2 as pb
 
-    found = redis.Redis(port=port)
     minutes = set()
-    for key in found.scan_iter("edgeplex:usage:h:*"):
-        hour = pb.UsageHour.FromString(found.get(key) or b"")
-        start = hour.sum.minute * 3600
-        minutes |= {f"{hour.sum.site_id}/{(start + at) // 60}" for at in hour.minutes}
+    with redis.Redis(port=port) as found:
+        for key in found.scan_iter("edgeplex:usage:h:*"):
+            hour = pb.UsageHour.FromString(found.get(key) or b"")
+            start = hour.sum.minute * 3600
+            minutes |= {f"{hour.sum.site_id}/{(start + at) // 60}" for at in hour.minutes}
     return minutes
 
 

@@ -107,6 +107,7 @@ class Batcher:
         self._granted = Wakeup()
         if gate is not None:
             gate.on_grant = self._granted.set
+            gate.on_wait = METRICS.rate_limited.labels(model=model).inc
         self._task = asyncio.create_task(self._run(), name=f"batcher-{model}")
         self._depth = METRICS.queue_depth.labels(model=model)
 
@@ -249,12 +250,9 @@ class Batcher:
             waited_out = gate is not None and gate.pending
             if self.max_queue_delay_s and self.max_batch_size and not waited_out:
                 waited_out = await self._gather_more(loop)
-            if gate is not None and not gate.pending:
-                if not gate.waiting and not gate.ask():
-                    METRICS.rate_limited.labels(model=self.model).inc()
-                if not gate.pending:
-                    await self._wait_for_resources(loop)
-                    continue  # re-check deadlines, readiness and the queue
+            if gate is not None and not gate.ask():
+                await self._wait_for_resources(loop)
+                continue  # re-check deadlines, readiness and the queue
             # Past its delay a batch takes what is queued; before it, a preferred size.
             preferred = () if waited_out else self.preferred_batch_sizes
             batch = take_batch(self._queue, self.max_batch_size, preferred)

@@ -115,7 +115,10 @@ class Gate:
     """One model's place at the pool. `pending`: granted, and the batcher has not
     started the batch yet; `running`: its batches that hold resources now."""
 
-    __slots__ = ("_limiter", "need", "on_grant", "pass_", "pending", "running", "stride", "waiting")
+    __slots__ = (
+        "_limiter", "need", "on_grant", "on_wait", "pass_", "pending", "running", "stride",
+        "waiting",
+    )  # fmt: skip
 
     def __init__(self, limiter: RateLimiter, need: dict[str, int], stride: int) -> None:
         self._limiter = limiter
@@ -126,6 +129,7 @@ class Gate:
         self.waiting = False
         self.running = 0
         self.on_grant: Callable[[], None] = _nothing  # the batcher's wake-up
+        self.on_wait: Callable[[], None] = _nothing  # counts each turn in line
 
     def take_now(self) -> bool:
         """Granted at once, when nobody waits and the resources are free."""
@@ -138,11 +142,14 @@ class Gate:
         return True
 
     def ask(self) -> bool:
-        """Granted now (True), or in line to be told by `on_grant` (False)."""
+        """Granted now (True), or in line to be told by `on_grant` (False; `on_wait`
+        when it joins the line)."""
         if self.pending or self.take_now():
             return True
         if not self.waiting:
             self._limiter._join(self)
+            if not self.pending:
+                self.on_wait()
         return self.pending
 
     def started(self) -> None:

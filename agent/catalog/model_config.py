@@ -273,8 +273,12 @@ class ModelConfig(BaseModel):
 
     def queue_policy(self, level: int) -> QueuePolicy:
         """The queue policy of a request at priority `level`: its level's own where it
-        has one, else the model's, field by field."""
-        policy = self.priority_queue_policy.get(level) or LevelPolicy()
+        has one, else the model's, field by field (asked once a request)."""
+        policy = self.priority_queue_policy.get(level)
+        if policy is None:  # most models: no level of their own
+            return QueuePolicy(
+                self.timeout_ms, self.timeout_action == "delay", self.allow_timeout_override
+            )
         action = policy.timeout_action or self.timeout_action
         override = policy.allow_timeout_override
         return QueuePolicy(
