@@ -985,9 +985,12 @@ class Agent:
         config = record.source.config
         if config is None:
             model_s, delay, override = DEFAULT_TIMEOUT_S, False, True
-        else:
+        elif level and config.priority_queue_policy:  # a level with its own, maybe
             timeout_ms, delay, override = config.queue_policy(level)
             model_s = timeout_ms / 1000
+        else:  # the model's own, as queue_policy gives them: read here, no call a request
+            model_s = config.timeout_ms / 1000
+            delay, override = config.timeout_action == "delay", config.allow_timeout_override
         caller_s = body.timeout_s if override else body.deadline_s
         if caller_s is not None and caller_s <= 0:
             raise DeadlineExceeded(f"model '{record.name}': request arrived past its deadline")
