@@ -236,12 +236,10 @@ class _Fleet:
         self.moved = np.zeros(n_m, dtype=bool)  # placement changed this hour
         self.cached = np.zeros(n_m, dtype=bool)  # loads on demand changed holders this hour
         self.bytes_loaded = 0
-        # Regions whose sites have promoted a model: an agent estimates a
+        # Sites that have promoted a model: an agent estimates a staged model's
         # promotion from its own measured ones (none yet: any holder wins).
-        # time; an agent that does not forwards to any holder).
-        self.promoted = np.zeros(n_r, dtype=bool)
-        # Sites that have a model's artifact (placed, staged or loaded there once):
-        # an agent without it forwards to any holder rather than fetch it.
+        self.promoted = np.zeros(n_s, dtype=bool)
+        # Sites that have a model's artifact (placed, staged or loaded there once).
         self.installed = np.zeros((n_s, n_m), dtype=bool)
         # The staged tier (host RAM, bounded by `host`): models ready to promote, and
         # when each staged by placement in the background is ready; the site stages
@@ -361,7 +359,7 @@ class _Fleet:
             room -= self.size[m]
             loaded.append(m)
             self.holds[s, m] = True
-            self.promoted[self.region[s]] = True
+            self.promoted[s] = True
             self.cached[m] = True
             self.freq[s, m] = 0.0
             self.last_used[s, m] = now
@@ -596,7 +594,7 @@ def _apply_placement(state, out, sites, specs, demand, latency, config, catalog,
     state.bytes_loaded += int((added * state.size[None, :]).sum())
     state.moved |= np.any(state.placed != placed_before, axis=0)
     for i, j in zip(*np.nonzero(added), strict=True):
-        state.promoted[state.region[i]] = True
+        state.promoted[i] = True
         state.last_used[i, j] = now
         state.freq[i, j] = 0.0
         state.credit[i, j] = state.policies[i].stamp()

@@ -3,12 +3,14 @@
 Requests from region r for model m go to the sites of r that hold m, split
 evenly. With none, the central strategies route each miss as an agent would
 (`forward_choice`, the vectorised form of `agent.fleet.routing.choose_route`):
-to the nearest region holding m at a site with headroom, unless the region's
-sites have measured promotions (so estimate m's, `load_s`) and the round trip
-is no faster than that.
-Otherwise m is loaded on demand at the site of r with the most free memory,
-making room with the site's eviction policy object after the step's use of
-what is held is counted. A site loads one model at a time, placement's loads
+to the nearest region holding m at a site with headroom, unless the round
+trip is no faster than promoting m (`load_s`) and the site can estimate that:
+a site with m staged that has promoted a model. A region's requests reach its
+sites evenly: the sites without an estimate forward their share.
+Otherwise m is loaded on demand at the site of r with the most free memory
+(of those with an estimate, where a holder was in reach), making room with
+the site's eviction policy object after the step's use of what is held is
+counted. A site loads one model at a time, placement's loads
 and loads on demand in one queue, each downloading the artifact first where
 the site has none: a model's requests at a site miss the SLO until the loads
 before it and its own are done. A site's utilisation is the compute of what
@@ -79,20 +81,33 @@ def serve_step(
     state.missed = np.where(holders == 0, requests, 0.0)  # [R, M], for the engine's lag
     missed = state.missed.sum(axis=1)
     rs, ms = np.nonzero(wanted & (holders == 0))
+    local = requests.copy()  # the requests a region's own sites serve or load for
+    only: dict[tuple[int, int], np.ndarray] = {}  # (region, model) -> the sites that load it
     if central and rs.size:  # route each miss as its agent would
         with_headroom = state.onehot @ (state.holds & (state.util < 1.0)[:, None])
-        sent, nearest = forward_choice(
-            with_headroom[:, ms].T > 0,
-            state.rtt[rs],
-            catalog.load_s[ms] * 1000.0,
-            state.promoted[rs] & ((state.onehot @ state.installed)[rs, ms] > 0),
-        )
-        to, m_sent, n_sent = nearest[sent], ms[sent], requests[rs[sent], ms[sent]]
+        choice = (with_headroom[:, ms].T > 0, state.rtt[rs], catalog.load_s[ms] * 1000.0)
+        reach, nearest = forward_choice(*choice, np.zeros(rs.size, dtype=bool))
+        always, _ = forward_choice(*choice, np.ones(rs.size, dtype=bool))
+        # A site estimates a promotion only of a model staged there, once it has
+        # promoted one; the rest forward to any holder. A region's requests reach
+        # its sites evenly, so the share forwarded is the share of sites without
+        # an estimate (all of them where the round trip beats promoting).
+        estimates = state.staged & (state.staged_ready <= now) & state.promoted[:, None]
+        knows = estimates[:, ms].T & (state.region[None, :] == rs[:, None])  # [miss, site]
+        known = knows.sum(axis=1) / np.maximum(state.onehot[rs].sum(axis=1), 1.0)
+        share = np.where(always, 1.0, np.where(reach, 1.0 - known, 0.0))
+        sent = share > 0
+        to, m_sent = nearest[sent], ms[sent]
+        n_sent = requests[rs[sent], m_sent] * share[sent]
         np.add.at(served_at, (to, m_sent), n_sent)
         np.add.at(forwarded_at, (to, m_sent), n_sent)
+        local[rs[sent], m_sent] -= n_sent
         in_slo = state.rtt[rs[sent], to] + catalog.compute_ms[m_sent] <= catalog.slo_ms[m_sent]
         np.add.at(forwarded_late, (to[~in_slo], m_sent[~in_slo]), n_sent[~in_slo])
-        rs, ms = rs[~sent], ms[~sent]
+        partly = sent & (share < 1.0)
+        for k in np.nonzero(partly)[0].tolist():
+            only[int(rs[k]), int(ms[k])] = np.nonzero(knows[k])[0]
+        rs, ms = rs[share < 1.0], ms[share < 1.0]
     misses: dict[int, list[int]] = {}  # region -> models it must load
     for r, m in zip(rs.tolist(), ms.tolist(), strict=True) if loads_on_demand else ():
         misses.setdefault(r, []).append(m)
@@ -115,22 +130,21 @@ def serve_step(
         members = np.nonzero(state.region == r)[0]
         if members.size == 0:
             continue  # no site in the region: every request misses
-        free = state.memory[members] - (state.holds[members] * state.size).sum(axis=1)
-        heap = [(-float(f), int(i)) for f, i in zip(free, members, strict=True)]
-        heapq.heapify(heap)
+        used = (state.holds[members] * state.size).sum(axis=1)
+        free = dict(zip(members.tolist(), (state.memory[members] - used).tolist(), strict=True))
         batches: dict[int, list[int]] = {}
         first_ready: dict[int, float] = {}
-        for m in sorted(models, key=lambda j: -requests[r, j]):
+        for m in sorted(models, key=lambda j: -local[r, j]):
+            sites = only.get((r, m), members).tolist()  # those that promote it, not forward
             reached = 1
-            if not siblings_see_loads:  # the sites n requests reach, in expectation
-                n = len(heap)
-                expected = n * -math.expm1(max(1.0, requests[r, m]) * math.log1p(-1.0 / n))
+            n = len(sites)
+            if not siblings_see_loads and n > 1:  # the sites n requests reach, in expectation
+                expected = n * -math.expm1(max(1.0, local[r, m]) * math.log1p(-1.0 / n))
                 reached = int(expected) + int(state.rng.random() < expected % 1.0)
                 reached = min(n, max(1, reached))
-            taken = [heapq.heappop(heap) for _ in range(reached)]
-            for room, i in taken:
+            for i in heapq.nlargest(reached, sites, key=free.__getitem__):  # most room first
                 batches.setdefault(i, []).append(m)
-                heapq.heappush(heap, (room + float(state.size[m]), i))
+                free[i] -= float(state.size[m])
         for i, batch in batches.items():
             # An agent refuses a load that only evicting placed models could make
             # room for: its requests miss (planner.plan_room).
@@ -155,7 +169,7 @@ def serve_step(
             state.loading_until[i] = now + ready_s
             state.fit_host(i)
         for m, ready_s in first_ready.items():  # served from the first site ready
-            served_at[r, m] += requests[r, m] * (1.0 - min(1.0, ready_s / step_s))
+            served_at[r, m] += local[r, m] * (1.0 - min(1.0, ready_s / step_s))
             holders[r, m] += 1
     # Spread what each region serves over its holders, a victim of this step's
     # loads included (it served until then); utilisation per site.

@@ -16,9 +16,10 @@ import pytest
 from edgeplex.agent.fleet.routing import Local, PeerOption, Where, choose_route
 from edgeplex.control_plane.demand import ewma
 from edgeplex.control_plane.forecast import Forecaster
-from edgeplex.control_plane.sim.engine import SimConfig, _Fleet, simulate
-from edgeplex.control_plane.sim.serving import forward_choice
+from edgeplex.control_plane.sim.engine import Outcome, SimConfig, _Fleet, simulate
+from edgeplex.control_plane.sim.serving import forward_choice, serve_step
 from edgeplex.control_plane.sim.spec import (
+    Catalog,
     FleetSpec,
     GiB,
     RegionSpec,
@@ -391,6 +392,40 @@ def test_the_simulator_routes_a_miss_as_the_agent_does() -> None:
         assert (route.where == Where.FORWARD) == bool(sent[i]), i
         if sent[i]:
             assert float(rtt[i, int(route.peers[0])]) == float(rtt[i, nearest[i]]), i
+
+
+def test_each_site_of_a_region_routes_a_miss_from_its_own_staged_tier() -> None:
+    """An agent estimates a promotion only for a model staged at its own site, so
+    of a region's two sites, the one with the model staged loads it (promoting
+    beats the round trip) and the one without forwards its half to the holder
+    in another region; with both staged nothing is forwarded, with neither all."""
+    fleet = small_fleet()
+    catalog = Catalog(
+        names=["m0", "m1"],
+        size_bytes=np.array([10**8, 10**8]),
+        load_s=np.array([0.01, 0.01]),  # a promotion beats the 60 ms round trip
+        compute_ms=np.array([1.0, 1.0]),
+        slo_ms=np.array([100.0, 100.0]),
+    )
+
+    def serve(staged_at: list[int]) -> tuple[float, list[bool]]:
+        state = _Fleet(fleet, catalog, "gdsf")
+        west = state.site_ids.index("west-0")
+        state.holds[west, 0] = True
+        state.promoted[:] = True
+        for s in staged_at:
+            state.staged[s, 0] = True
+        requests = np.zeros((len(state.regions), 2))
+        requests[state.regions.index("east"), 0] = 100.0
+        out = Outcome("reactive", len(state.site_ids))
+        serve_step(state, out, requests, 1, 60.0, True, catalog.compute_ms / 1000, catalog, False)
+        east = [state.site_ids.index(f"east-{i}") for i in range(2)]
+        return out.forwarded, [bool(state.holds[s, 0]) for s in east]
+
+    east = [0, 1]  # the east sites come first
+    assert serve([]) == (100.0, [False, False])
+    assert serve([east[1]]) == (50.0, [False, True])
+    assert serve(east) == (0.0, [True, False])  # one load: its siblings see it (the default)
 
 
 def test_the_standard_trace_differs_from_day_to_day() -> None:
