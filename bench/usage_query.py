@@ -19,7 +19,8 @@ by hour (milliseconds), a range cut mid-hour at both ends, and Redis's memory fo
 each database, the hours before and after their minutes are dropped (sealed),
 as the leader does once they are older than `usage_minutes_kept_h`. Then a
 30-day month of `--month-sites` sites, every hour sealed: the month by model
-read from the sites' hourly sums and from the hours summed over the fleet.
+read from the sites' hourly sums and from the hours summed over the fleet, and by
+site from the sites' hourly sums and from their days.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
     minutes_bytes, hours_bytes = used["minutes"] - base, used["hours"] - used["minutes"]
     await new_store.trim_usage(end + 3600, 0, 400 * 86400)  # every hour sealed
     sealed_bytes = await memory(new_store) - used["minutes"]
-    month = await month_by_model(new_store, args) if args.month_sites else None
+    monthly = await month(new_store, args) if args.month_sites else None
     await old_store.close()
     await new_store.close()
 
@@ -156,11 +157,13 @@ async def run(args: argparse.Namespace, url: str) -> None:
     print(f"the dashboard's {USAGE_HOURS} h by model after a minute arrives: read whole "
           f"{whole_ms:.1f} ms, from its per-hour cache (the minute's hour read again) "
           f"{cached_ms:.1f} ms ({whole_ms / cached_ms:.1f}x)")  # fmt: skip
-    if month is not None:
-        sites_ms, fleet_ms, sums = month
-        print(f"a 30-day month by model, {args.month_sites} sites ({sums:,} hourly sums, all "
-              f"sealed): from the sites' sums {sites_ms:.0f} ms, from the fleet's "
-              f"{fleet_ms:.0f} ms ({sites_ms / fleet_ms:.1f}x)")  # fmt: skip
+    if monthly is not None:
+        m = monthly
+        print(f"a 30-day month, {args.month_sites} sites ({m['sums']:,.0f} hourly sums, all "
+              f"sealed): by model from the sites' sums {m['model_sites']:.0f} ms, from the "
+              f"fleet's {m['model_fleet']:.0f} ms ({m['model_sites'] / m['model_fleet']:.1f}x); "
+              f"by site from the sites' hourly sums {m['site_hours']:.0f} ms, from their days "
+              f"{m['site_days']:.0f} ms ({m['site_hours'] / m['site_days']:.1f}x)")  # fmt: skip
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"one local Redis (appendfsync always), one client")  # fmt: skip
 
@@ -191,10 +194,12 @@ async def dashboard_reads(store: Store, args: argparse.Namespace, end: int) -> t
     return statistics.median(times["whole"]), statistics.median(times["cached"])
 
 
-async def month_by_model(store: Store, args: argparse.Namespace) -> tuple[float, float, int]:
+async def month(store: Store, args: argparse.Namespace) -> dict[str, float]:
     """A month of hourly sums for `--month-sites` sites (one hour-long report each),
-    every hour sealed and summed over the fleet; the month by model read from the
-    sites' sums and from the fleet's (median ms of each), and how many sums."""
+    every hour sealed and summed over the fleet, every site's day summed; the month
+    by model read from the sites' hourly sums and from the fleet's, and by site from
+    the sites' hourly sums and from their days (median ms of each), and how many
+    hourly sums."""
     await store.redis.flushdb()
     start = DAY - 30 * 86400
     for hour in range(30 * 24):
@@ -207,21 +212,31 @@ async def month_by_model(store: Store, args: argparse.Namespace) -> tuple[float,
             await store.put_usage(report)
     while (await store.trim_usage(DAY + 3 * 86400, 3600, 400 * 86400))[0]:
         pass
-    times: dict[bool, list[float]] = {False: [], True: []}
+    while await store.redis.zcard("edgeplex:usage:undayed"):
+        await store.trim_usage(DAY + 3 * 86400, 3600, 400 * 86400)
+    # (rows, read from): the sites' hourly sums, the fleet's, the sites' days
+    ways = {
+        "model_sites": ("model", False, False),
+        "model_fleet": ("model", True, False),
+        "site_hours": ("site", False, False),
+        "site_days": ("site", False, True),
+    }
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    answers: dict[str, list[tuple[str, int]]] = {}
     for _ in range(args.rounds):
-        for fleet in (False, True):
+        for way, (by, fleet, days) in ways.items():
 
-            async def answer(fleet: bool = fleet) -> pb.UsageTable:
-                return usage.summarize(
-                    await store.usage_reports(start, DAY, fleet), "", start, DAY, "model"
-                )
+            async def answer(by: str = by, fleet: bool = fleet, days: bool = days) -> pb.UsageTable:
+                reports = await store.usage_reports(start, DAY, fleet, days)
+                return usage.summarize(reports, "", start, DAY, by)
 
-            times[fleet].append(await timed_ms(answer))
-    a = usage.summarize(await store.usage_reports(start, DAY, False), "", start, DAY, "model")
-    b = usage.summarize(await store.usage_reports(start, DAY, True), "", start, DAY, "model")
-    assert [(r.key, r.requests) for r in a.rows] == [(r.key, r.requests) for r in b.rows]
-    sums = 30 * 24 * args.month_sites
-    return statistics.median(times[False]), statistics.median(times[True]), sums
+            times[way].append(await timed_ms(answer))
+            answers[way] = [(r.key, r.requests) for r in (await answer()).rows]
+    assert answers["model_sites"] == answers["model_fleet"]
+    assert answers["site_hours"] == answers["site_days"]
+    return {way: statistics.median(t) for way, t in times.items()} | {
+        "sums": 30 * 24 * args.month_sites
+    }
 
 
 def main() -> None:

@@ -114,7 +114,9 @@ class TenantAdmin:
             )
         by = request.by or "model"
         summary = usage.Summary(request.tenant, request.from_time, request.to_time, by)
-        parts = self._store.usage_parts(request.from_time, request.to_time, by != "site")
+        parts = self._store.usage_parts(
+            request.from_time, request.to_time, fleet=by != "site", days=by == "site"
+        )
         try:
             async for part in parts:
                 summary.add(part)

@@ -410,16 +410,20 @@ class Store:
         member = f"{hour}:{report.site_id}"
         hour_key, minutes_key = P + "usage:h:" + member, P + "usage:m:" + member
         fleet_key = P + f"usage:f:{hour}"
+        day_key = P + "usage:d:" + _day_of(member)
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    await pipe.watch(hour_key, minutes_key, fleet_key)
-                    raw, summed = await pipe.mget(hour_key, fleet_key)
+                    await pipe.watch(hour_key, minutes_key, fleet_key, day_key)
+                    raw, summed, day_raw = await pipe.mget(hour_key, fleet_key, day_key)
                     kept = pb.UsageHour.FromString(raw) if raw is not None else pb.UsageHour()
-                    # An hour summed over the fleet has every site's hour sealed: a
-                    # site's first minute in it comes sealed, and adds to both sums.
+                    # An hour summed over the fleet has every site's hour sealed, a
+                    # site's day summed every hour of its day: a site's first minute
+                    # in such an hour comes sealed, and adds to every sum.
                     fleet = pb.UsageReport.FromString(summed) if summed is not None else None
-                    kept.sealed = kept.sealed or fleet is not None
+                    day = pb.UsageReport.FromString(day_raw) if day_raw is not None else None
+                    was_sealed = kept.sealed
+                    kept.sealed = kept.sealed or fleet is not None or day is not None
                     if offset in kept.minutes:
                         if kept.sealed:  # sent again after its minutes were dropped
                             await pipe.reset()
@@ -434,18 +438,30 @@ class Store:
                             kept.sum.CopyFrom(usage.hour_sum(report.site_id, hour, ()))
                         usage.add(kept.sum, report)
                         kept.minutes.append(offset)
-                        if fleet is not None:
-                            usage.add(fleet, report)
+                        for total in (fleet, day):
+                            if total is not None:
+                                usage.add(total, report)
                     pipe.multi()
                     if not kept.sealed:
                         pipe.hset(minutes_key, str(start), report.SerializeToString())
                         pipe.zadd(P + "usage:open", {member: hour})
+                    elif not was_sealed:  # the hour comes sealed: summed in turn
+                        if fleet is None:
+                            pipe.zadd(P + "usage:unsummed", {str(hour): hour})
+                        if day is None:
+                            pipe.zadd(
+                                P + "usage:undayed", {_day_of(member): hour - hour % usage.DAY_S}
+                            )
                     pipe.set(hour_key, kept.SerializeToString())
                     pipe.zadd(P + "usage:hours", {member: hour})
                     pipe.sadd(P + f"usage:sites:{hour}", report.site_id)
                     pipe.incr(P + f"usage:v:{hour}")  # readers' caches of the hour go stale
                     if fleet is not None:
                         pipe.set(fleet_key, fleet.SerializeToString())
+                    if day is not None:
+                        pipe.set(day_key, day.SerializeToString())
+                        if raw is None:  # one more site-hour the day holds
+                            pipe.incr(P + f"usage:dh:{hour - hour % usage.DAY_S}")
                     await pipe.execute()
                     break
                 except WatchError:
@@ -460,32 +476,49 @@ class Store:
         return [int(raw) if raw is not None else 0 for raw in raws]
 
     async def usage_reports(
-        self, from_time: float, to_time: float, fleet: bool = False
+        self, from_time: float, to_time: float, fleet: bool = False, days: bool = False
     ) -> list[pb.UsageReport]:
         """Every report of `usage_parts`, in one list."""
-        parts = self.usage_parts(from_time, to_time, fleet)
+        parts = self.usage_parts(from_time, to_time, fleet, days)
         return [report async for part in parts for report in part]
 
     async def usage_parts(
-        self, from_time: float, to_time: float, fleet: bool = False
+        self, from_time: float, to_time: float, fleet: bool = False, days: bool = False
     ) -> AsyncIterator[list[pb.UsageReport]]:
         """Reports that cover [from_time, to_time) (0: no end) exactly, a part at a
         time: the minutes of each hour that either end cuts, then the sum of each
-        site's hour that lies wholly inside; with `fleet` (for rows not by site), an
-        hour summed over the fleet in place of its sites'. UsageGone, before any
-        part, when a cut hour's minutes are no longer kept."""
+        site's hour that lies wholly inside; with `fleet` (for rows not by site),
+        an hour summed over the fleet in place of its sites'; with `days` (for rows
+        by site; not with `fleet`), a site's UTC day summed in place of its hours.
+        The site-hours a sum holds are not listed: a month of a large fleet lists
+        only the hours not summed yet. UsageGone, before any part, when a cut hour's
+        minutes are no longer kept."""
+        assert not (fleet and days), "a fleet's hour and a site's day overlap"
         end = to_time or math.inf
-        found = await self.redis.zrangebyscore(
-            P + "usage:hours",
-            from_time - from_time % usage.HOUR_S,
-            f"({to_time}" if to_time else "+inf",
-        )
-        whole: list[str] = []  # members of the hours wholly inside the range
+        sums: list[str] = []  # keys of the sums read in place of site-hours
+        held: set[str] = set()  # the site-days `sums` hold ("<day>:<site>")
+        covered: list[tuple[int, int]] = []  # spans every site-hour of which a sum holds
+        if fleet:  # an hour summed over the fleet holds every site's hour in it
+            listed = await self.redis.zrangebyscore(P + "usage:fleet", from_time, _below(end))
+            hours = [int(h) for h in _names(listed) if int(h) + usage.HOUR_S <= end]
+            sums = [P + f"usage:f:{hour}" for hour in hours]
+            covered = [(hour, hour + usage.HOUR_S) for hour in hours]
+        elif days:
+            held, covered = await self._summed_days(from_time, end)
+            sums = [P + "usage:d:" + member for member in sorted(held)]
+        # Listed after the sums: a sum made meanwhile holds hours read from their
+        # sites (their sums stay), never from both.
+        whole: list[str] = []  # members of the site-hours wholly inside the range
         cut: list[str] = []  # and of those either end cuts
-        for member in _names(found):
-            hour = int(member.partition(":")[0])
-            inside = from_time <= hour and hour + usage.HOUR_S <= end
-            (whole if inside else cut).append(member)
+        for lo, hi in _gaps(from_time - from_time % usage.HOUR_S, end, covered):
+            found = await self.redis.zrangebyscore(P + "usage:hours", lo, _below(hi))
+            for member in _names(found):
+                hour = int(member.partition(":")[0])
+                if from_time <= hour and hour + usage.HOUR_S <= end:
+                    if not held or _day_of(member) not in held:
+                        whole.append(member)
+                else:
+                    cut.append(member)
         minutes: list[pb.UsageReport] = []  # at most two hours of minutes a site
         for chunk in _chunks(cut, 500):
             async with self.redis.pipeline(transaction=True) as pipe:
@@ -504,21 +537,46 @@ class Store:
                 minutes.extend(pb.UsageReport.FromString(r) for r in kept)
         if minutes:
             yield minutes
-        if fleet and whole:
-            summed = await self.redis.zrangebyscore(
-                P + "usage:fleet", from_time, f"({end}" if to_time else "+inf"
-            )
-            hours = [h for h in _names(summed) if int(h) + usage.HOUR_S <= end]
-            for chunk in _chunks(hours, 1000):
-                raws = await self.redis.mget([P + "usage:f:" + h for h in chunk])
-                yield [pb.UsageReport.FromString(raw) for raw in raws if raw is not None]
-            # Read after the list of summed hours: an hour summed meanwhile is read
-            # from its sites (their sums stay), never from both.
-            done = set(hours)
-            whole = [m for m in whole if m.partition(":")[0] not in done]
+        for chunk in _chunks(sums, 1000):
+            raws = await self.redis.mget(chunk)
+            yield [pb.UsageReport.FromString(raw) for raw in raws if raw is not None]
+            # A site's day dropped meanwhile with its first hour (usage_kept_days): the
+            # hours it held that are still kept, read one by one.
+            for key, raw in zip(chunk, raws, strict=True):
+                if raw is None and key.startswith(P + "usage:d:"):
+                    day, _, site = key.removeprefix(P + "usage:d:").partition(":")
+                    held_hours = [int(day) + h * usage.HOUR_S for h in range(24)]
+                    whole += [f"{h}:{site}" for h in held_hours if h + usage.HOUR_S <= end]
         for chunk in _chunks(whole, 1000):
             raws = await self.redis.mget([P + "usage:h:" + m for m in chunk])
             yield [pb.UsageHour.FromString(raw).sum for raw in raws if raw is not None]
+
+    async def _summed_days(
+        self, from_time: float, end: float
+    ) -> tuple[set[str], list[tuple[int, int]]]:
+        """The site-days summed wholly inside [from_time, end), and the days every
+        site-hour of which they hold (the site-hours a day holds, `usage:dh:<day>`,
+        against the site-hours listed in it), read as one snapshot."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(P + "usage:days")
+                    listed = await pipe.zrangebyscore(P + "usage:days", from_time, _below(end))
+                    held = {
+                        d for d in _names(listed) if int(d.partition(":")[0]) + usage.DAY_S <= end
+                    }
+                    days = sorted({int(d.partition(":")[0]) for d in held})
+                    pipe.multi()
+                    for day in days:
+                        pipe.zcount(P + "usage:hours", day, day + usage.DAY_S - usage.HOUR_S)
+                        pipe.get(P + f"usage:dh:{day}")
+                    replies = await pipe.execute()
+                    break
+                except WatchError:
+                    continue
+        counts = zip(days, replies[::2], replies[1::2], strict=True)
+        covered = [(day, day + usage.DAY_S) for day, n, dh in counts if dh and int(dh) == n]
+        return held, covered
 
     async def trim_usage(self, now: float, minutes_kept_s: float, kept_s: float) -> tuple[int, int]:
         """Seal the hours that ended more than `minutes_kept_s` ago (drop their
@@ -545,6 +603,7 @@ class Store:
                         pipe.zrem(P + "usage:open", member)
                         hour = int(member.partition(":")[0])
                         pipe.zadd(P + "usage:unsummed", {str(hour): hour})
+                        pipe.zadd(P + "usage:undayed", {_day_of(member): hour - hour % usage.DAY_S})
                         await pipe.execute()
                         break
                     except WatchError:
@@ -554,6 +613,15 @@ class Store:
         # is not yet, or whose summing lost to sites arriving, is tried again here.
         for hour in map(int, _names(await self.redis.zrange(P + "usage:unsummed", 0, 999))):
             await self._sum_fleet_hour(hour)
+        days_summed = 0
+        # A site's day is summed once it ended before minutes stopped being kept
+        # (no minute can come to it unsealed) and every hour of it is sealed.
+        for member in _names(
+            await self.redis.zrangebyscore(
+                P + "usage:undayed", "-inf", ended - usage.DAY_S + usage.HOUR_S, start=0, num=1000
+            )
+        ):
+            days_summed += await self._sum_site_day(member)
         old = _names(
             await self.redis.zrangebyscore(
                 P + "usage:hours", "-inf", now - kept_s - usage.HOUR_S, start=0, num=10_000
@@ -572,7 +640,22 @@ class Store:
                 pipe.zrem(P + "usage:fleet", *gone)
                 pipe.zrem(P + "usage:unsummed", *gone)
                 await pipe.execute()
-        if sealed or old:
+        # A site's day goes with its first hour; the rest are read by the hour.
+        gone_before = now - kept_s - usage.HOUR_S
+        old_days = _names(
+            await self.redis.zrangebyscore(
+                P + "usage:days", "-inf", gone_before, start=0, num=10_000
+            )
+        )
+        for chunk in _chunks(old_days, 1000):
+            gone_days = sorted({d.partition(":")[0] for d in chunk})
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(*(P + "usage:d:" + d for d in chunk))
+                pipe.delete(*(P + "usage:dh:" + d for d in gone_days))
+                pipe.zrem(P + "usage:days", *chunk)
+                await pipe.execute()
+        await self.redis.zremrangebyscore(P + "usage:undayed", "-inf", gone_before)
+        if sealed or old or days_summed:
             await self.replicated()
         return sealed, len(old)
 
@@ -605,6 +688,34 @@ class Store:
                     pipe.zrem(P + "usage:unsummed", str(hour))
                     await pipe.execute()
                     return True
+                except WatchError:
+                    continue
+        return False
+
+    async def _sum_site_day(self, member: str, tries: int = 5) -> bool:
+        """A site's UTC day ("<day>:<site>") summed from its hours when every one of
+        them is sealed; one that is not yet lists the day again when it is sealed. A
+        minute sent meanwhile is tried again (WATCH on every hour of the day). True
+        when it summed the day."""
+        day, _, site = member.partition(":")
+        day_key = P + "usage:d:" + member
+        hour_keys = [P + f"usage:h:{int(day) + h * usage.HOUR_S}:{site}" for h in range(24)]
+        for _ in range(tries):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(day_key, *hour_keys)
+                    summed = await pipe.exists(day_key)
+                    hours = [pb.UsageHour.FromString(r) for r in await pipe.mget(hour_keys) if r]
+                    pipe.multi()
+                    ready = not summed and hours and all(hour.sealed for hour in hours)
+                    if ready:
+                        total = usage.day_sum(site, int(day), (hour.sum for hour in hours))
+                        pipe.set(day_key, total.SerializeToString())
+                        pipe.zadd(P + "usage:days", {member: int(day)})
+                        pipe.incrby(P + f"usage:dh:{day}", len(hours))
+                    pipe.zrem(P + "usage:undayed", member)
+                    await pipe.execute()
+                    return bool(ready)
                 except WatchError:
                     continue
         return False
@@ -765,6 +876,30 @@ class ShardLease:
         parts = raw.split()
         holder = parts[3] if len(parts) > 3 else ""
         return cls(parts[0], float(parts[1]), int(parts[2]), holder)
+
+
+def _below(end: float) -> str:
+    """A score range's exclusive upper end, for ZRANGEBYSCORE."""
+    return f"({end}" if math.isfinite(end) else "+inf"
+
+
+def _gaps(start: float, end: float, covered: list[tuple[int, int]]) -> list[tuple[float, float]]:
+    """The spans of [start, end) that none of `covered` (sorted) holds."""
+    gaps: list[tuple[float, float]] = []
+    at = start
+    for lo, hi in covered:
+        if lo > at:
+            gaps.append((at, lo))
+        at = max(at, hi)
+    if at < end:
+        gaps.append((at, end))
+    return gaps
+
+
+def _day_of(member: str) -> str:
+    """The site's day ("<day>:<site>") of a site's hour ("<hour>:<site>")."""
+    hour, _, site = member.partition(":")
+    return f"{int(hour) - int(hour) % usage.DAY_S}:{site}"
 
 
 def _names(reply: Any) -> list[str]:

@@ -12,6 +12,7 @@ from edgeplex.proto import edgeplex_control_pb2 as pb
 
 MAX_RECORDS = 100_000  # per report: a site's tenants x models in one minute
 HOUR_S = 3600
+DAY_S = 86_400
 # What a usage table's rows are per, besides the tenant; for times, their key's form
 # (UTC).
 GROUPS = {
@@ -52,7 +53,16 @@ def hour_of(report: pb.UsageReport) -> int:
 def hour_sum(site_id: str, hour: int, reports: Iterable[pb.UsageReport]) -> pb.UsageReport:
     """A site's reports of one hour summed into one report of the hour (interval_s
     3600), one record per (tenant, model, version)."""
-    total = pb.UsageReport(site_id=site_id, minute=hour // HOUR_S, interval_s=HOUR_S)
+    return _sum(pb.UsageReport(site_id=site_id, minute=hour // HOUR_S, interval_s=HOUR_S), reports)
+
+
+def day_sum(site_id: str, day: int, hours: Iterable[pb.UsageReport]) -> pb.UsageReport:
+    """A site's hours of one UTC day summed into one report of the day (interval_s
+    86400)."""
+    return _sum(pb.UsageReport(site_id=site_id, minute=day // DAY_S, interval_s=DAY_S), hours)
+
+
+def _sum(total: pb.UsageReport, reports: Iterable[pb.UsageReport]) -> pb.UsageReport:
     for report in reports:
         add(total, report)
     return total

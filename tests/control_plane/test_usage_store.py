@@ -180,6 +180,78 @@ def test_hours_summed_over_the_fleet_answer_as_their_sites_do(redis_url: str) ->
     run(redis_url, scenario)
 
 
+def test_a_sites_days_summed_answer_as_its_hours_do(redis_url: str) -> None:
+    """Once a site's UTC day is past keeping minutes and every hour of it is sealed,
+    the day is summed; rows by site read that sum in place of its 24 hours. Minutes
+    sent late (into a sealed hour, into an hour the site had none in, one the hour
+    holds already) keep the day in step: for random ranges on the hour, rows by
+    site read from the days, from the hours and from the minutes counted agree."""
+    rng = random.Random(5)
+    counted: dict[tuple[str, int], pb.UsageReport] = {}
+
+    async def put(store: Store, report: pb.UsageReport) -> None:
+        if await store.put_usage(report):
+            counted[(report.site_id, usage.start_of(report))] = report
+
+    async def check(store: Store) -> None:
+        for _ in range(40):
+            first = DAY + HOUR * rng.randrange(-2, 3 * 24)
+            last = rng.choice([0, first + HOUR * rng.randrange(1, 60)])
+            want = rows(usage.summarize(counted.values(), "", first, last, "site"))
+            for days in (False, True):
+                got = await store.usage_reports(first, last, days=days)
+                assert rows(usage.summarize(got, "", first, last, "site")) == want, (
+                    (first - DAY) / HOUR, last and (last - DAY) / HOUR, days,
+                )  # fmt: skip
+
+    async def scenario(store: Store) -> None:
+        for _ in range(400):  # three days; site b1 has nothing in the first 5 hours
+            start = DAY + 60 * rng.randrange(3 * 24 * 60)
+            site = rng.choice(["a1", "a2"] if start < DAY + 5 * HOUR else ["a1", "a2", "b1"])
+            await put(store, minute(site, start, rng.randrange(1, 50), rng.choice(["x", "y"])))
+        # Minutes kept an hour: at 00:30 on the third day, the first day is summed,
+        # the second not yet (its last hour ended half an hour before).
+        await store.trim_usage(DAY + 2 * 86400 + HOUR // 2, HOUR, 30 * 86400)
+        summed = await store.redis.zrange("edgeplex:usage:days", 0, -1)
+        assert sorted(summed) == [f"{DAY}:{s}".encode() for s in ("a1", "a2", "b1")]
+        await check(store)
+        await put(store, minute("a1", DAY + 3 * HOUR + 60, 7))  # late, into a sealed hour
+        await put(store, minute("b1", DAY + 2 * HOUR, 5, "new"))  # b1's first in that hour
+        again = next(r for (s, t), r in counted.items() if t < DAY + 86400)
+        assert not await store.put_usage(minute(again.site_id, usage.start_of(again), 99))
+        day = pb.UsageReport.FromString(await store.redis.get(f"edgeplex:usage:d:{DAY}:b1"))
+        assert "new" in {record.tenant for record in day.records}
+        await check(store)
+        # A new site's first minute, that late: its day is read by the hour beside
+        # the others' days until the next trim sums it.
+        await put(store, minute("c9", DAY + 4 * HOUR, 3))
+        assert not await store.redis.exists(f"edgeplex:usage:d:{DAY}:c9")
+        await check(store)
+        # Every day ended: all are summed, and past keeping they go with their hours.
+        await store.trim_usage(DAY + 5 * 86400, HOUR, 30 * 86400)
+        assert await store.redis.zcard("edgeplex:usage:days") == 10
+        await check(store)
+        # A day dropped between its listing and its reading (as the first hour of
+        # the oldest day goes): the hours it held that are kept are read instead.
+        listed = store._summed_days
+
+        async def dropped_meanwhile(from_time: float, end: float):  # type: ignore[no-untyped-def]
+            held, covered = await listed(from_time, end)
+            await store.redis.delete(f"edgeplex:usage:d:{DAY + 86400}:a2")
+            return held, covered
+
+        store._summed_days = dropped_meanwhile  # type: ignore[method-assign]
+        first = DAY + 86400
+        got = await store.usage_reports(first, first + 86400, days=True)
+        want = usage.summarize(counted.values(), "", first, first + 86400, "site")
+        assert rows(usage.summarize(got, "", first, first + 86400, "site")) == rows(want)
+        store._summed_days = listed  # type: ignore[method-assign]
+        await store.trim_usage(DAY + 40 * 86400, HOUR, 30 * 86400)
+        assert not [k async for k in store.redis.scan_iter("edgeplex:usage*")]
+
+    run(redis_url, scenario)
+
+
 def test_an_hour_not_summed_at_its_sealing_is_summed_at_a_later_trim(redis_url: str) -> None:
     """Summing can lose to sites arriving in the hour (it gives up after a few
     tries): the hour stays listed as unsummed, is read from its sites meanwhile,
