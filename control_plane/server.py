@@ -16,6 +16,7 @@ import logging
 import signal
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import grpc
@@ -187,15 +188,15 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
 
     batches = BatchRunner(store, lease, settings.region_clock_offset_h)
     tasks = [
-        asyncio.create_task(lease.run()),
-        asyncio.create_task(batches.run()),
-        asyncio.create_task(planner.run()),
-        asyncio.create_task(sink.run()),
-        asyncio.create_task(token_watch.run()),
-        asyncio.create_task(publisher.run()),
-        asyncio.create_task(follow_leadership()),
-        asyncio.create_task(keep_usage()),
-        asyncio.create_task(systemd.watchdog()),
+        asyncio.create_task(lease.run(), name="the leader lease"),
+        asyncio.create_task(batches.run(), name="batch jobs"),
+        asyncio.create_task(planner.run(), name="placement"),
+        asyncio.create_task(sink.run(), name="the report sink"),
+        asyncio.create_task(token_watch.run(), name="the token watch"),
+        asyncio.create_task(publisher.run(), name="the MQTT publisher"),
+        asyncio.create_task(follow_leadership(), name="leadership"),
+        asyncio.create_task(keep_usage(), name="usage upkeep"),
+        asyncio.create_task(systemd.watchdog(), name="the systemd watchdog"),
     ]
     log.info(
         "control plane %s serving gRPC on %s:%d%s",
@@ -209,18 +210,35 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
     await stop.wait()
     systemd.notify("STOPPING=1")
 
+    # Each step of the stop is bounded, and one cut off is named in the log: the
+    # whole stop takes at most 12 s (with _close), inside a unit's stop timeout.
     log.info("shutting down")
-    await server.stop(grace=2.0)
-    with contextlib.suppress(Exception):
-        await sink.flush()
-    await lease.release()
+    await _within("the gRPC server's stop", server.stop(grace=2.0), 3.0)
+    await _within("the report sink's last writes", sink.flush(), 2.0)
+    await _within("the leader lease's release", lease.release(), 1.0)
     for task in tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    _, running = await asyncio.wait(tasks, timeout=3.0)
+    if running:
+        log.warning(
+            "shutdown: %s did not end when cancelled", ", ".join(t.get_name() for t in running)
+        )
     if http_runner is not None:
-        await http_runner.cleanup()
-    await store.close()
+        await _within("the HTTP server's cleanup", http_runner.cleanup(), 1.0)
+    await _within("closing Redis", store.close(), 1.0)
     log.info("stopped")
+
+
+async def _within(step: str, work: Awaitable[object], timeout_s: float) -> None:
+    """One step of the stop, given `timeout_s`: a step that takes longer is left
+    (cancelled, not waited for) and named in the log, as is one that fails."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait([task], timeout=timeout_s)
+    if not done:
+        task.cancel()
+        log.warning("shutdown: %s took over %g s; stopping without it", step, timeout_s)
+    elif not task.cancelled() and task.exception() is not None:
+        log.warning("shutdown: %s failed: %s", step, task.exception())
 
 
 async def _start_http(
@@ -261,11 +279,32 @@ def _log_death(task: asyncio.Task[None]) -> None:
 
 def run_control_plane(settings: ControlPlaneSettings) -> int:
     logs.configure(settings.log_level, settings.log_format)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     try:
-        asyncio.run(serve(settings))
+        loop.run_until_complete(serve(settings))
     except KeyboardInterrupt:
         pass
     except (OSError, RuntimeError, ValueError) as exc:
         log.error("edgeplex control-plane cannot start: %s", exc)
         return 1
+    finally:
+        _close(loop)
     return 0
+
+
+def _close(loop: asyncio.AbstractEventLoop) -> None:
+    """asyncio.run's close, bounded: the tasks still running are cancelled and given
+    a second; one that does not end is named and left, and the process exits."""
+    left = asyncio.all_tasks(loop)
+    for task in left:
+        task.cancel()
+    if left:
+        _, running = loop.run_until_complete(asyncio.wait(left, timeout=1.0))
+        if running:
+            names = ", ".join(sorted(task.get_name() for task in running))
+            log.warning("shutdown: %s did not end when cancelled; exiting without it", names)
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    asyncio.set_event_loop(None)
+    loop.close()

@@ -342,6 +342,26 @@ def test_control_plane_killed_and_restarted_loses_nothing(fleet: Fleet) -> None:
     }
 
 
+def test_a_control_plane_stops_in_time_on_sigterm(fleet: Fleet) -> None:
+    """SIGTERM with the agents' streams open, the dashboard served and placement
+    running: every step of the stop ends in its time and the process exits 0 (a
+    step cut off would be named in the log, `shutdown: ...`)."""
+    before = fleet.placement()
+    process = fleet.cp.process
+    assert process is not None
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(20) == 0
+    took = time.monotonic() - started
+    log = fleet.cp.log()
+    stop = log[log.rindex("shutting down") :]
+    assert "stopped" in stop and "shutdown:" not in stop, stop
+    assert took < 12.0, took
+    fleet.cp.process = None
+    fleet.cp.start()
+    wait_until(lambda: fleet.placement().version > before.version, what="a round after the start")
+
+
 def test_redis_restart_and_loss_of_registrations(fleet: Fleet) -> None:
     with Hammer(fleet.agents["a1"], "base") as hammer:
         fleet.redis.restart()
