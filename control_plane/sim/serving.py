@@ -48,12 +48,17 @@ def forward_choice(
     agent estimates once it has measured promotions (`known`). The agent's
     rule: the nearest peer with headroom, unless promoting here is estimated
     to be no slower than the round trip."""
-    reach = holders_free & np.isfinite(rtt_ms)
-    distance = np.where(reach, rtt_ms, np.inf)
-    nearest = distance.argmin(axis=1)
-    nearest_ms = distance[np.arange(len(nearest)), nearest]
+    nearest, nearest_ms = _nearest(holders_free, rtt_ms)
     local_wins = known & (nearest_ms >= promote_ms)
-    return reach.any(axis=1) & ~local_wins, nearest
+    return np.isfinite(nearest_ms) & ~local_wins, nearest
+
+
+def _nearest(holders_free: np.ndarray, rtt_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each miss, the nearest region holding its model at a site with headroom,
+    and its round trip (inf: none in reach)."""
+    distance = np.where(holders_free, rtt_ms, np.inf)
+    nearest = distance.argmin(axis=1)
+    return nearest, distance[np.arange(len(nearest)), nearest]
 
 
 def serve_step(
@@ -85,16 +90,15 @@ def serve_step(
     only: dict[tuple[int, int], np.ndarray] = {}  # (region, model) -> the sites that load it
     if central and rs.size:  # route each miss as its agent would
         with_headroom = state.onehot @ (state.holds & (state.util < 1.0)[:, None])
-        choice = (with_headroom[:, ms].T > 0, state.rtt[rs], catalog.load_s[ms] * 1000.0)
-        reach, nearest = forward_choice(*choice, np.zeros(rs.size, dtype=bool))
-        always, _ = forward_choice(*choice, np.ones(rs.size, dtype=bool))
+        nearest, nearest_ms = _nearest(with_headroom[:, ms].T > 0, state.rtt[rs])
+        reach = np.isfinite(nearest_ms)
+        always = reach & (nearest_ms < catalog.load_s[ms] * 1000.0)  # the round trip wins
         # A site estimates a promotion only of a model staged there, once it has
-        # promoted one; the rest forward to any holder. A region's requests reach
-        # its sites evenly, so the share forwarded is the share of sites without
-        # an estimate (all of them where the round trip beats promoting).
+        # promoted one; the rest forward to any holder (forward_choice, per site).
+        # A region's requests reach its sites evenly, so the share forwarded is the
+        # share of sites without an estimate (all of them where the round trip wins).
         estimates = state.staged & (state.staged_ready <= now) & state.promoted[:, None]
-        knows = estimates[:, ms].T & (state.region[None, :] == rs[:, None])  # [miss, site]
-        known = knows.sum(axis=1) / np.maximum(state.onehot[rs].sum(axis=1), 1.0)
+        known = (state.onehot @ estimates)[rs, ms] / state.onehot[rs].sum(axis=1)
         share = np.where(always, 1.0, np.where(reach, 1.0 - known, 0.0))
         sent = share > 0
         to, m_sent = nearest[sent], ms[sent]
@@ -104,9 +108,9 @@ def serve_step(
         local[rs[sent], m_sent] -= n_sent
         in_slo = state.rtt[rs[sent], to] + catalog.compute_ms[m_sent] <= catalog.slo_ms[m_sent]
         np.add.at(forwarded_late, (to[~in_slo], m_sent[~in_slo]), n_sent[~in_slo])
-        partly = sent & (share < 1.0)
-        for k in np.nonzero(partly)[0].tolist():
-            only[int(rs[k]), int(ms[k])] = np.nonzero(knows[k])[0]
+        for k in np.nonzero(sent & (share < 1.0))[0].tolist():  # the sites that load it
+            r, m = int(rs[k]), int(ms[k])
+            only[r, m] = np.nonzero(estimates[:, m] & (state.region == r))[0]
         rs, ms = rs[share < 1.0], ms[share < 1.0]
     misses: dict[int, list[int]] = {}  # region -> models it must load
     for r, m in zip(rs.tolist(), ms.tolist(), strict=True) if loads_on_demand else ():
