@@ -98,7 +98,8 @@ def serve_step(
         # A region's requests reach its sites evenly, so the share forwarded is the
         # share of sites without an estimate (all of them where the round trip wins).
         estimates = state.staged & (state.staged_ready <= now) & state.promoted[:, None]
-        known = (state.onehot @ estimates)[rs, ms] / state.onehot[rs].sum(axis=1)
+        in_region = np.maximum(state.onehot[rs].sum(axis=1), 1.0)  # a region may have none
+        known = (state.onehot @ estimates)[rs, ms] / in_region
         share = np.where(always, 1.0, np.where(reach, 1.0 - known, 0.0))
         sent = share > 0
         to, m_sent = nearest[sent], ms[sent]
