@@ -168,9 +168,11 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
             try:
                 if not migrated:
                     moved = await store.migrate_usage()
-                    migrated = True
                     if moved:
                         log.info("moved %d usage minutes into their hourly sums", moved)
+                    if days := await store.list_days_to_sum():
+                        log.info("usage: %d site-days listed to be summed", days)
+                    migrated = True
                 if lease.is_leader:
                     wait = USAGE_UPKEEP_S
                     sealed, dropped = await store.trim_usage(

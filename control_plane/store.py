@@ -720,6 +720,25 @@ class Store:
                     continue
         return False
 
+    async def list_days_to_sum(self) -> int:
+        """Once (a marker records it): every site's day that has hours listed to be
+        summed at the trims to come, for the hours a control plane sealed before it
+        summed days. Returns how many site-days were listed."""
+        if await self.redis.exists(P + "usage:days:listed"):
+            return 0
+        listed, cursor = 0, 0
+        while True:
+            cursor, found = await self.redis.zscan(P + "usage:hours", cursor, count=5000)
+            days = {_day_of(member) for member in _names(m for m, _ in found)}
+            if days:
+                by_day = {day: int(day.partition(":")[0]) for day in days}
+                await self.redis.zadd(P + "usage:undayed", by_day)
+                listed += len(days)
+            if cursor == 0:
+                break
+        await self.redis.set(P + "usage:days:listed", "1")
+        return listed
+
     async def migrate_usage(self) -> int:
         """Minutes an earlier control plane kept in one hash (`usage`, with its index
         `usage:minutes`), moved into their hours; returns how many were moved."""

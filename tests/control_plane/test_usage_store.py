@@ -252,6 +252,30 @@ def test_a_sites_days_summed_answer_as_its_hours_do(redis_url: str) -> None:
     run(redis_url, scenario)
 
 
+def test_days_an_older_control_plane_sealed_are_summed_after_an_upgrade(redis_url: str) -> None:
+    """Hours sealed before days were summed (no day listed for them): the first
+    start lists their days once, and the trims that follow sum them."""
+
+    async def scenario(store: Store) -> None:
+        reports = [minute(s, DAY + 600 * n, n + 1) for s in ("a1", "b1") for n in range(300)]
+        for report in reports:
+            await store.put_usage(report)
+        await store.trim_usage(DAY + 4 * 86400, HOUR, 30 * 86400)
+        for key in ("usage:days", "usage:undayed"):  # as an older control plane left it
+            await store.redis.delete(f"edgeplex:{key}")
+        for key in [k async for k in store.redis.scan_iter("edgeplex:usage:d*")]:
+            await store.redis.delete(key)
+        assert await store.list_days_to_sum() == 6  # 300 x 10 minutes: 3 days, 2 sites
+        assert await store.list_days_to_sum() == 0  # once
+        await store.trim_usage(DAY + 4 * 86400, HOUR, 30 * 86400)
+        assert await store.redis.zcard("edgeplex:usage:days") == 6
+        got = await store.usage_reports(DAY, DAY + 3 * 86400, days=True)
+        want = usage.summarize(reports, "", DAY, 0, "site")
+        assert rows(usage.summarize(got, "", DAY, 0, "site")) == rows(want)
+
+    run(redis_url, scenario)
+
+
 def test_an_hour_not_summed_at_its_sealing_is_summed_at_a_later_trim(redis_url: str) -> None:
     """Summing can lose to sites arriving in the hour (it gives up after a few
     tries): the hour stays listed as unsummed, is read from its sites meanwhile,
