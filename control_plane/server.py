@@ -16,8 +16,9 @@ import logging
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -218,17 +219,25 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
     await _within("the gRPC server's stop", server.stop(grace=2.0), 3.0)
     await _within("the report sink's last writes", sink.flush(), 2.0)
     await _within("the leader lease's release", lease.release(), 1.0)
-    for task in tasks:
-        task.cancel()
-    _, running = await asyncio.wait(tasks, timeout=3.0)
-    if running:
-        log.warning(
-            "shutdown: %s did not end when cancelled", ", ".join(t.get_name() for t in running)
-        )
+    await _cancel(tasks, 3.0)
     if http_runner is not None:
         await _within("the HTTP server's cleanup", http_runner.cleanup(), 1.0)
     await _within("closing Redis", store.close(), 1.0)
     log.info("stopped")
+
+
+async def _cancel(tasks: Iterable[asyncio.Task[Any]], timeout_s: float) -> None:
+    """Cancel `tasks` and give them `timeout_s` to end; those that do not are named
+    in the log and left."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    _, running = await asyncio.wait(tasks, timeout=timeout_s)
+    if running:
+        names = ", ".join(sorted(task.get_name() for task in running))
+        log.warning("shutdown: %s did not end when cancelled; stopping without it", names)
 
 
 async def _within(step: str, work: Awaitable[object], timeout_s: float) -> None:
@@ -298,14 +307,7 @@ def run_control_plane(settings: ControlPlaneSettings) -> int:
 def _close(loop: asyncio.AbstractEventLoop) -> None:
     """asyncio.run's close, bounded: the tasks still running are cancelled and given
     a second; one that does not end is named and left, and the process exits."""
-    left = asyncio.all_tasks(loop)
-    for task in left:
-        task.cancel()
-    if left:
-        _, running = loop.run_until_complete(asyncio.wait(left, timeout=1.0))
-        if running:
-            names = ", ".join(sorted(task.get_name() for task in running))
-            log.warning("shutdown: %s did not end when cancelled; exiting without it", names)
+    loop.run_until_complete(_cancel(asyncio.all_tasks(loop), 1.0))
     loop.run_until_complete(loop.shutdown_asyncgens())
     loop.run_until_complete(loop.shutdown_default_executor())
     asyncio.set_event_loop(None)

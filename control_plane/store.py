@@ -410,7 +410,8 @@ class Store:
         member = f"{hour}:{report.site_id}"
         hour_key, minutes_key = P + "usage:h:" + member, P + "usage:m:" + member
         fleet_key = P + f"usage:f:{hour}"
-        day_key = P + "usage:d:" + _day_of(member)
+        day_start = hour - hour % usage.DAY_S
+        day_key = P + f"usage:d:{day_start}:{report.site_id}"
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -449,9 +450,7 @@ class Store:
                         if fleet is None:
                             pipe.zadd(P + "usage:unsummed", {str(hour): hour})
                         if day is None:
-                            pipe.zadd(
-                                P + "usage:undayed", {_day_of(member): hour - hour % usage.DAY_S}
-                            )
+                            pipe.zadd(P + "usage:undayed", _site_days([member]))
                     pipe.set(hour_key, kept.SerializeToString())
                     pipe.zadd(P + "usage:hours", {member: hour})
                     pipe.sadd(P + f"usage:sites:{hour}", report.site_id)
@@ -461,7 +460,7 @@ class Store:
                     if day is not None:
                         pipe.set(day_key, day.SerializeToString())
                         if raw is None:  # one more site-hour the day holds
-                            pipe.incr(P + f"usage:dh:{hour - hour % usage.DAY_S}")
+                            pipe.incr(P + f"usage:dh:{day_start}")
                     await pipe.execute()
                     break
                 except WatchError:
@@ -543,7 +542,7 @@ class Store:
             # A site's day dropped meanwhile with its first hour (usage_kept_days): the
             # hours it held that are still kept, read one by one.
             for key, raw in zip(chunk, raws, strict=True):
-                if raw is None and key.startswith(P + "usage:d:"):
+                if raw is None and held:  # (held: the sums are sites' days)
                     day, _, site = key.removeprefix(P + "usage:d:").partition(":")
                     held_hours = [int(day) + h * usage.HOUR_S for h in range(24)]
                     whole += [f"{h}:{site}" for h in held_hours if h + usage.HOUR_S <= end]
@@ -603,7 +602,7 @@ class Store:
                         pipe.zrem(P + "usage:open", member)
                         hour = int(member.partition(":")[0])
                         pipe.zadd(P + "usage:unsummed", {str(hour): hour})
-                        pipe.zadd(P + "usage:undayed", {_day_of(member): hour - hour % usage.DAY_S})
+                        pipe.zadd(P + "usage:undayed", _site_days([member]))
                         await pipe.execute()
                         break
                     except WatchError:
@@ -729,10 +728,9 @@ class Store:
         listed, cursor = 0, 0
         while True:
             cursor, found = await self.redis.zscan(P + "usage:hours", cursor, count=5000)
-            days = {_day_of(member) for member in _names(m for m, _ in found)}
+            days = _site_days(_names(m for m, _ in found))
             if days:
-                by_day = {day: int(day.partition(":")[0]) for day in days}
-                await self.redis.zadd(P + "usage:undayed", by_day)
+                await self.redis.zadd(P + "usage:undayed", days)
                 listed += len(days)
             if cursor == 0:
                 break
@@ -919,6 +917,13 @@ def _day_of(member: str) -> str:
     """The site's day ("<day>:<site>") of a site's hour ("<hour>:<site>")."""
     hour, _, site = member.partition(":")
     return f"{int(hour) - int(hour) % usage.DAY_S}:{site}"
+
+
+def _site_days(members: Iterable[str]) -> dict[str, int]:
+    """The site-days of site-hours, each with its day's start (its score in the
+    lists of days)."""
+    days = {_day_of(member) for member in members}
+    return {day: int(day.partition(":")[0]) for day in days}
 
 
 def _names(reply: Any) -> list[str]:

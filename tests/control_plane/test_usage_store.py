@@ -42,6 +42,14 @@ def minute(
     return pb.UsageReport(site_id=site, minute=start // 60, interval_s=60, records=[record])
 
 
+class Counted(dict[tuple[str, int], pb.UsageReport]):
+    """The minutes a store counted, each as last sent: what every answer must sum."""
+
+    async def put(self, store: Store, report: pb.UsageReport) -> None:
+        if await store.put_usage(report):
+            self[(report.site_id, usage.start_of(report))] = report
+
+
 def rows(table: pb.UsageTable) -> dict[tuple[str, str], tuple[int, int, int, float]]:
     return {
         (r.tenant, r.key): (r.requests, r.failures, r.bytes_in, round(r.compute_s, 6))
@@ -144,24 +152,20 @@ def test_hours_summed_over_the_fleet_answer_as_their_sites_do(redis_url: str) ->
     random ranges on the hour, reads the same from the fleet's sums, from the
     sites' and from the minutes counted."""
     rng = random.Random(11)
-    counted: dict[tuple[str, int], pb.UsageReport] = {}
-
-    async def put(store: Store, report: pb.UsageReport) -> None:
-        if await store.put_usage(report):
-            counted[(report.site_id, usage.start_of(report))] = report
+    counted = Counted()
 
     async def scenario(store: Store) -> None:
         for _ in range(300):
             start = DAY + 60 * rng.randrange(6 * 60)
             site, tenant = rng.choice(["a1", "a2", "b1"]), rng.choice(["acme", "zed"])
-            await put(store, minute(site, start, rng.randrange(1, 50), tenant))
+            await counted.put(store, minute(site, start, rng.randrange(1, 50), tenant))
         # Minutes kept an hour: hours 0 to 3 ended over an hour before "now".
         sealed, _ = await store.trim_usage(DAY + 5 * HOUR, HOUR, 30 * 86400)
         assert sealed >= 10
         summed = await store.redis.zrange("edgeplex:usage:fleet", 0, -1)
         assert sorted(int(h) for h in summed) == [DAY + n * HOUR for n in range(4)]
-        await put(store, minute("a1", DAY + HOUR + 59 * 60, 7))  # late, a known site
-        await put(store, minute("c9", DAY + 2 * HOUR + 60, 5, "new"))  # a new site's first
+        await counted.put(store, minute("a1", DAY + HOUR + 59 * 60, 7))  # late, a known site
+        await counted.put(store, minute("c9", DAY + 2 * HOUR + 60, 5, "new"))  # a new site's first
         again = next(r for (s, t), r in counted.items() if t < DAY + HOUR)
         assert not await store.put_usage(minute(again.site_id, usage.start_of(again), 99))
         for _ in range(30):
@@ -187,11 +191,7 @@ def test_a_sites_days_summed_answer_as_its_hours_do(redis_url: str) -> None:
     holds already) keep the day in step: for random ranges on the hour, rows by
     site read from the days, from the hours and from the minutes counted agree."""
     rng = random.Random(5)
-    counted: dict[tuple[str, int], pb.UsageReport] = {}
-
-    async def put(store: Store, report: pb.UsageReport) -> None:
-        if await store.put_usage(report):
-            counted[(report.site_id, usage.start_of(report))] = report
+    counted = Counted()
 
     async def check(store: Store) -> None:
         for _ in range(40):
@@ -208,15 +208,17 @@ def test_a_sites_days_summed_answer_as_its_hours_do(redis_url: str) -> None:
         for _ in range(400):  # three days; site b1 has nothing in the first 5 hours
             start = DAY + 60 * rng.randrange(3 * 24 * 60)
             site = rng.choice(["a1", "a2"] if start < DAY + 5 * HOUR else ["a1", "a2", "b1"])
-            await put(store, minute(site, start, rng.randrange(1, 50), rng.choice(["x", "y"])))
+            await counted.put(
+                store, minute(site, start, rng.randrange(1, 50), rng.choice(["x", "y"]))
+            )
         # Minutes kept an hour: at 00:30 on the third day, the first day is summed,
         # the second not yet (its last hour ended half an hour before).
         await store.trim_usage(DAY + 2 * 86400 + HOUR // 2, HOUR, 30 * 86400)
         summed = await store.redis.zrange("edgeplex:usage:days", 0, -1)
         assert sorted(summed) == [f"{DAY}:{s}".encode() for s in ("a1", "a2", "b1")]
         await check(store)
-        await put(store, minute("a1", DAY + 3 * HOUR + 60, 7))  # late, into a sealed hour
-        await put(store, minute("b1", DAY + 2 * HOUR, 5, "new"))  # b1's first in that hour
+        await counted.put(store, minute("a1", DAY + 3 * HOUR + 60, 7))  # late, into a sealed hour
+        await counted.put(store, minute("b1", DAY + 2 * HOUR, 5, "new"))  # b1's first in that hour
         again = next(r for (s, t), r in counted.items() if t < DAY + 86400)
         assert not await store.put_usage(minute(again.site_id, usage.start_of(again), 99))
         day = pb.UsageReport.FromString(await store.redis.get(f"edgeplex:usage:d:{DAY}:b1"))
@@ -224,7 +226,7 @@ def test_a_sites_days_summed_answer_as_its_hours_do(redis_url: str) -> None:
         await check(store)
         # A new site's first minute, that late: its day is read by the hour beside
         # the others' days until the next trim sums it.
-        await put(store, minute("c9", DAY + 4 * HOUR, 3))
+        await counted.put(store, minute("c9", DAY + 4 * HOUR, 3))
         assert not await store.redis.exists(f"edgeplex:usage:d:{DAY}:c9")
         await check(store)
         # Every day ended: all are summed, and past keeping they go with their hours.
