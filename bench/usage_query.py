@@ -101,12 +101,12 @@ async def memory(store: Store) -> int:
 
 async def run(args: argparse.Namespace, url: str) -> None:
     old_store, new_store = Store(url + "1"), Store(url + "2")
-    old, new = Minutes(old_store), new_store
+    old, new = Minutes(old_store), new_store.usage
     sent = minutes(args.sites, args.hours, args.records)
     writes: dict[str, float] = {}
     used: dict[str, int] = {}  # Redis's memory as each layout was written
     base = await memory(new_store)
-    for name, put in (("minutes", old.put), ("hours", new.put_usage)):
+    for name, put in (("minutes", old.put), ("hours", new.put)):
         started = time.perf_counter()
         for report in sent:
             await put(report)
@@ -122,7 +122,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
     reads: dict[str, dict[str, list[float]]] = {q: {"minutes": [], "hours": []} for q in queries}
     for _ in range(args.rounds):
         for query, (f, t, by) in queries.items():
-            for name, source in (("minutes", old.reports), ("hours", new.usage_reports)):
+            for name, source in (("minutes", old.reports), ("hours", new.reports)):
 
                 async def answer(source=source, f=f, t=t, by=by) -> pb.UsageTable:  # type: ignore[no-untyped-def]
                     return usage.summarize(await source(f, t), "", f, t, by)
@@ -130,13 +130,13 @@ async def run(args: argparse.Namespace, url: str) -> None:
                 reads[query][name].append(await timed_ms(answer))
                 if name == "hours":  # the two answers agree
                     a = usage.summarize(await old.reports(f, t), "", f, t, by)
-                    b = usage.summarize(await new.usage_reports(f, t), "", f, t, by)
+                    b = usage.summarize(await new.reports(f, t), "", f, t, by)
                     assert [(r.key, r.requests) for r in a.rows] == [
                         (r.key, r.requests) for r in b.rows
                     ], query
     dashboard = await dashboard_reads(new_store, args, end)
     minutes_bytes, hours_bytes = used["minutes"] - base, used["hours"] - used["minutes"]
-    await new_store.trim_usage(end + 3600, 0, 400 * 86400)  # every hour sealed
+    await new_store.usage.trim(end + 3600, 0, 400 * 86400)  # every hour sealed
     sealed_bytes = await memory(new_store) - used["minutes"]
     monthly = await month(new_store, args) if args.month_sites else None
     await old_store.close()
@@ -179,10 +179,10 @@ async def dashboard_reads(store: Store, args: argparse.Namespace, end: int) -> t
     for round_ in range(args.rounds):
         late = minutes(1, 1, args.records)[0]
         late.minute = (end - 3600) // 60 + round_  # into the window's last hour
-        await store.put_usage(late)
+        await store.usage.put(late)
 
         async def whole() -> pb.UsageTable:
-            return usage.summarize(await store.usage_reports(since, 0, True), "", since, 0, "model")
+            return usage.summarize(await store.usage.reports(since, 0, True), "", since, 0, "model")
 
         async def cached() -> pb.UsageTable:
             return (await dashboard._usage_since(since, "model")).table()
@@ -209,11 +209,11 @@ async def month(store: Store, args: argparse.Namespace) -> dict[str, float]:
             for r in range(args.records):
                 report.records.add(tenant=f"tenant-{r % 5}", model=f"model-{r // 5}",
                                    version="1", requests=1 + r, compute_s=0.1)  # fmt: skip
-            await store.put_usage(report)
-    while (await store.trim_usage(DAY + 3 * 86400, 3600, 400 * 86400))[0]:
+            await store.usage.put(report)
+    while (await store.usage.trim(DAY + 3 * 86400, 3600, 400 * 86400))[0]:
         pass
     while await store.redis.zcard("edgeplex:usage:undayed"):
-        await store.trim_usage(DAY + 3 * 86400, 3600, 400 * 86400)
+        await store.usage.trim(DAY + 3 * 86400, 3600, 400 * 86400)
     # (rows, read from): the sites' hourly sums, the fleet's, the sites' days
     ways = {
         "model_sites": ("model", False, False),
@@ -227,7 +227,7 @@ async def month(store: Store, args: argparse.Namespace) -> dict[str, float]:
         for way, (by, fleet, days) in ways.items():
 
             async def answer(by: str = by, fleet: bool = fleet, days: bool = days) -> pb.UsageTable:
-                reports = await store.usage_reports(start, DAY, fleet, days)
+                reports = await store.usage.reports(start, DAY, fleet, days)
                 return usage.summarize(reports, "", start, DAY, by)
 
             times[way].append(await timed_ms(answer))

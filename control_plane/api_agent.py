@@ -246,7 +246,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             METRICS.usage_minutes.labels(outcome="refused").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         try:
-            stored = await self._store.put_usage(request)
+            stored = await self._store.usage.put(request)
         except RedisError:
             await redis_down(context)
             raise

@@ -67,7 +67,7 @@ class Dashboard:
         self._usage: dict[str, tuple[float, list[dict[str, object]]]] = {}  # by: (when, rows)
         self._usage_read = asyncio.Lock()  # one read of Redis at a time, for every page
         # Each hour's rows by (by, hour), with the hour's count of minutes stored when
-        # read (Store.usage_versions): read again only once a minute has come since.
+        # read (UsageStore.versions): read again only once a minute has come since.
         self._hours: dict[tuple[str, int], tuple[int, list[pb.UsageRow]]] = {}
 
     def routes(self) -> list[web.RouteDef]:
@@ -183,13 +183,13 @@ class Dashboard:
         and those a late minute reached), the rest read from their sums."""
         hours = [since + i * usage.HOUR_S for i in range(USAGE_HOURS)]
         # Counts first: a minute stored while its hour is read moves the count after.
-        versions = await self._store.usage_versions(hours)
+        versions = await self._store.usage.versions(hours)
         summary = Summary("", since, 0, by)
         for hour, version in zip(hours, versions, strict=True):
             cached = self._hours.get((by, hour))
             if cached is None or cached[0] != version:
                 one = Summary("", hour, hour + usage.HOUR_S, by)
-                async for part in self._store.usage_parts(hour, hour + usage.HOUR_S, by != "site"):
+                async for part in self._store.usage.parts(hour, hour + usage.HOUR_S, by != "site"):
                     one.add(part)
                 cached = self._hours[(by, hour)] = (version, list(one.table().rows))
             summary.merge(cached[1])

@@ -25,7 +25,7 @@ import time
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from edgeplex.control_plane.store import text as _text
+from edgeplex.control_plane.redis_client import text as _text
 
 log = logging.getLogger("edgeplex.control_plane.leader")
 

@@ -388,7 +388,7 @@ class Planner:
         if not rated:
             return {}
         demand: dict[str, dict[str, float]] = {t.name: {} for t in rated}
-        for report in await self._store.usage_reports(now - RATE_WINDOW_S, 0):
+        for report in await self._store.usage.reports(now - RATE_WINDOW_S, 0):
             for record in report.records:
                 by_site = demand.get(record.tenant)
                 if by_site is not None:

@@ -168,15 +168,15 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
             wait = 1.0  # until this replica leads
             try:
                 if not migrated:
-                    moved = await store.migrate_usage()
+                    moved = await store.usage.migrate()
                     if moved:
                         log.info("moved %d usage minutes into their hourly sums", moved)
-                    if days := await store.list_days_to_sum():
+                    if days := await store.usage.list_days_to_sum():
                         log.info("usage: %d site-days listed to be summed", days)
                     migrated = True
                 if lease.is_leader:
                     wait = USAGE_UPKEEP_S
-                    sealed, dropped = await store.trim_usage(
+                    sealed, dropped = await store.usage.trim(
                         time.time(),
                         settings.usage_minutes_kept_h * 3600,
                         settings.usage_kept_days * 86400,

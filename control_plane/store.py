@@ -1,136 +1,65 @@
-"""All control-plane state, in Redis. The only module that knows the key layout.
+"""All control-plane state, in Redis. The only module that knows the key layout,
+but for usage (usage_store.py, `Store.usage`):
 
     edgeplex:models          hash  name -> CatalogModel (protobuf)
+    edgeplex:catalog         string  a random value, new whenever the catalog changes
     edgeplex:sites           hash  site -> Site (protobuf: registration, cordon, drain)
+    edgeplex:join_tokens     hash  site -> "<sha256 of its join token> <region>"
+    edgeplex:join_token_sites  hash  sha256 of a join token -> site
+    edgeplex:credentials     string  a random value, new whenever a join token changes
     edgeplex:seen            zset  site -> unix time of its last report (the site lease)
     edgeplex:reports         hash  site -> latest LoadReport (protobuf)
     edgeplex:demand          hash  "region|model" -> EWMA requests/s
     edgeplex:demand_at       string  unix time of the last EWMA update
+    edgeplex:demand_hints    hash  "site|region|model" -> when a site was asked for a
+                             model it holds nowhere
+    edgeplex:forecast        string  the forecaster's state
     edgeplex:placement       string  the current Placement (protobuf)
     edgeplex:version         string  counter of placement versions
-    edgeplex:desired         hash  site -> the DesiredState last published
+    edgeplex:desired         hash  site -> the head of the DesiredState last published
+    edgeplex:desired:models  hash  site -> sha256 of that state's models
+    edgeplex:peer_token      string  the fleet's peer token
+    edgeplex:tenants         string  the tenant table (JSON)
     edgeplex:leader          string  replica id, with a TTL (the leader lease)
-    edgeplex:credentials     string  a random value, new whenever a join token changes
-    edgeplex:catalog         string  a random value, new whenever the catalog changes
     edgeplex:events          pub/sub  "catalog", "sites": wake the placement loop
-    edgeplex:usage:h:<hour>:<site>  string  UsageHour: the site's usage in the hour,
-                             summed (hour: its start, unix seconds)
-    edgeplex:usage:m:<hour>:<site>  hash  minute start -> UsageReport, while kept
-    edgeplex:usage:hours     zset  "<hour>:<site>" -> hour (every hour kept)
-    edgeplex:usage:open      zset  "<hour>:<site>" -> hour (hours whose minutes are kept)
-    edgeplex:usage:f:<hour>  string  UsageReport: the hour summed over every site, once
-                             every site's hour is sealed
-    edgeplex:usage:fleet     zset  "<hour>" -> hour (the hours summed so)
-    edgeplex:usage:sites:<hour>  set  the sites with usage in the hour
-    edgeplex:usage:unsummed  zset  "<hour>" -> hour (hours with a site-hour sealed, not
-                             yet summed over the fleet)
+    edgeplex:durable         string  a counter written before each WAIT for replicas
     edgeplex:batch:jobs      hash  job id -> BatchJob (summary, protobuf)
     edgeplex:batch:<id>:in   hash  shard index -> JSON list of the shard's request bodies
     edgeplex:batch:<id>:out  hash  shard index -> JSON list of its outputs (HSETNX: written once)
     edgeplex:batch:<id>:lease hash shard index -> "<site> <expiry unix time> <attempt>"
+    edgeplex:batch:<id>:why  hash  shard index -> its last failure
 
 Values are protobuf bytes from proto/edgeplex_control.proto, never pickle.
 Every method is a coroutine that may raise redis.exceptions.ConnectionError
 while Redis is down; callers decide whether to retry or to answer UNAVAILABLE.
 
-Redis may be one server or a primary watched by Sentinels (`connect`). Then the
-writes that must survive a failover (the catalog, sites and join tokens, tenants,
-the peer token, usage minutes, batch jobs and their outputs) return only once a
-replica has them (`replicated`, Redis's WAIT): an acknowledged write is on the
-replica the Sentinels would promote. Everything else (reports, demand, placement,
-desired states, leases) is rebuilt within a round and is not waited for.
+Redis may be one server or a primary watched by Sentinels (redis_client.py). Then
+the writes that must survive a failover (the catalog, sites and join tokens,
+tenants, the peer token, usage minutes, batch jobs and their outputs) return only
+once a replica has them (`replicated`, Redis's WAIT): an acknowledged write is on
+the replica the Sentinels would promote. Everything else (reports, demand,
+placement, desired states, leases) is rebuilt within a round and is not waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
-import math
 import secrets
 import time
-import urllib.parse
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import BlockingConnectionPool
-from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
 
-from edgeplex.control_plane import usage
+from edgeplex.control_plane.redis_client import NotReplicated, P, as_bytes, connect, text
+from edgeplex.control_plane.usage_store import UsageStore
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.tenants import TenantTable
 
-P = "edgeplex:"
 EVENTS = P + "events"
-
-
-POOL = 32  # Redis connections of one control-plane process for its reads and writes
 SHORT_WAIT_MS = 100  # how long a WAIT waits while replicas were found missing
-SENTINEL = "redis+sentinel"
-
-
-class NotReplicated(RedisConnectionError):
-    """A write that must survive a failover reached the primary but not enough
-    replicas in time: not acknowledged (the caller answers UNAVAILABLE or retries)."""
-
-
-class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
-    """The primary's connections as Sentinel names it, bounded like the plain pool
-    (a caller waits for a free connection rather than failing)."""
-
-
-def connect(url: str, size: int = POOL) -> tuple[aioredis.Redis, bool]:
-    """A client of the Redis that `url` names, with at most `size` connections, and
-    whether Sentinels watch it: `redis://[user:password@]host:port/db`, or
-    `redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]` for the
-    primary that those Sentinels name `service` (the password is the primary's)."""
-    # A restarted Redis leaves the pool's idle connections broken: each command on one
-    # reconnects and is retried instead of failing the caller. The pool is bounded: a
-    # thousand agents reporting at once wait their turn for one of POOL connections
-    # instead of opening a thousand (a burst of connects that overflows Redis's accept
-    # queue, and a file descriptor each).
-    options: dict[str, Any] = {
-        "max_connections": size,
-        "timeout": 10.0,  # waiting for a free connection
-        "decode_responses": False,
-        "socket_connect_timeout": 2.0,
-        "socket_timeout": 5.0,
-        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
-        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
-    }
-    scheme, _, rest = url.partition("://")
-    if scheme != SENTINEL:
-        pool = aioredis.BlockingConnectionPool.from_url(url, **options)
-        return aioredis.Redis.from_pool(pool), False
-    where, _, path = rest.partition("/")
-    credentials, _, hosts = where.rpartition("@")
-    user, _, password = credentials.partition(":")
-    service, _, db = path.partition("/")
-    sentinels = []
-    for host in hosts.split(","):
-        name, _, port = host.rpartition(":")
-        if not name or not port.isdigit() or not service:
-            raise ValueError(
-                f"redis URL {url!r}: expected {SENTINEL}://host:port[,host:port...]/service[/db]"
-            )
-        sentinels.append((name.strip("[]"), int(port)))
-    manager = Sentinel(sentinels, socket_connect_timeout=2.0, socket_timeout=2.0)
-    client = manager.master_for(
-        urllib.parse.unquote(service),
-        connection_pool_class=_BlockingSentinelPool,
-        db=int(db or 0),
-        username=urllib.parse.unquote(user) or None,
-        password=urllib.parse.unquote(password) or None,
-        **options,
-    )
-    return client, True
 
 
 class Store:
@@ -151,6 +80,7 @@ class Store:
         self._replicas_missing = False  # the last WAIT found too few
         self._waits: set[asyncio.Task[None]] = set()
         self._own: list[aioredis.Redis] = []
+        self.usage = UsageStore(self.redis, self.replicated)
 
     async def replicated(self) -> None:
         """Returns once `wait_replicas` replicas have every write made so far, on any
@@ -398,364 +328,6 @@ class Store:
         await self.replicated()
         return changed
 
-    # --- usage ------------------------------------------------------------------------
-
-    async def put_usage(self, report: pb.UsageReport) -> bool:
-        """A site's minute of usage records, added to the site's hour and kept under
-        (site, hour, minute) while the hour's minutes are kept: stored again, it
-        replaces itself. Once the hour is sealed (its minutes dropped, `trim_usage`) a
-        minute it holds is not added again. False when it was already counted so."""
-        start, hour = usage.start_of(report), usage.hour_of(report)
-        offset = start - hour  # what the hour's list of minutes holds
-        member = f"{hour}:{report.site_id}"
-        hour_key, minutes_key = P + "usage:h:" + member, P + "usage:m:" + member
-        fleet_key = P + f"usage:f:{hour}"
-        day_start = hour - hour % usage.DAY_S
-        day_key = P + f"usage:d:{day_start}:{report.site_id}"
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(hour_key, minutes_key, fleet_key, day_key)
-                    raw, summed, day_raw = await pipe.mget(hour_key, fleet_key, day_key)
-                    kept = pb.UsageHour.FromString(raw) if raw is not None else pb.UsageHour()
-                    # An hour summed over the fleet has every site's hour sealed, a
-                    # site's day summed every hour of its day: a site's first minute
-                    # in such an hour comes sealed, and adds to every sum.
-                    fleet = pb.UsageReport.FromString(summed) if summed is not None else None
-                    day = pb.UsageReport.FromString(day_raw) if day_raw is not None else None
-                    was_sealed = kept.sealed
-                    kept.sealed = kept.sealed or fleet is not None or day is not None
-                    if offset in kept.minutes:
-                        if kept.sealed:  # sent again after its minutes were dropped
-                            await pipe.reset()
-                            return False
-                        # Sent again: the hour is summed anew, with this copy in place.
-                        stored = await pipe.hgetall(minutes_key)
-                        stored[str(start).encode()] = report.SerializeToString()
-                        reports = [pb.UsageReport.FromString(v) for v in stored.values()]
-                        kept.sum.CopyFrom(usage.hour_sum(report.site_id, hour, reports))
-                    else:
-                        if not kept.HasField("sum"):
-                            kept.sum.CopyFrom(usage.hour_sum(report.site_id, hour, ()))
-                        usage.add(kept.sum, report)
-                        kept.minutes.append(offset)
-                        for total in (fleet, day):
-                            if total is not None:
-                                usage.add(total, report)
-                    pipe.multi()
-                    if not kept.sealed:
-                        pipe.hset(minutes_key, str(start), report.SerializeToString())
-                        pipe.zadd(P + "usage:open", {member: hour})
-                    elif not was_sealed:  # the hour comes sealed: summed in turn
-                        if fleet is None:
-                            pipe.zadd(P + "usage:unsummed", {str(hour): hour})
-                        if day is None:
-                            pipe.zadd(P + "usage:undayed", _site_days([member]))
-                    pipe.set(hour_key, kept.SerializeToString())
-                    pipe.zadd(P + "usage:hours", {member: hour})
-                    pipe.sadd(P + f"usage:sites:{hour}", report.site_id)
-                    pipe.incr(P + f"usage:v:{hour}")  # readers' caches of the hour go stale
-                    if fleet is not None:
-                        pipe.set(fleet_key, fleet.SerializeToString())
-                    if day is not None:
-                        pipe.set(day_key, day.SerializeToString())
-                        if raw is None:  # one more site-hour the day holds
-                            pipe.incr(P + f"usage:dh:{day_start}")
-                    await pipe.execute()
-                    break
-                except WatchError:
-                    continue
-        await self.replicated()
-        return True
-
-    async def usage_versions(self, hours: list[int]) -> list[int]:
-        """Each hour's count of minutes stored in it (0: none since this count began):
-        a cache of what an hour holds is current while its count has not moved."""
-        raws = await self.redis.mget([P + f"usage:v:{hour}" for hour in hours])
-        return [int(raw) if raw is not None else 0 for raw in raws]
-
-    async def usage_reports(
-        self, from_time: float, to_time: float, fleet: bool = False, days: bool = False
-    ) -> list[pb.UsageReport]:
-        """Every report of `usage_parts`, in one list."""
-        parts = self.usage_parts(from_time, to_time, fleet, days)
-        return [report async for part in parts for report in part]
-
-    async def usage_parts(
-        self, from_time: float, to_time: float, fleet: bool = False, days: bool = False
-    ) -> AsyncIterator[list[pb.UsageReport]]:
-        """Reports that cover [from_time, to_time) (0: no end) exactly, a part at a
-        time: the minutes of each hour that either end cuts, then the sum of each
-        site's hour that lies wholly inside; with `fleet` (for rows not by site),
-        an hour summed over the fleet in place of its sites'; with `days` (for rows
-        by site; not with `fleet`), a site's UTC day summed in place of its hours.
-        The site-hours a sum holds are not listed: a month of a large fleet lists
-        only the hours not summed yet. UsageGone, before any part, when a cut hour's
-        minutes are no longer kept."""
-        assert not (fleet and days), "a fleet's hour and a site's day overlap"
-        end = to_time or math.inf
-        sums: list[str] = []  # keys of the sums read in place of site-hours
-        held: set[str] = set()  # the site-days `sums` hold ("<day>:<site>")
-        covered: list[tuple[int, int]] = []  # spans every site-hour of which a sum holds
-        if fleet:  # an hour summed over the fleet holds every site's hour in it
-            listed = await self.redis.zrangebyscore(P + "usage:fleet", from_time, _below(end))
-            hours = [int(h) for h in _names(listed) if int(h) + usage.HOUR_S <= end]
-            sums = [P + f"usage:f:{hour}" for hour in hours]
-            covered = [(hour, hour + usage.HOUR_S) for hour in hours]
-        elif days:
-            held, covered = await self._summed_days(from_time, end)
-            sums = [P + "usage:d:" + member for member in sorted(held)]
-        # Listed after the sums: a sum made meanwhile holds hours read from their
-        # sites (their sums stay), never from both.
-        whole: list[str] = []  # members of the site-hours wholly inside the range
-        cut: list[str] = []  # and of those either end cuts
-        for lo, hi in _gaps(from_time - from_time % usage.HOUR_S, end, covered):
-            found = await self.redis.zrangebyscore(P + "usage:hours", lo, _below(hi))
-            for member in _names(found):
-                hour = int(member.partition(":")[0])
-                if from_time <= hour and hour + usage.HOUR_S <= end:
-                    if not held or _day_of(member) not in held:
-                        whole.append(member)
-                else:
-                    cut.append(member)
-        minutes: list[pb.UsageReport] = []  # at most two hours of minutes a site
-        for chunk in _chunks(cut, 500):
-            async with self.redis.pipeline(transaction=True) as pipe:
-                for member in chunk:
-                    pipe.get(P + "usage:h:" + member)
-                    pipe.hvals(P + "usage:m:" + member)
-                replies = await pipe.execute()
-            for member, raw, kept in zip(chunk, replies[::2], replies[1::2], strict=True):
-                if raw is not None and pb.UsageHour.FromString(raw).sealed:
-                    hour = int(member.partition(":")[0])
-                    at = datetime.datetime.fromtimestamp(hour, datetime.UTC)
-                    raise usage.UsageGone(
-                        f"the minutes of {at:%Y-%m-%dT%H:00Z} are no longer kept, only its "
-                        "hourly sums: give from and to on the hour"
-                    )
-                minutes.extend(pb.UsageReport.FromString(r) for r in kept)
-        if minutes:
-            yield minutes
-        for chunk in _chunks(sums, 1000):
-            raws = await self.redis.mget(chunk)
-            yield [pb.UsageReport.FromString(raw) for raw in raws if raw is not None]
-            # A site's day dropped meanwhile with its first hour (usage_kept_days): the
-            # hours it held that are still kept, read one by one.
-            for key, raw in zip(chunk, raws, strict=True):
-                if raw is None and held:  # (held: the sums are sites' days)
-                    day, _, site = key.removeprefix(P + "usage:d:").partition(":")
-                    held_hours = [int(day) + h * usage.HOUR_S for h in range(24)]
-                    whole += [f"{h}:{site}" for h in held_hours if h + usage.HOUR_S <= end]
-        for chunk in _chunks(whole, 1000):
-            raws = await self.redis.mget([P + "usage:h:" + m for m in chunk])
-            yield [pb.UsageHour.FromString(raw).sum for raw in raws if raw is not None]
-
-    async def _summed_days(
-        self, from_time: float, end: float
-    ) -> tuple[set[str], list[tuple[int, int]]]:
-        """The site-days summed wholly inside [from_time, end), and the days every
-        site-hour of which they hold (the site-hours a day holds, `usage:dh:<day>`,
-        against the site-hours listed in it), read as one snapshot."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(P + "usage:days")
-                    listed = await pipe.zrangebyscore(P + "usage:days", from_time, _below(end))
-                    held = {
-                        d for d in _names(listed) if int(d.partition(":")[0]) + usage.DAY_S <= end
-                    }
-                    days = sorted({int(d.partition(":")[0]) for d in held})
-                    pipe.multi()
-                    for day in days:
-                        pipe.zcount(P + "usage:hours", day, day + usage.DAY_S - usage.HOUR_S)
-                        pipe.get(P + f"usage:dh:{day}")
-                    replies = await pipe.execute()
-                    break
-                except WatchError:
-                    continue
-        counts = zip(days, replies[::2], replies[1::2], strict=True)
-        covered = [(day, day + usage.DAY_S) for day, n, dh in counts if dh and int(dh) == n]
-        return held, covered
-
-    async def trim_usage(self, now: float, minutes_kept_s: float, kept_s: float) -> tuple[int, int]:
-        """Seal the hours that ended more than `minutes_kept_s` ago (drop their
-        minutes; their sums stay), sum each hour whose every site is sealed over the
-        fleet, and drop the hours that ended more than `kept_s` ago; at most 10,000
-        site-hours of each a call. Returns (sealed, dropped)."""
-        sealed = 0
-        ended = now - minutes_kept_s - usage.HOUR_S
-        for member in _names(
-            await self.redis.zrangebyscore(P + "usage:open", "-inf", ended, start=0, num=10_000)
-        ):
-            hour_key = P + "usage:h:" + member
-            async with self.redis.pipeline(transaction=True) as pipe:
-                while True:
-                    try:
-                        await pipe.watch(hour_key)
-                        raw = await pipe.get(hour_key)
-                        pipe.multi()
-                        if raw is not None:
-                            kept = pb.UsageHour.FromString(raw)
-                            kept.sealed = True
-                            pipe.set(hour_key, kept.SerializeToString())
-                        pipe.delete(P + "usage:m:" + member)
-                        pipe.zrem(P + "usage:open", member)
-                        hour = int(member.partition(":")[0])
-                        pipe.zadd(P + "usage:unsummed", {str(hour): hour})
-                        pipe.zadd(P + "usage:undayed", _site_days([member]))
-                        await pipe.execute()
-                        break
-                    except WatchError:
-                        continue
-            sealed += 1
-        # Each hour with a site-hour sealed is summed once every site's is; one that
-        # is not yet, or whose summing lost to sites arriving, is tried again here.
-        for hour in map(int, _names(await self.redis.zrange(P + "usage:unsummed", 0, 999))):
-            await self._sum_fleet_hour(hour)
-        days_summed = 0
-        # A site's day is summed once it ended before minutes stopped being kept
-        # (no minute can come to it unsealed) and every hour of it is sealed.
-        for member in _names(
-            await self.redis.zrangebyscore(
-                P + "usage:undayed", "-inf", ended - usage.DAY_S + usage.HOUR_S, start=0, num=1000
-            )
-        ):
-            days_summed += await self._sum_site_day(member)
-        old = _names(
-            await self.redis.zrangebyscore(
-                P + "usage:hours", "-inf", now - kept_s - usage.HOUR_S, start=0, num=10_000
-            )
-        )
-        for chunk in _chunks(old, 1000):
-            gone = sorted({m.partition(":")[0] for m in chunk})
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.delete(*(P + "usage:h:" + m for m in chunk))
-                pipe.delete(*(P + "usage:m:" + m for m in chunk))
-                pipe.delete(*(P + "usage:f:" + h for h in gone))
-                pipe.delete(*(P + "usage:sites:" + h for h in gone))
-                pipe.delete(*(P + "usage:v:" + h for h in gone))
-                pipe.zrem(P + "usage:hours", *chunk)
-                pipe.zrem(P + "usage:open", *chunk)
-                pipe.zrem(P + "usage:fleet", *gone)
-                pipe.zrem(P + "usage:unsummed", *gone)
-                await pipe.execute()
-        # A site's day goes with its first hour; the rest are read by the hour.
-        gone_before = now - kept_s - usage.HOUR_S
-        old_days = _names(
-            await self.redis.zrangebyscore(
-                P + "usage:days", "-inf", gone_before, start=0, num=10_000
-            )
-        )
-        for chunk in _chunks(old_days, 1000):
-            gone_days = sorted({d.partition(":")[0] for d in chunk})
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.delete(*(P + "usage:d:" + d for d in chunk))
-                pipe.delete(*(P + "usage:dh:" + d for d in gone_days))
-                pipe.zrem(P + "usage:days", *chunk)
-                await pipe.execute()
-        await self.redis.zremrangebyscore(P + "usage:undayed", "-inf", gone_before)
-        if sealed or old or days_summed:
-            await self.replicated()
-        return sealed, len(old)
-
-    async def _sum_fleet_hour(self, hour: int, tries: int = 5) -> bool:
-        """The hour summed over every site once every site's hour in it is sealed
-        (then it leaves `usage:unsummed`); False while one is not, or if sites kept
-        arriving while it was summed: it is tried again at the next trim, and read
-        from its sites meanwhile."""
-        fleet_key, sites_key = P + f"usage:f:{hour}", P + f"usage:sites:{hour}"
-        for _ in range(tries):
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(fleet_key, sites_key)  # a site's first minute: SADD
-                    if await pipe.exists(fleet_key):
-                        await pipe.reset()
-                        await self.redis.zrem(P + "usage:unsummed", str(hour))
-                        return True
-                    if await pipe.zcount(P + "usage:open", hour, hour):
-                        return False
-                    sites = sorted(_names(await pipe.smembers(sites_key)))
-                    keys = [P + f"usage:h:{hour}:{site}" for site in sites]
-                    if keys:
-                        await pipe.watch(*keys)  # a minute sent late to a sealed hour
-                    raws = await pipe.mget(keys) if keys else []
-                    sums = [pb.UsageHour.FromString(raw).sum for raw in raws if raw]
-                    total = usage.hour_sum("", hour, sums)
-                    pipe.multi()
-                    pipe.set(fleet_key, total.SerializeToString())
-                    pipe.zadd(P + "usage:fleet", {str(hour): hour})
-                    pipe.zrem(P + "usage:unsummed", str(hour))
-                    await pipe.execute()
-                    return True
-                except WatchError:
-                    continue
-        return False
-
-    async def _sum_site_day(self, member: str, tries: int = 5) -> bool:
-        """A site's UTC day ("<day>:<site>") summed from its hours when every one of
-        them is sealed; one that is not yet lists the day again when it is sealed. A
-        minute sent meanwhile is tried again (WATCH on every hour of the day). True
-        when it summed the day."""
-        day, _, site = member.partition(":")
-        day_key = P + "usage:d:" + member
-        hour_keys = [P + f"usage:h:{int(day) + h * usage.HOUR_S}:{site}" for h in range(24)]
-        for _ in range(tries):
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(day_key, *hour_keys)
-                    summed = await pipe.exists(day_key)
-                    hours = [pb.UsageHour.FromString(r) for r in await pipe.mget(hour_keys) if r]
-                    pipe.multi()
-                    ready = not summed and hours and all(hour.sealed for hour in hours)
-                    if ready:
-                        total = usage.day_sum(site, int(day), (hour.sum for hour in hours))
-                        pipe.set(day_key, total.SerializeToString())
-                        pipe.zadd(P + "usage:days", {member: int(day)})
-                        pipe.incrby(P + f"usage:dh:{day}", len(hours))
-                    pipe.zrem(P + "usage:undayed", member)
-                    await pipe.execute()
-                    return bool(ready)
-                except WatchError:
-                    continue
-        return False
-
-    async def list_days_to_sum(self) -> int:
-        """Once (a marker records it): every site's day that has hours listed to be
-        summed at the trims to come, for the hours a control plane sealed before it
-        summed days. Returns how many site-days were listed."""
-        if await self.redis.exists(P + "usage:days:listed"):
-            return 0
-        listed, cursor = 0, 0
-        while True:
-            cursor, found = await self.redis.zscan(P + "usage:hours", cursor, count=5000)
-            days = _site_days(_names(m for m, _ in found))
-            if days:
-                await self.redis.zadd(P + "usage:undayed", days)
-                listed += len(days)
-            if cursor == 0:
-                break
-        await self.redis.set(P + "usage:days:listed", "1")
-        return listed
-
-    async def migrate_usage(self) -> int:
-        """Minutes an earlier control plane kept in one hash (`usage`, with its index
-        `usage:minutes`), moved into their hours; returns how many were moved."""
-        moved = 0
-        while True:
-            _, found = await self.redis.hscan(P + "usage", 0, count=500)
-            assert isinstance(found, dict)  # field -> value (no_values not asked)
-            if not found:
-                await self.redis.delete(P + "usage:minutes")
-                return moved
-            for raw in found.values():
-                await self.put_usage(pb.UsageReport.FromString(_bytes(raw)))
-            names = list(found)
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hdel(P + "usage", *names)
-                pipe.zrem(P + "usage:minutes", *names)
-                await pipe.execute()
-            moved += len(names)
-
     async def put_placement(self, placement: pb.Placement) -> None:
         await self.redis.set(P + "placement", placement.SerializeToString())
 
@@ -808,11 +380,11 @@ class Store:
 
     async def batch_shard(self, job_id: str, index: int) -> bytes:
         raw = await self.redis.hget(f"{P}batch:{job_id}:in", str(index))
-        return _bytes(raw or b"[]")
+        return as_bytes(raw or b"[]")
 
     async def batch_outputs(self, job_id: str) -> dict[int, bytes]:
         raw = await self.redis.hgetall(f"{P}batch:{job_id}:out")
-        return {int(text(k)): _bytes(v) for k, v in raw.items()}
+        return {int(text(k)): as_bytes(v) for k, v in raw.items()}
 
     async def batch_done_shards(self, job_id: str) -> set[int]:
         keys = await self.redis.hkeys(f"{P}batch:{job_id}:out")
@@ -893,53 +465,3 @@ class ShardLease:
         parts = raw.split()
         holder = parts[3] if len(parts) > 3 else ""
         return cls(parts[0], float(parts[1]), int(parts[2]), holder)
-
-
-def _below(end: float) -> str:
-    """A score range's exclusive upper end, for ZRANGEBYSCORE."""
-    return f"({end}" if math.isfinite(end) else "+inf"
-
-
-def _gaps(start: float, end: float, covered: list[tuple[int, int]]) -> list[tuple[float, float]]:
-    """The spans of [start, end) that none of `covered` (sorted) holds."""
-    gaps: list[tuple[float, float]] = []
-    at = start
-    for lo, hi in covered:
-        if lo > at:
-            gaps.append((at, lo))
-        at = max(at, hi)
-    if at < end:
-        gaps.append((at, end))
-    return gaps
-
-
-def _day_of(member: str) -> str:
-    """The site's day ("<day>:<site>") of a site's hour ("<hour>:<site>")."""
-    hour, _, site = member.partition(":")
-    return f"{int(hour) - int(hour) % usage.DAY_S}:{site}"
-
-
-def _site_days(members: Iterable[str]) -> dict[str, int]:
-    """The site-days of site-hours, each with its day's start (its score in the
-    lists of days)."""
-    days = {_day_of(member) for member in members}
-    return {day: int(day.partition(":")[0]) for day in days}
-
-
-def _names(reply: Any) -> list[str]:
-    """The members a Redis range reply lists (no scores asked), as str."""
-    return [text(member) for member in reply]
-
-
-def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
-    for at in range(0, len(items), size):
-        yield items[at : at + size]
-
-
-def text(value: bytes | str) -> str:
-    """A Redis reply as str (the client returns bytes)."""
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _bytes(value: bytes | str) -> bytes:
-    return value.encode() if isinstance(value, str) else value

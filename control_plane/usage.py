@@ -1,7 +1,7 @@
 """Usage records at the control plane: each site's closed minutes, summed into
 the site's hours as they arrive (a minute sent again replaces itself), and summed
 per tenant by model, site or hour for `edgeplex admin usage` and the dashboard.
-Pure functions; the store (store.py) keeps minutes and hours in Redis."""
+Pure functions; usage_store.py keeps minutes and hours in Redis."""
 
 from __future__ import annotations
 

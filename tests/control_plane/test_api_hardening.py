@@ -180,7 +180,7 @@ def test_a_usage_range_that_cuts_an_hour_kept_only_as_its_sum_is_refused(
         async def seal() -> None:
             store = Store(cp.redis_url)
             try:
-                await store.trim_usage(time.time(), 3600, 400 * 86400)
+                await store.usage.trim(time.time(), 3600, 400 * 86400)
             finally:
                 await store.close()
 

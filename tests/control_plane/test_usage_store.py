@@ -46,7 +46,7 @@ class Counted(dict[tuple[str, int], pb.UsageReport]):
     """The minutes a store counted, each as last sent: what every answer must sum."""
 
     async def put(self, store: Store, report: pb.UsageReport) -> None:
-        if await store.put_usage(report):
+        if await store.usage.put(report):
             self[(report.site_id, usage.start_of(report))] = report
 
 
@@ -82,13 +82,13 @@ def test_any_range_answers_as_the_raw_minutes_would(redis_url: str) -> None:
             start = DAY + 60 * rng.randrange(5 * 60)
             report = minute(site, start, rng.randrange(1, 50), rng.choice(["acme", "zed"]))
             latest[(site, start)] = report
-            await store.put_usage(report)
+            await store.usage.put(report)
         for _ in range(40):
             from_time = DAY + rng.randrange(-600, 5 * HOUR)
             to_time = rng.choice([0, from_time + rng.randrange(1, 4 * HOUR)])
             by = rng.choice(list(usage.GROUPS))
             for tenant in ("", "acme"):
-                got = usage.summarize(await store.usage_reports(from_time, to_time), tenant,
+                got = usage.summarize(await store.usage.reports(from_time, to_time), tenant,
                                       from_time, to_time, by)  # fmt: skip
                 want = usage.summarize(latest.values(), tenant, from_time, to_time, by)
                 assert rows(got) == rows(want), (from_time - DAY, to_time and to_time - DAY, by)
@@ -100,9 +100,9 @@ def test_a_minute_sent_again_replaces_itself_even_at_once(redis_url: str) -> Non
     async def scenario(store: Store) -> None:
         # Sixty minutes of one site's hour at once (each put watches the hour's sum),
         # then each sent again with another count, also at once.
-        await asyncio.gather(*(store.put_usage(minute("a1", DAY + 60 * n, 1)) for n in range(60)))
-        await asyncio.gather(*(store.put_usage(minute("a1", DAY + 60 * n, 2)) for n in range(60)))
-        table = usage.summarize(await store.usage_reports(DAY, DAY + HOUR), "", DAY, 0, "site")
+        await asyncio.gather(*(store.usage.put(minute("a1", DAY + 60 * n, 1)) for n in range(60)))
+        await asyncio.gather(*(store.usage.put(minute("a1", DAY + 60 * n, 2)) for n in range(60)))
+        table = usage.summarize(await store.usage.reports(DAY, DAY + HOUR), "", DAY, 0, "site")
         assert rows(table) == {("acme", "a1"): (120, 0, 12_000, 30.0)}
         hour = pb.UsageHour.FromString(await store.redis.get(f"edgeplex:usage:h:{DAY}:a1"))
         assert sorted(hour.minutes) == [60 * n for n in range(60)]  # seconds into the hour
@@ -113,33 +113,33 @@ def test_a_minute_sent_again_replaces_itself_even_at_once(redis_url: str) -> Non
 def test_sealed_hours_keep_their_sums_and_count_a_late_minute_once(redis_url: str) -> None:
     async def scenario(store: Store) -> None:
         for n in range(3):
-            await store.put_usage(minute("a1", DAY + 60 * n, 10))
-        await store.put_usage(minute("a1", DAY + 2 * HOUR, 5))
+            await store.usage.put(minute("a1", DAY + 60 * n, 10))
+        await store.usage.put(minute("a1", DAY + 2 * HOUR, 5))
         now = DAY + 3 * HOUR
         # Minutes kept for an hour: the first hour ended two hours ago, the third is
         # still going on.
-        assert await store.trim_usage(now, HOUR, 30 * 86400) == (1, 0)
+        assert await store.usage.trim(now, HOUR, 30 * 86400) == (1, 0)
         assert not await store.redis.exists(f"edgeplex:usage:m:{DAY}:a1")
         assert await store.redis.exists(f"edgeplex:usage:m:{DAY + 2 * HOUR}:a1")
-        whole = usage.summarize(await store.usage_reports(DAY, 0), "", DAY, 0, "hour")
+        whole = usage.summarize(await store.usage.reports(DAY, 0), "", DAY, 0, "hour")
         assert [r.requests for r in whole.rows] == [30, 5]
         # A range that cuts the sealed hour is refused, naming it; one that cuts a
         # kept hour is answered from its minutes.
         with pytest.raises(usage.UsageGone, match="2026-12-05T00:00Z"):
-            await store.usage_reports(DAY + 60, 0)
-        cut = await store.usage_reports(DAY + 2 * HOUR + 30, 0)
+            await store.usage.reports(DAY + 60, 0)
+        cut = await store.usage.reports(DAY + 2 * HOUR + 30, 0)
         assert usage.summarize(cut, "", DAY + 2 * HOUR + 30, 0, "model").rows == []
         # A minute that comes after its hour was sealed is added once; one the hour
         # holds already is not added again.
-        assert await store.put_usage(minute("a1", DAY + 60 * 7, 4))
-        assert not await store.put_usage(minute("a1", DAY + 60 * 7, 4))
-        assert not await store.put_usage(minute("a1", DAY, 10))
-        again = usage.summarize(await store.usage_reports(DAY, DAY + HOUR), "", DAY, 0, "model")
+        assert await store.usage.put(minute("a1", DAY + 60 * 7, 4))
+        assert not await store.usage.put(minute("a1", DAY + 60 * 7, 4))
+        assert not await store.usage.put(minute("a1", DAY, 10))
+        again = usage.summarize(await store.usage.reports(DAY, DAY + HOUR), "", DAY, 0, "model")
         assert [r.requests for r in again.rows] == [34]
         assert not await store.redis.exists(f"edgeplex:usage:m:{DAY}:a1")
         # Past keeping, hours go, sealed or not.
-        assert await store.trim_usage(DAY + 10 * 86400, HOUR, 7 * 86400) == (1, 2)
-        assert await store.usage_reports(0, 0) == []
+        assert await store.usage.trim(DAY + 10 * 86400, HOUR, 7 * 86400) == (1, 2)
+        assert await store.usage.reports(0, 0) == []
         assert not [k async for k in store.redis.scan_iter("edgeplex:usage*")]
 
     run(redis_url, scenario)
@@ -160,25 +160,25 @@ def test_hours_summed_over_the_fleet_answer_as_their_sites_do(redis_url: str) ->
             site, tenant = rng.choice(["a1", "a2", "b1"]), rng.choice(["acme", "zed"])
             await counted.put(store, minute(site, start, rng.randrange(1, 50), tenant))
         # Minutes kept an hour: hours 0 to 3 ended over an hour before "now".
-        sealed, _ = await store.trim_usage(DAY + 5 * HOUR, HOUR, 30 * 86400)
+        sealed, _ = await store.usage.trim(DAY + 5 * HOUR, HOUR, 30 * 86400)
         assert sealed >= 10
         summed = await store.redis.zrange("edgeplex:usage:fleet", 0, -1)
         assert sorted(int(h) for h in summed) == [DAY + n * HOUR for n in range(4)]
         await counted.put(store, minute("a1", DAY + HOUR + 59 * 60, 7))  # late, a known site
         await counted.put(store, minute("c9", DAY + 2 * HOUR + 60, 5, "new"))  # a new site's first
         again = next(r for (s, t), r in counted.items() if t < DAY + HOUR)
-        assert not await store.put_usage(minute(again.site_id, usage.start_of(again), 99))
+        assert not await store.usage.put(minute(again.site_id, usage.start_of(again), 99))
         for _ in range(30):
             first = DAY + HOUR * rng.randrange(-1, 6)
             last = rng.choice([0, first + HOUR * rng.randrange(1, 7)])
             for by in usage.GROUPS:
                 want = rows(usage.summarize(counted.values(), "", first, last, by))
                 for fleet in (False, True) if by != "site" else (False,):
-                    got = await store.usage_reports(first, last, fleet)
+                    got = await store.usage.reports(first, last, fleet)
                     table = usage.summarize(got, "", first, last, by)
                     assert rows(table) == want, (first - DAY, last and last - DAY, by, fleet)
         # Past keeping, the fleet's sums go with the sites'.
-        await store.trim_usage(DAY + 40 * 86400, HOUR, 30 * 86400)
+        await store.usage.trim(DAY + 40 * 86400, HOUR, 30 * 86400)
         assert not [k async for k in store.redis.scan_iter("edgeplex:usage*")]
 
     run(redis_url, scenario)
@@ -199,7 +199,7 @@ def test_a_sites_days_summed_answer_as_its_hours_do(redis_url: str) -> None:
             last = rng.choice([0, first + HOUR * rng.randrange(1, 60)])
             want = rows(usage.summarize(counted.values(), "", first, last, "site"))
             for days in (False, True):
-                got = await store.usage_reports(first, last, days=days)
+                got = await store.usage.reports(first, last, days=days)
                 assert rows(usage.summarize(got, "", first, last, "site")) == want, (
                     (first - DAY) / HOUR, last and (last - DAY) / HOUR, days,
                 )  # fmt: skip
@@ -213,14 +213,14 @@ def test_a_sites_days_summed_answer_as_its_hours_do(redis_url: str) -> None:
             )
         # Minutes kept an hour: at 00:30 on the third day, the first day is summed,
         # the second not yet (its last hour ended half an hour before).
-        await store.trim_usage(DAY + 2 * 86400 + HOUR // 2, HOUR, 30 * 86400)
+        await store.usage.trim(DAY + 2 * 86400 + HOUR // 2, HOUR, 30 * 86400)
         summed = await store.redis.zrange("edgeplex:usage:days", 0, -1)
         assert sorted(summed) == [f"{DAY}:{s}".encode() for s in ("a1", "a2", "b1")]
         await check(store)
         await counted.put(store, minute("a1", DAY + 3 * HOUR + 60, 7))  # late, into a sealed hour
         await counted.put(store, minute("b1", DAY + 2 * HOUR, 5, "new"))  # b1's first in that hour
         again = next(r for (s, t), r in counted.items() if t < DAY + 86400)
-        assert not await store.put_usage(minute(again.site_id, usage.start_of(again), 99))
+        assert not await store.usage.put(minute(again.site_id, usage.start_of(again), 99))
         day = pb.UsageReport.FromString(await store.redis.get(f"edgeplex:usage:d:{DAY}:b1"))
         assert "new" in {record.tenant for record in day.records}
         await check(store)
@@ -230,25 +230,25 @@ def test_a_sites_days_summed_answer_as_its_hours_do(redis_url: str) -> None:
         assert not await store.redis.exists(f"edgeplex:usage:d:{DAY}:c9")
         await check(store)
         # Every day ended: all are summed, and past keeping they go with their hours.
-        await store.trim_usage(DAY + 5 * 86400, HOUR, 30 * 86400)
+        await store.usage.trim(DAY + 5 * 86400, HOUR, 30 * 86400)
         assert await store.redis.zcard("edgeplex:usage:days") == 10
         await check(store)
         # A day dropped between its listing and its reading (as the first hour of
         # the oldest day goes): the hours it held that are kept are read instead.
-        listed = store._summed_days
+        listed = store.usage._summed_days
 
         async def dropped_meanwhile(from_time: float, end: float):  # type: ignore[no-untyped-def]
             held, covered = await listed(from_time, end)
             await store.redis.delete(f"edgeplex:usage:d:{DAY + 86400}:a2")
             return held, covered
 
-        store._summed_days = dropped_meanwhile  # type: ignore[method-assign]
+        store.usage._summed_days = dropped_meanwhile  # type: ignore[method-assign]
         first = DAY + 86400
-        got = await store.usage_reports(first, first + 86400, days=True)
+        got = await store.usage.reports(first, first + 86400, days=True)
         want = usage.summarize(counted.values(), "", first, first + 86400, "site")
         assert rows(usage.summarize(got, "", first, first + 86400, "site")) == rows(want)
-        store._summed_days = listed  # type: ignore[method-assign]
-        await store.trim_usage(DAY + 40 * 86400, HOUR, 30 * 86400)
+        store.usage._summed_days = listed  # type: ignore[method-assign]
+        await store.usage.trim(DAY + 40 * 86400, HOUR, 30 * 86400)
         assert not [k async for k in store.redis.scan_iter("edgeplex:usage*")]
 
     run(redis_url, scenario)
@@ -261,17 +261,17 @@ def test_days_an_older_control_plane_sealed_are_summed_after_an_upgrade(redis_ur
     async def scenario(store: Store) -> None:
         reports = [minute(s, DAY + 600 * n, n + 1) for s in ("a1", "b1") for n in range(300)]
         for report in reports:
-            await store.put_usage(report)
-        await store.trim_usage(DAY + 4 * 86400, HOUR, 30 * 86400)
+            await store.usage.put(report)
+        await store.usage.trim(DAY + 4 * 86400, HOUR, 30 * 86400)
         for key in ("usage:days", "usage:undayed"):  # as an older control plane left it
             await store.redis.delete(f"edgeplex:{key}")
         for key in [k async for k in store.redis.scan_iter("edgeplex:usage:d*")]:
             await store.redis.delete(key)
-        assert await store.list_days_to_sum() == 6  # 300 x 10 minutes: 3 days, 2 sites
-        assert await store.list_days_to_sum() == 0  # once
-        await store.trim_usage(DAY + 4 * 86400, HOUR, 30 * 86400)
+        assert await store.usage.list_days_to_sum() == 6  # 300 x 10 minutes: 3 days, 2 sites
+        assert await store.usage.list_days_to_sum() == 0  # once
+        await store.usage.trim(DAY + 4 * 86400, HOUR, 30 * 86400)
         assert await store.redis.zcard("edgeplex:usage:days") == 6
-        got = await store.usage_reports(DAY, DAY + 3 * 86400, days=True)
+        got = await store.usage.reports(DAY, DAY + 3 * 86400, days=True)
         want = usage.summarize(reports, "", DAY, 0, "site")
         assert rows(usage.summarize(got, "", DAY, 0, "site")) == rows(want)
 
@@ -285,19 +285,19 @@ def test_an_hour_not_summed_at_its_sealing_is_summed_at_a_later_trim(redis_url: 
 
     async def scenario(store: Store) -> None:
         for site in ("a1", "b1"):
-            await store.put_usage(minute(site, DAY + 60, 4))
-        real = store._sum_fleet_hour
+            await store.usage.put(minute(site, DAY + 60, 4))
+        real = store.usage._sum_fleet_hour
 
         async def lost(hour: int, tries: int = 5) -> bool:
             return False
 
-        store._sum_fleet_hour = lost  # type: ignore[method-assign]
-        assert await store.trim_usage(DAY + 3 * HOUR, HOUR, 30 * 86400) == (2, 0)
+        store.usage._sum_fleet_hour = lost  # type: ignore[method-assign]
+        assert await store.usage.trim(DAY + 3 * HOUR, HOUR, 30 * 86400) == (2, 0)
         assert await store.redis.zrange("edgeplex:usage:unsummed", 0, -1) == [str(DAY).encode()]
-        rows = usage.summarize(await store.usage_reports(DAY, 0, True), "", DAY, 0, "model")
+        rows = usage.summarize(await store.usage.reports(DAY, 0, True), "", DAY, 0, "model")
         assert [r.requests for r in rows.rows] == [8]
-        store._sum_fleet_hour = real  # type: ignore[method-assign]
-        assert await store.trim_usage(DAY + 3 * HOUR, HOUR, 30 * 86400) == (0, 0)
+        store.usage._sum_fleet_hour = real  # type: ignore[method-assign]
+        assert await store.usage.trim(DAY + 3 * HOUR, HOUR, 30 * 86400) == (0, 0)
         assert await store.redis.zrange("edgeplex:usage:fleet", 0, -1) == [str(DAY).encode()]
         assert not await store.redis.exists("edgeplex:usage:unsummed")
         fleet = pb.UsageReport.FromString(await store.redis.get(f"edgeplex:usage:f:{DAY}"))
@@ -313,11 +313,11 @@ def test_minutes_an_earlier_version_kept_move_into_their_hours(redis_url: str) -
             member = f"{report.site_id}/{report.minute}"
             await store.redis.hset("edgeplex:usage", member, report.SerializeToString())
             await store.redis.zadd("edgeplex:usage:minutes", {member: usage.start_of(report)})
-        assert await store.migrate_usage() == len(old)
+        assert await store.usage.migrate() == len(old)
         assert not await store.redis.exists("edgeplex:usage", "edgeplex:usage:minutes")
-        got = usage.summarize(await store.usage_reports(0, 0), "", 0, 0, "site")
+        got = usage.summarize(await store.usage.reports(0, 0), "", 0, 0, "site")
         assert rows(got) == rows(usage.summarize(old, "", 0, 0, "site"))
-        assert await store.migrate_usage() == 0
+        assert await store.usage.migrate() == 0
 
     run(redis_url, scenario)
 
@@ -364,18 +364,18 @@ def test_the_dashboard_reads_again_only_the_hours_a_minute_has_reached(redis_url
     read: list[int] = []
 
     async def scenario(store: Store) -> None:
-        parts = store.usage_parts
+        parts = store.usage.parts
 
         def counted(from_time: float, to_time: float, fleet: bool = False):  # type: ignore[no-untyped-def]
             read.append(int(from_time))
             return parts(from_time, to_time, fleet)
 
-        store.usage_parts = counted  # type: ignore[method-assign]
+        store.usage.parts = counted  # type: ignore[method-assign]
         dashboard = Dashboard(store, None, "token", lambda: None)  # type: ignore[arg-type]
 
         async def put(report: pb.UsageReport) -> None:
             latest[(report.site_id, report.minute)] = report
-            await store.put_usage(report)
+            await store.usage.put(report)
 
         async def check(by: str) -> None:
             got = (await dashboard._usage_since(DAY, by)).table()
