@@ -164,6 +164,10 @@ async def run(args: argparse.Namespace, url: str) -> None:
               f"fleet's {m['model_fleet']:.0f} ms ({m['model_sites'] / m['model_fleet']:.1f}x); "
               f"by site from the sites' hourly sums {m['site_hours']:.0f} ms, from their days "
               f"{m['site_days']:.0f} ms ({m['site_hours'] / m['site_days']:.1f}x)")  # fmt: skip
+        print(f"the dashboard's 30 days (the 29 before its last day): by model "
+              f"{m['dash_model']:.0f} ms read, {m['dash_model_cached']:.1f} ms from its cache; "
+              f"by site {m['dash_site']:.0f} ms read, {m['dash_site_cached']:.1f} ms from its "
+              "cache")  # fmt: skip
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"one local Redis (appendfsync always), one client")  # fmt: skip
 
@@ -234,6 +238,19 @@ async def month(store: Store, args: argparse.Namespace) -> dict[str, float]:
             answers[way] = [(r.key, r.requests) for r in (await answer()).rows]
     assert answers["model_sites"] == answers["model_fleet"]
     assert answers["site_hours"] == answers["site_days"]
+    # The dashboard's 30 days: the 29 before its last day, read first by a new
+    # dashboard and then again with no minute come since (its cache).
+    for by in ("model", "site"):
+        for key in (f"dash_{by}", f"dash_{by}_cached"):
+            times[key] = []
+        for _ in range(args.rounds):
+            dashboard = Dashboard(store, None, "", lambda: None)  # type: ignore[arg-type]
+
+            async def window(by: str = by, dashboard: Dashboard = dashboard) -> list[pb.UsageRow]:
+                return await dashboard._usage_before(DAY, 30, by)
+
+            times[f"dash_{by}"].append(await timed_ms(window))
+            times[f"dash_{by}_cached"].append(await timed_ms(window))
     return {way: statistics.median(t) for way, t in times.items()} | {
         "sums": 30 * 24 * args.month_sites
     }

@@ -11,9 +11,10 @@ step) polls `/dashboard/state.json`, which shows:
 - the catalog, each model's placement explanation on request
   (`/dashboard/explain/{model}`);
 - batch jobs with their progress;
-- each tenant's usage over the last 24 hours, by model, site or hour
-  (`/dashboard/usage.json?by=`: the sites' hourly sums, docs/tenants.md; read
-  at most every `USAGE_CACHE_S`, however many pages poll).
+- each tenant's usage over the last day, 7 or 30 days, by model, site, hour
+  or day (`/dashboard/usage.json?by=&days=`: the hourly sums, the fleet's hours
+  and the sites' days, docs/tenants.md; read at most every `USAGE_CACHE_S`,
+  however many pages poll).
 
 Viewing needs no token. The actions (cordon, drain, cancel a batch job) are
 POSTs that need the admin token as `Authorization: Bearer`.
@@ -54,7 +55,9 @@ CSP = (
 )
 SAMPLE_S = 5.0
 HISTORY = 720  # an hour at 5 s
-USAGE_HOURS = 24  # the usage table's window: this hour so far and the 23 before
+USAGE_HOURS = 24  # the usage table's last day: this hour so far and the 23 before
+USAGE_DAYS = (1, 7, 30)  # the windows the usage table offers, in days
+USAGE_BY = ("model", "site", "hour", "day")
 USAGE_CACHE_S = 10.0  # a usage view is read from Redis at most this often
 
 
@@ -64,11 +67,15 @@ class Dashboard:
     ) -> None:
         self._store, self._planner, self._token, self._poke = store, planner, admin_token, poke
         self.history: deque[tuple[float, dict[str, float]]] = deque(maxlen=HISTORY)
-        self._usage: dict[str, tuple[float, list[dict[str, object]]]] = {}  # by: (when, rows)
+        # (by, days): (when read, rows)
+        self._usage: dict[tuple[str, int], tuple[float, list[dict[str, object]]]] = {}
         self._usage_read = asyncio.Lock()  # one read of Redis at a time, for every page
         # Each hour's rows by (by, hour), with the hour's count of minutes stored when
         # read (UsageStore.versions): read again only once a minute has come since.
         self._hours: dict[tuple[str, int], tuple[int, list[pb.UsageRow]]] = {}
+        # A longer window's hours before the last day, by (by, days): their first hour
+        # and counts of minutes when read, and their rows.
+        self._before: dict[tuple[str, int], tuple[int, list[int], list[pb.UsageRow]]] = {}
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -159,23 +166,30 @@ class Dashboard:
         )
 
     async def usage(self, request: web.Request) -> web.Response:
-        """Each tenant's usage in the last USAGE_HOURS hours (whole hours: this one so
-        far and those before it), by model (default), site or hour."""
+        """Each tenant's usage in the last `days` days (1 by default, 7 or 30; whole
+        hours: this one so far and those before it), by model (default), site, hour
+        or day."""
         by = request.query.get("by", "model")
-        if by not in ("model", "site", "hour"):
-            return web.json_response({"error": "by: model, site or hour"}, status=400)
+        if by not in USAGE_BY:
+            return web.json_response({"error": "by: model, site, hour or day"}, status=400)
+        days_text = request.query.get("days", "1")
+        days = int(days_text) if days_text.isdigit() else 0
+        if days not in USAGE_DAYS:
+            return web.json_response({"error": "days: 1, 7 or 30"}, status=400)
         async with self._usage_read:
             now = time.time()
-            read_at, rows = self._usage.get(by, (0.0, []))
+            read_at, rows = self._usage.get((by, days), (0.0, []))
             if now - read_at >= USAGE_CACHE_S:
                 since = int(now - now % usage.HOUR_S) - (USAGE_HOURS - 1) * usage.HOUR_S
                 try:
                     summary = await self._usage_since(since, by)
+                    if days > 1:
+                        summary.merge(await self._usage_before(since, days, by))
                 except RedisError:
                     return web.json_response({"error": "Redis is unavailable"}, status=503)
                 rows = [_usage_row(u, by) for u in summary.table().rows]
-                self._usage[by] = (now, rows)
-        return web.json_response({"by": by, "hours": USAGE_HOURS, "rows": rows})
+                self._usage[(by, days)] = (now, rows)
+        return web.json_response({"by": by, "days": days, "hours": 24 * days, "rows": rows})
 
     async def _usage_since(self, since: int, by: str) -> Summary:
         """The window's rows from each hour's own: an hour no minute has reached since
@@ -196,6 +210,24 @@ class Dashboard:
         for key in [k for k in self._hours if k[1] < since]:
             del self._hours[key]  # out of the window
         return summary
+
+    async def _usage_before(self, end: int, days: int, by: str) -> list[pb.UsageRow]:
+        """The rows of a `days` window's hours before `end` (the last day's first
+        hour), in one query of the longer sums: the fleet's hours (rows not by site)
+        or the sites' days (by site). Read again only when its first hour moved (each
+        hour) or a late minute reached one of its hours."""
+        start = end - (days * 24 - USAGE_HOURS) * usage.HOUR_S
+        hours = list(range(start, end, usage.HOUR_S))
+        versions = await self._store.usage.versions(hours)
+        cached = self._before.get((by, days))
+        if cached is not None and cached[0] == start and cached[1] == versions:
+            return cached[2]
+        summary = Summary("", start, end, by)
+        async for part in self._store.usage.parts(start, end, by != "site", by == "site"):
+            summary.add(part)
+        rows = list(summary.table().rows)
+        self._before[(by, days)] = (start, versions, rows)
+        return rows
 
     async def explain(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]

@@ -98,8 +98,8 @@ def test_the_state_shows_sites_models_and_where_they_are(fleet: Fleet) -> None:
     with urllib.request.urlopen(request, timeout=30) as reply:
         assert reply.status == 200
 
-    def used(by: str) -> list[dict[str, object]]:
-        status, _, body = fleet.get(f"/dashboard/usage.json?by={by}")
+    def used(by: str, days: int = 1) -> list[dict[str, object]]:
+        status, _, body = fleet.get(f"/dashboard/usage.json?by={by}&days={days}")
         assert status == 200, body
         return json.loads(body)["rows"]  # type: ignore[no-any-return]
 
@@ -110,7 +110,15 @@ def test_the_state_shows_sites_models_and_where_they_are(fleet: Fleet) -> None:
     assert sites and sites <= {"a1", "b1"}, sites
     hours = [str(u["hour"]) for u in used("hour")]
     assert hours and all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:00Z", h) for h in hours), hours
+    # The 7- and 30-day windows hold the last day's requests too (their hours before
+    # it are the longer sums: none yet in a new fleet).
+    for days in (7, 30):
+        assert sum(u["requests"] for u in used("day", days)) == sum(  # type: ignore[misc]
+            u["requests"]
+            for u in used("site")  # type: ignore[misc]
+        )
     assert fleet.get("/dashboard/usage.json?by=tenant")[0] == 400
+    assert fleet.get("/dashboard/usage.json?days=2")[0] == 400
     status, _, body = fleet.get("/dashboard/explain/mlp")
     assert status == 200 and any("a1" in line for line in json.loads(body)["lines"])
     assert fleet.get("/dashboard/explain/..%2Fx")[0] in (400, 404)
@@ -143,6 +151,7 @@ def test_the_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
 
     def settled(read):  # type: ignore[no-untyped-def]
         """`read`, retried when it raced one of the page's re-renders (a stale element)."""
@@ -195,6 +204,11 @@ def test_the_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
         wait_until(settled(explain), 10, "the explain button clicked")
         wait_until(settled(lambda: driver.find_element(By.ID, "explain").text), 10,
                    "an explanation")  # fmt: skip
+        # The usage table over 30 days, by day: each select reads the table anew.
+        Select(driver.find_element(By.ID, "usage-days")).select_by_value("30")
+        Select(driver.find_element(By.ID, "usage-by")).select_by_value("day")
+        wait_until(settled(lambda: driver.find_element(By.ID, "usage-key").text == "day"), 10,
+                   "the usage table by day")  # fmt: skip
         driver.set_window_size(1400, 1100)
         driver.save_screenshot(os.environ.get("EDGEPLEX_SCREENSHOT", str(tmp_path / "shot.png")))
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]

@@ -397,3 +397,54 @@ def test_the_dashboard_reads_again_only_the_hours_a_minute_has_reached(redis_url
         assert min(hour for _, hour in dashboard._hours) >= DAY + 2 * HOUR  # left the window
 
     run(redis_url, scenario)
+
+
+def test_the_dashboards_longer_windows_read_the_longer_sums_once(redis_url: str) -> None:
+    """A 7- or 30-day window's hours before its last day are one query of the fleet's
+    hours (rows not by site) or the sites' days (by site), read again only when a
+    minute reached one of them; the rows equal the minutes' own."""
+    from edgeplex.control_plane.dashboard import USAGE_HOURS, Dashboard
+
+    rng = random.Random(11)
+    end = DAY + 30 * 86400  # the last day's first hour
+    counted = Counted()
+    read: list[tuple[int, bool, bool]] = []
+
+    async def scenario(store: Store) -> None:
+        parts = store.usage.parts
+
+        def reading(from_time: float, to_time: float, fleet: bool = False, days: bool = False):  # type: ignore[no-untyped-def]
+            read.append((int(from_time), fleet, days))
+            return parts(from_time, to_time, fleet, days)
+
+        store.usage.parts = reading  # type: ignore[method-assign]
+        dashboard = Dashboard(store, None, "token", lambda: None)  # type: ignore[arg-type]
+        for _ in range(300):  # over 31 days, some before the window
+            start = end - 31 * 86400 + 60 * rng.randrange(31 * 24 * 60)
+            site, tenant = rng.choice(["a1", "b1"]), rng.choice(["acme", "zed"])
+            await counted.put(store, minute(site, start, rng.randrange(1, 50), tenant))
+        for _ in range(3):  # hours sealed, the fleet's hours and the sites' days summed
+            await store.usage.trim(end + 3 * 86400, HOUR, 90 * 86400)
+
+        async def check(days: int, by: str) -> None:
+            start = end - (days * 24 - USAGE_HOURS) * HOUR
+            got = pb.UsageTable(rows=await dashboard._usage_before(end, days, by))
+            want = usage.summarize(counted.values(), "", start, end, by)
+            assert rows(got) == rows(want), (days, by)
+
+        for by in ("model", "site", "hour", "day"):
+            await check(30, by)
+        start = end - 29 * 86400
+        assert sorted(read) == [(start, False, True)] + [(start, True, False)] * 3
+        read.clear()
+        await check(30, "site")
+        await check(30, "model")
+        assert read == []  # nothing new: from the cache
+        late = minute("b1", end - 20 * 86400 + 7 * HOUR + 120, 40, "acme")
+        assert (late.site_id, usage.start_of(late)) not in counted
+        await counted.put(store, late)  # into a sealed hour of a summed day
+        await check(30, "site")
+        await check(7, "model")
+        assert sorted(read) == [(start, False, True), (end - 6 * 86400, True, False)]
+
+    run(redis_url, scenario)
