@@ -50,14 +50,20 @@ def test_a_higher_priority_request_overtakes_the_queue(tmp_path):
             local.infer("slow", inputs, priority=priority)
             done[name] = time.monotonic()
 
-        calls = [("busy", 0), ("low1", 0), ("low2", 9), ("low3", 2), ("high", 1)]
-        threads = []
-        for name, priority in calls:
-            if name == "high":  # once the three wait behind "busy"
-                _until_queued(agent, 3)
+        threads: list[threading.Thread] = []
+
+        def send(name: str, priority: int) -> None:
             threads.append(threading.Thread(target=call, args=(name, priority)))
             threads[-1].start()
-            time.sleep(0.02)  # queued in this order
+
+        send("busy", 0)
+        time.sleep(0.05)  # running: the rest queue behind it
+        # Each queued before the next is sent (threads alone do not keep an order
+        # on a loaded machine), then "high" behind the three.
+        for depth, (name, priority) in enumerate([("low1", 0), ("low2", 9), ("low3", 2)], 1):
+            send(name, priority)
+            _until_queued(agent, depth)
+        send("high", 1)
         for thread in threads:
             thread.join(60)
         assert sorted(done, key=done.get) == ["busy", "high", "low1", "low2", "low3"], done
