@@ -12,7 +12,7 @@ step) polls `/dashboard/state.json`, which shows:
   (`/dashboard/explain/{model}`);
 - batch jobs with their progress;
 - each tenant's usage over the last day, 7 or 30 days, by model, site, hour
-  or day (`/dashboard/usage.json?by=&days=`: the hourly sums, the fleet's hours
+  or day (`/dashboard/usage.json?by=&days=&tenant=`: the hourly sums, the fleet's hours
   and the sites' days, docs/tenants.md; read at most every `USAGE_CACHE_S`,
   however many pages poll).
 
@@ -40,7 +40,7 @@ from edgeplex.control_plane.api_batch import cancel_batch
 from edgeplex.control_plane.explain import explain
 from edgeplex.control_plane.placement import PlacementResult
 from edgeplex.control_plane.usage import Summary
-from edgeplex.names import valid_name
+from edgeplex.names import NAME_RULE, valid_name
 from edgeplex.net import bearer_token
 from edgeplex.proto import edgeplex_control_pb2 as pb
 
@@ -166,9 +166,9 @@ class Dashboard:
         )
 
     async def usage(self, request: web.Request) -> web.Response:
-        """Each tenant's usage in the last `days` days (1 by default, 7 or 30; whole
-        hours: this one so far and those before it), by model (default), site, hour
-        or day."""
+        """Each tenant's usage (or one `tenant`'s) in the last `days` days (1 by
+        default, 7 or 30; whole hours: this one so far and those before it), by model
+        (default), site, hour or day."""
         by = request.query.get("by", "model")
         if by not in USAGE_BY:
             return web.json_response({"error": "by: model, site, hour or day"}, status=400)
@@ -176,6 +176,9 @@ class Dashboard:
         days = int(days_text) if days_text.isdigit() else 0
         if days not in USAGE_DAYS:
             return web.json_response({"error": "days: 1, 7 or 30"}, status=400)
+        tenant = request.query.get("tenant", "")
+        if tenant and not valid_name(tenant):
+            return web.json_response({"error": f"tenant: {NAME_RULE}"}, status=400)
         async with self._usage_read:
             now = time.time()
             read_at, rows = self._usage.get((by, days), (0.0, []))
@@ -189,6 +192,8 @@ class Dashboard:
                     return web.json_response({"error": "Redis is unavailable"}, status=503)
                 rows = [_usage_row(u, by) for u in summary.table().rows]
                 self._usage[(by, days)] = (now, rows)
+        if tenant:
+            rows = [row for row in rows if row["tenant"] == tenant]
         return web.json_response({"by": by, "days": days, "hours": 24 * days, "rows": rows})
 
     async def _usage_since(self, since: int, by: str) -> Summary:

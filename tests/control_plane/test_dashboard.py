@@ -117,6 +117,14 @@ def test_the_state_shows_sites_models_and_where_they_are(fleet: Fleet) -> None:
             u["requests"]
             for u in used("site")  # type: ignore[misc]
         )
+    # One tenant's rows alone; a name that is no tenant's has none, one that is no
+    # name is refused.
+    tenant = rows[0]["tenant"]  # type: ignore[index]
+    status, _, body = fleet.get(f"/dashboard/usage.json?tenant={tenant}")
+    assert status == 200 and json.loads(body)["rows"] == used("model"), body
+    status, _, body = fleet.get("/dashboard/usage.json?tenant=nobody")
+    assert status == 200 and json.loads(body)["rows"] == [], body
+    assert fleet.get("/dashboard/usage.json?tenant=..%2Fx")[0] == 400
     assert fleet.get("/dashboard/usage.json?by=tenant")[0] == 400
     assert fleet.get("/dashboard/usage.json?days=2")[0] == 400
     status, _, body = fleet.get("/dashboard/explain/mlp")
