@@ -22,9 +22,9 @@ that knows the usage keys (store.py holds the rest):
                              not yet summed)
     edgeplex:usage:days:listed  string  set once the days of older hours were listed
 
-A minute is written once (a copy sent again replaces itself while the minutes are
-kept, and is refused after), and every write is acknowledged only once a replica
-has it when Sentinels watch Redis (`Store.replicated`).
+A minute counts once: a copy sent again replaces it while the minutes are kept,
+and is refused after. When Sentinels watch Redis, a write returns only once a
+replica has it (`Store.replicated`).
 """
 
 from __future__ import annotations
