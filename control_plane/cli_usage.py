@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,16 @@ def add_usage_noun(nouns: argparse._SubParsersAction, common: argparse.ArgumentP
         "usage", parents=[common], help="what tenants used, from the sites' usage records"
     )
     usage.add_argument("--tenant", default="", help="one tenant (default: every one)")
-    usage.add_argument("--from", dest="from_", default="", help="ISO 8601 start (UTC if no zone)")
-    usage.add_argument("--to", default="", help="ISO 8601 end, exclusive (default: now)")
+    since = usage.add_mutually_exclusive_group()
+    since.add_argument("--from", dest="from_", type=_moment, default=0.0, metavar="TIME",
+                       help="ISO 8601 start (UTC if no zone)")  # fmt: skip
+    since.add_argument(
+        "--last", type=_hours, default=0, metavar="SPAN",
+        help="the last hours or days up to now (24h, 7d): this hour so far and those "
+        "before it, so that no hour is cut",
+    )  # fmt: skip
+    usage.add_argument("--to", type=_moment, default=0.0, metavar="TIME",
+                       help="ISO 8601 end, exclusive (default: now)")  # fmt: skip
     usage.add_argument(
         "--by", choices=GROUPS, default="model", help="rows per (model); times in UTC"
     )
@@ -59,21 +69,37 @@ def journal_call(directory: Path, interval_s: int) -> Call:
     return call
 
 
-def _time(text: str) -> float:
-    if not text:
-        return 0.0
-    moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+def _moment(text: str) -> float:
+    """An ISO 8601 time (UTC if it names no zone), as unix seconds."""
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text[:64]!r} is not an ISO 8601 time (2026-12-01, 2026-12-01T08:00Z)"
+        ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
     return moment.timestamp()
 
 
+def _hours(text: str) -> int:
+    """A span such as 24h or 7d, in hours."""
+    found = re.fullmatch(r"([0-9]{1,5})([hd])", text)
+    if found is None or int(found[1]) == 0:
+        raise argparse.ArgumentTypeError(f"{text[:64]!r} is not a span such as 24h or 7d")
+    return int(found[1]) * (24 if found[2] == "d" else 1)
+
+
 def _usage(args: argparse.Namespace, call: Call) -> Any:
     from edgeplex.proto import edgeplex_control_pb2 as pb
 
-    query = pb.UsageQuery(
-        tenant=args.tenant, from_time=_time(args.from_), to_time=_time(args.to), by=args.by
-    )
+    from_time = args.from_
+    if args.last:
+        if args.to:
+            raise SystemExit("error: --last reads up to now: give --from with --to")
+        now = time.time()
+        from_time = now - now % 3600 - (args.last - 1) * 3600
+    query = pb.UsageQuery(tenant=args.tenant, from_time=from_time, to_time=args.to, by=args.by)
     table = call("GetUsage", query)
     if not args.csv:
         return table

@@ -198,6 +198,38 @@ def test_admin_usage_reads_a_standalone_agents_journal(tmp_path: Path) -> None:
     assert missing.returncode == 1 and "no usage journal" in missing.stderr
 
 
+def test_admin_usage_reads_the_last_hours_and_names_a_bad_time(tmp_path: Path) -> None:
+    """`--last 24h` / `--last 7d`: up to now, from the start of an hour (no hour cut);
+    a time or span it cannot read is named, and nothing is asked."""
+    journal = Journal(tmp_path, interval_s=60)
+    journal.record("acme", "m", "1", "", 100, 40, 0.001, False, 1000)
+
+    def usage(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "edgeplex", "admin", "usage", "--journal", str(tmp_path),
+             "--json", *options],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    for span in ("1h", "7d"):
+        shown = usage("--last", span)
+        assert shown.returncode == 0, shown.stderr
+        (row,) = json.loads(shown.stdout)["rows"]
+        assert (row["tenant"], row["requests"]) == ("acme", "1")
+    future = usage("--from", "2999-01-01")
+    assert future.returncode == 0 and json.loads(future.stdout).get("rows", []) == []
+    for options, named in (
+        (("--from", "yesterday"), "'yesterday' is not an ISO 8601 time"),
+        (("--last", "0d"), "'0d' is not a span"),
+        (("--last", "1w"), "'1w' is not a span"),
+        (("--last", "1d", "--from", "2026-12-01"), "not allowed with argument --last"),
+    ):
+        refused = usage(*options)
+        assert refused.returncode == 2 and named in refused.stderr, (options, refused.stderr)
+    refused = usage("--last", "1d", "--to", "2026-12-01")
+    assert refused.returncode == 1 and "--last reads up to now" in refused.stderr
+
+
 @dataclass
 class Asked:
     """A request as the batcher hands it to BatchUsage."""
