@@ -473,7 +473,8 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
         assert all(s.up for s in fleet.call("ListSites", pb.ListSitesRequest(), standby).sites)  # type: ignore[attr-defined]
         expected = used_before + hammer.ok
         wait_until(lambda: used_at_a1(standby) >= expected, what="usage across the takeover")
-        time.sleep(3.0)  # a minute sent twice would show now
+        # Every minute acknowledged and gone from the journal: none can be sent again.
+        wait_until(lambda: not list(journal.glob("*.counts")), what="a1's journal sent")
         assert used_at_a1(standby) == expected
         now = fleet.call("GetPlacement", pb.PlacementRequest(), standby)
         same = {s for s, held in lists(now).items() if lists(before).get(s) == held}  # type: ignore[arg-type]
@@ -649,7 +650,11 @@ def test_usage_is_exact_across_tenants_forwarding_a_killed_agent_and_a_failover(
             lambda: all(usage()[k] >= n for k, n in served.items()),
             timeout=30, what="every minute's usage at the new leader",
         )  # fmt: skip
-        time.sleep(3.0)  # a minute sent twice would show now
+        # Every minute acknowledged and gone from both journals: none can be sent again.
+        wait_until(
+            lambda: not any(fleet.workdir.glob("usage-[ab]1/*.counts")),
+            timeout=30, what="both sites' journals sent",
+        )  # fmt: skip
         final = usage()
         assert set(served) == {(t, m) for t in keys for m in ("billed", "base")}, served
         assert set(final) == set(served), (final, served)
