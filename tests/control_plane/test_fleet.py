@@ -522,8 +522,15 @@ def test_a_new_leader_sends_anew_a_state_redis_lost(fleet: Fleet) -> None:
             version = pb.DesiredState.FromString(raw).version  # type: ignore[arg-type]
             return version if version > applied else None
 
-        wait_until(sent_anew, timeout=15, what="a1 sent its state anew")
-        time.sleep(1.0)  # applied, or refused
+        sent = wait_until(sent_anew, timeout=15, what="a1 sent its state anew")
+
+        def applied_or_refused() -> bool:  # as a1's reports say, or its refusals
+            raw = store.hget("edgeplex:reports", "a1")
+            report = pb.LoadReport.FromString(raw) if raw else pb.LoadReport()  # type: ignore[arg-type]
+            refused = rejected_messages(fleet.agents["a1"]) != rejected_before
+            return report.desired_version >= sent or refused
+
+        wait_until(applied_or_refused, timeout=15, what="a1 applied or refused its state")
         assert rejected_messages(fleet.agents["a1"]) == rejected_before
     finally:
         fleet.first_replica_leads_again()
