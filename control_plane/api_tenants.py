@@ -114,9 +114,7 @@ class TenantAdmin:
             )
         by = request.by or "model"
         summary = usage.Summary(request.tenant, request.from_time, request.to_time, by)
-        parts = self._store.usage.parts(
-            request.from_time, request.to_time, fleet=by != "site", days=by == "site"
-        )
+        parts = self._store.usage.parts_by(request.from_time, request.to_time, by)
         try:
             async for part in parts:
                 summary.add(part)

@@ -91,14 +91,14 @@ def _hours(text: str) -> int:
 
 
 def _usage(args: argparse.Namespace, call: Call) -> Any:
+    from edgeplex.control_plane.usage import last_hours
     from edgeplex.proto import edgeplex_control_pb2 as pb
 
     from_time = args.from_
     if args.last:
         if args.to:
             raise SystemExit("error: --last reads up to now: give --from with --to")
-        now = time.time()
-        from_time = now - now % 3600 - (args.last - 1) * 3600
+        from_time = last_hours(time.time(), args.last)
     query = pb.UsageQuery(tenant=args.tenant, from_time=from_time, to_time=args.to, by=args.by)
     table = call("GetUsage", query)
     if not args.csv:

@@ -183,7 +183,7 @@ class Dashboard:
             now = time.time()
             read_at, rows = self._usage.get((by, days), (0.0, []))
             if now - read_at >= USAGE_CACHE_S:
-                since = int(now - now % usage.HOUR_S) - (USAGE_HOURS - 1) * usage.HOUR_S
+                since = usage.last_hours(now, USAGE_HOURS)
                 try:
                     summary = await self._usage_since(since, by)
                     if days > 1:
@@ -208,7 +208,7 @@ class Dashboard:
             cached = self._hours.get((by, hour))
             if cached is None or cached[0] != version:
                 one = Summary("", hour, hour + usage.HOUR_S, by)
-                async for part in self._store.usage.parts(hour, hour + usage.HOUR_S, by != "site"):
+                async for part in self._store.usage.parts_by(hour, hour + usage.HOUR_S, by):
                     one.add(part)
                 cached = self._hours[(by, hour)] = (version, list(one.table().rows))
             summary.merge(cached[1])
@@ -228,7 +228,7 @@ class Dashboard:
         if cached is not None and cached[0] == start and cached[1] == versions:
             return cached[2]
         summary = Summary("", start, end, by)
-        async for part in self._store.usage.parts(start, end, by != "site", by == "site"):
+        async for part in self._store.usage.parts_by(start, end, by):
             summary.add(part)
         rows = list(summary.table().rows)
         self._before[(by, days)] = (start, versions, rows)

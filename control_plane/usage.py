@@ -50,6 +50,12 @@ def hour_of(report: pb.UsageReport) -> int:
     return start - start % HOUR_S
 
 
+def last_hours(now: float, hours: int) -> int:
+    """The start of the last `hours` whole hours up to `now`: this hour so far and
+    the `hours - 1` before it (a range that cuts no hour)."""
+    return int(now - now % HOUR_S) - (hours - 1) * HOUR_S
+
+
 def hour_sum(site_id: str, hour: int, reports: Iterable[pb.UsageReport]) -> pb.UsageReport:
     """A site's reports of one hour summed into one report of the hour (interval_s
     3600), one record per (tenant, model, version)."""

@@ -131,6 +131,13 @@ class UsageStore:
         parts = self.parts(from_time, to_time, fleet, days)
         return [report async for part in parts for report in part]
 
+    def parts_by(
+        self, from_time: float, to_time: float, by: str
+    ) -> AsyncIterator[list[pb.UsageReport]]:
+        """`parts` for a table whose rows are `by` (usage.GROUPS): from the fleet's
+        hours for rows not by site, from the sites' days for rows by site."""
+        return self.parts(from_time, to_time, by != "site", by == "site")
+
     async def parts(
         self, from_time: float, to_time: float, fleet: bool = False, days: bool = False
     ) -> AsyncIterator[list[pb.UsageReport]]:
@@ -152,7 +159,7 @@ class UsageStore:
             hours = [int(h) for h in names(listed) if int(h) + usage.HOUR_S <= end]
             sums = [P + f"usage:f:{hour}" for hour in hours]
             covered = [(hour, hour + usage.HOUR_S) for hour in hours]
-        elif days:
+        elif days and end - from_time >= usage.DAY_S:  # else no whole day fits
             held, covered = await self._summed_days(from_time, end)
             sums = [P + "usage:d:" + member for member in sorted(held)]
         # Listed after the sums: a sum made meanwhile holds hours read from their

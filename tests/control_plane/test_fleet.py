@@ -451,8 +451,8 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
         assert before.leader == fleet.cp.replica  # type: ignore[attr-defined]
         sent_before = sent()
         assert set(sent_before) == {"a1", "b1"}, sent_before
-        journal = fleet.workdir / "usage-a1"  # every earlier minute of a1's sent first
-        wait_until(lambda: not list(journal.glob("*.counts")), what="a1's journal sent")
+        # Every earlier minute of a1's sent first.
+        wait_until(lambda: fleet.journals_sent("a1"), what="a1's journal sent")
         used_before = used_at_a1(fleet.cp)
         with Hammer(fleet.agents["a1"], "base") as hammer:
             fleet.cp.stop(signal.SIGKILL)
@@ -474,7 +474,7 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
         expected = used_before + hammer.ok
         wait_until(lambda: used_at_a1(standby) >= expected, what="usage across the takeover")
         # Every minute acknowledged and gone from the journal: none can be sent again.
-        wait_until(lambda: not list(journal.glob("*.counts")), what="a1's journal sent")
+        wait_until(lambda: fleet.journals_sent("a1"), what="a1's journal sent")
         assert used_at_a1(standby) == expected
         now = fleet.call("GetPlacement", pb.PlacementRequest(), standby)
         same = {s for s, held in lists(now).items() if lists(before).get(s) == held}  # type: ignore[arg-type]
@@ -658,10 +658,7 @@ def test_usage_is_exact_across_tenants_forwarding_a_killed_agent_and_a_failover(
             timeout=30, what="every minute's usage at the new leader",
         )  # fmt: skip
         # Every minute acknowledged and gone from both journals: none can be sent again.
-        wait_until(
-            lambda: not any(fleet.workdir.glob("usage-[ab]1/*.counts")),
-            timeout=30, what="both sites' journals sent",
-        )  # fmt: skip
+        wait_until(lambda: fleet.journals_sent("a1", "b1"), timeout=30, what="both journals sent")
         final = usage()
         assert set(served) == {(t, m) for t in keys for m in ("billed", "base")}, served
         assert set(final) == set(served), (final, served)

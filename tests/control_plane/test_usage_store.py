@@ -366,9 +366,9 @@ def test_the_dashboard_reads_again_only_the_hours_a_minute_has_reached(redis_url
     async def scenario(store: Store) -> None:
         parts = store.usage.parts
 
-        def counted(from_time: float, to_time: float, fleet: bool = False):  # type: ignore[no-untyped-def]
+        def counted(from_time: float, to_time: float, fleet: bool = False, days: bool = False):  # type: ignore[no-untyped-def]
             read.append(int(from_time))
-            return parts(from_time, to_time, fleet)
+            return parts(from_time, to_time, fleet, days)
 
         store.usage.parts = counted  # type: ignore[method-assign]
         dashboard = Dashboard(store, None, "token", lambda: None)  # type: ignore[arg-type]

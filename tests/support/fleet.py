@@ -55,6 +55,11 @@ class Fleet:
     def placement(self) -> pb.Placement:
         return self.call("GetPlacement", pb.PlacementRequest())  # type: ignore[return-value]
 
+    def journals_sent(self, *sites: str) -> bool:
+        """Whether every minute in the sites' usage journals was acknowledged by the
+        control plane (and removed): none of them can be sent again."""
+        return not any(self.workdir.glob(f"usage-{site}/*.counts") for site in sites)
+
     def settled_placement(self, timeout: float = 20.0) -> pb.Placement:
         """The placement once two rounds in a row leave it unchanged.
 
