@@ -58,7 +58,7 @@ class Fleet:
     def journals_sent(self, *sites: str) -> bool:
         """Whether every minute in the sites' usage journals was acknowledged by the
         control plane (and removed): none of them can be sent again."""
-        return not any(self.workdir.glob(f"usage-{site}/*.counts") for site in sites)
+        return not [path for s in sites for path in self.workdir.glob(f"usage-{s}/*.counts")]
 
     def settled_placement(self, timeout: float = 20.0) -> pb.Placement:
         """The placement once two rounds in a row leave it unchanged.
