@@ -1,5 +1,9 @@
 # Targets named in the README. Each one sets up what it needs first.
 PY := .venv/bin/python
+# Python's own bytecode cache, even where the environment turns it off: without it
+# every agent, runner and CLI a test starts compiles edgeplex from source, and
+# pytest rewrites every test module's asserts anew (collection 10 s against 4).
+unexport PYTHONDONTWRITEBYTECODE
 DEMO_REPO ?= .cache/demo-repo
 
 .PHONY: setup test lint proto demo bench bench-profile bench-overcommit bench-variants bench-control-plane bench-fuzz compose-rig clean
