@@ -106,8 +106,9 @@ def test_compose_rig_matches_the_rig_topology() -> None:
     assert "pip install --no-index" in dockerfile
     assert "\nUSER edgeplex\n" in dockerfile and "HEALTHCHECK" in dockerfile
     copied = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")]
-    assert copied[0] == "wheels"
-    for name in copied[1:]:
+    # The dependencies' wheels, then the stage they were installed in, then edgeplex's.
+    assert copied[:3] == ["wheels", "--from=dependencies", "edgeplex"]
+    for name in copied[3:]:
         assert (ROOT / "deploy" / "compose" / name).is_file(), name
     # Agents alone start as root, to shape traffic; the entrypoint drops it.
     for name, service in services.items():
