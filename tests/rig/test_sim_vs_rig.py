@@ -9,7 +9,10 @@ off, where the rig's cold starts vary least, as a guard on the simulator's
 fidelity. The rig's own spread still puts a replay outside the guard's band
 now and then (574 cold starts in one CI run, with 649-749 the usual range): a
 replay outside it is followed by two more, and the median of the three is
-judged, as the bench judges five.
+judged, as the bench judges five. The replay cannot be made much faster: the
+simulator scales the rig's promotion (about 0.95 ms) by the compression, 28 ms
+here against the 50 ms SLO; at 45x (43 ms) a slower machine would cross the SLO,
+and at 60x the simulator counted no cold start at all (2026-12-07).
 
 bench/sim_vs_rig.py does the work and documents what is compared.
 """
