@@ -45,7 +45,6 @@ SERIAL = (
     "tests/test_readme.py",
     "tests/test_bench_density.py",
     "tests/test_bench_profile.py",
-    "tests/test_gpu_check.py",
     "tests/agent/frontdoor/test_tenants.py",
     "tests/agent/frontdoor/test_attacks.py",
     "tests/agent/residency/test_no_lost_requests.py",
