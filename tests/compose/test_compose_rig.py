@@ -1,8 +1,9 @@
 """The compose rig end to end: images built with no registry, the 3-region rig up,
 a model added, placed, served in region and forwarded across regions, every
 container stopped by its SIGTERM (none killed at the stop's timeout), and
-everything down again (scripts/compose_rig.py; about 1.5 minutes from nothing,
-1 with the base image built). Selected deliberately: `pytest -m compose`,
+everything down again (scripts/compose_rig.py; under a minute with the base
+image built and the dependencies' layer cached, a few more from nothing).
+Selected deliberately: `pytest -m compose`,
 which `make test` runs after the rest. It needs a Docker engine that answers,
 or root and apt to install and start Debian's."""
 
