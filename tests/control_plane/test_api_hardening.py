@@ -142,7 +142,8 @@ def test_a_rotated_join_token_ends_the_open_report_stream(cp: ControlPlane) -> N
 
         thread = threading.Thread(target=stream)
         thread.start()
-        time.sleep(1.0)
+        store = redis.Redis.from_url(cp.redis_url)
+        wait_until(lambda: store.hexists("edgeplex:reports", "s2"), what="the stream's reports")
         rotated = time.monotonic()
         join_token(cp, "s2", "a")  # `site add` again: a new token, the old one revoked
         thread.join(15)

@@ -635,7 +635,7 @@ def test_usage_is_exact_across_tenants_forwarding_a_killed_agent_and_a_failover(
         ]
         try:
             wait_until(lambda: all(c.ok >= 5 for c in callers), what="every caller served")
-            time.sleep(1.0)
+            wait_until(lambda: not fleet.journals_sent("b1"), what="a minute open at b1")
             killed_b1.process.kill()  # mid-minute: its journal's minute file still open
             killed_b1.process.wait()
             fleet.start_agent("b1", "b")
@@ -647,7 +647,11 @@ def test_usage_is_exact_across_tenants_forwarding_a_killed_agent_and_a_failover(
             )  # fmt: skip
             fleet.cp.stop(signal.SIGKILL)
             fleet.standby_leads()
-            time.sleep(2.0)  # served, and journaled, under the new leader
+            served_before = {id(c): c.ok for c in callers}
+            wait_until(
+                lambda: all(c.ok >= served_before[id(c)] + 5 for c in callers),
+                what="every caller served under the new leader",
+            )  # fmt: skip
         finally:
             for caller in callers:
                 caller.stop()
