@@ -313,20 +313,33 @@ class Hammer:
         self._thread.join()
 
 
+@contextlib.contextmanager
+def placed_models_asked_for(fleet: Fleet, placement: pb.Placement) -> Iterator[list[Hammer]]:
+    """Requests for every model `placement` holds but base, each at its holder, while
+    the block runs: their demand goes on, so a round places them where they are.
+    (Demand an earlier test left behind decays, a half-life of 2 s here, and moves
+    its model when it falls below the floor, whatever the test is doing.)"""
+    hammers = [
+        Hammer(fleet.agents[s.site_id], name)
+        for s in placement.sites
+        for name in s.loaded
+        if name != "base"
+    ]
+    with contextlib.ExitStack() as running:
+        for hammer in hammers:
+            running.enter_context(hammer)
+        yield hammers
+
+
 def test_control_plane_killed_and_restarted_loses_nothing(fleet: Fleet) -> None:
     # Demand for every placed model goes on through the restart, so the round
     # after it must place what the round before it did.
     before = fleet.placement()
     models_before = {m.name for m in fleet.call("ListModels", pb.ListModelsRequest()).models}  # type: ignore[attr-defined]
-    demanded = [
-        Hammer(fleet.agents[s.site_id], name)  # type: ignore[attr-defined]
-        for s in before.sites  # type: ignore[attr-defined]
-        for name in s.loaded
-        if name != "base"
-    ]
-    with contextlib.ExitStack() as others, Hammer(fleet.agents["b1"], "base") as hammer:
-        for h in demanded:
-            others.enter_context(h)
+    with (
+        placed_models_asked_for(fleet, before),
+        Hammer(fleet.agents["b1"], "base") as hammer,
+    ):
         fleet.cp.stop(signal.SIGKILL)
         time.sleep(1.0)
         fleet.cp.start()
@@ -431,11 +444,8 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
     site whose lists did not change keeps the desired state it was sent (the same
     version: the new leader rebuilds it from the head and models' sha256 in Redis);
     and the usage of the requests served across the takeover is counted once each.
-
-    Every other placed model is asked for where it is placed throughout the
-    takeover, as in the restart test above: demand an earlier test left behind
-    decays (a half-life of 2 s here) and would move its model when it fell below
-    the floor, takeover or not."""
+    Every other placed model is asked for where it is placed throughout, as in the
+    restart test above."""
     standby = fleet.standby
     assert standby is not None
     standby.start()
@@ -458,15 +468,7 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
         # Every earlier minute sent first.
         wait_until(lambda: fleet.journals_sent("a1", "b1"), what="the journals sent")
         used_before = used_of_base(fleet.cp)
-        kept_up = [
-            Hammer(fleet.agents[s.site_id], name)  # type: ignore[attr-defined]
-            for s in fleet.placement().sites  # type: ignore[attr-defined]
-            for name in s.loaded
-            if name != "base"
-        ]
-        with contextlib.ExitStack() as demand:
-            for h in kept_up:
-                demand.enter_context(h)
+        with placed_models_asked_for(fleet, fleet.placement()) as kept_up:
             before = fleet.settled_placement()
             assert before.leader == fleet.cp.replica  # type: ignore[attr-defined]
             sent_before = sent()
@@ -474,15 +476,7 @@ def test_a_standby_replica_takes_over_when_the_leader_dies(fleet: Fleet) -> None
             with Hammer(fleet.agents["a1"], "base") as hammer:
                 fleet.cp.stop(signal.SIGKILL)
                 killed = time.monotonic()
-                after = wait_until(
-                    lambda: (
-                        (p := fleet.call("GetPlacement", pb.PlacementRequest(), standby)).leader  # type: ignore[attr-defined]
-                        == standby.replica
-                        and p
-                    ),
-                    timeout=10,
-                    what="standby leads",
-                )
+                after = fleet.standby_leads()
                 # The leader lease, the new leader's settling window (until every site
                 # has reported to it), a round, and slack.
                 assert time.monotonic() - killed < 2 + 2 + 1 + 1.5

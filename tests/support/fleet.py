@@ -78,15 +78,17 @@ class Fleet:
             last = now
         raise AssertionError(f"placement did not settle within {timeout} s: {last}")
 
-    def standby_leads(self) -> None:
-        """Returns once the standby (started, the first replica gone) says it leads."""
+    def standby_leads(self) -> pb.Placement:
+        """The standby's placement once it (started, the first replica gone) says it
+        leads."""
         standby = self.standby
         assert standby is not None
-        wait_until(
-            lambda: self.call("GetPlacement", pb.PlacementRequest(), standby).leader  # type: ignore[attr-defined]
-            == standby.replica,
-            timeout=10, what="the standby leads",
-        )  # fmt: skip
+
+        def leading() -> pb.Placement | None:
+            placement: pb.Placement = self.call("GetPlacement", pb.PlacementRequest(), standby)  # type: ignore[assignment]
+            return placement if placement.leader == standby.replica else None
+
+        return wait_until(leading, timeout=10, what="the standby leads")
 
     def first_replica_leads_again(self) -> None:
         """After a test failed the leader over to the standby: the first replica back
