@@ -89,6 +89,7 @@ from edgeplex.agent.residency.tickets import Ticket
 from edgeplex.agent.runners.supervisor import RunnerPool
 from edgeplex.names import valid_name
 from edgeplex.settings import state_dir
+from edgeplex.tenants import Tenant
 
 # Triton's protocol extensions it serves (as server metadata names them), and its own.
 EXTENSIONS = [
@@ -670,32 +671,16 @@ class Agent:
         loop = self.loop
         arrived = loop.time() if arrived is None else arrived
         tenants = self.tenants
-        admitted = step_of is None  # an ensemble's step: its ensemble was admitted
+        admit = step_of is None  # not for an ensemble's step: its ensemble was
         # Whose request: the doors pass it resolved; without them (or for a peer's
         # forward) it is found here. An ensemble's step is its ensemble's caller's.
-        if not admitted:
+        if not admit:
             caller = step_of or ""
         elif not caller or caller == PEER:
             caller = tenants.caller(header)
         if self.ensembles and name in self.ensembles:
-            tenants.admit(caller, name)
-            self._inflight += 1  # between its steps too: a drain waits for it
-            self._idle.clear()
             ensemble = self.ensembles[name]
-            stats = self._ensemble_stats(ensemble)
-            try:
-                return await self._run_ensemble(ensemble, decode, arrived, caller, stats)
-            except ServeError as exc:
-                stats.record_failure(loop.time() - arrived, exc.failure_reason)
-                raise
-            except asyncio.CancelledError:
-                stats.record_failure(loop.time() - arrived, "CANCELED")
-                raise
-            finally:
-                tenants.release(caller)
-                self._inflight -= 1
-                if self._inflight == 0:
-                    self._idle.set()
+            return await self._serve_ensemble(ensemble, decode, arrived, caller, admit)
         router = self.router
         origin = ""
         if router is not None and forward is not None:
@@ -706,21 +691,14 @@ class Agent:
             )
             if reply is not None:
                 return Forwarded(reply)
-        if admitted:
-            try:
-                share = tenants.admit(caller, name)  # model, rate, concurrency: before any work
-            except ServeError as exc:
-                if self.usage is not None:
-                    self.usage.record(caller, name, version, exc.failure_reason)
-                raise
-        else:
-            share = tenants.table.tenants.get(caller)
+        # Its tenant's limits, before any work (a step: its ensemble's tenant, admitted).
+        share = self._admit(caller, name, version) if admit else tenants.table.tenants.get(caller)
         weight = share.weight if share is not None else 1.0  # its fair share of a queue
         try:
             decoded = decode()
             body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
         except BaseException:
-            if admitted:
+            if admit:
                 tenants.release(caller)
             raise
         record: ModelRecord | None = None
@@ -834,7 +812,7 @@ class Agent:
                 )
             raise
         finally:
-            if admitted:
+            if admit:
                 tenants.release(caller)
             if failure and self.usage is not None:
                 count_failure(self.usage, caller, name, record, ticket, request, failure)
@@ -849,6 +827,48 @@ class Agent:
                 # Requests for a model this site lacks are demand the control plane
                 # must see, or it would never place the model here.
                 self.load_window.record(name, origin or self.region, elapsed)
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+    def _admit(self, caller: str, name: str, version: str) -> Tenant | None:
+        """`caller` admitted for a request to `name` under its limits (its models, rate
+        and concurrency), before any work; a refusal is counted in its usage."""
+        try:
+            return self.tenants.admit(caller, name)
+        except ServeError as exc:
+            if self.usage is not None:
+                self.usage.record(caller, name, version, exc.failure_reason)
+            raise
+
+    async def _serve_ensemble(
+        self,
+        ensemble: Ensemble,
+        decode: Callable[[], Decoded | Coroutine[Any, Any, Decoded]],
+        arrived: float,
+        caller: str,
+        admit: bool,
+    ) -> InferResult:
+        """An ensemble request, in flight between its steps too (a drain waits for it).
+        Its tenant is admitted once: an ensemble nested as a step is its outer
+        ensemble's work (`admit` False), as a step's model is."""
+        if admit:
+            self._admit(caller, ensemble.name, ensemble.version)
+        self._inflight += 1
+        self._idle.clear()
+        stats = self._ensemble_stats(ensemble)
+        loop = self.loop
+        try:
+            return await self._run_ensemble(ensemble, decode, arrived, caller, stats)
+        except ServeError as exc:
+            stats.record_failure(loop.time() - arrived, exc.failure_reason)
+            raise
+        except asyncio.CancelledError:
+            stats.record_failure(loop.time() - arrived, "CANCELED")
+            raise
+        finally:
+            if admit:
+                self.tenants.release(caller)
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()

@@ -201,13 +201,17 @@ def test_an_ensemble_that_cannot_run_says_why(tmp_path: Path, change, error: str
 
 def test_an_ensembles_steps_run_under_its_tenant_without_counting_again(tmp_path: Path) -> None:
     """A tenant allowed the ensemble alone, with one request in flight at most, runs
-    it: its steps are the ensemble's work, not requests of their own."""
+    it: its steps are the ensemble's work, not requests of their own, and so are a
+    nested ensemble's."""
     repo = tmp_path / "repo"
     demo.make_add_sub(repo / "add_sub")
     demo.make_identity(repo / "copy", "FP32", width=16)
     _ensemble(repo, "pipeline", PIPELINE)
+    _ensemble(repo, "outer", OUTER)
     table = tenants.add(tenants.TenantTable(), "solo", {"concurrency": 1, "models": ["pipeline"]})
+    table = tenants.add(table, "nest", {"concurrency": 1, "models": ["outer"]})
     table, key, _ = tenants.issue_key(table, "solo")
+    table, nest_key, _ = tenants.issue_key(table, "nest")
     tenants.write_file(tmp_path / "tenants.yaml", table)
     agent = start_agent(
         repo,
@@ -224,6 +228,14 @@ def test_an_ensembles_steps_run_under_its_tenant_without_counting_again(tmp_path
         np.testing.assert_array_equal(result.as_numpy("TWICE_A"), np.full((1, 16), 2.0))
         with pytest.raises(InferenceServerException, match="may not call model 'add_sub'"):
             client.infer("add_sub", [], headers=auth)  # a step's model, asked for directly
+        nested = [tg.InferInput("X", [1, 16], "FP32"), tg.InferInput("Y", [1, 16], "FP32")]
+        for tensor in nested:
+            tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+        nest = {"authorization": f"Bearer {nest_key}"}
+        result = client.infer("outer", nested, headers=nest)
+        np.testing.assert_array_equal(result.as_numpy("Z"), np.full((1, 16), 2.0))
+        with pytest.raises(InferenceServerException, match="may not call model 'pipeline'"):
+            client.infer("pipeline", inputs, headers=nest)  # the nested one, directly
         client.close()
     finally:
         assert agent.stop() == 0, agent.log()
