@@ -9,7 +9,8 @@ nor are calls into metrics, logs and stats, error types, or the data a request
 carries (a model's record, tensors, the runner wire format). A callback the event
 loop runs (a task's first step, a future's done callback, the runner's reply
 arriving) counts as a hop when its part is not the one of the request's frames
-that ran last (a background loop resuming between them does not count). The agent
+that ran last (a background loop resuming between them, or the door's deadline
+sweep, does not count). The agent
 runs in this process with its real runner; the path is recorded with
 sys.setprofile for one request after warm-up, and printed, with every call
 between modules, when a check fails.
@@ -46,6 +47,8 @@ NOT_HOPS = (
     "runners/framing",
     "runners/ipc",
 )
+# The agent's own timers, not on any request's way: the HTTP door's deadline sweep.
+BACKGROUND = {"start_sweeping"}
 MAX_HOPS = 12
 TOKEN = "path-test-token"
 
@@ -67,13 +70,20 @@ class PathRecorder:
         self._frames: list[FrameType] = []  # kept alive: their ids stay theirs
         self._last: str | None = None
         self._path: set[int] = set()  # frames first called while recording
+        self._background: FrameType | None = None  # a timer of the agent's own, running
         self.recording = False
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         if event != "call":
+            if event == "return" and frame is self._background:
+                self._background = None
             return
         module = module_of(frame)
-        if module is None:
+        if module is None or self._background is not None:
+            return
+        caller = frame.f_back
+        if frame.f_code.co_name in BACKGROUND and (caller is None or not module_of(caller)):
+            self._background = frame  # run by the event loop between the request's steps
             return
         if id(frame) in self._seen or _resumed(frame):  # a value coming back
             # Only the request's own frames: a background loop resuming meanwhile
@@ -89,7 +99,6 @@ class PathRecorder:
             self._path.add(id(frame))
         if not self.recording or module.startswith(NOT_HOPS):
             return
-        caller = frame.f_back
         origin = module_of(caller) if caller is not None else None
         origin = origin or self._last  # called from the event loop
         if origin is not None and origin != module and not origin.startswith(NOT_HOPS):
