@@ -48,7 +48,6 @@ SERIAL = (
     "tests/agent/frontdoor/test_tenants.py",
     "tests/agent/frontdoor/test_attacks.py",
     "tests/agent/residency/test_no_lost_requests.py",
-    "tests/control_plane/test_redis_failover.py",
     "tests/agent/residency/test_overcommit.py::test_loaded_models_never_wait_behind_a_slow_load",
 )
 
