@@ -259,18 +259,26 @@ class Agent:
             raise ModelNotFound.unknown(name)
         return record
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    def ensemble(self, name: str, version: str = "") -> Ensemble | None:
+        """The ensemble `name` (None: not an ensemble); NOT_FOUND for a version of it
+        that it is not."""
         ensemble = self.ensembles.get(name)
-        if ensemble is not None:
-            return self._ensemble_ready(ensemble)
+        if ensemble is not None and version and version != ensemble.version:
+            raise ModelNotFound.unknown(name, version, f"serving version {ensemble.version}")
+        return ensemble
+
+    def model_ready(self, name: str, version: str = "") -> bool:
         try:
+            ensemble = self.ensemble(name, version)
+            if ensemble is not None:
+                return self._ensemble_ready(ensemble)
             entry = self.entry(name, version)
         except ModelNotFound:
             return False
         return entry.phase == Phase.READY and not self.draining
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        ensemble = self.ensembles.get(name)
+        ensemble = self.ensemble(name, version)
         if ensemble is not None:
             return {
                 "name": name,
@@ -293,7 +301,7 @@ class Agent:
         }
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        ensemble = self.ensembles.get(name)
+        ensemble = self.ensemble(name, version)
         if ensemble is not None:
             return ensemble.config_json()
         entry = self.entry(name, version)
@@ -315,10 +323,8 @@ class Agent:
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         """OIP statistics of every version of every model, of every version of `name`,
         or of that one version; an ensemble's are its requests end to end."""
-        ensemble = self.ensembles.get(name)
+        ensemble = self.ensemble(name, version)
         if ensemble is not None:
-            if version and version != ensemble.version:
-                raise ModelNotFound.unknown(name, version, f"serving version {ensemble.version}")
             return [self._ensemble_stats(ensemble).to_json(name, ensemble.version)]
         if name and version:
             entries = [self.entry(name, version)]
@@ -678,8 +684,8 @@ class Agent:
             caller = step_of or ""
         elif not caller or caller == PEER:
             caller = tenants.caller(header)
-        if self.ensembles and name in self.ensembles:
-            ensemble = self.ensembles[name]
+        ensemble = self.ensemble(name, version) if self.ensembles else None
+        if ensemble is not None:
             return await self._serve_ensemble(ensemble, decode, arrived, caller, admit)
         router = self.router
         origin = ""

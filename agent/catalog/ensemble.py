@@ -125,8 +125,11 @@ def read_ensemble(model_dir: Path, known: set[str]) -> Ensemble:
     steps = _steps(data, known)
     waves = _waves(steps, {t.name for t in inputs}, {t.name for t in outputs})
     max_batch = int((data.get("max_batch_size") or [0])[-1])
+    # Its newest version folder (empty, as Triton has them); "1" where it has none.
+    numbered = [int(p.name) for p in model_dir.iterdir() if p.name.isascii() and p.name.isdigit()]
+    version = str(max(numbered)) if numbered else "1"
     return Ensemble(
-        name, "1", max_batch, inputs, outputs, waves, response_cache(data), tuple(warnings)
+        name, version, max_batch, inputs, outputs, waves, response_cache(data), tuple(warnings)
     )
 
 

@@ -53,8 +53,8 @@ ensemble_scheduling { step [ { model_name: "pipeline" model_version: -1
 """
 
 
-def _ensemble(repo: Path, name: str, text: str) -> None:
-    (repo / name / "1").mkdir(parents=True)
+def _ensemble(repo: Path, name: str, text: str, version: str = "1") -> None:
+    (repo / name / version).mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(text)
 
 
@@ -71,6 +71,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     _ensemble(repo, "outer", OUTER)  # an ensemble with an ensemble as its step
     cached = PIPELINE.replace('"pipeline"', '"cached"') + "response_cache { enable: true }\n"
     _ensemble(repo, "cached", cached)
+    _ensemble(repo, "third", PIPELINE.replace('"pipeline"', '"third"'), version="3")
     # Two ensembles whose steps lead to each other: neither can run.
     loop_a = PIPELINE.replace('"pipeline"', '"loop_a"').replace('"copy"', '"loop_b"')
     loop_b = PIPELINE.replace('"pipeline"', '"loop_b"').replace('"copy"', '"loop_a"')
@@ -159,6 +160,31 @@ def test_an_ensemble_chains_its_steps(agent: AgentProcess) -> None:
         [b"30.000000:15", b"28.000000:14"],
         [b"62.000000:15", b"60.000000:14"],
     ]
+
+
+def test_an_ensemble_is_its_version_folders_newest_and_no_other(agent: AgentProcess) -> None:
+    """As a model: a request naming another version of it is NOT_FOUND, not served."""
+    client = tg.InferenceServerClient(agent.grpc_url)
+    inputs = [tg.InferInput("A", [1, 16], "FP32"), tg.InferInput("B", [1, 16], "FP32")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+    assert client.get_model_metadata("third").versions == ["3"]
+    assert client.is_model_ready("third", "3") and not client.is_model_ready("third", "1")
+    result = client.infer("third", inputs, model_version="3")
+    np.testing.assert_array_equal(result.as_numpy("TWICE_A"), np.full((1, 16), 2.0))
+    assert result.get_response().model_version == "3"
+    with pytest.raises(InferenceServerException, match="'third' version 1 is not found") as err:
+        client.infer("third", inputs, model_version="1")
+    assert err.value.status() == "StatusCode.NOT_FOUND"
+    http = th.InferenceServerClient(agent.http_url)
+    for call in (
+        lambda: http.get_model_metadata("pipeline", "2"),
+        lambda: http.get_model_config("pipeline", "2"),
+        lambda: http.get_inference_statistics("pipeline", "2"),
+    ):
+        with pytest.raises(InferenceServerException, match="'pipeline' version 2 is not found"):
+            call()
+    client.close()
 
 
 def test_an_ensemble_with_the_response_cache_answers_again_without_its_steps(
