@@ -408,6 +408,11 @@ class Agent:
                 "by name"
             )
         ensemble = self.ensembles.get(name)
+        if ensemble is not None and config is not None:
+            raise InvalidInput(
+                f"failed to load '{name}': a config given with the load is not supported for "
+                "an ensemble; change its config.pbtxt in the repository"
+            )
         if ensemble is not None:  # as Triton: its steps' models are loaded with it
             for model in ensemble.models:
                 await self.load(model)

@@ -284,6 +284,9 @@ def test_unload_dependents_takes_the_steps_no_served_ensemble_still_runs(tmp_pat
             index = client.get_model_repository_index().models
             return {m.name for m in index if m.state == "READY"}
 
+        with pytest.raises(InferenceServerException, match="not supported for an ensemble"):
+            client.load_model("pipeline", config='{"max_batch_size": 4}')  # not ignored
+        assert ready() == set()
         client.load_model("pipeline")
         client.load_model("twin")
         assert ready() == {"add_sub", "copy", "pipeline", "twin"}
