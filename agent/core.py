@@ -363,16 +363,16 @@ class Agent:
     # --- repository ---------------------------------------------------------------------------
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        """OIP's fields, plus the form serving and the variants' figures where a model
-        has variants (the gRPC door sends OIP's fields only). Folders with nothing
-        servable are listed as UNAVAILABLE with the reason, as Triton lists them."""
+        """OIP's fields for every version served, plus the form serving and the
+        variants' figures where a model has variants (the gRPC door sends OIP's fields
+        only). Folders with nothing servable are listed as UNAVAILABLE with the
+        reason, as Triton lists them."""
         index = [
-            {"name": e.name, "version": e.version, "state": e.public_state(),
-             "reason": e.reason or ("unloaded" if e.disabled else "")}
+            {"name": e.name, "version": e.version, "state": e.public_state(), "reason": _why(e)}
             | views.forms(e)
-            for e in self.residency.records()
+            for e in self.residency.every_version()
             if not ready_only or e.phase == Phase.READY
-        ]  # fmt: skip
+        ]
         for ensemble in self.ensembles.values():
             ready = self._ensemble_ready(ensemble)
             if ready or not ready_only:
@@ -387,7 +387,7 @@ class Agent:
                 {"name": name, "version": "", "state": "UNAVAILABLE", "reason": why}
                 for name, why in self.unservable.items()
             ]
-        return sorted(index, key=lambda m: (m["name"], m["version"]))
+        return sorted(index, key=lambda m: (m["name"], len(m["version"]), m["version"]))
 
     async def load(
         self, name: str, config: str | None = None, files: dict[str, bytes] | None = None
@@ -1090,6 +1090,17 @@ def _classified(
     declared = entry.source.declared_outputs if isinstance(entry, ModelRecord) else entry.outputs
     labels = {t.name: t.labels for t in declared if t.labels}
     return classification.classify(outputs, wanted, labels, entry.max_batch_size > 0)
+
+
+def _why(record: ModelRecord) -> str:
+    """Why a model version is not READY, for the repository index."""
+    if record.reason:
+        return record.reason
+    if record.disabled:
+        return "unloaded"
+    if record.phase == Phase.ABSENT:  # served: promoted when a request comes
+        return f"not on the device ({record.tier}): loaded on its next request"
+    return ""
 
 
 def _no_header(name: str) -> str | None:

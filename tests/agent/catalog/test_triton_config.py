@@ -292,6 +292,13 @@ def test_each_version_counts_apart_in_statistics_and_tritons_metrics(
         inputs = [th.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
         for tensor in inputs:
             tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+        (older,) = [
+            m
+            for m in client.get_model_repository_index()
+            if m["name"] == "two" and m["version"] == "2"
+        ]
+        assert older["state"] == "UNAVAILABLE", older  # an older version: on its first request
+        assert older["reason"].endswith("loaded on its next request"), older
         for version in ("", "3", "2"):  # 3 twice (the newest answers no version), 2 once
             client.infer("two", inputs, model_version=version)
         wrong = [th.InferInput("INPUT0", [1, 16], "FP32")]  # INPUT1 missing
@@ -304,6 +311,9 @@ def test_each_version_counts_apart_in_statistics_and_tritons_metrics(
         assert by_version["3"]["success"]["count"] == 2
         assert by_version["2"]["success"]["count"] == 1
         assert client.get_model_metadata("two")["versions"] == ["2", "3"]
+        index = [(m["version"], m["state"]) for m in client.get_model_repository_index()
+                 if m["name"] == "two"]  # fmt: skip
+        assert index == [("2", "READY"), ("3", "READY")]  # each version, as Triton lists them
         assert client.get_model_metadata("two", "2")["versions"] == ["2"]
         one = client.get_inference_statistics("two", "2")["model_stats"]
         assert [s["version"] for s in one] == ["2"]
