@@ -268,6 +268,9 @@ class Agent:
         return ensemble
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """Triton's model readiness: a request to it is served, on the device or
+        promoted there first. Over-commit keeps every model servable that is neither
+        unloaded nor failed; which tier it is in is the status's to say."""
         try:
             ensemble = self.ensemble(name, version)
             if ensemble is not None:
@@ -275,7 +278,7 @@ class Agent:
             entry = self.entry(name, version)
         except ModelNotFound:
             return False
-        return entry.phase == Phase.READY and not self.draining
+        return servable(entry) and not self.draining
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         ensemble = self.ensemble(name, version)
@@ -365,13 +368,15 @@ class Agent:
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """OIP's fields for every version served, plus the form serving and the
         variants' figures where a model has variants (the gRPC door sends OIP's fields
-        only). Folders with nothing servable are listed as UNAVAILABLE with the
-        reason, as Triton lists them."""
+        only). A version is READY while a request to it is served (model_ready), and
+        its reason says where it is when that is not on the device. Folders with
+        nothing servable are listed as UNAVAILABLE with the reason, as Triton lists
+        them."""
         index = [
-            {"name": e.name, "version": e.version, "state": e.public_state(), "reason": _why(e)}
+            {"name": e.name, "version": e.version, "state": _index_state(e), "reason": _why(e)}
             | views.forms(e)
             for e in self.residency.every_version()
-            if not ready_only or e.phase == Phase.READY
+            if not ready_only or servable(e)
         ]
         for ensemble in self.ensembles.values():
             ready = self._ensemble_ready(ensemble)
@@ -539,7 +544,7 @@ class Agent:
                     return False
                 continue
             record = self.residency.get(model)
-            if record is None or record.disabled or record.phase == Phase.FAILED:
+            if record is None or not servable(record):
                 return False
         return True
 
@@ -1092,15 +1097,27 @@ def _classified(
     return classification.classify(outputs, wanted, labels, entry.max_batch_size > 0)
 
 
+def servable(record: ModelRecord) -> bool:
+    """Whether a request to this version is served: neither unloaded nor failed."""
+    return not record.disabled and record.phase != Phase.FAILED
+
+
+def _index_state(record: ModelRecord) -> str:
+    return "READY" if servable(record) else record.public_state()
+
+
 def _why(record: ModelRecord) -> str:
-    """Why a model version is not READY, for the repository index."""
+    """The repository index's reason: why a version is not READY, or where a READY
+    one is when it is not on the device."""
     if record.reason:
         return record.reason
     if record.disabled:
         return "unloaded"
-    if record.phase == Phase.ABSENT:  # served: promoted when a request comes
+    if record.phase in (Phase.READY, Phase.DRAINING):
+        return ""
+    if record.phase == Phase.ABSENT:
         return f"not on the device ({record.tier}): loaded on its next request"
-    return ""
+    return f"{record.phase}: a request waits for it"
 
 
 def _no_header(name: str) -> str | None:

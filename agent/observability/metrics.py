@@ -97,7 +97,7 @@ class AgentMetrics:
         )
         self.model_ready = Gauge(
             "edgeplex_agent_model_ready",
-            "1 when the model serves, else 0.",
+            "1 while the model is on the device, serving, else 0.",
             ["model"],
             registry=r,
         )

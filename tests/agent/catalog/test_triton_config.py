@@ -297,8 +297,10 @@ def test_each_version_counts_apart_in_statistics_and_tritons_metrics(
             for m in client.get_model_repository_index()
             if m["name"] == "two" and m["version"] == "2"
         ]
-        assert older["state"] == "UNAVAILABLE", older  # an older version: on its first request
+        # An older version, not yet asked for: served, loaded on its first request.
+        assert older["state"] == "READY", older
         assert older["reason"].endswith("loaded on its next request"), older
+        assert client.is_model_ready("two", "2")
         for version in ("", "3", "2"):  # 3 twice (the newest answers no version), 2 once
             client.infer("two", inputs, model_version=version)
         wrong = [th.InferInput("INPUT0", [1, 16], "FP32")]  # INPUT1 missing

@@ -97,6 +97,14 @@ def test_demoted_model_comes_back_from_staged_faster(agent):
     infer_http(agent, "m1")
     assert post(agent, "/edgeplex/v1/models/m1/demote", {"tier": "staged"}) == 200
     assert status(agent)["m1"]["tier"] == "staged"
+    # Triton's view: ready, for a request to it is served; the index says where it is.
+    client = tg.InferenceServerClient(agent.grpc_url)
+    assert client.is_model_ready("m1")
+    (entry,) = [m for m in client.get_model_repository_index().models if m.name == "m1"]
+    assert (entry.state, entry.reason) == (
+        "READY", "not on the device (staged): loaded on its next request",
+    )  # fmt: skip
+    client.close()
     code, headers, _ = infer_http(agent, "m1")
     assert code == 200 and headers.get("edgeplex-cold-start") == "staged"
     stages = status(agent)["m1"]["last_promotion"]["stages_ms"]
