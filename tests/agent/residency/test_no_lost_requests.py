@@ -84,8 +84,9 @@ def test_closed_loop_zipf_over_commit_loses_no_request(catalog, tmp_path, factor
         # machine it may finish a moment after the load stops.
         assert models_now["z00"]["hot"], models_now["z00"]
         deadline = time.monotonic() + 15
-        while not status(agent)["z00"]["prepacked"]:
-            assert time.monotonic() < deadline, status(agent)["z00"]
+        while not (z00 := status(agent)["z00"])["prepacked"]:
+            shown = {k: z00.get(k) for k in ("phase", "tier", "hot", "reason", "last_promotion")}
+            assert time.monotonic() < deadline, (shown, agent.log()[-1500:])
             time.sleep(0.2)
         (hot,) = [line for line in metrics.splitlines() if line.startswith("edgeplex_agent_hot_")]
         assert float(hot.split()[-1]) >= 1  # (read before the status: it may move by one)
