@@ -237,9 +237,10 @@ class HttpApi:
         return _json(self.agent.model_metadata(mi["model"], mi.get("version", "")))
 
     async def model_ready(self, request: web.Request) -> web.Response:
-        mi = request.match_info
-        self.agent.entry(mi["model"], mi.get("version", ""))  # 404 for unknown models
-        ready = self.agent.model_ready(mi["model"], mi.get("version", ""))
+        name, version = request.match_info["model"], request.match_info.get("version", "")
+        if self.agent.ensemble(name, version) is None:
+            self.agent.entry(name, version)  # 404 for unknown models
+        ready = self.agent.model_ready(name, version)
         return web.Response(status=200 if ready else 503)
 
     async def model_config(self, request: web.Request) -> web.Response:

@@ -177,6 +177,8 @@ def test_an_ensemble_is_its_version_folders_newest_and_no_other(agent: AgentProc
         client.infer("third", inputs, model_version="1")
     assert err.value.status() == "StatusCode.NOT_FOUND"
     http = th.InferenceServerClient(agent.http_url)
+    assert http.is_model_ready("third") and http.is_model_ready("third", "3")
+    assert not http.is_model_ready("third", "1")
     for call in (
         lambda: http.get_model_metadata("pipeline", "2"),
         lambda: http.get_model_config("pipeline", "2"),
