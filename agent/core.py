@@ -18,6 +18,7 @@ from inspect import iscoroutine
 from typing import Any, Protocol
 
 import numpy as np
+from google.protobuf.message import Message as ProtoMessage
 
 from edgeplex import __version__
 from edgeplex.agent.batching.policy import Request
@@ -52,6 +53,7 @@ from edgeplex.agent.fleet.forward import (
     Forwarded,
     GrpcForward,
     HttpForward,
+    HttpReply,
     Peer,
     Router,
     via_peers,
@@ -655,6 +657,38 @@ class Agent:
         error = Unavailable(f"no site serves model '{name}' now; retry in {NO_ROUTE_RETRY_S:g} s")
         error.retry_after_s = NO_ROUTE_RETRY_S
         raise error
+
+    def holders(self, name: str, header: Callable[[str], str | None]) -> list[Peer]:
+        """The peers to ask about a model this site does not know (its metadata,
+        config or readiness), nearest first; [] when it is known here, when no
+        other site holds it, or for a peer's question (answered here, at one hop)."""
+        router = self.router
+        if router is None or name in self.ensembles or self.residency.get(name) is not None:
+            return []
+        if router.hop(header)[0]:
+            return []
+        options = sorted(router.options(name), key=lambda o: o.latency_s or 0.0)
+        return router.peers(name, tuple(o.site_id for o in options))
+
+    async def ask_http(
+        self, name: str, path: str, header: Callable[[str], str | None]
+    ) -> HttpReply | None:
+        """A GET about `name` that a peer answers (`holders`): its answer as the
+        peer gave it; None: this site answers."""
+        peers = self.holders(name, header)
+        if not peers or self.router is None:
+            return None
+        return await self.router.ask_http(path, peers)
+
+    async def ask_grpc(
+        self, name: str, method: str, request: ProtoMessage, header: Callable[[str], str | None]
+    ) -> ProtoMessage | None:
+        """The gRPC counterpart of ask_http (`method`: ModelMetadata, ModelConfig,
+        ModelReady)."""
+        peers = self.holders(name, header)
+        if not peers or self.router is None:
+            return None
+        return await self.router.ask_grpc(method, request, peers)
 
     # --- inference ----------------------------------------------------------------------------
 

@@ -4,7 +4,10 @@ region (`edgeplex/v1/regions/<region>/routes`, nearest site first).
 
 `Router` keeps the routes and the peers that failed recently, answers
 `peers_for` with what the policy needs, and runs the two proxies. The core
-(`Agent.route`) makes the decision once for both front doors.
+(`Agent.route`) makes the decision once for both front doors. A question about
+a model this site does not know (its metadata, config or readiness) goes to the
+nearest peer that holds it too (`ask_http`, `ask_grpc`), so a client can
+describe a model at any site that would forward its requests.
 
 Every inference response names the site that served it in `edgeplex-served-by`
 (an HTTP header or a gRPC trailer); a forwarded response carries the peer's.
@@ -31,6 +34,7 @@ from typing import TypeVar
 
 import aiohttp
 import grpc
+from google.protobuf.message import Message
 
 from edgeplex.agent.fleet.routing import PeerOption
 from edgeplex.agent.oip.errors import ServeError, StaleRoute, Unavailable
@@ -230,16 +234,7 @@ class Router:
         last: grpc.aio.AioRpcError | None = None
         stale = False
         for peer in peers[:2]:
-            channel = self._channels.get(peer.address)
-            if channel is None:
-                channel = self._channels[peer.address] = (
-                    grpc.aio.secure_channel(
-                        peer.address, grpc.ssl_channel_credentials(self._peer_ca)
-                    )
-                    if self._peer_ca
-                    else grpc.aio.insecure_channel(peer.address)
-                )
-            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            call = self._stub(peer).ModelInfer(
                 request, metadata=metadata, timeout=timeout_s or FORWARD_TIMEOUT_S
             )
             try:
@@ -277,11 +272,7 @@ class Router:
     ) -> tuple[int, bytes, dict[str, str]]:
         """(status, body, headers) of the first peer that answers and holds `model`.
         Raises StaleRoute when every peer tried said it does not hold it."""
-        if self._http is None:
-            # A peer that does not accept the connection quickly is treated as down.
-            self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=60, sock_connect=PEER_CONNECT_TIMEOUT_S)
-            )
+        session = self._session()
         out = {k: v for k, v in headers.items() if k.lower() in HTTP_REQUEST_HEADERS}
         out[FORWARDED] = self.site_id
         out[ORIGIN_REGION] = origin or self.region
@@ -293,7 +284,7 @@ class Router:
         for peer in peers[:2]:
             try:
                 scheme = "https" if self._ssl else "http"
-                async with self._http.post(
+                async with session.post(
                     f"{scheme}://{peer.http_address}{path}",
                     data=body,
                     headers=out,
@@ -317,6 +308,71 @@ class Router:
         error = Unavailable(f"no peer answered for '{path}'; retry in {NO_ROUTE_RETRY_S:g} s")
         error.retry_after_s = NO_ROUTE_RETRY_S
         raise error
+
+    # --- questions about a model: its metadata, config, readiness ------------------------
+
+    async def ask_http(self, path: str, peers: list[Peer]) -> HttpReply:
+        """The answer to a GET about a model (`path`: its metadata, config or
+        readiness) from the first of `peers` that answers, as that peer gave it."""
+        session = self._session()
+        scheme = "https" if self._ssl else "http"
+        headers = {FORWARDED: self.site_id, PEER_TOKEN: self.peer_token, **dict(self._as_peer(""))}
+        for peer in peers[:2]:
+            try:
+                async with session.get(
+                    f"{scheme}://{peer.http_address}{path}",
+                    headers=headers,
+                    ssl=self._ssl if self._ssl else True,
+                ) as reply:
+                    payload = await reply.read()
+                    kept = {"content-type": reply.headers.get("content-type", "application/json")}
+                    return reply.status, payload, kept | {SERVED_BY: peer.site_id}
+            except (aiohttp.ClientConnectionError, TimeoutError):
+                self.peer_failed(peer)
+        error = Unavailable(f"no peer answered for '{path}'; retry in {NO_ROUTE_RETRY_S:g} s")
+        error.retry_after_s = NO_ROUTE_RETRY_S
+        raise error
+
+    async def ask_grpc(self, method: str, request: Message, peers: list[Peer]) -> Message:
+        """The answer to a unary call about a model (`method`: ModelMetadata,
+        ModelConfig, ModelReady) from the first of `peers` that answers; a peer's
+        error, such as NOT_FOUND, as a ServeError with its status."""
+        metadata = ((FORWARDED, self.site_id), (PEER_TOKEN, self.peer_token), *self._as_peer(""))
+        last: grpc.aio.AioRpcError | None = None
+        for peer in peers[:2]:
+            try:
+                answer: Message = await getattr(self._stub(peer), method)(
+                    request, metadata=metadata, timeout=PEER_CONNECT_TIMEOUT_S * 5
+                )
+                return answer
+            except grpc.aio.AioRpcError as exc:
+                last = exc
+                if exc.code() not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ):
+                    break
+                self.peer_failed(peer)
+        assert last is not None
+        raise peer_error(last)
+
+    def _stub(self, peer: Peer) -> pb_grpc.GRPCInferenceServiceStub:
+        channel = self._channels.get(peer.address)
+        if channel is None:
+            channel = self._channels[peer.address] = (
+                grpc.aio.secure_channel(peer.address, grpc.ssl_channel_credentials(self._peer_ca))
+                if self._peer_ca
+                else grpc.aio.insecure_channel(peer.address)
+            )
+        return pb_grpc.GRPCInferenceServiceStub(channel)
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            # A peer that does not accept the connection quickly is treated as down.
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=60, sock_connect=PEER_CONNECT_TIMEOUT_S)
+            )
+        return self._http
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -233,10 +233,14 @@ class HttpApi:
         return web.Response(status=200 if self.agent.ready() else 503)
 
     async def model_metadata(self, request: web.Request) -> web.Response:
+        if (peer := await self._asked_elsewhere(request)) is not None:
+            return peer
         mi = request.match_info
         return _json(self.agent.model_metadata(mi["model"], mi.get("version", "")))
 
     async def model_ready(self, request: web.Request) -> web.Response:
+        if (peer := await self._asked_elsewhere(request)) is not None:
+            return peer
         name, version = request.match_info["model"], request.match_info.get("version", "")
         if self.agent.ensemble(name, version) is None:
             self.agent.entry(name, version)  # 404 for unknown models
@@ -244,8 +248,19 @@ class HttpApi:
         return web.Response(status=200 if ready else 503)
 
     async def model_config(self, request: web.Request) -> web.Response:
+        if (peer := await self._asked_elsewhere(request)) is not None:
+            return peer
         mi = request.match_info
         return _json(self.agent.model_config(mi["model"], mi.get("version", "")))
+
+    async def _asked_elsewhere(self, request: web.Request) -> web.Response | None:
+        """A model this site does not know, but a peer holds: the peer's answer."""
+        name = request.match_info["model"]
+        reply = await self.agent.ask_http(name, request.path_qs, request.headers.get)
+        if reply is None:
+            return None
+        status, body, headers = reply
+        return web.Response(status=status, body=body, headers=headers)
 
     async def stats(self, request: web.Request) -> web.Response:
         mi = request.match_info

@@ -710,6 +710,22 @@ def test_forwarding_to_the_site_that_holds_the_model(fleet: Fleet) -> None:
         return dict(call.trailing_metadata())["edgeplex-served-by"]
 
     assert wait_until(lambda: served_by_grpc() == "b1", what="a1 forwards over gRPC to b1")
+    # Described at a site that forwards its requests: a1 asks b1 for its metadata,
+    # config and readiness, over either protocol.
+    client = triton.InferenceServerClient(a1.grpc_url)
+    metadata = client.get_model_metadata("b_only")
+    assert metadata.name == "b_only" and [t.name for t in metadata.inputs] == ["input"]
+    assert client.get_model_config("b_only").config.name == "b_only"
+    assert client.is_model_ready("b_only") and not client.is_model_ready("b_only", "7")
+    with pytest.raises(InferenceServerException, match="'b_only' version 7 is not found"):
+        client.get_model_metadata("b_only", "7")  # b1's own answer, NOT_FOUND
+    client.close()
+    for path in ("/v2/models/b_only", "/v2/models/b_only/config"):
+        status, reply = a1.http_get(path)
+        assert status == 200 and json.loads(reply)["name"] == "b_only", reply
+    assert a1.http_get("/v2/models/b_only/ready")[0] == 200
+    assert a1.http_get("/v2/models/b_only/versions/7/ready")[0] == 404
+    assert a1.http_get("/v2/models/nowhere")[0] == 404  # no site holds it
     body = json.dumps(
         {"inputs": [{"name": "input", "shape": [1, 32], "datatype": "FP32", "data": [1.0] * 32}]}
     ).encode()
