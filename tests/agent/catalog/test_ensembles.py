@@ -53,6 +53,14 @@ ensemble_scheduling { step [ { model_name: "pipeline" model_version: -1
 """
 
 
+def ones(*names: str) -> list[tg.InferInput]:
+    """One row of ones, 16 wide, for each input of `names`."""
+    tensors = [tg.InferInput(name, [1, 16], "FP32") for name in names]
+    for tensor in tensors:
+        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+    return tensors
+
+
 def _ensemble(repo: Path, name: str, text: str, version: str = "1") -> None:
     (repo / name / version).mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(text)
@@ -165,9 +173,7 @@ def test_an_ensemble_chains_its_steps(agent: AgentProcess) -> None:
 def test_an_ensemble_is_its_version_folders_newest_and_no_other(agent: AgentProcess) -> None:
     """As a model: a request naming another version of it is NOT_FOUND, not served."""
     client = tg.InferenceServerClient(agent.grpc_url)
-    inputs = [tg.InferInput("A", [1, 16], "FP32"), tg.InferInput("B", [1, 16], "FP32")]
-    for tensor in inputs:
-        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+    inputs = ones("A", "B")
     assert client.get_model_metadata("third").versions == ["3"]
     assert client.is_model_ready("third", "3") and not client.is_model_ready("third", "1")
     result = client.infer("third", inputs, model_version="3")
@@ -248,19 +254,14 @@ def test_an_ensembles_steps_run_under_its_tenant_without_counting_again(tmp_path
     )
     try:
         client = tg.InferenceServerClient(agent.grpc_url)
-        inputs = [tg.InferInput("A", [1, 16], "FP32"), tg.InferInput("B", [1, 16], "FP32")]
-        for tensor in inputs:
-            tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+        inputs = ones("A", "B")
         auth = {"authorization": f"Bearer {key}"}
         result = client.infer("pipeline", inputs, headers=auth)
         np.testing.assert_array_equal(result.as_numpy("TWICE_A"), np.full((1, 16), 2.0))
         with pytest.raises(InferenceServerException, match="may not call model 'add_sub'"):
             client.infer("add_sub", [], headers=auth)  # a step's model, asked for directly
-        nested = [tg.InferInput("X", [1, 16], "FP32"), tg.InferInput("Y", [1, 16], "FP32")]
-        for tensor in nested:
-            tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
         nest = {"authorization": f"Bearer {nest_key}"}
-        result = client.infer("outer", nested, headers=nest)
+        result = client.infer("outer", ones("X", "Y"), headers=nest)
         np.testing.assert_array_equal(result.as_numpy("Z"), np.full((1, 16), 2.0))
         with pytest.raises(InferenceServerException, match="may not call model 'pipeline'"):
             client.infer("pipeline", inputs, headers=nest)  # the nested one, directly
