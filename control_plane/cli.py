@@ -93,14 +93,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="any: sites may serve a usable variant when memory is short",
     )  # fmt: skip
     add.set_defaults(call=_model_add)
-    leaf(model, "list").set_defaults(call=_model_list)
-    for verb, fn in (("show", _model_show), ("remove", _model_remove)):
-        p = leaf(model, verb)
+    leaf(model, "list", help="every model of the catalog").set_defaults(call=_model_list)
+    for verb, fn, what in (
+        ("show", _model_show, "one model's catalog entry and state"),
+        ("remove", _model_remove, "take a model out of the catalog (sites unload it)"),
+    ):
+        p = leaf(model, verb, help=what)
         p.add_argument("name", help="the model's name in the catalog")
         p.set_defaults(call=fn)
 
     site = nouns.add_parser("site", help="edge sites").add_subparsers(dest="verb", required=True)
-    leaf(site, "list").set_defaults(call=_site_list)
+    leaf(site, "list", help="every site: its region, state and budgets").set_defaults(
+        call=_site_list
+    )
     p = leaf(site, "add", help="let a site join: prints its join token, once")
     p.add_argument("site_id", help="the site's id")
     p.add_argument("--region", required=True, help="the region the site serves")
@@ -116,15 +121,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "and broker password as EDGEPLEX_AGENT_FLEET__MQTT_URL",
     )
     p.set_defaults(call=_site_add)
-    for verb in ("cordon", "drain"):
-        p = leaf(site, verb)
+    for verb, what in (
+        ("cordon", "place nothing new at a site (it keeps what it holds)"),
+        ("drain", "move a site's models elsewhere"),
+    ):
+        p = leaf(site, verb, help=what)
         p.add_argument("site_id", help="the site's id")
         p.add_argument("--undo", action="store_true", help=f"un{verb} the site")
         p.set_defaults(call=_site_action(verb))
 
-    placement = nouns.add_parser("placement").add_subparsers(dest="verb", required=True)
-    leaf(placement, "show").set_defaults(call=_placement_show)
-    p = leaf(placement, "explain")
+    placement = nouns.add_parser(
+        "placement", help="which models stay resident where, and why"
+    ).add_subparsers(dest="verb", required=True)
+    leaf(placement, "show", help="the current placement, site by site").set_defaults(
+        call=_placement_show
+    )
+    p = leaf(placement, "explain", help="why a model is placed where it is")
     p.add_argument("model", help="the model to explain")
     p.set_defaults(call=_placement_explain)
     batch = nouns.add_parser("batch", help="asynchronous batch jobs").add_subparsers(
