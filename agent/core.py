@@ -24,7 +24,7 @@ from edgeplex import __version__
 from edgeplex.agent.batching.policy import Request
 from edgeplex.agent.batching.queues import Queues
 from edgeplex.agent.batching.rate_limiter import RateLimiter
-from edgeplex.agent.batching.sequences import Flags, Live, Sequences
+from edgeplex.agent.batching.sequences import Flags, Live, Sequences, UnknownSequence
 from edgeplex.agent.catalog.ensemble import (
     ENSEMBLE,
     Ensemble,
@@ -667,6 +667,13 @@ class Agent:
             return []
         if router.hop(header)[0]:
             return []
+        return self.holders_elsewhere(name)
+
+    def holders_elsewhere(self, name: str) -> list[Peer]:
+        """The other sites that hold `name`, nearest first."""
+        router = self.router
+        if router is None:
+            return []
         options = sorted(router.options(name), key=lambda o: o.latency_s or 0.0)
         return router.peers(name, tuple(o.site_id for o in options))
 
@@ -732,7 +739,7 @@ class Agent:
         if ensemble is not None:
             return await self._serve_ensemble(ensemble, decode, arrived, caller, admit)
         router = self.router
-        origin = ""
+        origin, forwarded = "", False
         if router is not None and forward is not None:
             forwarded, origin = router.hop(header)
             reply = await via_peers(
@@ -787,10 +794,23 @@ class Agent:
             if spec is not None:  # a stateful model: the request's turn in its sequence
                 config = record.config
                 slots = spec.slots(record.max_batch_size, config.instance_count)
-                live = await self.sequences.enter(
-                    name, record.version, spec, body.sequence, slots, config.max_queue_size,
-                    deadline,
-                )  # fmt: skip
+                try:
+                    live = await self.sequences.enter(
+                        name, record.version, spec, body.sequence, slots,
+                        config.max_queue_size, deadline,
+                    )  # fmt: skip
+                except UnknownSequence:
+                    # Begun at a peer, routed there before this site held the model: it
+                    # goes on there, where its state is.
+                    if forwarded or forward is None or router is None:
+                        raise
+                    elsewhere = await via_peers(
+                        lambda: self.holders_elsewhere(name),
+                        lambda peers: router.forward(forward, peers, origin, traceparent(), caller),
+                    )
+                    if elsewhere is None:  # no other site holds the model
+                        raise
+                    return Forwarded(elsewhere)
                 inputs = Sequences.inputs(live, inputs, record.max_batch_size > 0)
                 wanted = Sequences.outputs(live, wanted)
             given, batch = validate(record, inputs, wanted)  # before any promotion

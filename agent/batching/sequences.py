@@ -50,6 +50,10 @@ from edgeplex.agent.oip.tensors import numpy_dtype
 Id = int | str
 
 
+class UnknownSequence(InvalidInput):
+    """A request in the middle of a sequence this site holds no state for."""
+
+
 @dataclass(frozen=True)
 class Flags:
     """A request's place in its sequence, as its parameters say."""
@@ -143,7 +147,7 @@ class Sequences:
                     live.lock.release()
                     live = None
         if live is None:
-            raise InvalidInput(
+            raise UnknownSequence(
                 f"inference request for sequence {flags.id} to model '{model}' must "
                 "specify the START flag on the first request of the sequence"
             )

@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.error
@@ -40,6 +41,7 @@ from edgeplex.proto import inference_pb2_grpc as ipb_grpc
 from tests.conftest import AgentProcess, free_port
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer
 from tests.support.fleet import Fleet, agent_tier, loaded_sets, rejected_messages
+from tests.support.sequences import ACCUMULATE, running_sum, value_input
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -760,6 +762,47 @@ def test_forwarding_to_the_site_that_holds_the_model(fleet: Fleet) -> None:
     with pytest.raises(triton.InferenceServerException) as info:
         infer(a1, "nowhere")
     assert "NOT_FOUND" in str(info.value.status())
+
+
+def test_a_sequence_begun_at_a_peer_goes_on_there_once_the_model_is_here_too(
+    fleet: Fleet,
+) -> None:
+    """A stateful model's sequence that a1 forwarded to b1 (b1 alone held the model)
+    goes on at b1, where its state is, after placement brings the model to a1 too;
+    a1 serves the sequences that begin there."""
+    src = fleet.workdir / "acc"
+    config = ACCUMULATE.replace('"accumulate"', '"acc"').replace("500000", "120000000")
+    running_sum(src, config)  # a running sum; a sequence idles out after 120 s
+    archive = fleet.workdir / "acc.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(src / "1" / "model.onnx", "model.onnx")
+        tar.add(src / "config.pbtxt", "config.pbtxt")
+    fleet.add_model("acc", archive, regions=["b"], min_replicas=1)
+    a1, b1 = fleet.agents["a1"], fleet.agents["b1"]
+    wait_until(lambda: agent_tier(b1, "acc") == "loaded", what="acc loaded at b1")
+    client = triton.InferenceServerClient(a1.grpc_url)
+
+    def send(value: int, sequence: int = 7, **flags: bool) -> int:
+        tensor = value_input(triton, value)
+        result = client.infer("acc", [tensor], sequence_id=sequence, **flags)
+        return int(result.as_numpy("OUTPUT")[0][0])
+
+    def started() -> bool:
+        try:
+            return send(5, sequence_start=True) == 5
+        except InferenceServerException:  # a1 has no route to acc yet
+            return False
+
+    wait_until(started, what="a1 forwards the sequence's START to b1")
+    fleet.add_model("acc", archive, regions=["a", "b"], min_replicas=2)
+    wait_until(lambda: agent_tier(a1, "acc") == "loaded", what="acc loaded at a1 too")
+    assert send(3) == 8  # b1's state: the sequence went on there
+    assert send(4, sequence_end=True) == 12
+    assert send(1, sequence=8, sequence_start=True) == 1  # begun at a1: served there
+    assert send(2, sequence=8, sequence_end=True) == 3
+    client.close()
+    (stats,) = json.loads(a1.http_get("/v2/models/acc/stats")[1])["model_stats"]
+    assert stats["inference_stats"]["success"]["count"] == 2  # sequence 8's, run at a1
 
 
 def test_a_new_models_first_calls_succeed_at_any_site(fleet: Fleet) -> None:
