@@ -674,7 +674,9 @@ class Agent:
         router = self.router
         if router is None:
             return []
-        options = sorted(router.options(name), key=lambda o: o.latency_s or 0.0)
+        options = sorted(
+            router.options(name), key=lambda o: math.inf if o.latency_s is None else o.latency_s
+        )
         return router.peers(name, tuple(o.site_id for o in options))
 
     async def ask_http(

@@ -55,6 +55,7 @@ T = TypeVar("T")
 PEER_BACKOFF_S = 5.0
 PEER_CONNECT_TIMEOUT_S = 2.0
 FORWARD_TIMEOUT_S = 30.0  # when the caller set no deadline
+ASK_TIMEOUT_S = 10.0  # a question about a model (metadata, config, readiness)
 NO_ROUTE_RETRY_S = 2.0
 ROUTE_ATTEMPTS = 3
 # Headers an HTTP forward passes through, both ways (lower case: header names are
@@ -323,6 +324,9 @@ class Router:
                     f"{scheme}://{peer.http_address}{path}",
                     headers=headers,
                     ssl=self._ssl if self._ssl else True,
+                    timeout=aiohttp.ClientTimeout(
+                        total=ASK_TIMEOUT_S, sock_connect=PEER_CONNECT_TIMEOUT_S
+                    ),
                 ) as reply:
                     payload = await reply.read()
                     kept = {"content-type": reply.headers.get("content-type", "application/json")}
@@ -342,7 +346,7 @@ class Router:
         for peer in peers[:2]:
             try:
                 answer: Message = await getattr(self._stub(peer), method)(
-                    request, metadata=metadata, timeout=PEER_CONNECT_TIMEOUT_S * 5
+                    request, metadata=metadata, timeout=ASK_TIMEOUT_S
                 )
                 return answer
             except grpc.aio.AioRpcError as exc:
