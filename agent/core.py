@@ -658,16 +658,23 @@ class Agent:
         error.retry_after_s = NO_ROUTE_RETRY_S
         raise error
 
-    def holders(self, name: str, header: Callable[[str], str | None]) -> list[Peer]:
+    async def holders(
+        self, name: str, version: str, header: Callable[[str], str | None]
+    ) -> list[Peer]:
         """The peers to ask about a model this site does not know (its metadata,
-        config or readiness), nearest first; [] when it is known here, when no
-        other site holds it, or for a peer's question (answered here, at one hop)."""
+        config or readiness), nearest first; [] when this site answers: the model
+        is known here, or is a peer's question (answered here, at one hop), or no
+        other site holds it. A model of the fleet's catalog that no site holds yet
+        is fetched here first, as its first request would fetch it."""
         router = self.router
         if router is None or name in self.ensembles or self.residency.get(name) is not None:
             return []
         if router.hop(header)[0]:
             return []
-        return self.holders_elsewhere(name)
+        peers = self.holders_elsewhere(name)
+        if not peers and self.on_demand is not None and valid_name(name):
+            await self.on_demand(name, version, self.region, DEFAULT_TIMEOUT_S)
+        return peers
 
     def holders_elsewhere(self, name: str) -> list[Peer]:
         """The other sites that hold `name`, nearest first."""
@@ -680,21 +687,26 @@ class Agent:
         return router.peers(name, tuple(o.site_id for o in options))
 
     async def ask_http(
-        self, name: str, path: str, header: Callable[[str], str | None]
+        self, name: str, version: str, path: str, header: Callable[[str], str | None]
     ) -> HttpReply | None:
         """A GET about `name` that a peer answers (`holders`): its answer as the
         peer gave it; None: this site answers."""
-        peers = self.holders(name, header)
+        peers = await self.holders(name, version, header)
         if not peers or self.router is None:
             return None
         return await self.router.ask_http(path, peers)
 
     async def ask_grpc(
-        self, name: str, method: str, request: ProtoMessage, header: Callable[[str], str | None]
+        self,
+        name: str,
+        version: str,
+        method: str,
+        request: ProtoMessage,
+        header: Callable[[str], str | None],
     ) -> ProtoMessage | None:
         """The gRPC counterpart of ask_http (`method`: ModelMetadata, ModelConfig,
         ModelReady)."""
-        peers = self.holders(name, header)
+        peers = await self.holders(name, version, header)
         if not peers or self.router is None:
             return None
         return await self.router.ask_grpc(method, request, peers)

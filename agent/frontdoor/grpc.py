@@ -180,8 +180,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @_serve_errors
     @_requires(Access.CLIENT)
     async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
-        if (peer := await self._asked_elsewhere("ModelReady", request, context)) is not None:
-            return peer  # type: ignore[return-value]
+        try:
+            if (peer := await self._asked_elsewhere("ModelReady", request, context)) is not None:
+                return peer
+        except ServeError:  # not in the fleet's catalog, or its artifact failed: not ready
+            return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.agent.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
@@ -191,7 +194,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @_requires(Access.CLIENT)
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
         if (peer := await self._asked_elsewhere("ModelMetadata", request, context)) is not None:
-            return peer  # type: ignore[return-value]
+            return peer
         meta = self.agent.model_metadata(request.name, request.version)
         return pb.ModelMetadataResponse(
             name=meta["name"],
@@ -208,7 +211,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         ModelConfig message and carried in ours, whose fewer fields keep the rest
         as unknown fields, which go out on the wire unchanged."""
         if (peer := await self._asked_elsewhere("ModelConfig", request, context)) is not None:
-            return peer  # type: ignore[return-value]
+            return peer
         config = self.agent.model_config(request.name, request.version)
         full = json_format.ParseDict(config, ModelConfigMessage(), ignore_unknown_fields=True)
         response = pb.ModelConfigResponse()
@@ -218,7 +221,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _asked_elsewhere(self, method: str, request: Any, context: Any) -> Any:
         """A model this site does not know, but a peer holds: the peer's answer."""
         metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-        return await self.agent.ask_grpc(request.name, method, request, metadata.get)
+        return await self.agent.ask_grpc(
+            request.name, request.version, method, request, metadata.get
+        )
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: Any

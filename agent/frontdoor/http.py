@@ -255,8 +255,8 @@ class HttpApi:
 
     async def _asked_elsewhere(self, request: web.Request) -> web.Response | None:
         """A model this site does not know, but a peer holds: the peer's answer."""
-        name = request.match_info["model"]
-        reply = await self.agent.ask_http(name, request.path_qs, request.headers.get)
+        name, version = request.match_info["model"], request.match_info.get("version", "")
+        reply = await self.agent.ask_http(name, version, request.path_qs, request.headers.get)
         if reply is None:
             return None
         status, body, headers = reply

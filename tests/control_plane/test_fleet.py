@@ -843,6 +843,15 @@ def test_a_new_models_first_calls_succeed_at_any_site(fleet: Fleet) -> None:
     fleet.add_model("fresh3", src / "fresh3" / "1" / "model.onnx")
     status, _, reply = http_post(a1, "/v2/models/fresh3/infer", bad)
     assert status == 400 and b"input" in reply
+    # Described before its first request: fetched as that request would fetch it.
+    demo.make_mlp(src / "fresh4", width=64, layers=2, in_width=32, seed=13)
+    fleet.add_model("fresh4", src / "fresh4" / "1" / "model.onnx")
+    status, reply = b1.http_get("/v2/models/fresh4")
+    assert status == 200 and json.loads(reply)["inputs"][0]["shape"] == [-1, 32], reply
+    client = triton.InferenceServerClient(b1.grpc_url)
+    assert client.is_model_ready("fresh4") and not client.is_model_ready("nowhere")
+    client.close()
+    assert b1.http_get("/v2/models/nowhere/ready")[0] == 404
 
     # Placement sees the demand at once and, while the calls go on, keeps each
     # model where it was loaded.
