@@ -112,10 +112,17 @@ def test_a_primary_killed_under_load_loses_nothing_acknowledged(
     admin = pb_grpc.AdminServiceStub(channel)
     agents = pb_grpc.AgentServiceStub(channel)
     try:
-        token = join_token(cp, "s0", "r0")
+        # As an agent joins: retried while the control plane answers UNAVAILABLE (a write
+        # whose replica has not acknowledged it in time, on a busy machine).
+        token = wait_until(lambda: join_token(cp, "s0", "r0"), what="a join token")
         site = (("authorization", f"Bearer {token}"),)
-        agents.Register(pb.RegisterRequest(site_id="s0", region="r0", address="127.0.0.1:1"),
-                        metadata=site, timeout=10)  # fmt: skip
+        wait_until(
+            lambda: agents.Register(
+                pb.RegisterRequest(site_id="s0", region="r0", address="127.0.0.1:1"),
+                metadata=site, timeout=10,
+            ),
+            what="s0 registered",
+        )  # fmt: skip
         sha = hashlib.sha256(artifact.read_bytes()).hexdigest()
 
         def add_model(i: int) -> str:
