@@ -793,11 +793,20 @@ def test_a_sequence_begun_at_a_peer_goes_on_there_once_the_model_is_here_too(
         except InferenceServerException:  # a1 has no route to acc yet
             return False
 
+    def post(value: int, **parameters: object) -> int:  # the same over HTTP, sequence 9
+        tensor = {"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [value]}
+        body = {"inputs": [tensor], "parameters": {"sequence_id": 9, **parameters}}
+        status, _, reply = http_post(a1, "/v2/models/acc/infer", json.dumps(body).encode())
+        assert status == 200, reply
+        return int(json.loads(reply)["outputs"][0]["data"][0])
+
     wait_until(started, what="a1 forwards the sequence's START to b1")
+    assert post(10, sequence_start=True) == 10
     fleet.add_model("acc", archive, regions=["a", "b"], min_replicas=2)
     wait_until(lambda: agent_tier(a1, "acc") == "loaded", what="acc loaded at a1 too")
     assert send(3) == 8  # b1's state: the sequence went on there
     assert send(4, sequence_end=True) == 12
+    assert post(1, sequence_end=True) == 11
     assert send(1, sequence=8, sequence_start=True) == 1  # begun at a1: served there
     assert send(2, sequence=8, sequence_end=True) == 3
     client.close()
