@@ -269,6 +269,23 @@ class Agent:
             raise ModelNotFound.unknown(name, version, f"serving version {ensemble.version}")
         return ensemble
 
+    def why_not_served(self, record: ModelRecord) -> str:
+        """Why a request to this version would not be served ("": it would, on the
+        device or promoted there first): failed, unloaded, or too big for the device
+        budget beside the pinned models."""
+        if record.phase == Phase.FAILED:
+            return record.reason or "failed"
+        if record.disabled:
+            return record.reason or "unloaded"
+        return self.residency.no_room(record)
+
+    def _index_entry(self, record: ModelRecord) -> dict[str, Any]:
+        """A version as the repository index lists it: READY while it is served."""
+        why = self.why_not_served(record)
+        state = record.public_state() if why else "READY"
+        return {"name": record.name, "version": record.version, "state": state,
+                "reason": why or record.reason or _where(record)}  # fmt: skip
+
     def model_ready(self, name: str, version: str = "") -> bool:
         """Triton's model readiness: a request to it is served, on the device or
         promoted there first. Over-commit keeps every model servable that is neither
@@ -280,7 +297,7 @@ class Agent:
             entry = self.entry(name, version)
         except ModelNotFound:
             return False
-        return servable(entry) and not self.draining
+        return not self.why_not_served(entry) and not self.draining
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         ensemble = self.ensemble(name, version)
@@ -375,10 +392,9 @@ class Agent:
         nothing servable are listed as UNAVAILABLE with the reason, as Triton lists
         them."""
         index = [
-            {"name": e.name, "version": e.version, "state": _index_state(e), "reason": _why(e)}
-            | views.forms(e)
+            self._index_entry(e) | views.forms(e)
             for e in self.residency.every_version()
-            if not ready_only or servable(e)
+            if not ready_only or not self.why_not_served(e)
         ]
         for ensemble in self.ensembles.values():
             ready = self._ensemble_ready(ensemble)
@@ -546,7 +562,7 @@ class Agent:
                     return False
                 continue
             record = self.residency.get(model)
-            if record is None or not servable(record):
+            if record is None or self.why_not_served(record):
                 return False
         return True
 
@@ -1165,22 +1181,9 @@ def _classified(
     return classification.classify(outputs, wanted, labels, entry.max_batch_size > 0)
 
 
-def servable(record: ModelRecord) -> bool:
-    """Whether a request to this version is served: neither unloaded nor failed."""
-    return not record.disabled and record.phase != Phase.FAILED
-
-
-def _index_state(record: ModelRecord) -> str:
-    return "READY" if servable(record) else record.public_state()
-
-
-def _why(record: ModelRecord) -> str:
-    """The repository index's reason: why a version is not READY, or where a READY
-    one is when it is not on the device."""
-    if record.reason:
-        return record.reason
-    if record.disabled:
-        return "unloaded"
+def _where(record: ModelRecord) -> str:
+    """Where a ready version is, for the repository index's reason ("": on the
+    device)."""
     if record.phase in (Phase.READY, Phase.DRAINING):
         return ""
     if record.phase == Phase.ABSENT:

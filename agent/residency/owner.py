@@ -94,6 +94,12 @@ class Residency:
     def device_bytes(self) -> int:
         return self.ledger.device_bytes()
 
+    def no_room(self, record: ModelRecord) -> str:
+        """Why `record`, not on the device, cannot be promoted at all now (it needs
+        more than the budget beside the pins), or "" when it can."""
+        refusal = promotion_refusal(record, self.ledger, self.limits)
+        return refusal.message if isinstance(refusal, NoRoom) else ""
+
     # --- repository -------------------------------------------------------------------------
 
     def add(self, source: ModelSource, keep: Collection[str] = ()) -> ModelRecord:

@@ -143,6 +143,10 @@ def test_a_model_that_cannot_fit_is_resource_exhausted_and_disturbs_nothing(agen
     assert "needs" in err.value.message() and "bytes" in err.value.message()
     code, _, body = infer_http(agent, "huge")
     assert code == 507 and "needs" in body["error"]
+    # Not ready, with the same reason in the index: no request to it can be served.
+    assert not client.is_model_ready("huge")
+    (entry,) = [m for m in client.get_model_repository_index().models if m.name == "huge"]
+    assert entry.state == "UNAVAILABLE" and "needs" in entry.reason, entry
     after = {n: m["tier"] for n, m in status(agent).items()}
     assert after == before
     assert infer_http(agent, "m3")[0] == 200
