@@ -31,8 +31,8 @@ CACHE = Path(os.environ.get("EDGEPLEX_TEST_CACHE", ROOT / ".cache" / "test-model
 
 
 # Tests that measure time against a bound (a light tenant's latency beside a flood, a
-# victim client under attack, closed loops under deadlines, benchmarks, placement's
-# gap through a failover) or hold fixed ports and network namespaces (the README's
+# victim client under attack, closed loops under deadlines, benchmarks, a Redis
+# restart within a lease) or hold fixed ports and network namespaces (the README's
 # fleet, the rig); a killed agent's leftovers, which any agent starting meanwhile
 # sweeps; and schemathesis's, whose operations are sub-items of one test that
 # pytest-xdist's file scheduling does not run. `make test` runs the rest three at a
