@@ -34,9 +34,14 @@ _held: list[int] = []  # lock descriptors this process keeps open until it exits
 
 
 def claim(directory: Path) -> None:
-    """Mark `directory` as this live agent's (until the process exits)."""
-    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """Mark `directory` as this live agent's (until the process exits). The lock file
+    takes its name only once locked: a sweep that found it unlocked in between would
+    take the directory for a dead agent's and remove it (another agent starting at
+    the same moment did, once)."""
+    making = directory / f"{LOCK}.{os.getpid()}"
+    fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(making, directory / LOCK)
     _held.append(fd)
 
 
