@@ -687,20 +687,10 @@ class Agent:
             return []
         if router.hop(header)[0]:
             return []
-        peers = self.holders_elsewhere(name)
+        peers = router.holders(name)
         if not peers and self.on_demand is not None and valid_name(name):
             await self.on_demand(name, version, self.region, DEFAULT_TIMEOUT_S)
         return peers
-
-    def holders_elsewhere(self, name: str) -> list[Peer]:
-        """The other sites that hold `name`, nearest first."""
-        router = self.router
-        if router is None:
-            return []
-        options = sorted(
-            router.options(name), key=lambda o: math.inf if o.latency_s is None else o.latency_s
-        )
-        return router.peers(name, tuple(o.site_id for o in options))
 
     async def ask_http(
         self, name: str, version: str, path: str, header: Callable[[str], str | None]
@@ -835,7 +825,7 @@ class Agent:
                     if forwarded or forward is None or router is None:
                         raise
                     elsewhere = await via_peers(
-                        lambda: self.holders_elsewhere(name),
+                        lambda: router.holders(name),
                         lambda peers: router.forward(forward, peers, origin, traceparent(), caller),
                     )
                     if elsewhere is None:  # no other site holds the model

@@ -139,6 +139,16 @@ class Router:
         origin = header(ORIGIN_REGION) or ""
         return header(FORWARDED) is not None, origin if valid_name(origin) else ""
 
+    def _hop_headers(self, origin: str = "", tenant: str = "") -> tuple[tuple[str, str], ...]:
+        """What every call to a peer carries: this hop (honoured with the peer token),
+        the region the demand comes from, and the credential of `_as_peer`."""
+        return (
+            (FORWARDED, self.site_id),
+            (ORIGIN_REGION, origin or self.region),
+            (PEER_TOKEN, self.peer_token),
+            *self._as_peer(tenant),
+        )
+
     def _as_peer(self, tenant: str) -> tuple[tuple[str, str], ...]:
         """The credential of a forward (the fleet's peer token, which the serving
         site's doors accept) and the tenant it is served for."""
@@ -166,15 +176,20 @@ class Router:
         }
         return True
 
-    def options(self, model: str) -> list[PeerOption]:
-        """The peers holding `model` that are not this site and not backed off."""
+    def holders(self, model: str) -> list[Peer]:
+        """The peers holding `model` that are not this site and not backed off,
+        nearest first (the table's order)."""
         now = time.monotonic()
         return [
-            # 0 ms is a peer in this region (the nearest there is), not an unknown distance.
-            PeerOption(p.site_id, p.latency_ms / 1000, p.headroom)
+            p
             for p in self._routes.get(model, ())
             if p.site_id != self.site_id and self._down_until.get(p.site_id, 0.0) <= now
         ]
+
+    def options(self, model: str) -> list[PeerOption]:
+        """`holders`, as the routing policy reads them (0 ms is a peer in this region,
+        the nearest there is, not an unknown distance)."""
+        return [PeerOption(p.site_id, p.latency_ms / 1000, p.headroom) for p in self.holders(model)]
 
     def peers(self, model: str, site_ids: tuple[str, ...]) -> list[Peer]:
         by_id = {p.site_id: p for p in self._routes.get(model, ())}
@@ -226,12 +241,9 @@ class Router:
     ) -> tuple[pb.ModelInferResponse, tuple[tuple[str, str], ...]]:
         """(response, serving site). Raises StaleRoute when every peer tried said it
         does not hold the model, else grpc.aio.AioRpcError from the last peer."""
-        metadata = (
-            (FORWARDED, self.site_id),
-            (ORIGIN_REGION, origin or self.region),
-            (PEER_TOKEN, self.peer_token),
-            *self._as_peer(tenant),
-        ) + ((("traceparent", traceparent),) if traceparent else ())
+        metadata = self._hop_headers(origin, tenant) + (
+            (("traceparent", traceparent),) if traceparent else ()
+        )
         last: grpc.aio.AioRpcError | None = None
         stale = False
         for peer in peers[:2]:
@@ -275,10 +287,7 @@ class Router:
         Raises StaleRoute when every peer tried said it does not hold it."""
         session = self._session()
         out = {k: v for k, v in headers.items() if k.lower() in HTTP_REQUEST_HEADERS}
-        out[FORWARDED] = self.site_id
-        out[ORIGIN_REGION] = origin or self.region
-        out[PEER_TOKEN] = self.peer_token
-        out.update(self._as_peer(tenant))
+        out.update(self._hop_headers(origin, tenant))
         if traceparent:
             out["traceparent"] = traceparent  # this hop as the parent (access_log.py)
         stale = False
@@ -317,7 +326,7 @@ class Router:
         readiness) from the first of `peers` that answers, as that peer gave it."""
         session = self._session()
         scheme = "https" if self._ssl else "http"
-        headers = {FORWARDED: self.site_id, PEER_TOKEN: self.peer_token, **dict(self._as_peer(""))}
+        headers = dict(self._hop_headers())
         for peer in peers[:2]:
             try:
                 async with session.get(
@@ -341,7 +350,7 @@ class Router:
         """The answer to a unary call about a model (`method`: ModelMetadata,
         ModelConfig, ModelReady) from the first of `peers` that answers; a peer's
         error, such as NOT_FOUND, as a ServeError with its status."""
-        metadata = ((FORWARDED, self.site_id), (PEER_TOKEN, self.peer_token), *self._as_peer(""))
+        metadata = self._hop_headers()
         last: grpc.aio.AioRpcError | None = None
         for peer in peers[:2]:
             try:
