@@ -19,9 +19,12 @@ lint: setup
 # Side by side: the lint, the compose rig and the tests three at a time, each test file
 # on one worker (its module fixtures set up once); most of them wait on processes and
 # timers more than they compute. Then alone the tests that measure time or hold fixed
-# ports. Each part's output is printed whole when it ends.
+# ports. Each part's output is printed whole when it ends. The tests' Redis and mosquitto
+# run in containers only where a Docker engine answered before the compose rig started
+# one of its own (which it stops at its end): asked once, here (tests/services.py).
 test: setup
-	$(MAKE) --no-print-directory -j3 --output-sync=target lint test-parallel test-compose
+	export EDGEPLEX_TEST_SERVICES="$${EDGEPLEX_TEST_SERVICES:-$$($(PY) -m tests.services)}" && \
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint test-parallel test-compose && \
 	$(PY) -m pytest -q -m serial
 
 test-parallel: setup
