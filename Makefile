@@ -6,7 +6,7 @@ PY := .venv/bin/python
 unexport PYTHONDONTWRITEBYTECODE
 DEMO_REPO ?= .cache/demo-repo
 
-.PHONY: setup test test-parallel test-compose lint proto demo bench bench-profile bench-overcommit bench-variants bench-control-plane bench-fuzz compose-rig clean
+.PHONY: setup test lint proto demo bench bench-profile bench-overcommit bench-variants bench-control-plane bench-fuzz compose-rig clean
 
 setup:
 	./scripts/setup.sh
@@ -16,21 +16,11 @@ lint: setup
 	$(PY) -m ruff format --check .
 	$(PY) scripts/typecheck.py
 
-# Side by side: the lint, the compose rig and the tests three at a time, each test file
-# on one worker (its module fixtures set up once); most of them wait on processes and
-# timers more than they compute. Then alone the tests that measure time or hold fixed
-# ports. Each part's output is printed whole when it ends. The tests' Redis and mosquitto
-# run in containers only where a Docker engine answered before the compose rig started
-# one of its own (which it stops at its end): asked once, here (tests/services.py).
-test: setup
-	export EDGEPLEX_TEST_SERVICES="$${EDGEPLEX_TEST_SERVICES:-$$($(PY) -m tests.services)}" && \
-	$(MAKE) --no-print-directory -j3 --output-sync=target lint test-parallel test-compose && \
-	$(PY) -m pytest -q -m serial
-
-test-parallel: setup
+# Three at a time, each test file on one worker (its module fixtures set up once); then
+# the tests that measure time or hold fixed ports, alone; then the compose rig.
+test: setup lint
 	$(PY) -m pytest -q -n 3 --dist loadfile -m 'not compose and not serial'
-
-test-compose: setup
+	$(PY) -m pytest -q -m serial
 	$(PY) -m pytest -q -m compose
 
 proto: setup

@@ -392,9 +392,3 @@ def running_fleet(
         cp.stop()
         m.stop()
         r.stop()
-
-
-if __name__ == "__main__":
-    # `make test` asks once, before the compose rig starts a Docker engine of its own
-    # beside the other tests (and stops it at its end), and passes the answer on.
-    print("containers" if in_containers() else "local")
