@@ -55,10 +55,38 @@ SERIAL = (
 )
 
 
+# The files that take longest (seconds of wall time each in a parallel phase, most of
+# it waiting on timers and processes), handed out first, longest first: `make test`
+# gives pytest-xdist the files in collection order (--no-loadscope-reorder; by default
+# it orders them by their number of tests, which sent a 38-second file of one test to
+# a worker last, 40 s after the other two were done).
+LONGEST_FIRST = (
+    "tests/control_plane/test_fleet.py",  # 88
+    "tests/control_plane/test_redis_failover.py",  # 38
+    "tests/control_plane/test_simulator.py",  # 38
+    "tests/agent/frontdoor/test_fuzz_doors.py",  # 31
+    "tests/control_plane/test_batch.py",  # 30
+    "tests/rig/test_rig.py",  # 29
+    "tests/agent/batching/test_priority.py",  # 28
+    "tests/control_plane/test_dashboard.py",  # 22
+    "tests/agent/frontdoor/test_fuzz.py",  # 20
+    "tests/agent/test_variants.py",  # 18
+    "tests/control_plane/test_fleet_trust.py",  # 17
+    "tests/test_gpu_check.py",  # 15
+    "tests/agent/test_shutdown.py",  # 14
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
+
+    def rank(item: pytest.Item) -> int:
+        file = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(file) if file in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order
 
 
 def free_port() -> int:
@@ -165,6 +193,11 @@ def start_agent(
                 env={
                     **os.environ,
                     "EDGEPLEX_AGENT_SECURITY__ADMIN_TOKEN": ADMIN_TOKEN,
+                    # Shedding for loop lag is its own test's (test_limits.py): on two
+                    # cores busy with three test workers, a loop 0.25 s late (the
+                    # default) is the machine's doing, and an agent refusing with 429
+                    # there would hide the answer a test asks for.
+                    "EDGEPLEX_AGENT_DOORS__SHED_LOOP_LAG_S": "2",
                     # Each agent pins its own control-plane key (never the user's state).
                     "EDGEPLEX_AGENT_FLEET__TRUST_FILE": str(
                         log_dir / f"control-plane-{grpc_port}.pub"

@@ -128,7 +128,8 @@ def test_a_tenants_rate_holds_and_touches_no_other_tenant(site) -> None:
     wait_until(lambda: Client(agent, free).infer()[0] == 200, what="the keys")
     outcomes: dict[str, Counter[int]] = {"metered": Counter(), "free": Counter()}
     retry_after: list[str] = []
-    stop = time.monotonic() + 10.0
+    seconds = 5.0
+    stop = time.monotonic() + seconds
 
     def loop(tenant: str, key: str) -> None:
         client = Client(agent, key)
@@ -144,11 +145,11 @@ def test_a_tenants_rate_holds_and_touches_no_other_tenant(site) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    accepted = outcomes["metered"][200] / 10.0
+    accepted = outcomes["metered"][200] / seconds
     assert abs(accepted - 40) <= 0.05 * 40, outcomes
     assert set(outcomes["metered"]) == {200, 429}
     assert retry_after and all(r.isdigit() and int(r) >= 1 for r in retry_after)
-    assert set(outcomes["free"]) == {200} and outcomes["free"][200] > 100, outcomes
+    assert set(outcomes["free"]) == {200} and outcomes["free"][200] > 50, outcomes
     metrics = agent.http_get("/metrics")[1].decode()
     assert 'edgeplex_tenant_requests_total{outcome="rate_limited",tenant="metered"}' in metrics
 
