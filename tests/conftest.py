@@ -33,10 +33,10 @@ CACHE = Path(os.environ.get("EDGEPLEX_TEST_CACHE", ROOT / ".cache" / "test-model
 # Tests that measure time against a bound (a light tenant's latency beside a flood, a
 # victim client under attack, closed loops under deadlines, benchmarks, a Redis
 # restart within a lease, the simulator against the rig's latencies) or hold fixed
-# ports (the README's fleet); a killed agent's leftovers, which any agent starting meanwhile
-# sweeps; and schemathesis's, whose operations are sub-items of one test that
-# pytest-xdist's file scheduling does not run. `make test` runs the rest three at a
-# time, file by file (most of them wait on processes more than they compute), and
+# ports (the README's fleet); a killed agent's leftovers, which any agent starting
+# meanwhile sweeps; and schemathesis's, whose operations are sub-items of one test
+# that pytest-xdist's file scheduling does not run. `make test` runs the rest three at
+# a time, file by file (most of them wait on processes more than they compute), and
 # these alone after it. The rig's own tests run with the rest: their one bound on
 # time, a failover within 9 s, held at 2.3 s beside three busy loops.
 SERIAL = (
@@ -82,11 +82,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
 
-    def rank(item: pytest.Item) -> int:
-        file = item.nodeid.split("::")[0]
-        return LONGEST_FIRST.index(file) if file in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: the rest keep their order
+    rank = {file: i for i, file in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
 
 
 def free_port() -> int:
