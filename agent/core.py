@@ -770,14 +770,25 @@ class Agent:
                 return Forwarded(reply)
         # Its tenant's limits, before any work (a step: its ensemble's tenant, admitted).
         share = self._admit(caller, name, version) if admit else tenants.table.tenants.get(caller)
-        weight = share.weight if share is not None else 1.0  # its fair share of a queue
         try:
             decoded = decode()
             body: Decoded = await decoded if iscoroutine(decoded) else decoded  # type: ignore[assignment]
-        except BaseException:
+            weight = share.weight if share is not None else 1.0
+            here = Here(name, version, arrived, caller, origin, forwarded, forward, traceparent,
+                        weight)  # fmt: skip
+            return await self._serve_here(here, body)
+        finally:
             if admit:
                 tenants.release(caller)
-            raise
+
+    async def _serve_here(self, here: Here, body: Decoded) -> InferResult | Forwarded:
+        """A request this site serves: the model fetched if the fleet's catalog has it
+        and this site does not, validated, its sequence's turn taken (a stateful
+        model), answered from the response cache or admitted through residency,
+        queued and awaited, all before its deadline; its usage, statistics and
+        demand counted however it ends."""
+        loop, router = self.loop, self.router
+        name, version, arrived, caller = here.name, here.version, here.arrived, here.caller
         record: ModelRecord | None = None
         ticket: Ticket | None = None
         live: Live | None = None  # a stateful model's sequence, its turn taken
@@ -794,7 +805,7 @@ class Agent:
                 # own limits are not known until it is here).
                 wait_s = DEFAULT_TIMEOUT_S if body.timeout_s is None else body.timeout_s
                 left_s = max(0.0, arrived + wait_s - loop.time())
-                await self.on_demand(name, version, origin or self.region, left_s)
+                await self.on_demand(name, version, here.origin or self.region, left_s)
             record = self.entry(name, version)
             METRICS.of_model(name).requests.inc()
             # Its priority level (0: the model has one); none for a model whose config
@@ -820,17 +831,10 @@ class Agent:
                         config.max_queue_size, deadline,
                     )  # fmt: skip
                 except UnknownSequence:
-                    # Begun at a peer, routed there before this site held the model: it
-                    # goes on there, where its state is.
-                    if forwarded or forward is None or router is None:
+                    elsewhere = await self._where_the_sequence_began(here)
+                    if elsewhere is None:
                         raise
-                    elsewhere = await via_peers(
-                        lambda: router.holders(name),
-                        lambda peers: router.forward(forward, peers, origin, traceparent(), caller),
-                    )
-                    if elsewhere is None:  # no other site holds the model
-                        raise
-                    return Forwarded(elsewhere)
+                    return elsewhere
                 inputs = Sequences.inputs(live, inputs, record.max_batch_size > 0)
                 wanted = Sequences.outputs(live, wanted)
             given, batch = validate(record, inputs, wanted)  # before any promotion
@@ -860,7 +864,7 @@ class Agent:
             if ticket.error is not None:
                 raise ticket.error
             request = Request(given, wanted, batch, deadline, loop.create_future())
-            request.tenant, request.weight = caller, weight
+            request.tenant, request.weight = caller, here.weight
             request.priority = level
             request.delay_at = arrived + delay_s  # inf: never (timeout_action: reject)
             request.cold_start = ticket.cold_start
@@ -902,8 +906,6 @@ class Agent:
                 )
             raise
         finally:
-            if admit:
-                tenants.release(caller)
             if failure and self.usage is not None:
                 count_failure(self.usage, caller, name, record, ticket, request, failure)
             if ticket is not None:
@@ -916,10 +918,25 @@ class Agent:
             if record is not None or valid_name(name):
                 # Requests for a model this site lacks are demand the control plane
                 # must see, or it would never place the model here.
-                self.load_window.record(name, origin or self.region, elapsed)
+                self.load_window.record(name, here.origin or self.region, elapsed)
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+
+    async def _where_the_sequence_began(self, here: Here) -> Forwarded | None:
+        """A request in the middle of a sequence this site has no state for: begun at a
+        peer, routed there before this site held the model, it goes on there, where
+        its state is. None: it came from a peer, or no other site holds the model."""
+        router, forward = self.router, here.forward
+        if here.forwarded or forward is None or router is None:
+            return None
+        reply = await via_peers(
+            lambda: router.holders(here.name),
+            lambda peers: router.forward(
+                forward, peers, here.origin, here.traceparent(), here.caller
+            ),
+        )
+        return None if reply is None else Forwarded(reply)
 
     def _admit(self, caller: str, name: str, version: str) -> Tenant | None:
         """`caller` admitted for a request to `name` under its limits (its models, rate
@@ -1132,6 +1149,22 @@ class Agent:
 
 
 MAX_ENSEMBLE_DEPTH = 4  # ensembles of ensembles, at most this deep
+
+
+@dataclass(slots=True)
+class Here:
+    """A request on its way to being served at this site, once routed and admitted
+    under its tenant."""
+
+    name: str
+    version: str
+    arrived: float  # loop.time() when the door had its headers: its deadline's start
+    caller: str  # its tenant
+    origin: str  # the region it came from ("": this one)
+    forwarded: bool  # sent here by a peer
+    forward: HttpForward | GrpcForward | None  # as received, to pass on undecoded
+    traceparent: Callable[[], str]
+    weight: float  # its tenant's share of a queue
 
 
 @dataclass(frozen=True)
