@@ -674,7 +674,7 @@ class Agent:
         error.retry_after_s = NO_ROUTE_RETRY_S
         raise error
 
-    async def holders(
+    async def _peers_to_ask(
         self, name: str, version: str, header: Callable[[str], str | None]
     ) -> list[Peer]:
         """The peers to ask about a model this site does not know (its metadata,
@@ -695,9 +695,9 @@ class Agent:
     async def ask_http(
         self, name: str, version: str, path: str, header: Callable[[str], str | None]
     ) -> HttpReply | None:
-        """A GET about `name` that a peer answers (`holders`): its answer as the
+        """A GET about `name` that a peer answers (`_peers_to_ask`): its answer as the
         peer gave it; None: this site answers."""
-        peers = await self.holders(name, version, header)
+        peers = await self._peers_to_ask(name, version, header)
         if not peers or self.router is None:
             return None
         return await self.router.ask_http(path, peers)
@@ -712,7 +712,7 @@ class Agent:
     ) -> ProtoMessage | None:
         """The gRPC counterpart of ask_http (`method`: ModelMetadata, ModelConfig,
         ModelReady)."""
-        peers = await self.holders(name, version, header)
+        peers = await self._peers_to_ask(name, version, header)
         if not peers or self.router is None:
             return None
         return await self.router.ask_grpc(method, request, peers)
