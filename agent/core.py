@@ -24,7 +24,13 @@ from edgeplex import __version__
 from edgeplex.agent.batching.policy import Request
 from edgeplex.agent.batching.queues import Queues
 from edgeplex.agent.batching.rate_limiter import RateLimiter
-from edgeplex.agent.batching.sequences import Flags, Live, Sequences, UnknownSequence
+from edgeplex.agent.batching.sequences import (
+    Flags,
+    Live,
+    SequenceNotHere,
+    Sequences,
+    UnknownSequence,
+)
 from edgeplex.agent.catalog.ensemble import (
     ENSEMBLE,
     Ensemble,
@@ -830,7 +836,9 @@ class Agent:
                         name, record.version, spec, body.sequence, slots,
                         config.max_queue_size, deadline,
                     )  # fmt: skip
-                except UnknownSequence:
+                except UnknownSequence as exc:
+                    if here.forwarded:  # the forwarder tries the model's other holders
+                        raise SequenceNotHere(exc.message) from None
                     elsewhere = await self._where_the_sequence_began(here)
                     if elsewhere is None:
                         raise
@@ -892,6 +900,8 @@ class Agent:
             if record is not None:
                 self.queues.stats(record.key).record_failure(loop.time() - arrived, "CANCELED")
             raise
+        except SequenceNotHere:
+            raise  # a forwarder's search for the sequence, not the request's end
         except ServeError as exc:
             # Series exist only for models in the repository: an unknown name counts
             # under the empty label, so a client cannot mint series.

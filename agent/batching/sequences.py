@@ -54,6 +54,14 @@ class UnknownSequence(InvalidInput):
     """A request in the middle of a sequence this site holds no state for."""
 
 
+class SequenceNotHere(UnknownSequence):
+    """UnknownSequence, for a request a peer forwarded: the sequence may be at another
+    site holding the model. Marked on the wire (`edgeplex-sequence-not-here`), so the
+    forwarder tries the model's other holders before the caller has this error."""
+
+    sequence_not_here = True
+
+
 @dataclass(frozen=True)
 class Flags:
     """A request's place in its sequence, as its parameters say."""

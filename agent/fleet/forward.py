@@ -18,6 +18,11 @@ to connect is skipped for PEER_BACKOFF_S and the next one is tried. A peer that
 answers `edgeplex-not-here` (the routes reached this site before the model did, or
 after it left) is dropped from the model's routes until the next table, and the
 request is routed again (`StaleRoute`): a stale table costs a hop, never a request.
+A peer that answers `edgeplex-sequence-not-here` holds the model but not the
+request's sequence, begun at another holder: the model's other holders are tried
+too, busy ones included (the route leaves those out, but the sequence's state may
+be at one), nearest first and at most SEQUENCE_SEARCH in all; when none has it,
+the caller has the peer's error.
 
 Owned by the agent's event loop: routes are replaced by the fleet link, read
 by the core; connections to peers are cached per address.
@@ -28,7 +33,7 @@ from __future__ import annotations
 import hmac
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -47,6 +52,8 @@ FORWARDED = "edgeplex-forwarded"
 SERVED_BY = "edgeplex-served-by"
 ORIGIN_REGION = "edgeplex-origin-region"
 NOT_HERE = "edgeplex-not-here"  # on a 503: this site does not hold the model
+# On a 400 / INVALID_ARGUMENT: this site holds the model, not the request's sequence.
+SEQUENCE_NOT_HERE = "edgeplex-sequence-not-here"
 # A forwarding peer proves it is one: the fleet's peer token, from the signed
 # desired state. Only then are the two hop headers above honoured.
 PEER_TOKEN = "edgeplex-peer-token"
@@ -58,6 +65,8 @@ FORWARD_TIMEOUT_S = 30.0  # when the caller set no deadline
 ASK_TIMEOUT_S = 10.0  # a question about a model (metadata, config, readiness)
 NO_ROUTE_RETRY_S = 2.0
 ROUTE_ATTEMPTS = 3
+PEERS_TRIED = 2  # peers a forward tries, when the first fails or no longer holds the model
+SEQUENCE_SEARCH = 8  # holders a request in the middle of a sequence is tried at, at most
 # Headers an HTTP forward passes through, both ways (lower case: header names are
 # compared without regard to case, as HTTP requires).
 HTTP_REQUEST_HEADERS = frozenset(
@@ -245,8 +254,10 @@ class Router:
             (("traceparent", traceparent),) if traceparent else ()
         )
         last: grpc.aio.AioRpcError | None = None
+        miss: grpc.aio.AioRpcError | None = None  # a holder without the sequence
         stale = False
-        for peer in peers[:2]:
+        tries = _Tries(self, request.model_name, peers)
+        for peer in tries:
             call = self._stub(peer).ModelInfer(
                 request, metadata=metadata, timeout=timeout_s or FORWARD_TIMEOUT_S
             )
@@ -254,9 +265,14 @@ class Router:
                 response = await call
             except grpc.aio.AioRpcError as exc:
                 last = exc
-                if any(key == NOT_HERE for key, _ in exc.trailing_metadata() or ()):
+                marks = {key for key, _ in exc.trailing_metadata() or ()}
+                if NOT_HERE in marks:
                     self.drop(request.model_name, peer)
                     stale = True
+                    continue
+                if SEQUENCE_NOT_HERE in marks:
+                    miss = exc
+                    tries.search()
                     continue
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self.peer_failed(peer)
@@ -267,6 +283,8 @@ class Router:
             served_by = str(trailers.get(SERVED_BY, peer.site_id))
             passed = tuple((k, str(trailers[k])) for k in PASSED_BACK if k in trailers)
             return response, ((SERVED_BY, served_by), *passed)
+        if miss is not None:  # no holder tried has the sequence
+            raise miss
         if stale:
             raise StaleRoute(request.model_name)
         assert last is not None
@@ -291,7 +309,9 @@ class Router:
         if traceparent:
             out["traceparent"] = traceparent  # this hop as the parent (access_log.py)
         stale = False
-        for peer in peers[:2]:
+        miss: HttpReply | None = None  # a holder without the sequence: its answer
+        tries = _Tries(self, model, peers)
+        for peer in tries:
             try:
                 scheme = "https" if self._ssl else "http"
                 async with session.post(
@@ -309,10 +329,16 @@ class Router:
                         k: v for k, v in reply.headers.items() if k.lower() in HTTP_RESPONSE_HEADERS
                     }
                     kept.setdefault(SERVED_BY, peer.site_id)
+                    if SEQUENCE_NOT_HERE in reply.headers:
+                        miss = reply.status, payload, kept
+                        tries.search()
+                        continue
                     self.forwarded += 1
                     return reply.status, payload, kept
             except (aiohttp.ClientConnectionError, TimeoutError):
                 self.peer_failed(peer)
+        if miss is not None:  # no holder tried has the sequence: the last one's answer
+            return miss
         if stale:
             raise StaleRoute(model)
         error = Unavailable(f"no peer answered for '{path}'; retry in {NO_ROUTE_RETRY_S:g} s")
@@ -327,7 +353,7 @@ class Router:
         session = self._session()
         scheme = "https" if self._ssl else "http"
         headers = dict(self._hop_headers())
-        for peer in peers[:2]:
+        for peer in peers[:PEERS_TRIED]:
             try:
                 async with session.get(
                     f"{scheme}://{peer.http_address}{path}",
@@ -352,7 +378,7 @@ class Router:
         error, such as NOT_FOUND, as a ServeError with its status."""
         metadata = self._hop_headers()
         last: grpc.aio.AioRpcError | None = None
-        for peer in peers[:2]:
+        for peer in peers[:PEERS_TRIED]:
             try:
                 answer: Message = await getattr(self._stub(peer), method)(
                     request, metadata=metadata, timeout=ASK_TIMEOUT_S
@@ -392,6 +418,32 @@ class Router:
             await channel.close()
         if self._http is not None:
             await self._http.close()
+
+
+class _Tries:
+    """The peers a forward tries, in turn: the first PEERS_TRIED the route names; once
+    one answered that it holds the model but not the request's sequence (`search`),
+    the model's other holders too, busy ones included, up to SEQUENCE_SEARCH in all."""
+
+    def __init__(self, router: Router, model: str, peers: list[Peer]) -> None:
+        self._router, self._model = router, model
+        self._queue = list(peers[:PEERS_TRIED])
+        self._tried: list[str] = []
+        self._searching = False
+
+    def __iter__(self) -> Iterator[Peer]:
+        while self._queue:
+            peer = self._queue.pop(0)
+            self._tried.append(peer.site_id)
+            yield peer
+
+    def search(self) -> None:
+        if self._searching:
+            return
+        self._searching = True
+        named = set(self._tried) | {p.site_id for p in self._queue}
+        rest = [p for p in self._router.holders(self._model) if p.site_id not in named]
+        self._queue = (self._queue + rest)[: max(0, SEQUENCE_SEARCH - len(self._tried))]
 
 
 async def via_peers(

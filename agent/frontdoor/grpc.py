@@ -21,7 +21,13 @@ from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfigMessage
 
 from edgeplex.agent.batching.sequences import Flags, flags_of
-from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, GrpcForward
+from edgeplex.agent.fleet.forward import (
+    NOT_HERE,
+    SEQUENCE_NOT_HERE,
+    SERVED_BY,
+    Forwarded,
+    GrpcForward,
+)
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.grpc_body import decode_inputs, request_bytes, request_timeouts
 from edgeplex.agent.frontdoor.health import add_health_and_reflection
@@ -75,12 +81,13 @@ def _serve_errors(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: ServeError) -> NoReturn:
-    """End the call with the error's status, Retry-After and not-here trailers."""
+    """End the call with the error's status, and its Retry-After and not-here trailers."""
     retry = exc.retry_after_s
     trailers: tuple[tuple[str, str], ...] = (
         () if retry is None else (("retry-after", f"{retry:g}"),)
     )
     trailers += ((NOT_HERE, "1"),) if exc.not_here else ()
+    trailers += ((SEQUENCE_NOT_HERE, "1"),) if exc.sequence_not_here else ()
     if trailers:
         context.set_trailing_metadata(trailers)
     await context.abort(exc.grpc_code, exc.message)

@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from edgeplex.agent.fleet.forward import NOT_HERE, SERVED_BY, Forwarded, HttpForward
+from edgeplex.agent.fleet.forward import (
+    NOT_HERE,
+    SEQUENCE_NOT_HERE,
+    SERVED_BY,
+    Forwarded,
+    HttpForward,
+)
 from edgeplex.agent.frontdoor import openapi
 from edgeplex.agent.frontdoor.auth import Access, Credentials
 from edgeplex.agent.frontdoor.oip_body import (
@@ -85,6 +91,8 @@ def error_response(exc: ServeError) -> web.Response:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     if exc.not_here:
         headers[NOT_HERE] = "1"
+    if exc.sequence_not_here:
+        headers[SEQUENCE_NOT_HERE] = "1"
     return web.json_response({"error": exc.message}, status=exc.http_status, headers=headers)
 
 

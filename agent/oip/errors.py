@@ -17,6 +17,7 @@ class ServeError(Exception):
     http_status = 500
     retry_after_s: float | None = None
     not_here = False  # NotHere: marked on the wire for the forwarder
+    sequence_not_here = False  # SequenceNotHere: likewise
     # The `reason` of Triton's nv_inference_request_failure: REJECTED (refused by
     # the queue or past its deadline), BACKEND (the model's execution failed),
     # CANCELED (the caller went away) or OTHER.

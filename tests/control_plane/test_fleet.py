@@ -809,6 +809,16 @@ def test_a_sequence_begun_at_a_peer_goes_on_there_once_the_model_is_here_too(
     assert post(1, sequence_end=True) == 11
     assert send(1, sequence=8, sequence_start=True) == 1  # begun at a1: served there
     assert send(2, sequence=8, sequence_end=True) == 3
+    # A forwarded request in the middle of a sequence b1 has no state for: the error
+    # a client would have, marked for the forwarder, which tries the other holders.
+    token = redis.Redis.from_url(fleet.redis.url).get("edgeplex:peer_token").decode()
+    hop = {"edgeplex-forwarded": "x9", "edgeplex-peer-token": token}
+    tensor = {"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [1]}
+    body = json.dumps({"inputs": [tensor], "parameters": {"sequence_id": 99}}).encode()
+    status, headers, reply = http_post(b1, "/v2/models/acc/infer", body, hop)
+    assert status == 400 and b"START" in reply and headers["edgeplex-sequence-not-here"] == "1"
+    status, headers, reply = http_post(b1, "/v2/models/acc/infer", body)  # from a client
+    assert status == 400 and b"START" in reply and "edgeplex-sequence-not-here" not in headers
     client.close()
     (stats,) = json.loads(a1.http_get("/v2/models/acc/stats")[1])["model_stats"]
     assert stats["inference_stats"]["success"]["count"] == 2  # sequence 8's, run at a1

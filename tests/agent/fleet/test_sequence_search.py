@@ -1,0 +1,172 @@
+"""A stateful model's sequence goes on where it began, even when that holder is busy.
+
+A site that does not hold a stateful model forwards each of a sequence's requests
+by the routes, which leave out holders with no headroom. When the holder where the
+sequence began is busy, a request in its middle reaches another holder, which has
+no state for it: that holder answers `edgeplex-sequence-not-here`, and the forwarder
+tries the model's other holders, busy ones included, nearest first. Real sockets on
+both doors: the peers are aiohttp and grpc.aio servers that answer through the
+agent's own error mapping."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from aiohttp import web
+
+from edgeplex.agent.batching.sequences import SequenceNotHere
+from edgeplex.agent.fleet.forward import (
+    SEQUENCE_NOT_HERE,
+    SEQUENCE_SEARCH,
+    SERVED_BY,
+    Peer,
+    Router,
+)
+from edgeplex.agent.fleet.routing import choose_route
+from edgeplex.agent.frontdoor.grpc import _serve_errors
+from edgeplex.agent.frontdoor.http import error_response
+from edgeplex.proto import edgeplex_control_pb2 as cpb
+from edgeplex.proto import inference_pb2 as pb
+from edgeplex.proto import inference_pb2_grpc as pb_grpc
+
+MODEL = "acc"
+MISSING = "inference request for sequence 7 to model 'acc' must specify the START flag"
+
+
+class Sites:
+    """Peer sites on real ports; each holds MODEL, and those in `keeping` hold the
+    sequence too. Every call each site answered is counted."""
+
+    def __init__(self) -> None:
+        self.http: dict[str, int] = {}
+        self.grpc: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.keeping: set[str] = set()
+
+    def routes(self, headroom: dict[str, float]) -> cpb.Routes:
+        targets = [
+            cpb.RouteTarget(
+                site_id=site,
+                address=f"127.0.0.1:{self.grpc[site]}",
+                http_address=f"127.0.0.1:{self.http[site]}",
+                region="r",
+                latency_ms=float(i),  # nearest first, in the order given
+                headroom=free,
+            )
+            for i, (site, free) in enumerate(headroom.items())
+        ]
+        return cpb.Routes(version=1, region="r", routes=[cpb.Route(model=MODEL, targets=targets)])
+
+    def answer(self, site: str) -> None:
+        """Count the call; a site that does not keep the sequence refuses it as a
+        forwarded request's holder without its state does."""
+        self.calls[site] = self.calls.get(site, 0) + 1
+        if site not in self.keeping:
+            raise SequenceNotHere(MISSING)
+
+
+def _http_app(sites: Sites, site: str) -> web.Application:
+    async def infer(request: web.Request) -> web.Response:
+        try:
+            sites.answer(site)
+        except SequenceNotHere as exc:
+            return error_response(exc)
+        return web.json_response({"model_name": MODEL}, headers={SERVED_BY: site})
+
+    app = web.Application()
+    app.router.add_post("/v2/models/{model}/infer", infer)
+    return app
+
+
+class _Infer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, sites: Sites, site: str) -> None:
+        self.sites, self.site = sites, site
+
+    @_serve_errors
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
+        self.sites.answer(self.site)
+        context.set_trailing_metadata(((SERVED_BY, self.site),))
+        return pb.ModelInferResponse(model_name=MODEL)
+
+
+NAMES = [f"s{i}" for i in range(SEQUENCE_SEARCH + 2)]
+
+
+@pytest.fixture
+async def sites() -> AsyncIterator[Sites]:
+    out = Sites()
+    runners, servers = [], []
+    for site in NAMES:
+        runner = web.AppRunner(_http_app(out, site))
+        await runner.setup()
+        tcp = web.TCPSite(runner, "127.0.0.1", 0)
+        await tcp.start()
+        out.http[site] = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runners.append(runner)
+        server = grpc.aio.server()
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Infer(out, site), server)
+        out.grpc[site] = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+    yield out
+    for runner in runners:
+        await runner.cleanup()
+    for server in servers:
+        await server.stop(None)
+
+
+def _routed(sites: Sites, headroom: dict[str, float]) -> tuple[Router, list[Peer]]:
+    """A router with these routes, and the peers the routing policy sends a request to
+    from a site that does not hold the model."""
+    router = Router("here", "r")
+    assert router.update(sites.routes(headroom))
+    route = choose_route(None, router.options(MODEL), forwarded=False)
+    return router, router.peers(MODEL, route.peers)
+
+
+async def _http(router: Router, peers: list[Peer]) -> tuple[int, str, dict[str, str]]:
+    status, body, headers = await router.forward_http(
+        MODEL, f"/v2/models/{MODEL}/infer", b"{}", {}, peers, "r"
+    )
+    return status, body.decode(), headers
+
+
+async def _grpc(router: Router, peers: list[Peer]) -> tuple[int, str, dict[str, str]]:
+    try:
+        request = pb.ModelInferRequest(model_name=MODEL)
+        _, trailers = await router.forward_grpc(request, peers, "r", 5)
+    except grpc.aio.AioRpcError as exc:
+        marks = {k: str(v) for k, v in exc.trailing_metadata() or ()}
+        status = 400 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 500
+        return status, exc.details(), marks
+    return 200, "", dict(trailers)
+
+
+@pytest.mark.parametrize("door", [_http, _grpc], ids=["http", "grpc"])
+async def test_a_sequence_goes_on_at_its_busy_holder(sites: Sites, door: Any) -> None:
+    sites.keeping = {"s1"}  # where the sequence began; busy now
+    router, peers = _routed(sites, {"s0": 1.0, "s1": 0.0, "s2": 0.5})
+    assert [p.site_id for p in peers] == ["s0", "s2"]  # the route leaves the busy one out
+    status, _, headers = await door(router, peers)
+    assert status == 200 and headers[SERVED_BY] == "s1"
+    assert sites.calls == {"s0": 1, "s2": 1, "s1": 1}  # the route's two, then the rest
+    # Holding the model without the sequence keeps a site on the model's routes.
+    assert [o.site_id for o in router.options(MODEL)] == ["s0", "s1", "s2"]
+    await router.close()
+
+
+@pytest.mark.parametrize("door", [_http, _grpc], ids=["http", "grpc"])
+async def test_a_sequence_no_holder_has_fails_as_triton_fails_it(sites: Sites, door: Any) -> None:
+    """No holder has the sequence: the caller has the holder's INVALID_ARGUMENT, the
+    START flag named, and the search stopped at SEQUENCE_SEARCH holders."""
+    router, peers = _routed(sites, {site: 1.0 for site in NAMES})
+    status, message, headers = await door(router, peers)
+    assert status == 400 and "must specify the START flag" in message
+    if door is _http:  # the mark is for forwarders: not passed on to the caller
+        assert SEQUENCE_NOT_HERE not in headers
+    assert sorted(sites.calls) == sorted(NAMES[:SEQUENCE_SEARCH])
+    assert set(sites.calls.values()) == {1}
+    await router.close()
