@@ -641,14 +641,17 @@ class Agent:
     def pin(self, name: str, pinned: bool) -> None:
         self.residency.pin(name, pinned)
 
-    async def demote(self, name: str, tier: str) -> None:
+    async def demote(self, name: str, tier: str, after_sequences: bool = False) -> None:
+        """`name` down to `tier` (staged or cached) once its admitted requests are
+        answered; `after_sequences` (placement's): after its live sequences too, for
+        a while (Residency.demote)."""
         try:
             target = Tier(tier)
         except ValueError:
             raise InvalidInput(f"unknown tier '{tier}' (use 'staged' or 'cached')") from None
         if target == Tier.LOADED:
             raise InvalidInput("demote to 'staged' or 'cached'; `load` promotes")
-        await self._settled(self.residency.demote(name, target))
+        await self._settled(self.residency.demote(name, target, after_sequences))
 
     # --- routing --------------------------------------------------------------------------
 

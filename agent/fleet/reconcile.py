@@ -15,7 +15,8 @@ Applying is idempotent:
 2. load the `loaded` models (pinned ones pinned), stage the `staged` ones; a
    model this site then loads because a request asked for it takes no room
    from the `loaded` ones (agent/residency/planner.py);
-3. demote to `staged` every other loaded model that is not pinned locally.
+3. demote to `staged` every other loaded model that is not pinned locally (one
+   that live sequences hold, once they end: Residency.demote).
 
 A model whose artifact cannot be fetched or verified, whatever the cause, is
 reported FAILED with the reason (`failures`), nothing else is disturbed, and
@@ -149,7 +150,8 @@ class Reconciler:
         wanted_staged = {dm.name for dm in installed if dm.tier == "staged"}
         residency.set_placed(wanted_loaded)
         # Make room first: demote what is no longer wanted here (after its admitted
-        # requests are answered).
+        # requests are answered; a stateful model, after its live sequences too, for a
+        # while: they go on where their state is).
         for entry in residency.records():
             if entry.name in wanted_loaded or entry.phase != Phase.READY:
                 continue
@@ -157,7 +159,7 @@ class Reconciler:
                 residency.pin(entry.name, False)  # the control plane no longer pins it here
             if not entry.pinned:
                 with contextlib.suppress(Exception):
-                    await agent.demote(entry.name, str(Tier.STAGED))
+                    await agent.demote(entry.name, str(Tier.STAGED), after_sequences=True)
         for dm in sorted(installed, key=lambda d: (not d.pin, -d.priority, d.name)):
             if dm.name in wanted_loaded:
                 if dm.pin:

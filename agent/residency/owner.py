@@ -59,6 +59,8 @@ NEVER = float("inf")
 # Seconds without an eviction or a load as a variant before room counts as
 # returned: loads start as originals again, and models serving a variant swap back.
 CALM_S = 5.0
+# The longest placement's demote waits for a model's live sequences to end.
+SEQUENCE_DRAIN_S = 120.0
 
 
 class Residency:
@@ -218,9 +220,12 @@ class Residency:
         return record
 
     def unhold(self, record: ModelRecord) -> None:
-        """A sequence ended or idled out: its hold on the model ends."""
+        """A sequence ended or idled out: its hold on the model ends (and with the last
+        one, a demote that waited for them goes on)."""
         record.holds -= 1
         if record.holds == 0 and record.phase == Phase.READY:
+            if record.leave_by < NEVER:
+                self._leave(record)
             self._pump()  # loads waiting for its room may take it now
 
     # --- operator and placement verbs ---------------------------------------------------
@@ -245,6 +250,7 @@ class Residency:
         if record.phase == Phase.READY:
             if record.intent in (Intent.STAGED, Intent.CACHED):
                 record.intent = Intent.NONE
+                record.leave_by = NEVER  # a demote waiting for sequences, called off
             ticket.settle(None)
             return ticket
         if record.phase == Phase.FAILED:
@@ -264,13 +270,22 @@ class Residency:
             record.disabled = True
         return self.demote(name, Tier.STAGED)
 
-    def demote(self, name: str, tier: Tier) -> Ticket:
-        """Move `name` down to `tier` once its admitted requests are answered."""
+    def demote(self, name: str, tier: Tier, after_sequences: bool = False) -> Ticket:
+        """Move `name` down to `tier` once its admitted requests are answered. With
+        `after_sequences` (placement's), a serving model that live sequences hold
+        keeps serving until the last one ends, for at most SEQUENCE_DRAIN_S: the
+        ticket settles at once, and a load before then keeps the model."""
         record = self.get(name)
         if record is None:
             raise ModelNotFound.unknown(name)
         ticket = Ticket(record.key, NEVER, granted=False, lease=False)
         intent = Intent.CACHED if tier == Tier.CACHED else Intent.STAGED
+        if after_sequences and record.phase == Phase.READY and record.holds:
+            record.intent = intent
+            record.explicit = False
+            record.leave_by = min(record.leave_by, self._clock() + SEQUENCE_DRAIN_S)
+            ticket.settle(None)
+            return ticket
         if record.phase in (Phase.ABSENT, Phase.FAILED):
             if intent == Intent.CACHED and record.staged_bytes:
                 self._drop_staged(record)
@@ -448,6 +463,9 @@ class Residency:
             if record is not None and record.phase == Phase.READY and not record.leases:
                 record.intent = Intent.STAGED
                 self._retreat(record)
+        for record in self.ledger.by_key.values():
+            if record.leave_by <= now and record.phase == Phase.READY:
+                self._leave(record)  # its sequences outlasted placement's patience
         budget = self.limits.device_budget
         room = budget is None or self.device_bytes() < 0.95 * budget
         for record in self.ledger.by_key.values():
@@ -605,6 +623,12 @@ class Residency:
             record.enter(Phase.QUEUED)
         elif record.phase in (Phase.DRAINING, Phase.UNLOADING) and record.intent != Intent.RETIRE:
             record.intent = Intent.SERVE
+
+    def _leave(self, record: ModelRecord) -> None:
+        """Placement's demote, which waited for the model's sequences, goes on."""
+        record.leave_by = NEVER
+        if record.intent in (Intent.STAGED, Intent.CACHED):
+            self._retreat(record)
 
     def _retreat(self, record: ModelRecord) -> None:
         """A READY model leaves: at once without leases, else after draining them."""

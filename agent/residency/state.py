@@ -162,6 +162,9 @@ class ModelRecord:
     # Live sequences of a stateful model (agent/batching/sequences.py): while any
     # hold it, a serving model is neither a victim nor swapped to a smaller form.
     holds: int = 0
+    # Placement demoted it while it served and sequences held it: it leaves when
+    # they end, or at this clock time (Residency.demote); inf: no such demote waits.
+    leave_by: float = float("inf")
     hot: bool = False  # kept against promotions by this site's demand (hot_set.py)
     # Told of every phase change: the ledger's index of models by phase.
     watch: Callable[[ModelRecord], None] | None = field(default=None, repr=False)
@@ -260,6 +263,8 @@ class ModelRecord:
         if phase is not self.phase and phase not in TRANSITIONS[self.phase]:
             raise AssertionError(f"{self.key}: illegal move {self.phase} -> {phase}")
         self.phase = phase
+        if phase is not Phase.READY:
+            self.leave_by = float("inf")  # a wait for sequences ends as it stops serving
         if self.watch is not None:
             self.watch(self)
 

@@ -820,6 +820,35 @@ def test_a_sequence_begun_at_a_peer_goes_on_there_once_the_model_is_here_too(
     status, headers, reply = http_post(b1, "/v2/models/acc/infer", body)  # from a client
     assert status == 400 and b"START" in reply and "edgeplex-sequence-not-here" not in headers
     client.close()
+
+    # Placement moves the model away from b1 during a sequence there: b1 serves it on,
+    # with no cold start (its state is there; a peer nearer than a promotion would
+    # have had the rest of the sequence, without that state), and lets the model go
+    # when the sequence ends.
+    def at_b1(value: int, **parameters: object) -> tuple[int, dict[str, str]]:
+        tensor = {"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [value]}
+        body = {"inputs": [tensor], "parameters": {"sequence_id": 21, **parameters}}
+        status, headers, reply = http_post(b1, "/v2/models/acc/infer", json.dumps(body).encode())
+        assert status == 200, reply
+        return int(json.loads(reply)["outputs"][0]["data"][0]), headers
+
+    def acc_at_b1() -> dict[str, object]:
+        entries = json.loads(b1.http_get("/edgeplex/v1/status")[1])
+        return next(e for e in entries if e["name"] == "acc")
+
+    def demoted() -> bool:  # at once, or once the sequence ends
+        entry = acc_at_b1()
+        return entry["intent"] == "staged" or entry["tier"] != "loaded"
+
+    assert at_b1(2, sequence_start=True)[0] == 2
+    fleet.add_model("acc", archive, regions=["a"], min_replicas=1)
+    wait_until(lambda: not acc_at_b1()["placed"], what="b1 told acc is placed elsewhere")
+    wait_until(demoted, what="b1 demotes acc")
+    total, headers = at_b1(3)
+    assert total == 5 and headers["edgeplex-served-by"] == "b1"
+    assert "edgeplex-cold-start" not in headers
+    assert at_b1(4, sequence_end=True)[0] == 9
+    wait_until(lambda: acc_at_b1()["tier"] == "staged", what="acc leaves b1 once its sequence ends")
     (stats,) = json.loads(a1.http_get("/v2/models/acc/stats")[1])["model_stats"]
     assert stats["inference_stats"]["success"]["count"] == 2  # sequence 8's, run at a1
 

@@ -1,7 +1,8 @@
 """The residency owner under random events, with a fake effects sink: no
 processes, no event loop. Requests arrive and finish, loads and unloads finish
 (or fail) in any order, runners die and come back, the budget shrinks and
-grows, models are pinned and unpinned, placed and unplaced, time passes.
+grows, models are pinned and unpinned, placed and unplaced, sequences begin and
+end, placement demotes models, time passes.
 
 Invariants after every step:
 - device bytes held by models that are staying never exceed the budget, and a
@@ -10,8 +11,10 @@ Invariants after every step:
 - every admitted request ends served, at its own deadline, or with its model's
   own load failure; never refused for residency after admission;
 - leases equal the requests holding them;
-- nothing livelocks: once no effect is in flight and no request holds a lease,
-  no load is left waiting.
+- a demote by placement waits for a serving model's live sequences, and only
+  while they live and for at most SEQUENCE_DRAIN_S;
+- nothing livelocks: once no effect is in flight and no request or sequence
+  holds a model, no load is left waiting.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from edgeplex.agent.catalog.repository import scan_repository
 from edgeplex.agent.config import ModelConfig
 from edgeplex.agent.oip.errors import ModelFailed, ServeError
 from edgeplex.agent.residency.contract import Limits, Loaded
-from edgeplex.agent.residency.owner import Residency
+from edgeplex.agent.residency.owner import SEQUENCE_DRAIN_S, Residency
 from edgeplex.agent.residency.state import (
     HOLDS_DEVICE,
     Intent,
@@ -136,6 +139,7 @@ def test_random_events_keep_the_residency_invariants(sources):
             self.held: list[Ticket] = []  # granted, not yet released
             self.waiting: list[Ticket] = []  # admitted, waiting for a promotion
             self.failed_loads: set[ModelKey] = set()
+            self.sequences: list[ModelRecord] = []  # live sequences, each holding its model
             self.shrunk = False
 
         # --- requests ---------------------------------------------------------------------
@@ -251,6 +255,31 @@ def test_random_events_keep_the_residency_invariants(sources):
             self.owner.demote(name, Tier.STAGED)
             self._collect()
 
+        @rule(name=st.sampled_from(MODELS), i=st.integers(0, 100))
+        def placement_demotes(self, name: str, i: int) -> None:
+            # Placement moves a model away (mostly one a sequence holds): after its
+            # live sequences, for a while.
+            if self.sequences and i % 4:
+                name = self.sequences[i % len(self.sequences)].name
+            self.owner.demote(name, Tier.STAGED, after_sequences=True)
+            self._collect()
+
+        @rule(name=st.sampled_from(MODELS), i=st.integers(0, 100))
+        def sequence_begins(self, name: str, i: int) -> None:
+            # Mostly at a serving model, where a sequence's START is served.
+            serving = [r.name for r in self.owner.records() if r.phase == Phase.READY]
+            if serving and i % 4:
+                name = serving[i % len(serving)]
+            record = self.owner.hold(name, "")
+            if record is not None:
+                self.sequences.append(record)
+
+        @precondition(lambda self: self.sequences)
+        @rule(i=st.integers(0, 100))
+        def sequence_ends(self, i: int) -> None:
+            self.owner.unhold(self.sequences.pop(i % len(self.sequences)))
+            self._collect()
+
         @rule(name=st.sampled_from(MODELS), pinned=st.booleans())
         def pin(self, name: str, pinned: bool) -> None:
             self.owner.pin(name, pinned)
@@ -325,10 +354,18 @@ def test_random_events_keep_the_residency_invariants(sources):
                 assert record.leases == mine, (record.key, record.leases, mine)
 
         @invariant()
+        def a_demote_waits_for_sequences_only_while_they_live_and_not_too_long(self) -> None:
+            for record in self.owner.ledger.all_records():
+                if record.leave_by < float("inf"):
+                    assert record.phase == Phase.READY and record.holds > 0, record
+                    assert self.now < record.leave_by, (record.key, self.now)
+                    assert record.intent in (Intent.STAGED, Intent.CACHED), record.intent
+
+        @invariant()
         def nothing_livelocks(self) -> None:
             effects = self.effects
             quiet = not effects.loads and not effects.unloads and not effects.reforms
-            quiet = quiet and not self.held
+            quiet = quiet and not self.held and not self.sequences
             if quiet:
                 # A queued load either runs or can never fit now (pins and the budget
                 # leave no room; for a load beside the plan, the placed models too);
@@ -526,3 +563,59 @@ def test_a_model_reloaded_after_its_runner_died_warms_up_unless_requests_wait(so
     owner.runner_up("shared-0")
     assert effects.fast[owner.get("a").key] is True  # its request waits: no warm-up
     assert effects.fast[owner.get("b").key] is False  # idle: warmed up as before
+
+
+def test_placement_demotes_a_model_after_its_live_sequences(sources):
+    """A model placement moves away keeps serving its live sequences (their state is
+    here): it leaves when the last one ends, or SEQUENCE_DRAIN_S after the demote, and
+    a load before then keeps it. An operator's demote does not wait."""
+    now = [1000.0]
+    effects = FakeEffects()
+    owner = Residency(Limits(), GreedyDualSizeFrequency(), effects, clock=lambda: now[0])
+    effects.owner = owner
+    owner.add(sources["a"])
+    record = owner.get("a")
+    owner.load("a")
+    owner.load_done(record.key, effects.loads.pop(record.key), Loaded(1000, 0.01, 1000, False, ""))
+
+    def serving_after_placement_demotes() -> None:
+        assert owner.demote("a", Tier.STAGED, after_sequences=True).settled
+        owner.tick()
+        assert record.phase == Phase.READY and not effects.unloads
+
+    owner.hold("a", "")
+    owner.hold("a", "")
+    serving_after_placement_demotes()
+    owner.unhold(record)
+    assert record.phase == Phase.READY  # one sequence still lives
+    owner.unhold(record)  # the last one ends: it leaves
+    assert record.phase == Phase.UNLOADING and record.key in effects.unloads
+    owner.unload_done(record.key, effects.unloads.pop(record.key))
+    assert record.phase == Phase.ABSENT
+
+    owner.load("a")
+    owner.load_done(record.key, effects.loads.pop(record.key), Loaded(1000, 0.01, 1000, False, ""))
+    owner.hold("a", "")
+    serving_after_placement_demotes()
+    now[0] += SEQUENCE_DRAIN_S - 1
+    owner.tick()
+    assert record.phase == Phase.READY
+    now[0] += 1
+    owner.tick()  # the sequence outlasted the wait: it leaves anyway
+    assert record.phase == Phase.UNLOADING
+    owner.unload_done(record.key, effects.unloads.pop(record.key))
+    owner.unhold(record)
+
+    owner.load("a")
+    owner.load_done(record.key, effects.loads.pop(record.key), Loaded(1000, 0.01, 1000, False, ""))
+    owner.hold("a", "")
+    serving_after_placement_demotes()
+    owner.load("a")  # placement wants it here again
+    owner.unhold(record)
+    now[0] += SEQUENCE_DRAIN_S
+    owner.tick()
+    assert record.phase == Phase.READY and record.intent == Intent.NONE
+
+    owner.hold("a", "")
+    owner.demote("a", Tier.STAGED)  # the operator's: at once
+    assert record.phase == Phase.UNLOADING
