@@ -665,7 +665,7 @@ class Agent:
         local = None
         if record is not None and record.phase != Phase.FAILED and not record.disabled:
             estimate = self.residency.ledger.promote_estimate(record)
-            local = Local(record.phase == Phase.READY, estimate)
+            local = Local(record.phase == Phase.READY, estimate, sequences=record.holds > 0)
         route = choose_route(local, router.options(name), forwarded)
         if route.where == Where.FORWARD:
             return router.peers(name, route.peers)

@@ -3,7 +3,8 @@
 The core asks it once per request (`Agent.route`), for both front doors:
 
 1. A request another site forwarded is served here or fails here (no loops).
-2. A model loaded here is served here.
+2. A model loaded here is served here, and so is one whose live sequences are
+   here (their state is here: promoted again if it left).
 3. A peer is worth it only when reaching it is predicted faster than promoting
    the model here: a peer's latency against this site's promotion estimate
    (staged: its last measured promotion, or its staged bytes at the rate of
@@ -31,6 +32,7 @@ class Where(StrEnum):
 class Local:
     loaded: bool
     promote_estimate_s: float | None  # None: unknown (never promoted from this tier)
+    sequences: bool = False  # a stateful model's live sequences are here
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,7 @@ class Route:
 
 
 def choose_route(local: Local | None, peers: list[PeerOption], forwarded: bool) -> Route:
-    if forwarded or (local is not None and local.loaded):
+    if forwarded or (local is not None and (local.loaded or local.sequences)):
         return Route(Where.LOCAL if local is not None else Where.NOWHERE)
     usable = [p for p in peers if p.headroom is None or p.headroom > 0]
     if not usable and local is None:

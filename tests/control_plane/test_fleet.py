@@ -38,7 +38,7 @@ from edgeplex.fleet import parse_mqtt_url, presence_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import inference_pb2 as ipb
 from edgeplex.proto import inference_pb2_grpc as ipb_grpc
-from tests.conftest import AgentProcess, free_port
+from tests.conftest import AUTH, AgentProcess, free_port
 from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer
 from tests.support.fleet import Fleet, agent_tier, loaded_sets, rejected_messages
 from tests.support.sequences import ACCUMULATE, running_sum, value_input
@@ -800,11 +800,24 @@ def test_a_sequence_begun_at_a_peer_goes_on_there_once_the_model_is_here_too(
         assert status == 200, reply
         return int(json.loads(reply)["outputs"][0]["data"][0])
 
+    def b1_post(sequence: int, value: int, **parameters: object) -> tuple[int, str]:
+        tensor = {"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [value]}
+        body = {"inputs": [tensor], "parameters": {"sequence_id": sequence, **parameters}}
+        status, headers, reply = http_post(b1, "/v2/models/acc/infer", json.dumps(body).encode())
+        assert status == 200, reply
+        return int(json.loads(reply)["outputs"][0]["data"][0]), headers["edgeplex-served-by"]
+
     wait_until(started, what="a1 forwards the sequence's START to b1")
     assert post(10, sequence_start=True) == 10
     fleet.add_model("acc", archive, regions=["a", "b"], min_replicas=2)
     wait_until(lambda: agent_tier(a1, "acc") == "loaded", what="acc loaded at a1 too")
     assert send(3) == 8  # b1's state: the sequence went on there
+    # A sequence at b1 whose model an operator sends to the cached tier there: its
+    # next request at b1 is served there (its state is there), not sent to a1.
+    assert b1_post(31, 6, sequence_start=True) == (6, "b1")
+    demote = http_post(b1, "/edgeplex/v1/models/acc/demote", b'{"tier": "cached"}', AUTH)
+    assert demote[0] == 200 and agent_tier(b1, "acc") == "cached"
+    assert b1_post(31, 1, sequence_end=True) == (7, "b1")
     assert send(4, sequence_end=True) == 12
     assert post(1, sequence_end=True) == 11
     assert send(1, sequence=8, sequence_start=True) == 1  # begun at a1: served there

@@ -12,6 +12,13 @@ def test_a_loaded_model_is_served_here_whatever_the_peers():
     assert choose_route(Local(True, None), [NEAR], False).where == Where.LOCAL
 
 
+def test_a_model_whose_live_sequences_are_here_is_served_here():
+    """Their state is here: the model is promoted again rather than the sequence's
+    next request sent to a peer that has none of it."""
+    assert choose_route(Local(False, None, sequences=True), [NEAR], False).where == Where.LOCAL
+    assert choose_route(Local(False, None), [NEAR], False).where == Where.FORWARD
+
+
 def test_a_forwarded_request_is_never_forwarded_again():
     assert choose_route(Local(False, None), [NEAR], True).where == Where.LOCAL
     assert choose_route(None, [NEAR], True).where == Where.NOWHERE
