@@ -215,6 +215,13 @@ class AgentSettings(FileSettings):
         gt=0,
         description="Under the `ttl` policy, models idle this long are demoted to staged.",
     )
+    sequence_drain_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="In a fleet, how long a stateful model that placement moves away "
+        "from this site keeps serving its live sequences here (their state is here) "
+        "before it leaves; it leaves as soon as the last one ends. 0: at once.",
+    )
     staging_dir: Path | None = Field(
         default=None,
         description="Directory in host RAM (tmpfs) for the staged tier. Unset: a private "

@@ -223,6 +223,7 @@ def build_residency(settings: AgentSettings, effects: RunnerEffects) -> Residenc
         prepack=settings.runner.prepack_weights,
         prepack_after_s=settings.runner.prepack_after_s,
         hot_share=settings.hot_share,
+        sequence_drain_s=settings.sequence_drain_s,
     )
     residency = Residency(limits, policy, effects)
     effects.attach(residency)

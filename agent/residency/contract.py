@@ -73,6 +73,7 @@ class Limits:
     prepack: bool = False
     prepack_after_s: float = 2.0
     hot_share: float = 0.5  # of the budget, kept for the most requested models (hot_set.py)
+    sequence_drain_s: float = 120.0  # placement's demote waits this long for live sequences
 
 
 @dataclass(frozen=True)

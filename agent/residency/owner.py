@@ -59,8 +59,6 @@ NEVER = float("inf")
 # Seconds without an eviction or a load as a variant before room counts as
 # returned: loads start as originals again, and models serving a variant swap back.
 CALM_S = 5.0
-# The longest placement's demote waits for a model's live sequences to end.
-SEQUENCE_DRAIN_S = 120.0
 
 
 class Residency:
@@ -273,17 +271,18 @@ class Residency:
     def demote(self, name: str, tier: Tier, after_sequences: bool = False) -> Ticket:
         """Move `name` down to `tier` once its admitted requests are answered. With
         `after_sequences` (placement's), a serving model that live sequences hold
-        keeps serving until the last one ends, for at most SEQUENCE_DRAIN_S: the
+        keeps serving until the last one ends, for at most `sequence_drain_s`: the
         ticket settles at once, and a load before then keeps the model."""
         record = self.get(name)
         if record is None:
             raise ModelNotFound.unknown(name)
         ticket = Ticket(record.key, NEVER, granted=False, lease=False)
         intent = Intent.CACHED if tier == Tier.CACHED else Intent.STAGED
-        if after_sequences and record.phase == Phase.READY and record.holds:
+        wait_s = self.limits.sequence_drain_s
+        if after_sequences and record.phase == Phase.READY and record.holds and wait_s > 0:
             record.intent = intent
             record.explicit = False
-            record.leave_by = min(record.leave_by, self._clock() + SEQUENCE_DRAIN_S)
+            record.leave_by = min(record.leave_by, self._clock() + wait_s)
             ticket.settle(None)
             return ticket
         if record.phase in (Phase.ABSENT, Phase.FAILED):

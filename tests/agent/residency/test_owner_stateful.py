@@ -12,13 +12,14 @@ Invariants after every step:
   own load failure; never refused for residency after admission;
 - leases equal the requests holding them;
 - a demote by placement waits for a serving model's live sequences, and only
-  while they live and for at most SEQUENCE_DRAIN_S;
+  while they live and for at most its `sequence_drain_s`;
 - nothing livelocks: once no effect is in flight and no request or sequence
   holds a model, no load is left waiting.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ from edgeplex.agent.catalog.repository import scan_repository
 from edgeplex.agent.config import ModelConfig
 from edgeplex.agent.oip.errors import ModelFailed, ServeError
 from edgeplex.agent.residency.contract import Limits, Loaded
-from edgeplex.agent.residency.owner import SEQUENCE_DRAIN_S, Residency
+from edgeplex.agent.residency.owner import Residency
 from edgeplex.agent.residency.state import (
     HOLDS_DEVICE,
     Intent,
@@ -565,13 +566,18 @@ def test_a_model_reloaded_after_its_runner_died_warms_up_unless_requests_wait(so
     assert effects.fast[owner.get("b").key] is False  # idle: warmed up as before
 
 
+DRAIN_S = 30.0
+
+
 def test_placement_demotes_a_model_after_its_live_sequences(sources):
     """A model placement moves away keeps serving its live sequences (their state is
-    here): it leaves when the last one ends, or SEQUENCE_DRAIN_S after the demote, and
+    here): it leaves when the last one ends, or `sequence_drain_s` after the demote, and
     a load before then keeps it. An operator's demote does not wait."""
     now = [1000.0]
     effects = FakeEffects()
-    owner = Residency(Limits(), GreedyDualSizeFrequency(), effects, clock=lambda: now[0])
+    owner = Residency(
+        Limits(sequence_drain_s=DRAIN_S), GreedyDualSizeFrequency(), effects, clock=lambda: now[0]
+    )
     effects.owner = owner
     owner.add(sources["a"])
     record = owner.get("a")
@@ -597,7 +603,7 @@ def test_placement_demotes_a_model_after_its_live_sequences(sources):
     owner.load_done(record.key, effects.loads.pop(record.key), Loaded(1000, 0.01, 1000, False, ""))
     owner.hold("a", "")
     serving_after_placement_demotes()
-    now[0] += SEQUENCE_DRAIN_S - 1
+    now[0] += DRAIN_S - 1
     owner.tick()
     assert record.phase == Phase.READY
     now[0] += 1
@@ -612,10 +618,17 @@ def test_placement_demotes_a_model_after_its_live_sequences(sources):
     serving_after_placement_demotes()
     owner.load("a")  # placement wants it here again
     owner.unhold(record)
-    now[0] += SEQUENCE_DRAIN_S
+    now[0] += DRAIN_S
     owner.tick()
     assert record.phase == Phase.READY and record.intent == Intent.NONE
 
     owner.hold("a", "")
     owner.demote("a", Tier.STAGED)  # the operator's: at once
+    assert record.phase == Phase.UNLOADING
+    owner.unload_done(record.key, effects.unloads.pop(record.key))
+
+    owner.limits = replace(owner.limits, sequence_drain_s=0.0)  # set to 0: no wait
+    owner.load("a")
+    owner.load_done(record.key, effects.loads.pop(record.key), Loaded(1000, 0.01, 1000, False, ""))
+    owner.demote("a", Tier.STAGED, after_sequences=True)
     assert record.phase == Phase.UNLOADING
