@@ -42,7 +42,7 @@ import grpc
 from google.protobuf.message import Message
 
 from edgeplex.agent.fleet.routing import PeerOption
-from edgeplex.agent.oip.errors import ServeError, StaleRoute, Unavailable
+from edgeplex.agent.oip.errors import DeadlineExceeded, ServeError, StaleRoute, Unavailable
 from edgeplex.names import valid_name
 from edgeplex.proto import edgeplex_control_pb2 as cpb
 from edgeplex.proto import inference_pb2 as pb
@@ -61,7 +61,8 @@ TENANT_HEADER = "edgeplex-tenant"  # whom a forward is served for (with the peer
 T = TypeVar("T")
 PEER_BACKOFF_S = 5.0
 PEER_CONNECT_TIMEOUT_S = 2.0
-FORWARD_TIMEOUT_S = 30.0  # when the caller set no deadline
+FORWARD_TIMEOUT_S = 30.0  # a gRPC forward, when the caller set no deadline
+HTTP_FORWARD_TIMEOUT_S = 60.0  # an HTTP forward (its deadline is in the undecoded body)
 ASK_TIMEOUT_S = 10.0  # a question about a model (metadata, config, readiness)
 NO_ROUTE_RETRY_S = 2.0
 ROUTE_ATTEMPTS = 3
@@ -248,19 +249,20 @@ class Router:
         traceparent: str = "",
         tenant: str = "",
     ) -> tuple[pb.ModelInferResponse, tuple[tuple[str, str], ...]]:
-        """(response, serving site). Raises StaleRoute when every peer tried said it
-        does not hold the model, else grpc.aio.AioRpcError from the last peer."""
+        """(response, serving site), all within `timeout_s`. Raises StaleRoute when
+        every peer tried said it does not hold the model, else grpc.aio.AioRpcError
+        from the last peer (for a request in the middle of a sequence none of the
+        holders has, the last one's; when one did not answer, its), or
+        DeadlineExceeded when no peer could be asked in time."""
         metadata = self._hop_headers(origin, tenant) + (
             (("traceparent", traceparent),) if traceparent else ()
         )
         last: grpc.aio.AioRpcError | None = None
         miss: grpc.aio.AioRpcError | None = None  # a holder without the sequence
         stale = False
-        tries = _Tries(self, request.model_name, peers)
+        tries = _Tries(self, request.model_name, peers, timeout_s or FORWARD_TIMEOUT_S)
         for peer in tries:
-            call = self._stub(peer).ModelInfer(
-                request, metadata=metadata, timeout=timeout_s or FORWARD_TIMEOUT_S
-            )
+            call = self._stub(peer).ModelInfer(request, metadata=metadata, timeout=tries.left_s())
             try:
                 response = await call
             except grpc.aio.AioRpcError as exc:
@@ -276,6 +278,7 @@ class Router:
                     continue
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self.peer_failed(peer)
+                    tries.unanswered = exc
                     continue
                 raise
             trailers = dict(await call.trailing_metadata() or ())
@@ -283,12 +286,13 @@ class Router:
             served_by = str(trailers.get(SERVED_BY, peer.site_id))
             passed = tuple((k, str(trailers[k])) for k in PASSED_BACK if k in trailers)
             return response, ((SERVED_BY, served_by), *passed)
-        if miss is not None:  # no holder tried has the sequence
-            raise miss
+        if miss is not None:
+            if tries.searched_all:  # every holder answered: none has the sequence
+                raise miss
+            raise tries.unanswered or tries.past_deadline()
         if stale:
             raise StaleRoute(request.model_name)
-        assert last is not None
-        raise last
+        raise last or tries.past_deadline()
 
     async def forward_http(
         self,
@@ -300,9 +304,13 @@ class Router:
         origin: str,
         traceparent: str = "",
         tenant: str = "",
+        timeout_s: float = HTTP_FORWARD_TIMEOUT_S,
     ) -> tuple[int, bytes, dict[str, str]]:
-        """(status, body, headers) of the first peer that answers and holds `model`.
-        Raises StaleRoute when every peer tried said it does not hold it."""
+        """(status, body, headers) of the first peer that answers and holds `model`
+        (for a request in the middle of a sequence none of them has: the last one's
+        answer), all within `timeout_s`. Raises StaleRoute when every peer tried said
+        it does not hold it, DeadlineExceeded when a search for the sequence ran out of
+        time, and Unavailable when no peer answered."""
         session = self._session()
         out = {k: v for k, v in headers.items() if k.lower() in HTTP_REQUEST_HEADERS}
         out.update(self._hop_headers(origin, tenant))
@@ -310,7 +318,7 @@ class Router:
             out["traceparent"] = traceparent  # this hop as the parent (access_log.py)
         stale = False
         miss: HttpReply | None = None  # a holder without the sequence: its answer
-        tries = _Tries(self, model, peers)
+        tries = _Tries(self, model, peers, timeout_s)
         for peer in tries:
             try:
                 scheme = "https" if self._ssl else "http"
@@ -319,6 +327,9 @@ class Router:
                     data=body,
                     headers=out,
                     ssl=self._ssl if self._ssl else True,
+                    timeout=aiohttp.ClientTimeout(
+                        total=tries.left_s(), sock_connect=PEER_CONNECT_TIMEOUT_S
+                    ),
                 ) as reply:
                     payload = await reply.read()
                     if reply.status == 503 and NOT_HERE in reply.headers:
@@ -335,11 +346,15 @@ class Router:
                         continue
                     self.forwarded += 1
                     return reply.status, payload, kept
-            except (aiohttp.ClientConnectionError, TimeoutError):
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                 self.peer_failed(peer)
-        if miss is not None:  # no holder tried has the sequence: the last one's answer
-            return miss
-        if stale:
+                tries.unanswered = exc
+        if miss is not None:
+            if tries.searched_all:  # every holder answered: none has the sequence
+                return miss  # the last one's answer
+            if tries.unanswered is None:  # cut short by the deadline
+                raise tries.past_deadline()
+        elif stale:
             raise StaleRoute(model)
         error = Unavailable(f"no peer answered for '{path}'; retry in {NO_ROUTE_RETRY_S:g} s")
         error.retry_after_s = NO_ROUTE_RETRY_S
@@ -409,7 +424,9 @@ class Router:
         if self._http is None:
             # A peer that does not accept the connection quickly is treated as down.
             self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=60, sock_connect=PEER_CONNECT_TIMEOUT_S)
+                timeout=aiohttp.ClientTimeout(
+                    total=HTTP_FORWARD_TIMEOUT_S, sock_connect=PEER_CONNECT_TIMEOUT_S
+                )
             )
         return self._http
 
@@ -421,18 +438,34 @@ class Router:
 
 
 class _Tries:
-    """The peers a forward tries, in turn: the first PEERS_TRIED the route names; once
-    one answered that it holds the model but not the request's sequence (`search`),
-    the model's other holders too, busy ones included, up to SEQUENCE_SEARCH in all."""
+    """The peers a forward tries, in turn, all within one time budget: the first
+    PEERS_TRIED the route names; once one answered that it holds the model but not
+    the request's sequence (`search`), the model's other holders too, busy ones
+    included, up to SEQUENCE_SEARCH in all."""
 
-    def __init__(self, router: Router, model: str, peers: list[Peer]) -> None:
+    def __init__(self, router: Router, model: str, peers: list[Peer], budget_s: float) -> None:
         self._router, self._model = router, model
         self._queue = list(peers[:PEERS_TRIED])
         self._tried: list[str] = []
         self._searching = False
+        self._end = time.monotonic() + budget_s
+        # The last peer that failed to answer (it may hold the request's sequence).
+        self.unanswered: Exception | None = None
+
+    def left_s(self) -> float:
+        """The budget's seconds left (each try has no more)."""
+        return self._end - time.monotonic()
+
+    @property
+    def searched_all(self) -> bool:
+        """Every peer to try was tried, and each answered."""
+        return not self._queue and self.unanswered is None
+
+    def past_deadline(self) -> DeadlineExceeded:
+        return DeadlineExceeded(f"model '{self._model}': the request's deadline passed")
 
     def __iter__(self) -> Iterator[Peer]:
-        while self._queue:
+        while self._queue and self.left_s() > 0:
             peer = self._queue.pop(0)
             self._tried.append(peer.site_id)
             yield peer

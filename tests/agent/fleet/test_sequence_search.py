@@ -10,6 +10,8 @@ agent's own error mapping."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,6 +30,7 @@ from edgeplex.agent.fleet.forward import (
 from edgeplex.agent.fleet.routing import choose_route
 from edgeplex.agent.frontdoor.grpc import _serve_errors
 from edgeplex.agent.frontdoor.http import error_response
+from edgeplex.agent.oip.errors import Unavailable
 from edgeplex.proto import edgeplex_control_pb2 as cpb
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
@@ -45,6 +48,7 @@ class Sites:
         self.grpc: dict[str, int] = {}
         self.calls: dict[str, int] = {}
         self.keeping: set[str] = set()
+        self.hanging: set[str] = set()  # accept the call and never answer it
 
     def routes(self, headroom: dict[str, float]) -> cpb.Routes:
         targets = [
@@ -60,10 +64,12 @@ class Sites:
         ]
         return cpb.Routes(version=1, region="r", routes=[cpb.Route(model=MODEL, targets=targets)])
 
-    def answer(self, site: str) -> None:
+    async def answer(self, site: str) -> None:
         """Count the call; a site that does not keep the sequence refuses it as a
         forwarded request's holder without its state does."""
         self.calls[site] = self.calls.get(site, 0) + 1
+        if site in self.hanging:
+            await asyncio.sleep(3)  # past every deadline the tests give
         if site not in self.keeping:
             raise SequenceNotHere(MISSING)
 
@@ -71,7 +77,7 @@ class Sites:
 def _http_app(sites: Sites, site: str) -> web.Application:
     async def infer(request: web.Request) -> web.Response:
         try:
-            sites.answer(site)
+            await sites.answer(site)
         except SequenceNotHere as exc:
             return error_response(exc)
         return web.json_response({"model_name": MODEL}, headers={SERVED_BY: site})
@@ -87,7 +93,7 @@ class _Infer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_serve_errors
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
-        self.sites.answer(self.site)
+        await self.sites.answer(self.site)
         context.set_trailing_metadata(((SERVED_BY, self.site),))
         return pb.ModelInferResponse(model_name=MODEL)
 
@@ -169,4 +175,26 @@ async def test_a_sequence_no_holder_has_fails_as_triton_fails_it(sites: Sites, d
         assert SEQUENCE_NOT_HERE not in headers
     assert sorted(sites.calls) == sorted(NAMES[:SEQUENCE_SEARCH])
     assert set(sites.calls.values()) == {1}
+    await router.close()
+
+
+async def test_a_search_stays_within_one_deadline(sites: Sites) -> None:
+    """Holders that take a forward and never answer share the forward's one
+    deadline: the search ends when it passes (not after a full timeout for each),
+    with a retryable error, not the START flag's (the sequence may be there)."""
+    sites.hanging = {"s1", "s2", "s3"}
+    router, peers = _routed(sites, {"s0": 1.0, "s1": 0.0, "s2": 0.0, "s3": 0.0})
+    started = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await router.forward_grpc(pb.ModelInferRequest(model_name=MODEL), peers, "r", 1.0)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    started_http = time.monotonic()
+    assert started_http - started < 1.8
+    path = f"/v2/models/{MODEL}/infer"
+    with pytest.raises(Unavailable):  # 503: retry
+        await router.forward_http(MODEL, path, b"{}", {}, peers, "r", timeout_s=1.0)
+    assert time.monotonic() - started_http < 1.8
+    # Each time the deadline passed at the first silent holder; the second time that
+    # was s2, s1 having been set aside as down after its silence.
+    assert sites.calls == {"s0": 2, "s1": 1, "s2": 1}
     await router.close()
