@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import grpc
 import pytest
-from aiohttp import web
 
 from edgeplex.agent.batching.sequences import SequenceNotHere
 from edgeplex.agent.fleet.forward import (
@@ -28,107 +27,48 @@ from edgeplex.agent.fleet.forward import (
     Router,
 )
 from edgeplex.agent.fleet.routing import choose_route
-from edgeplex.agent.frontdoor.grpc import _serve_errors
-from edgeplex.agent.frontdoor.http import error_response
 from edgeplex.agent.oip.errors import Unavailable
-from edgeplex.proto import edgeplex_control_pb2 as cpb
 from edgeplex.proto import inference_pb2 as pb
-from edgeplex.proto import inference_pb2_grpc as pb_grpc
+from tests.support.peer_sites import PeerSites, peer_sites
 
 MODEL = "acc"
 MISSING = "inference request for sequence 7 to model 'acc' must specify the START flag"
+NAMES = [f"s{i}" for i in range(SEQUENCE_SEARCH + 2)]
 
 
 class Sites:
-    """Peer sites on real ports; each holds MODEL, and those in `keeping` hold the
-    sequence too. Every call each site answered is counted."""
+    """The peer sites, each holding MODEL; those in `keeping` hold the sequence too.
+    Every call each site answered is counted."""
 
     def __init__(self) -> None:
-        self.http: dict[str, int] = {}
-        self.grpc: dict[str, int] = {}
+        self.peers = PeerSites(MODEL)  # their ports, once they serve
         self.calls: dict[str, int] = {}
         self.keeping: set[str] = set()
-        self.hanging: set[str] = set()  # accept the call and never answer it
+        self.hanging: set[str] = set()  # take the call and never answer it
 
-    def routes(self, headroom: dict[str, float]) -> cpb.Routes:
-        targets = [
-            cpb.RouteTarget(
-                site_id=site,
-                address=f"127.0.0.1:{self.grpc[site]}",
-                http_address=f"127.0.0.1:{self.http[site]}",
-                region="r",
-                latency_ms=float(i),  # nearest first, in the order given
-                headroom=free,
-            )
-            for i, (site, free) in enumerate(headroom.items())
-        ]
-        return cpb.Routes(version=1, region="r", routes=[cpb.Route(model=MODEL, targets=targets)])
-
-    async def answer(self, site: str) -> None:
-        """Count the call; a site that does not keep the sequence refuses it as a
-        forwarded request's holder without its state does."""
+    async def answer(self, site: str) -> Mapping[str, str]:
+        """A site without the sequence refuses it as a forwarded request's holder
+        without its state does."""
         self.calls[site] = self.calls.get(site, 0) + 1
         if site in self.hanging:
-            await asyncio.sleep(3)  # past every deadline the tests give
+            await asyncio.sleep(2)  # past every deadline the tests give (1 s)
         if site not in self.keeping:
             raise SequenceNotHere(MISSING)
-
-
-def _http_app(sites: Sites, site: str) -> web.Application:
-    async def infer(request: web.Request) -> web.Response:
-        try:
-            await sites.answer(site)
-        except SequenceNotHere as exc:
-            return error_response(exc)
-        return web.json_response({"model_name": MODEL}, headers={SERVED_BY: site})
-
-    app = web.Application()
-    app.router.add_post("/v2/models/{model}/infer", infer)
-    return app
-
-
-class _Infer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, sites: Sites, site: str) -> None:
-        self.sites, self.site = sites, site
-
-    @_serve_errors
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
-        await self.sites.answer(self.site)
-        context.set_trailing_metadata(((SERVED_BY, self.site),))
-        return pb.ModelInferResponse(model_name=MODEL)
-
-
-NAMES = [f"s{i}" for i in range(SEQUENCE_SEARCH + 2)]
+        return {SERVED_BY: site}
 
 
 @pytest.fixture
 async def sites() -> AsyncIterator[Sites]:
     out = Sites()
-    runners, servers = [], []
-    for site in NAMES:
-        runner = web.AppRunner(_http_app(out, site))
-        await runner.setup()
-        tcp = web.TCPSite(runner, "127.0.0.1", 0)
-        await tcp.start()
-        out.http[site] = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        runners.append(runner)
-        server = grpc.aio.server()
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Infer(out, site), server)
-        out.grpc[site] = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        servers.append(server)
-    yield out
-    for runner in runners:
-        await runner.cleanup()
-    for server in servers:
-        await server.stop(None)
+    async with peer_sites(MODEL, NAMES, out.answer) as out.peers:
+        yield out
 
 
 def _routed(sites: Sites, headroom: dict[str, float]) -> tuple[Router, list[Peer]]:
     """A router with these routes, and the peers the routing policy sends a request to
     from a site that does not hold the model."""
     router = Router("here", "r")
-    assert router.update(sites.routes(headroom))
+    assert router.update(sites.peers.routes(headroom))
     route = choose_route(None, router.options(MODEL), forwarded=False)
     return router, router.peers(MODEL, route.peers)
 

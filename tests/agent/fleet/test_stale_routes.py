@@ -8,21 +8,15 @@ error mapping."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import grpc
 import pytest
-from aiohttp import web
 
 from edgeplex.agent.fleet.forward import SERVED_BY, Peer, Router, via_peers
-from edgeplex.agent.frontdoor.grpc import _serve_errors
-from edgeplex.agent.frontdoor.http import error_response
 from edgeplex.agent.oip.errors import NotHere
-from edgeplex.proto import edgeplex_control_pb2 as cpb
 from edgeplex.proto import inference_pb2 as pb
-from edgeplex.proto import inference_pb2_grpc as pb_grpc
-from tests.conftest import free_port
+from tests.support.peer_sites import PeerSites, peer_sites
 
 MODEL = "m"
 
@@ -31,77 +25,27 @@ class Peers:
     """Two peer sites on real ports: 'gone' no longer holds MODEL, 'holder' does."""
 
     def __init__(self) -> None:
-        self.http: dict[str, int] = {}
-        self.grpc: dict[str, int] = {}
+        self.sites = PeerSites(MODEL)  # their ports, once they serve
         self.calls: dict[str, int] = {"gone": 0, "holder": 0}
 
-    def routes(self, *sites: str) -> cpb.Routes:
-        targets = [
-            cpb.RouteTarget(
-                site_id=s,
-                address=f"127.0.0.1:{self.grpc[s]}",
-                http_address=f"127.0.0.1:{self.http[s]}",
-                region="r",
-                latency_ms=0.0,
-            )
-            for s in sites
-        ]
-        return cpb.Routes(version=1, region="r", routes=[cpb.Route(model=MODEL, targets=targets)])
-
-
-def _http_app(peers: Peers, site: str) -> web.Application:
-    async def infer(request: web.Request) -> web.Response:
-        peers.calls[site] += 1
+    async def answer(self, site: str) -> Mapping[str, str]:
+        self.calls[site] += 1
         if site == "gone":
-            return error_response(NotHere(f"model '{MODEL}' is not at this site"))
-        return web.json_response({"model_name": MODEL}, headers={"edgeplex-served-by": site})
-
-    app = web.Application()
-    app.router.add_post("/v2/models/{model}/infer", infer)
-    return app
-
-
-class _Infer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, peers: Peers, site: str) -> None:
-        self.peers, self.site = peers, site
-
-    @_serve_errors
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
-        self.peers.calls[self.site] += 1
-        if self.site == "gone":
             raise NotHere(f"model '{MODEL}' is not at this site")
         # How it served travels back through the forwarder too.
-        context.set_trailing_metadata(
-            (("edgeplex-served-by", self.site), ("edgeplex-variant", "int8"))
-        )
-        return pb.ModelInferResponse(model_name=MODEL)
+        return {SERVED_BY: site, "edgeplex-variant": "int8"}
 
 
 @pytest.fixture
 async def peers() -> AsyncIterator[Peers]:
     out = Peers()
-    runners, servers = [], []
-    for site in ("gone", "holder"):
-        runner = web.AppRunner(_http_app(out, site))
-        await runner.setup()
-        out.http[site] = free_port()
-        await web.TCPSite(runner, "127.0.0.1", out.http[site]).start()
-        runners.append(runner)
-        server = grpc.aio.server()
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Infer(out, site), server)
-        out.grpc[site] = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        servers.append(server)
-    yield out
-    for runner in runners:
-        await runner.cleanup()
-    for server in servers:
-        await server.stop(None)
+    async with peer_sites(MODEL, ["gone", "holder"], out.answer) as out.sites:
+        yield out
 
 
 def _router(peers: Peers, *sites: str) -> Router:
     router = Router("here", "r")
-    assert router.update(peers.routes(*sites))
+    assert router.update(peers.sites.routes(dict.fromkeys(sites)))
     return router
 
 
@@ -150,7 +94,7 @@ async def test_when_no_peer_holds_it_the_request_is_served_here(peers: Peers, do
 async def test_a_newer_table_brings_the_peer_back(peers: Peers) -> None:
     router = _router(peers, "gone", "holder")
     await via_peers(_route(router), lambda t: _http(router, t))
-    fresh = peers.routes("gone", "holder")
+    fresh = peers.sites.routes(dict.fromkeys(("gone", "holder")))
     fresh.version = 2
     assert router.update(fresh)
     assert [p.site_id for p in router.options(MODEL)] == ["gone", "holder"]
