@@ -107,8 +107,8 @@ class ControlPlaneSettings(FileSettings):
         "above the season), so models move before a region's peak. 0: place from observed "
         "demand only. Forecasting pays where a site's first copy of a model is slow to "
         "arrive: on the standard simulated fleet it saved 2-4 GPUs in 37 with downloads at "
-        '100 Mbit/s and cost about one in 33 at 1 Gbit/s (docs/benchmarks.md, "Sized seed '
-        'by seed").',
+        "100 Mbit/s, none at 300 Mbit/s, and cost about one in 33 at 1 Gbit/s "
+        '(docs/benchmarks.md, "Sized seed by seed").',
     )
     churn_cost: float = Field(
         default=CHURN_COST,
