@@ -462,14 +462,14 @@ class Residency:
             if record is not None and record.phase == Phase.READY and not record.leases:
                 record.intent = Intent.STAGED
                 self._retreat(record)
-        for record in self.ledger.by_key.values():
-            if record.leave_by <= now and record.phase == Phase.READY:
-                self._leave(record)  # its sequences outlasted placement's patience
         budget = self.limits.device_budget
         room = budget is None or self.device_bytes() < 0.95 * budget
         for record in self.ledger.by_key.values():
-            ready = record.phase == Phase.READY and not record.chore
-            if ready and record.config.max_instances is not None:
+            if record.phase != Phase.READY:
+                continue
+            if record.leave_by <= now:
+                self._leave(record)  # its sequences outlasted placement's patience
+            elif not record.chore and record.config.max_instances is not None:
                 self._scale(record, room)
         hot = hot_set(demand(self.ledger.all_records(), now), budget, self.limits.hot_share)
         for record in self.ledger.by_key.values():
