@@ -16,13 +16,13 @@ lint: setup
 	$(PY) -m ruff format --check .
 	$(PY) scripts/typecheck.py
 
-# Three at a time, each test file on one worker (its module fixtures set up once), the
-# longest first (tests/conftest.py, LONGEST_FIRST); then the tests that measure time or
-# hold fixed ports, alone; then the compose rig.
+# Four at a time, each test file on one worker (its module fixtures set up once), the
+# longest first (tests/conftest.py, LONGEST_FIRST): the compose rig, which mostly waits
+# on Docker, holds one worker while three run the rest; then the tests that measure
+# time or hold fixed ports, alone.
 test: setup lint
-	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder -m 'not compose and not serial'
+	$(PY) -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder -m 'not serial'
 	$(PY) -m pytest -q -m serial
-	$(PY) -m pytest -q -m compose
 
 proto: setup
 	$(PY) scripts/gen_proto.py

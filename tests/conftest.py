@@ -35,7 +35,7 @@ CACHE = Path(os.environ.get("EDGEPLEX_TEST_CACHE", ROOT / ".cache" / "test-model
 # restart within a lease, the simulator against the rig's latencies) or hold fixed
 # ports (the README's fleet); a killed agent's leftovers, which any agent starting
 # meanwhile sweeps; and schemathesis's, whose operations are sub-items of one test
-# that pytest-xdist's file scheduling does not run. `make test` runs the rest three at
+# that pytest-xdist's file scheduling does not run. `make test` runs the rest four at
 # a time, file by file (most of them wait on processes more than they compute), and
 # these alone after it. The rig's own tests run with the rest: their one bound on
 # time, a failover within 9 s, held at 2.3 s beside three busy loops.
@@ -61,6 +61,7 @@ SERIAL = (
 # it orders them by their number of tests, which sent a 38-second file of one test to
 # a worker last, 40 s after the other two were done).
 LONGEST_FIRST = (
+    "tests/compose/test_compose_rig.py",  # 46, most of it waiting on Docker
     "tests/control_plane/test_fleet.py",  # 88
     "tests/control_plane/test_redis_failover.py",  # 38
     "tests/control_plane/test_simulator.py",  # 38

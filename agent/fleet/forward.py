@@ -14,7 +14,9 @@ Every inference response names the site that served it in `edgeplex-served-by`
 The forwarder sends `edgeplex-origin-region` so the peer accounts the demand
 to the region it came from, and the fleet's peer token; a site honours the hop
 headers only from a caller that presents that token (`hop`). A peer that fails
-to connect is skipped for PEER_BACKOFF_S and the next one is tried. A peer that
+to connect, or that leaves what was sent to it unacknowledged for
+PEER_SILENCE_S (a cut link, on a connection kept from an earlier forward), is
+skipped for PEER_BACKOFF_S and the next one is tried. A peer that
 answers `edgeplex-not-here` (the routes reached this site before the model did, or
 after it left) is dropped from the model's routes until the next table, and the
 request is routed again (`StaleRoute`): a stale table costs a hop, never a request.
@@ -31,6 +33,7 @@ by the core; connections to peers are cached per address.
 from __future__ import annotations
 
 import hmac
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -39,6 +42,7 @@ from typing import TypeVar
 
 import aiohttp
 import grpc
+from aiohttp.connector import AddrInfoType
 from google.protobuf.message import Message
 
 from edgeplex.agent.fleet.routing import PeerOption
@@ -61,6 +65,11 @@ TENANT_HEADER = "edgeplex-tenant"  # whom a forward is served for (with the peer
 T = TypeVar("T")
 PEER_BACKOFF_S = 5.0
 PEER_CONNECT_TIMEOUT_S = 2.0
+# Bytes sent to a peer and not acknowledged for this long close the connection
+# (TCP_USER_TIMEOUT): a link cut under a kept connection fails the forward now, not
+# at its deadline. Acknowledgement is the peer's kernel's, so a long inference at a
+# live peer is not cut; several retransmissions fit in it at WAN round trips.
+PEER_SILENCE_S = 3.0
 FORWARD_TIMEOUT_S = 30.0  # a gRPC forward, when the caller set no deadline
 HTTP_FORWARD_TIMEOUT_S = 60.0  # an HTTP forward (its deadline is in the undecoded body)
 ASK_TIMEOUT_S = 10.0  # a question about a model (metadata, config, readiness)
@@ -414,9 +423,11 @@ class Router:
         channel = self._channels.get(peer.address)
         if channel is None:
             channel = self._channels[peer.address] = (
-                grpc.aio.secure_channel(peer.address, grpc.ssl_channel_credentials(self._peer_ca))
+                grpc.aio.secure_channel(
+                    peer.address, grpc.ssl_channel_credentials(self._peer_ca), GRPC_PEER_OPTIONS
+                )
                 if self._peer_ca
-                else grpc.aio.insecure_channel(peer.address)
+                else grpc.aio.insecure_channel(peer.address, GRPC_PEER_OPTIONS)
             )
         return pb_grpc.GRPCInferenceServiceStub(channel)
 
@@ -424,9 +435,10 @@ class Router:
         if self._http is None:
             # A peer that does not accept the connection quickly is treated as down.
             self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(socket_factory=_peer_socket),
                 timeout=aiohttp.ClientTimeout(
                     total=HTTP_FORWARD_TIMEOUT_S, sock_connect=PEER_CONNECT_TIMEOUT_S
-                )
+                ),
             )
         return self._http
 
@@ -435,6 +447,24 @@ class Router:
             await channel.close()
         if self._http is not None:
             await self._http.close()
+
+
+# gRPC sets TCP_USER_TIMEOUT to the keepalive timeout when keepalive is on (gRPC's
+# proposal A18). Pings go only while a call is in flight (an idle channel sends
+# none), at most one a minute: a peer's door counts pings without calls as strikes.
+GRPC_PEER_OPTIONS = (
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", int(PEER_SILENCE_S * 1000)),
+)
+
+
+def _peer_socket(addr_info: AddrInfoType) -> socket.socket:
+    """A socket to a peer that gives up on it after PEER_SILENCE_S unacknowledged."""
+    family, kind, proto, _, _ = addr_info
+    sock = socket.socket(family, kind, proto)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(PEER_SILENCE_S * 1000))
+    return sock
 
 
 class _Tries:

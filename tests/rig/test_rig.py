@@ -170,6 +170,7 @@ def test_failover_after_kill_and_after_a_cut_link(rig: RigHandle) -> None:
     wait_until(lambda: rig.tier(dead, "steady") == "loaded", 30, "rejoined site reconciled")
     cut_site, cut = _kill_and_fail_over(rig, "cut", "lonely")
     assert cut <= SITE_LEASE_S + PLACEMENT_PERIOD_S + 3
+    print(f"failover after a cut link: served elsewhere after {cut:.2f} s")
     wait_until(lambda: not _site_up(rig, cut_site), 10, "cut site marked down")
     subprocess.run(["ip", "link", "set", rig.sites[cut_site]["host_veth"], "up"], check=True)
     wait_until(lambda: _site_up(rig, cut_site), 30, "cut site rejoined")

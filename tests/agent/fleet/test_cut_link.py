@@ -1,0 +1,82 @@
+"""A link cut under a kept connection costs seconds, not the request's deadline.
+
+The forwarder keeps its connections to peers. When the link to one is cut (no
+reset, no FIN: the peer's packets just stop), a request written on the kept
+connection is never acknowledged; without a bound it waits out its whole deadline
+(a minute over HTTP) while the next holder stands idle. The forwarder's sockets
+give up after PEER_SILENCE_S unacknowledged (TCP_USER_TIMEOUT), mark the peer
+down and try the next holder. The cut is real: iptables drops what reaches the
+peer's port on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from edgeplex.agent.fleet.forward import PEER_SILENCE_S, SERVED_BY, Router
+from edgeplex.proto import inference_pb2 as pb
+from tests.support.peer_sites import PeerSites, peer_sites
+
+MODEL = "m"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("iptables") is None,
+    reason="cutting a link takes root and iptables",
+)
+
+
+@contextmanager
+def _cut(port: int) -> Iterator[None]:
+    """Drop every packet to `port` on loopback, as a cut link drops them."""
+    rule = ["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"]
+    subprocess.run(["iptables", "-w", "-I", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["iptables", "-w", "-D", *rule], check=True)
+
+
+async def _served_by(site: str) -> Mapping[str, str]:
+    return {SERVED_BY: site}
+
+
+async def _http(router: Router, sites: PeerSites) -> str:
+    targets = router.peers(MODEL, ("near", "far"))
+    path = f"/v2/models/{MODEL}/infer"
+    _, _, headers = await router.forward_http(MODEL, path, b"{}", {}, targets, "r")
+    return headers[SERVED_BY]
+
+
+async def _grpc(router: Router, sites: PeerSites) -> str:
+    targets = router.peers(MODEL, ("near", "far"))
+    request = pb.ModelInferRequest(model_name=MODEL)
+    _, trailers = await router.forward_grpc(request, targets, "r", 30.0)
+    return dict(trailers)[SERVED_BY]
+
+
+@pytest.mark.parametrize("door", [_http, _grpc], ids=["http", "grpc"])
+async def test_a_cut_link_fails_over_to_the_next_holder_in_seconds(door: Any) -> None:
+    async with peer_sites(MODEL, ["near", "far"], _served_by) as sites:
+        router = Router("here", "r")
+        assert router.update(sites.routes({"near": None, "far": None}))
+        try:
+            assert await door(router, sites) == "near"  # the connection is kept
+            ports = {"http": sites.http["near"], "grpc": sites.grpc["near"]}
+            with _cut(ports[door.__name__.lstrip("_")]):
+                started = time.monotonic()
+                served_by = await asyncio.wait_for(door(router, sites), 30)
+                took = time.monotonic() - started
+            assert served_by == "far"
+            assert took <= PEER_SILENCE_S + 2, took
+            # ...and the cut peer is left alone meanwhile: the next request goes on.
+            assert [p.site_id for p in router.holders(MODEL)] == ["far"]
+        finally:
+            await router.close()
