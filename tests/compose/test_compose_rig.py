@@ -4,8 +4,9 @@ container stopped by its SIGTERM (none killed at the stop's timeout), and
 everything down again (scripts/compose_rig.py; under a minute with the base
 image built and the dependencies' layer cached, a few more from nothing).
 Selected deliberately: `pytest -m compose`, or `make test`, which gives it
-a worker of its own from the start while the other three run the rest. It needs a Docker engine that answers,
-or root and apt to install and start Debian's."""
+a worker of its own from the start while the other three run the rest. It
+needs a Docker engine that answers, or root and apt to install and start
+Debian's."""
 
 from __future__ import annotations
 
