@@ -18,6 +18,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def grpc_silence_options(seconds: float) -> tuple[tuple[str, int], ...]:
+    """Channel options that close a connection once bytes sent on it stay
+    unacknowledged for `seconds`: a link cut under it (no reset, no FIN) fails the
+    calls on it then, not when the kernel gives up retransmitting (about 15
+    minutes). gRPC sets TCP_USER_TIMEOUT from its keepalive timeout once keepalive
+    is on (gRPC proposal A18); the pings themselves are left at one every two hours
+    of a call (none while idle), since servers count frequent pings as strikes."""
+    return (
+        ("grpc.keepalive_time_ms", 2 * 3600 * 1000),
+        ("grpc.keepalive_timeout_ms", int(seconds * 1000)),
+    )
+
+
+def silent_peer_socket(seconds: float, family: int, kind: int, proto: int) -> socket.socket:
+    """A TCP socket that gives up once bytes sent on it stay unacknowledged for
+    `seconds` (TCP_USER_TIMEOUT, where the platform has it): the same bound as
+    `grpc_silence_options`, for clients that open their own sockets."""
+    sock = socket.socket(family, kind, proto)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
+    return sock
+
+
 def bearer_token(value: str | None) -> str | None:
     """The token of an `Authorization: Bearer <token>` value (scheme in any case)."""
     if not value:

@@ -48,6 +48,7 @@ from google.protobuf.message import Message
 from edgeplex.agent.fleet.routing import PeerOption
 from edgeplex.agent.oip.errors import DeadlineExceeded, ServeError, StaleRoute, Unavailable
 from edgeplex.names import valid_name
+from edgeplex.net import grpc_silence_options, silent_peer_socket
 from edgeplex.proto import edgeplex_control_pb2 as cpb
 from edgeplex.proto import inference_pb2 as pb
 from edgeplex.proto import inference_pb2_grpc as pb_grpc
@@ -422,12 +423,13 @@ class Router:
     def _stub(self, peer: Peer) -> pb_grpc.GRPCInferenceServiceStub:
         channel = self._channels.get(peer.address)
         if channel is None:
+            options = grpc_silence_options(PEER_SILENCE_S)
             channel = self._channels[peer.address] = (
                 grpc.aio.secure_channel(
-                    peer.address, grpc.ssl_channel_credentials(self._peer_ca), GRPC_PEER_OPTIONS
+                    peer.address, grpc.ssl_channel_credentials(self._peer_ca), options
                 )
                 if self._peer_ca
-                else grpc.aio.insecure_channel(peer.address, GRPC_PEER_OPTIONS)
+                else grpc.aio.insecure_channel(peer.address, options)
             )
         return pb_grpc.GRPCInferenceServiceStub(channel)
 
@@ -449,22 +451,9 @@ class Router:
             await self._http.close()
 
 
-# gRPC sets TCP_USER_TIMEOUT to the keepalive timeout when keepalive is on (gRPC's
-# proposal A18). Pings go only while a call is in flight (an idle channel sends
-# none), at most one a minute: a peer's door counts pings without calls as strikes.
-GRPC_PEER_OPTIONS = (
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", int(PEER_SILENCE_S * 1000)),
-)
-
-
 def _peer_socket(addr_info: AddrInfoType) -> socket.socket:
-    """A socket to a peer that gives up on it after PEER_SILENCE_S unacknowledged."""
     family, kind, proto, _, _ = addr_info
-    sock = socket.socket(family, kind, proto)
-    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(PEER_SILENCE_S * 1000))
-    return sock
+    return silent_peer_socket(PEER_SILENCE_S, family, kind, proto)
 
 
 class _Tries:

@@ -6,7 +6,10 @@ Three tasks, each owning one connection or one job:
 - `_control_loop`: Register, then one Report stream that sends a LoadReport
   every report interval. FAILED_PRECONDITION (the control plane lost the
   registration, e.g. Redis was wiped) registers again; any other failure
-  reconnects after a jittered backoff.
+  reconnects after a jittered backoff, to the next control-plane replica. A
+  replica the link to which is cut (reports sent and never acknowledged) counts
+  as failed after CONTROL_PLANE_SILENCE_S, well within the site lease, so the
+  site moves to another replica before it is marked down.
 - `_mqtt_loop`: subscribes to the site's desired-state topic, its region's
   routes and the fleet's key topic (QoS 1) with a last-will `offline` on its
   presence topic and a retained `online` after each connect; hands every
@@ -49,7 +52,7 @@ from edgeplex.agent.fleet.settings import FleetSettings
 from edgeplex.agent.residency.state import Phase
 from edgeplex.artifacts import ArtifactCache, FetchPolicy
 from edgeplex.fleet import Backoff, mqtt_session, parse_mqtt_url, presence_topic
-from edgeplex.net import is_loopback
+from edgeplex.net import grpc_silence_options, is_loopback
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.settings import state_dir
@@ -60,6 +63,9 @@ if TYPE_CHECKING:  # the top of the agent: for annotations only, never at run ti
     from edgeplex.agent.core import Agent
 
 log = logging.getLogger("edgeplex.agent.fleet")
+# Reports left unacknowledged this long end the link to a replica: two reports at
+# the default interval (2 s), under half the default site lease (10 s).
+CONTROL_PLANE_SILENCE_S = 4.0
 
 
 def check_first_contact(fleet: FleetSettings) -> None:
@@ -173,14 +179,15 @@ class FleetLink:
     def _channel(self) -> grpc.aio.Channel:
         fleet = self._settings.fleet
         target = self._target
+        options = grpc_silence_options(CONTROL_PLANE_SILENCE_S)
         if fleet.tls_ca is None:
-            return grpc.aio.insecure_channel(target)
+            return grpc.aio.insecure_channel(target, options)
         creds = grpc.ssl_channel_credentials(
             root_certificates=fleet.tls_ca.read_bytes(),
             private_key=_read(fleet.tls_key),
             certificate_chain=_read(fleet.tls_cert),
         )
-        return grpc.aio.secure_channel(target, creds)
+        return grpc.aio.secure_channel(target, creds, options)
 
     async def _control_loop(self) -> None:
         backoff = Backoff()

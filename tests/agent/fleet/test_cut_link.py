@@ -11,37 +11,20 @@ peer's port on loopback."""
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import subprocess
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from edgeplex.agent.fleet.forward import PEER_SILENCE_S, SERVED_BY, Router
 from edgeplex.proto import inference_pb2 as pb
+from tests.support.netcut import cut, needs_cut
 from tests.support.peer_sites import PeerSites, peer_sites
 
 MODEL = "m"
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("iptables") is None,
-    reason="cutting a link takes root and iptables",
-)
-
-
-@contextmanager
-def _cut(port: int) -> Iterator[None]:
-    """Drop every packet to `port` on loopback, as a cut link drops them."""
-    rule = ["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"]
-    subprocess.run(["iptables", "-w", "-I", *rule], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["iptables", "-w", "-D", *rule], check=True)
+pytestmark = needs_cut
 
 
 async def _served_by(site: str) -> Mapping[str, str]:
@@ -70,7 +53,7 @@ async def test_a_cut_link_fails_over_to_the_next_holder_in_seconds(door: Any) ->
         try:
             assert await door(router, sites) == "near"  # the connection is kept
             ports = {"http": sites.http["near"], "grpc": sites.grpc["near"]}
-            with _cut(ports[door.__name__.lstrip("_")]):
+            with cut(ports[door.__name__.lstrip("_")]):
                 started = time.monotonic()
                 served_by = await asyncio.wait_for(door(router, sites), 30)
                 took = time.monotonic() - started
