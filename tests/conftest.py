@@ -61,18 +61,21 @@ SERIAL = (
 # it orders them by their number of tests, which sent a 38-second file of one test to
 # a worker last, 40 s after the other two were done).
 LONGEST_FIRST = (
-    "tests/compose/test_compose_rig.py",  # 46, most of it waiting on Docker
-    "tests/control_plane/test_fleet.py",  # 88
+    # First: Sentinel's failover is what a stalled disk upsets most (a sentinel that
+    # stalls enters TILT mode for 30 s), and it is done before the compose rig starts.
     "tests/control_plane/test_redis_failover.py",  # 38
+    "tests/control_plane/test_fleet.py",  # 88
     "tests/control_plane/test_simulator.py",  # 38
     "tests/agent/frontdoor/test_fuzz_doors.py",  # 31
     "tests/control_plane/test_batch.py",  # 30
     "tests/rig/test_rig.py",  # 29
     "tests/agent/batching/test_priority.py",  # 28
     "tests/control_plane/test_dashboard.py",  # 22
+    "tests/control_plane/test_replica_cut.py",  # 20, most of it waiting
     "tests/agent/frontdoor/test_fuzz.py",  # 20
     "tests/agent/test_variants.py",  # 18
     "tests/control_plane/test_fleet_trust.py",  # 17
+    "tests/compose/test_compose_rig.py",  # 46 with its images built, most of it waiting
     "tests/test_gpu_check.py",  # 15
     "tests/agent/test_shutdown.py",  # 14
 )

@@ -3,8 +3,8 @@ a model added, placed, served in region and forwarded across regions, every
 container stopped by its SIGTERM (none killed at the stop's timeout), and
 everything down again (scripts/compose_rig.py; under a minute with the base
 image built and the dependencies' layer cached, a few more from nothing).
-Selected deliberately: `pytest -m compose`, or `make test`, which gives it
-a worker of its own from the start while the other three run the rest. It
+Selected deliberately: `pytest -m compose`, or `make test`, which builds
+its images beside lint and gives it a worker of its own among four. It
 needs a Docker engine that answers, or root and apt to install and start
 Debian's."""
 
