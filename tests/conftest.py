@@ -81,6 +81,17 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Redis and mosquitto's backend (tests/services.py) is chosen once, before any
+    # test runs, and pytest-xdist's workers inherit the choice: the compose rig's
+    # test starts a Docker engine and stops it while other tests run, and a worker
+    # that looked meanwhile put its services in containers the engine took away.
+    if not os.environ.get("EDGEPLEX_TEST_SERVICES"):
+        from tests.services import in_containers
+
+        os.environ["EDGEPLEX_TEST_SERVICES"] = "containers" if in_containers() else "local"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid.startswith(SERIAL):
