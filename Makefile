@@ -16,21 +16,13 @@ lint: setup
 	$(PY) -m ruff format --check .
 	$(PY) scripts/typecheck.py
 
-# The compose rig's images are built beside lint: building writes tens of MiB, and
-# the fsyncs of tests that time things (Redis Sentinel's, above all) stalled behind
-# it when it ran among them. Where no Docker engine can run, the build fails quietly
-# and the rig's test says why it skips. Then four at a time, each test file on one
-# worker (its module fixtures set up once), the longest first (tests/conftest.py,
-# LONGEST_FIRST), the compose rig among them (it mostly waits on Docker); then the
-# tests that measure time or hold fixed ports, alone.
-test: setup
-	@mkdir -p .cache
-	@$(PY) scripts/compose_rig.py --build-only >.cache/compose-build.log 2>&1 & build=$$!; \
-	$(MAKE) --no-print-directory lint; linted=$$?; \
-	wait $$build || echo "compose rig images not built here: .cache/compose-build.log"; \
-	exit $$linted
-	$(PY) -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder -m 'not serial'
+# Four at a time, each test file on one worker (its module fixtures set up once), the
+# longest first (tests/conftest.py, LONGEST_FIRST); then the tests that measure time or
+# hold fixed ports, alone; then the compose rig.
+test: setup lint
+	$(PY) -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder -m 'not compose and not serial'
 	$(PY) -m pytest -q -m serial
+	$(PY) -m pytest -q -m compose
 
 proto: setup
 	$(PY) scripts/gen_proto.py

@@ -61,10 +61,8 @@ SERIAL = (
 # it orders them by their number of tests, which sent a 38-second file of one test to
 # a worker last, 40 s after the other two were done).
 LONGEST_FIRST = (
-    # First: Sentinel's failover is what a stalled disk upsets most (a sentinel that
-    # stalls enters TILT mode for 30 s), and it is done before the compose rig starts.
-    "tests/control_plane/test_redis_failover.py",  # 38
     "tests/control_plane/test_fleet.py",  # 88
+    "tests/control_plane/test_redis_failover.py",  # 38
     "tests/control_plane/test_simulator.py",  # 38
     "tests/agent/frontdoor/test_fuzz_doors.py",  # 31
     "tests/control_plane/test_batch.py",  # 30
@@ -75,7 +73,6 @@ LONGEST_FIRST = (
     "tests/agent/frontdoor/test_fuzz.py",  # 20
     "tests/agent/test_variants.py",  # 18
     "tests/control_plane/test_fleet_trust.py",  # 17
-    "tests/compose/test_compose_rig.py",  # 46 with its images built, most of it waiting
     "tests/test_gpu_check.py",  # 15
     "tests/agent/test_shutdown.py",  # 14
 )
@@ -84,8 +81,8 @@ LONGEST_FIRST = (
 def pytest_configure(config: pytest.Config) -> None:
     # Redis and mosquitto's backend (tests/services.py) is chosen once, before any
     # test runs, and pytest-xdist's workers inherit the choice: the compose rig's
-    # test starts a Docker engine and stops it while other tests run, and a worker
-    # that looked meanwhile put its services in containers the engine took away.
+    # test starts a Docker engine and stops it, and a worker that looked while it ran
+    # would put its services in containers the engine's stop takes away.
     if not os.environ.get("EDGEPLEX_TEST_SERVICES"):
         from tests.services import in_containers
 

@@ -3,10 +3,9 @@ a model added, placed, served in region and forwarded across regions, every
 container stopped by its SIGTERM (none killed at the stop's timeout), and
 everything down again (scripts/compose_rig.py; under a minute with the base
 image built and the dependencies' layer cached, a few more from nothing).
-Selected deliberately: `pytest -m compose`, or `make test`, which builds
-its images beside lint and gives it a worker of its own among four. It
-needs a Docker engine that answers, or root and apt to install and start
-Debian's."""
+Selected deliberately: `pytest -m compose`,
+which `make test` runs after the rest. It needs a Docker engine that answers,
+or root and apt to install and start Debian's."""
 
 from __future__ import annotations
 

@@ -82,8 +82,13 @@ async def test_until_set_ends_a_call_whose_client_sends_nothing_more() -> None:
         async for item in until_set(one_then_silence(), ending):
             got.append(item)
 
+    async def first_read() -> None:  # however slow the loop turns on a busy machine
+        while not got:
+            await asyncio.sleep(0.001)
+
     reading = asyncio.create_task(read())
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(first_read(), 5)
+    await asyncio.sleep(0.01)  # a turn in which the silent stream could end it
     assert got == [1] and not reading.done()
     ending.set()
     await asyncio.wait_for(reading, 1)
