@@ -16,13 +16,20 @@ lint: setup
 	$(PY) -m ruff format --check .
 	$(PY) scripts/typecheck.py
 
-# Four at a time, each test file on one worker (its module fixtures set up once), the
-# longest first (tests/conftest.py, LONGEST_FIRST); then the tests that measure time or
-# hold fixed ports, alone; then the compose rig.
-test: setup lint
+# The compose rig beside lint: both are their own (the rig mostly waits on Docker, lint
+# times nothing), and the rig's engine is stopped again before any other test looks
+# for one. Then four at a time, each test file on one worker (its module fixtures set
+# up once), the longest first (tests/conftest.py, LONGEST_FIRST); then the tests that
+# measure time or hold fixed ports, alone.
+test: setup
+	@mkdir -p .cache
+	@$(PY) -m pytest -q -m compose >.cache/compose-test.log 2>&1 & rig=$$!; \
+	$(MAKE) --no-print-directory lint; linted=$$?; \
+	wait $$rig; rigged=$$?; \
+	echo "$(PY) -m pytest -q -m compose"; cat .cache/compose-test.log; \
+	[ $$linted -eq 0 ] && [ $$rigged -eq 0 ]
 	$(PY) -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder -m 'not compose and not serial'
 	$(PY) -m pytest -q -m serial
-	$(PY) -m pytest -q -m compose
 
 proto: setup
 	$(PY) scripts/gen_proto.py

@@ -4,7 +4,7 @@ container stopped by its SIGTERM (none killed at the stop's timeout), and
 everything down again (scripts/compose_rig.py; under a minute with the base
 image built and the dependencies' layer cached, a few more from nothing).
 Selected deliberately: `pytest -m compose`,
-which `make test` runs after the rest. It needs a Docker engine that answers,
+which `make test` runs beside lint. It needs a Docker engine that answers,
 or root and apt to install and start Debian's."""
 
 from __future__ import annotations
