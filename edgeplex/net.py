@@ -1,4 +1,5 @@
-"""Address facts shared by the agent and the control plane."""
+"""Network facts shared by the agent and the control plane: addresses, tokens, test
+ports, and the bound on a peer that falls silent."""
 
 from __future__ import annotations
 
