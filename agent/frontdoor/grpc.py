@@ -49,6 +49,7 @@ from edgeplex.agent.oip.errors import (
 )
 from edgeplex.agent.oip.requests import InferInput
 from edgeplex.agent.oip.tensors import oip_datatype, raw_view, to_raw
+from edgeplex.net import grpc_silence_options
 from edgeplex.proto import edgeplex_agent_pb2 as ctl
 from edgeplex.proto import edgeplex_agent_pb2_grpc as ctl_grpc
 from edgeplex.proto import inference_pb2 as pb
@@ -684,8 +685,7 @@ async def start_grpc_server(
             ("grpc.http2.max_ping_strikes", 2),
             ("grpc.keepalive_permit_without_calls", 0),
             ("grpc.max_connection_idle_ms", int(doors.max_connection_idle_s * ms)),
-            ("grpc.keepalive_time_ms", 2 * 3600 * ms),
-            ("grpc.keepalive_timeout_ms", 20 * ms),
+            *grpc_silence_options(20.0),  # a client gone silent mid-response: 20 s
         ],
     )
     ending = asyncio.Event()
