@@ -75,6 +75,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import cpu_seconds, free_port, rss_bytes  # noqa: E402
 
+from edgeplex.fleet import MQTT_KEEPALIVE_S  # noqa: E402
 from edgeplex.proto import edgeplex_control_pb2 as pb  # noqa: E402
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc  # noqa: E402
 from tests.services import (  # noqa: E402
@@ -195,7 +196,7 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
         while not stop.is_set():
             client = aiomqtt.Client(
                 "127.0.0.1", mqtt_port, identifier=site["site_id"], username=site["site_id"],
-                password=site["mqtt_password"], keepalive=60, **tls,
+                password=site["mqtt_password"], keepalive=MQTT_KEEPALIVE_S, **tls,
             )  # fmt: skip
             try:
                 async with client:

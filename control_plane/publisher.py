@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiomqtt
 
-from edgeplex.fleet import Backoff, mqtt_session, parse_mqtt_url
+from edgeplex.fleet import Backoff, mqtt_session, parse_mqtt_url, unless_lost
 from edgeplex.signing import Signer
 
 log = logging.getLogger("edgeplex.control_plane.publisher")
@@ -106,13 +106,19 @@ class Publisher:
             for topic, message in batch:
                 self._pending.setdefault(topic, message)
             raise
-        results = await asyncio.gather(
+        sends = asyncio.gather(
             *(
                 client.publish(t, data, qos=1, retain=True)
                 for (t, _), data in zip(batch, sealed, strict=True)
             ),
             return_exceptions=True,
         )
+        try:
+            results = await unless_lost(client, sends)
+        except BaseException:
+            for topic, message in batch:
+                self._pending.setdefault(topic, message)
+            raise
         failed = None
         for (topic, message), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):

@@ -8,14 +8,17 @@ import contextlib
 import random
 import ssl
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiomqtt
 
+from edgeplex.net import tcp_silence_options
+
 TOPIC_ROOT = "edgeplex/v1"
+T = TypeVar("T")
 
 
 def desired_topic(site_id: str) -> str:
@@ -55,15 +58,29 @@ class MqttTarget:
         return kwargs
 
 
+# An MQTT connection pings after MQTT_KEEPALIVE_S with nothing sent or heard, and
+# ends once a ping or a message it sent stays unacknowledged for MQTT_SILENCE_S: a
+# connection that died silently (a NAT or firewall that dropped its state, a cut
+# link) is found within about 15 s, not after paho's two keepalives of 60 s, while
+# a desired state or a publish waits on it. The broker drops a client silent for
+# 1.5 keepalives (15 s). A thousand sites ping a hundred times a second: nothing
+# for a broker.
+MQTT_KEEPALIVE_S = 10
+MQTT_SILENCE_S = 4.0
+
+
 @contextlib.asynccontextmanager
 async def mqtt_session(**kwargs: Any) -> AsyncIterator[aiomqtt.Client]:
-    """An aiomqtt client, connected for the block (`kwargs`: aiomqtt.Client's).
+    """An aiomqtt client, connected for the block (`kwargs`: aiomqtt.Client's), with
+    the fleet's keepalive and silence bound unless `kwargs` name their own.
 
     When the broker goes away and nothing reads or publishes after (the session
     ends as the process stops, say), aiomqtt 2.5 leaves its disconnect error in a
     future nobody reads, and asyncio logs "Future exception was never retrieved"
     at exit. The error is taken here: the block's own exception says what
     happened."""
+    kwargs.setdefault("keepalive", MQTT_KEEPALIVE_S)
+    kwargs.setdefault("socket_options", tcp_silence_options(MQTT_SILENCE_S))
     client = aiomqtt.Client(**kwargs)
     try:
         async with client:
@@ -72,6 +89,29 @@ async def mqtt_session(**kwargs: Any) -> AsyncIterator[aiomqtt.Client]:
         ended = getattr(client, "_disconnected", None)  # aiomqtt's own
         if isinstance(ended, asyncio.Future) and ended.done() and not ended.cancelled():
             ended.exception()
+
+
+async def unless_lost(client: aiomqtt.Client, work: Awaitable[T]) -> T:
+    """`work`'s result, or MqttError as soon as `client`'s connection is lost.
+
+    aiomqtt leaves a publish waiting for its acknowledgement until its own timeout
+    (10 s), however soon the connection that carried it died; and then waits as
+    long again to disconnect from it. A connection found dead ends `work` (its
+    publishes cancelled) at once."""
+    task = asyncio.ensure_future(work)
+    lost = getattr(client, "_disconnected", None)  # aiomqtt's own, as in mqtt_session
+    if not isinstance(lost, asyncio.Future):
+        return await task
+    try:
+        await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled from outside
+        task.cancel()
+        raise
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.wait({task})  # its publishes forget the acknowledgements they awaited
+    raise aiomqtt.MqttError("the connection to the broker was lost")
 
 
 def parse_mqtt_url(url: str) -> MqttTarget:

@@ -32,13 +32,21 @@ def grpc_silence_options(seconds: float) -> tuple[tuple[str, int], ...]:
     )
 
 
+def tcp_silence_options(seconds: float) -> tuple[tuple[int, int, int], ...]:
+    """setsockopt arguments that make a TCP socket give up once bytes sent on it
+    stay unacknowledged for `seconds` (TCP_USER_TIMEOUT, where the platform has
+    it; none elsewhere): the same bound as `grpc_silence_options`, for clients that
+    open their own sockets."""
+    if not hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux only
+        return ()
+    return ((socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000)),)
+
+
 def silent_peer_socket(seconds: float, family: int, kind: int, proto: int) -> socket.socket:
-    """A TCP socket that gives up once bytes sent on it stay unacknowledged for
-    `seconds` (TCP_USER_TIMEOUT, where the platform has it): the same bound as
-    `grpc_silence_options`, for clients that open their own sockets."""
+    """A TCP socket with `tcp_silence_options(seconds)` set."""
     sock = socket.socket(family, kind, proto)
-    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
+    for option in tcp_silence_options(seconds):
+        sock.setsockopt(*option)
     return sock
 
 

@@ -68,6 +68,7 @@ LONGEST_FIRST = (
     "tests/control_plane/test_batch.py",  # 30
     "tests/rig/test_rig.py",  # 29
     "tests/agent/batching/test_priority.py",  # 28
+    "tests/control_plane/test_mqtt_cut.py",  # 24, most of it waiting
     "tests/control_plane/test_dashboard.py",  # 22
     "tests/control_plane/test_replica_cut.py",  # 20, most of it waiting
     "tests/agent/frontdoor/test_fuzz.py",  # 20

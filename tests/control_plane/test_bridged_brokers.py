@@ -42,7 +42,7 @@ class FleetBroker(Mosquitto):
             text += (
                 f"connection to-the-control-planes\naddress 127.0.0.1:{self.bridge_to}\n"
                 f"remote_username {BRIDGE}\nremote_password {self.bridge_password}\n"
-                f"remote_clientid {BRIDGE}\n"
+                f"remote_clientid {BRIDGE}\nkeepalive_interval 10\n"
                 "topic edgeplex/v1/# in 1\n"
             )
         conf.write_text(text)
