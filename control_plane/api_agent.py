@@ -211,31 +211,32 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         return True
 
     async def Report(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ReportSummary:  # type: ignore[no-untyped-def]
-        count = 0
-        known: str | None = None
-        checked_epoch, recheck_at = None, 0.0
-        async for report in request_iterator:
-            problem = report_problem(report)
-            if problem:
-                METRICS.bad_reports.inc()
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            # The credential and the registration are checked on the first report, when
-            # any join token changed, and every RECHECK_S: a rotated or revoked join
-            # token ends the stream, and a control plane that lost the registration
-            # (Redis wiped) says so. A stream whose site was checked goes on while
-            # Redis is away (a failover): checked again on its next report, rather
-            # than a thousand agents registering again at once.
-            now, epoch = time.monotonic(), self._credentials.epoch
-            again = report.site_id == known
-            if not again or epoch != checked_epoch or now >= recheck_at:
-                checked = await self._registered(context, report.site_id, redis_down_ok=again)
-                checked_epoch = epoch
-                recheck_at = now + (RECHECK_S if checked else REDIS_RETRY_S)
-                known = report.site_id
-            self._sink.add(stamped(report))
-            METRICS.reports.inc()
-            count += 1
-        return pb.ReportSummary(reports=count)
+        with METRICS.report_streams.track_inprogress():  # until the stream ends, however
+            count = 0
+            known: str | None = None
+            checked_epoch, recheck_at = None, 0.0
+            async for report in request_iterator:
+                problem = report_problem(report)
+                if problem:
+                    METRICS.bad_reports.inc()
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+                # The credential and the registration are checked on the first report, when
+                # any join token changed, and every RECHECK_S: a rotated or revoked join
+                # token ends the stream, and a control plane that lost the registration
+                # (Redis wiped) says so. A stream whose site was checked goes on while
+                # Redis is away (a failover): checked again on its next report, rather
+                # than a thousand agents registering again at once.
+                now, epoch = time.monotonic(), self._credentials.epoch
+                again = report.site_id == known
+                if not again or epoch != checked_epoch or now >= recheck_at:
+                    checked = await self._registered(context, report.site_id, redis_down_ok=again)
+                    checked_epoch = epoch
+                    recheck_at = now + (RECHECK_S if checked else REDIS_RETRY_S)
+                    known = report.site_id
+                self._sink.add(stamped(report))
+                METRICS.reports.inc()
+                count += 1
+            return pb.ReportSummary(reports=count)
 
     async def ReportUsage(
         self, request: pb.UsageReport, context: grpc.aio.ServicerContext

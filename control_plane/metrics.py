@@ -17,6 +17,11 @@ class ControlPlaneMetrics:
         self.reports = Counter(
             "edgeplex_cp_reports_total", "Load reports received from agents.", registry=r
         )
+        self.report_streams = Gauge(
+            "edgeplex_cp_report_streams",
+            "Report streams open at this replica: one per agent reporting to it.",
+            registry=r,
+        )
         self.report_flush_seconds = Histogram(
             "edgeplex_cp_report_flush_seconds",
             "Time to write one batch of reports to Redis.",

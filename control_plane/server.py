@@ -38,13 +38,20 @@ from edgeplex.control_plane.metrics import METRICS
 from edgeplex.control_plane.planner import Planner
 from edgeplex.control_plane.publisher import Publisher
 from edgeplex.control_plane.store import Store
-from edgeplex.net import is_loopback
+from edgeplex.net import grpc_silence_options, is_loopback
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.settings import state_dir
 from edgeplex.signing import Signer
 
 log = logging.getLogger("edgeplex.control_plane")
 USAGE_UPKEEP_S = 60.0  # how often the leader seals and drops usage hours
+# A report stream whose agent vanished (its link cut, its box gone without a FIN)
+# sends nothing, and the replica sends nothing on it until it ends: left alone, it
+# stays open, with its connection, until gRPC's default keepalive of two hours. The
+# replica pings a connection with calls on it after AGENT_PING_AFTER_S without a
+# frame from the agent (reports come every 2 s by default), and closes it once a
+# ping stays unacknowledged for AGENT_SILENCE_S.
+AGENT_PING_AFTER_S, AGENT_SILENCE_S = 10.0, 5.0
 
 
 def check_binds(settings: ControlPlaneSettings) -> None:
@@ -125,7 +132,13 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
 
     server = grpc.aio.server(
         interceptors=[TokenAuth(settings.admin_token, settings.batch_token, settings.read_token)],
-        options=[("grpc.so_reuseport", 0)],
+        options=[
+            ("grpc.so_reuseport", 0),
+            *grpc_silence_options(AGENT_SILENCE_S, ping_after_s=AGENT_PING_AFTER_S),
+            # However long a stream it only reads stays quiet: gRPC stops pinging
+            # after two pings with no frame of its own sent, by default.
+            ("grpc.http2.max_pings_without_data", 0),
+        ],
     )
     pb_grpc.add_AgentServiceServicer_to_server(
         AgentServicer(settings, store, sink, token_watch, planner.poke, signer), server

@@ -19,15 +19,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def grpc_silence_options(seconds: float) -> tuple[tuple[str, int], ...]:
-    """Channel options that close a connection once bytes sent on it stay
+def grpc_silence_options(
+    seconds: float, ping_after_s: float = 2 * 3600
+) -> tuple[tuple[str, int], ...]:
+    """Channel or server options that close a connection once bytes sent on it stay
     unacknowledged for `seconds`: a link cut under it (no reset, no FIN) fails the
     calls on it then, not when the kernel gives up retransmitting (about 15
     minutes). gRPC sets TCP_USER_TIMEOUT from its keepalive timeout once keepalive
-    is on (gRPC proposal A18); the pings themselves are left at one every two hours
-    of a call (none while idle), since servers count frequent pings as strikes."""
+    is on (gRPC proposal A18). A connection with calls on it is pinged after
+    `ping_after_s` without a frame from its peer (none while idle): a client keeps
+    the default of two hours, since servers count frequent pings as strikes; a
+    server that must find peers that vanished while it had nothing to send (a
+    stream it only reads) pings sooner."""
     return (
-        ("grpc.keepalive_time_ms", 2 * 3600 * 1000),
+        ("grpc.keepalive_time_ms", int(ping_after_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(seconds * 1000)),
     )
 

@@ -6,11 +6,16 @@ The agent reports over one long gRPC stream. When the link to its replica is cut
 CONTROL_PLANE_SILENCE_S and the agent registers at the next replica it knows. Left
 to the kernel, the stream would hang until retransmission gave up (about 15
 minutes), the site marked down meanwhile. The control planes run with the default
-site lease and report interval, which the bound is sized for."""
+site lease and report interval, which the bound is sized for.
+
+The replica cut off ends the agent's dead stream by its own bound (it pings a
+stream's connection that fell silent, and closes it when the ping goes
+unanswered); left to gRPC's defaults, it held the stream for two hours."""
 
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +23,8 @@ import grpc
 import pytest
 
 from edgeplex.agent.fleet.link import CONTROL_PLANE_SILENCE_S
+from edgeplex.control_plane.server import AGENT_PING_AFTER_S, AGENT_SILENCE_S
+from edgeplex.net import free_ports
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.conftest import AgentProcess, start_agent
@@ -36,7 +43,10 @@ def fleet(tmp_path: Path) -> Iterator[tuple[ControlPlane, ControlPlane, AgentPro
     r, m = RedisServer(tmp_path), Mosquitto(tmp_path)
     r.start()
     m.start()
-    first, second = (ControlPlane(tmp_path, r, m.url(), **DEFAULTS) for _ in range(2))
+    first, second = (
+        ControlPlane(tmp_path, r, m.url(), **DEFAULTS, EDGEPLEX_CP_HTTP_PORT=str(port))
+        for port in free_ports(2)
+    )
     first.start()
     second.start()
     (tmp_path / "repo").mkdir()
@@ -61,10 +71,23 @@ def _up(cp: ControlPlane) -> bool:
     return any(s.site_id == "a1" and s.up for s in sites.sites)
 
 
+def _report_streams(cp: ControlPlane) -> float:
+    """The replica's open report streams, from its /metrics."""
+    url = f"http://127.0.0.1:{cp.env['EDGEPLEX_CP_HTTP_PORT']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(
+        float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("edgeplex_cp_report_streams ")
+    )
+
+
 def test_a_site_cut_off_from_its_replica_moves_to_the_next(fleet) -> None:  # type: ignore[no-untyped-def]
     first, second, agent = fleet
     wait_until(lambda: _up(second), what="a1 up")
     assert agent.log().count(REGISTERED) == 1  # at the first replica it knows
+    assert _report_streams(first) == 1 and _report_streams(second) == 0
     with cut(first.port):
         cut_at = time.monotonic()
         moved = None
@@ -73,6 +96,15 @@ def test_a_site_cut_off_from_its_replica_moves_to_the_next(fleet) -> None:  # ty
             if moved is None and agent.log().count(REGISTERED) == 2:
                 moved = time.monotonic() - cut_at
             time.sleep(0.5)
+        # The first replica's dead stream ends once a ping after AGENT_PING_AFTER_S of
+        # silence goes unanswered for AGENT_SILENCE_S.
+        ended = wait_until(
+            lambda: _report_streams(first) == 0, timeout=30, what="the dead stream ends"
+        )
+        ended_after = time.monotonic() - cut_at
+        print(f"the dead stream ended {ended_after:.1f} s after the cut")
+    assert _report_streams(second) == 1
+    assert ended and ended_after <= AGENT_PING_AFTER_S + AGENT_SILENCE_S + 3, ended_after
     assert moved is not None, agent.log()[-3000:]
     # The first report after the cut goes unacknowledged for the bound, then a
     # backoff of at most 0.2 s and a registration.
