@@ -786,6 +786,10 @@ class Agent:
             here = Here(name, version, arrived, caller, origin, forwarded, forward, traceparent,
                         weight)  # fmt: skip
             return await self._serve_here(here, body)
+        except SequenceNotHere:
+            if admit:  # a search's probe, not the tenant's request: its token back
+                tenants.refund(caller)
+            raise
         finally:
             if admit:
                 tenants.release(caller)

@@ -238,6 +238,14 @@ class Tenants:
             self._counters[(name, outcome)] = child
         return child
 
+    def refund(self, name: str) -> None:
+        """Give back the rate token admit(name) took, for a request that turned out
+        not to be the tenant's to count: a forwarder's search for the holder of a
+        sequence, at a holder without it."""
+        bucket = self._buckets.get(name)
+        if bucket is not None:
+            bucket.tokens = min(bucket.burst, bucket.tokens + 1.0)
+
     def release(self, name: str) -> None:
         left = self.inflight.get(name, 1) - 1
         if left > 0:

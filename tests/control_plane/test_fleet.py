@@ -865,6 +865,25 @@ def test_a_sequence_begun_at_a_peer_goes_on_there_once_the_model_is_here_too(
     (stats,) = json.loads(a1.http_get("/v2/models/acc/stats")[1])["model_stats"]
     assert stats["inference_stats"]["success"]["count"] == 2  # sequence 8's, run at a1
 
+    # A forwarder's search probes holders for a tenant: a holder without the sequence
+    # gives the tenant's rate token back, so probes never spend its rate there.
+    fleet.call("AddTenant", pb.TenantSpec(name="seq", rate=0.001, burst=1))
+    probe = {**hop, "authorization": f"Bearer {token}", "edgeplex-tenant": "seq"}
+    try:
+        wait_until(
+            lambda: http_post(b1, "/v2/models/acc/infer", body)[0] == 401,
+            what="tenants at b1",
+        )  # fmt: skip
+        for _ in range(3):  # one token, never spent
+            status, headers, reply = http_post(b1, "/v2/models/acc/infer", body, probe)
+            assert status == 400 and headers["edgeplex-sequence-not-here"] == "1", reply
+    finally:
+        fleet.call("RemoveTenant", pb.TenantName(name="seq"))
+        wait_until(
+            lambda: http_post(b1, "/v2/models/acc/infer", body)[0] == 400,
+            what="b1 open again",
+        )  # fmt: skip
+
 
 def test_a_new_models_first_calls_succeed_at_any_site(fleet: Fleet) -> None:
     """A model just added to the catalog, placed nowhere yet: its first calls at a

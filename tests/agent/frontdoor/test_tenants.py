@@ -292,6 +292,20 @@ def test_a_bucket_gives_its_rate_and_says_how_long_to_wait() -> None:
     assert taken == 10
 
 
+def test_a_refund_gives_the_token_back_up_to_the_burst() -> None:
+    gate = Tenants(TenantTable([tenants.Tenant(name="t", rate=1.0, burst=1)]), clock=lambda: 0.0)
+    burst = gate._buckets["t"].burst
+    for _ in range(int(burst)):
+        gate.admit("t", "m")
+    with pytest.raises(RateLimited):
+        gate.admit("t", "m")
+    gate.refund("t")  # a probe, not the tenant's request
+    gate.admit("t", "m")
+    for _ in range(5):
+        gate.refund("t")
+    assert gate._buckets["t"].tokens == burst  # never above the burst
+
+
 def test_keys_are_stored_hashed_and_found_by_id() -> None:
     table = tenants.add(TenantTable(), "acme", {"rate": 5})
     table, key, record = tenants.issue_key(table, "acme")
