@@ -24,7 +24,10 @@ A peer that answers `edgeplex-sequence-not-here` holds the model but not the
 request's sequence, begun at another holder: the model's other holders are tried
 too, busy ones included (the route leaves those out, but the sequence's state may
 be at one), nearest first and at most SEQUENCE_SEARCH in all; when none has it,
-the caller has the peer's error.
+the caller has the peer's error. The holder that served a sequence's request is
+remembered (at most SEQUENCES_KEPT sequences, the least recently used forgotten
+first; a sequence's END forgets it), and its next requests go there first, busy
+or not: a sequence whose holder is busy costs no search after the first.
 
 Owned by the agent's event loop: routes are replaced by the fleet link, read
 by the core; connections to peers are cached per address.
@@ -33,9 +36,12 @@ by the core; connections to peers are cached per address.
 from __future__ import annotations
 
 import hmac
+import json
+import re
 import socket
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -78,6 +84,8 @@ NO_ROUTE_RETRY_S = 2.0
 ROUTE_ATTEMPTS = 3
 PEERS_TRIED = 2  # peers a forward tries, when the first fails or no longer holds the model
 SEQUENCE_SEARCH = 8  # holders a request in the middle of a sequence is tried at, at most
+SEQUENCES_KEPT = 4096  # sequences whose holder is remembered
+HINT_HEAD, HINT_TAIL = 16384, 4096  # where an HTTP request's sequence id is looked for
 # Headers an HTTP forward passes through, both ways (lower case: header names are
 # compared without regard to case, as HTTP requires).
 HTTP_REQUEST_HEADERS = frozenset(
@@ -109,6 +117,84 @@ class GrpcForward:
 
     request: pb.ModelInferRequest
     timeout_s: float | None
+
+
+@dataclass(frozen=True)
+class SequenceHint:
+    """Which sequence a request to forward belongs to, read without decoding it:
+    (model, version, id), and whether it starts or ends the sequence."""
+
+    key: tuple[str, str, str]
+    start: bool
+    end: bool
+
+
+# A sequence's parameters in an HTTP request's JSON (its keys are unique in the
+# request's top-level parameters; anywhere else they are an input's own, which no
+# engine gives these names). A wrong hint costs one try, never the request. Each
+# try at a match reads at most a few hundred bytes past its key (a uint64 or a
+# string id of up to 256 characters), so a body made of keys is still read in
+# linear time.
+_HTTP_SEQUENCE_ID = re.compile(rb'"sequence_id"\s*:\s*(\d{1,20}(?!\d)|"(?:[^"\\]|\\.){1,256}")')
+_HTTP_START = re.compile(rb'"sequence_start"\s*:\s*true')
+_HTTP_END = re.compile(rb'"sequence_end"\s*:\s*true')
+
+
+def sequence_hint(call: HttpForward | GrpcForward) -> SequenceHint | None:
+    """The sequence `call` belongs to, or None (none, or not found cheaply)."""
+    if isinstance(call, GrpcForward):
+        request = call.request
+        if "sequence_id" not in request.parameters:
+            return None
+        given = request.parameters["sequence_id"]
+        kind = given.WhichOneof("parameter_choice")
+        if kind == "string_param" and given.string_param:
+            sequence = json.dumps(given.string_param)
+        elif kind in ("int64_param", "uint64_param") and getattr(given, kind):
+            sequence = str(getattr(given, kind))
+        else:
+            return None
+        flags = request.parameters
+        start = "sequence_start" in flags and flags["sequence_start"].bool_param
+        end = "sequence_end" in flags and flags["sequence_end"].bool_param
+        return SequenceHint((request.model_name, request.model_version, sequence), start, end)
+    size = _json_length(call.headers, len(call.body))
+    for part in _sequence_windows(call.body, size):
+        found = _HTTP_SEQUENCE_ID.search(part) if b'"sequence_id"' in part else None
+        if found is not None:
+            break
+    else:
+        return None
+    token = found.group(1)
+    try:
+        sequence = json.dumps(json.loads(token)) if token.startswith(b'"') else str(int(token))
+    except ValueError:
+        return None
+    if sequence in ("0", '""'):
+        return None
+    _, _, after = call.path.partition("/versions/")
+    version = after.split("/", 1)[0]
+    start, end = _HTTP_START.search(part) is not None, _HTTP_END.search(part) is not None
+    return SequenceHint((call.model, version, sequence), start, end)
+
+
+def _sequence_windows(body: bytes, size: int) -> tuple[bytes, ...]:
+    """Where an HTTP request's JSON (its first `size` bytes) names its sequence, if
+    anywhere: its first HINT_HEAD bytes or its last HINT_TAIL (Triton's clients
+    write the parameters after the inputs). The rest is not read: the hint costs
+    the same for a request of any size."""
+    if size <= HINT_HEAD + HINT_TAIL:
+        return (body[:size],)
+    return body[:HINT_HEAD], body[size - HINT_TAIL : size]
+
+
+def _json_length(headers: Mapping[str, str], size: int) -> int:
+    """How much of an HTTP body is its JSON: Inference-Header-Content-Length with
+    the binary data extension, else all of it."""
+    for name, value in headers.items():
+        if name.lower() == "inference-header-content-length":
+            return int(value) if value.isdigit() else 0
+    return size
 
 
 # What a peer answered, in the protocol the request came in: (status, body,
@@ -147,6 +233,8 @@ class Router:
         self._http: aiohttp.ClientSession | None = None
         self.forwarded = 0
         self.peer_token = ""  # from the signed desired state
+        # Where each sequence forwarded lately went on: its holder's site id.
+        self._sequences: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 
     def hop(self, header: Callable[[str], str | None]) -> tuple[bool, str]:
         """(forwarded, origin region) from a request's hop headers: honoured only
@@ -238,17 +326,51 @@ class Router:
         """Pass `call` on to the first of `peers` that holds its model, in its own
         protocol, for `tenant` (the serving site applies its limits). Raises
         StaleRoute when every peer tried said it does not hold it, and a peer's gRPC
-        error as a ServeError with the same status."""
+        error as a ServeError with the same status. A request of a sequence goes
+        first to the holder that served the sequence last."""
+        hint = sequence_hint(call)
+        if hint is not None:
+            peers = self._holder_first(hint, peers)
         if isinstance(call, HttpForward):
-            return await self.forward_http(
+            http = await self.forward_http(
                 call.model, call.path, call.body, call.headers, peers, origin, traceparent, tenant
             )
+            if hint is not None and http[0] == 200:
+                self._remember(hint, http[2][SERVED_BY])
+            return http
         try:
-            return await self.forward_grpc(
+            response, trailers = await self.forward_grpc(
                 call.request, peers, origin, call.timeout_s, traceparent, tenant
             )
         except grpc.aio.AioRpcError as exc:
             raise peer_error(exc) from None
+        if hint is not None:
+            self._remember(hint, trailers[0][1])  # (SERVED_BY, site) first
+        return response, trailers
+
+    def _holder_first(self, hint: SequenceHint, peers: list[Peer]) -> list[Peer]:
+        """`peers`, with the site that served the sequence last first (busy or not;
+        not when it is down or no longer on the model's routes)."""
+        site = None if hint.start else self._sequences.get(hint.key)
+        if site is None:
+            return peers
+        self._sequences.move_to_end(hint.key)
+        if self._down_until.get(site, 0.0) > time.monotonic():
+            return peers
+        holder = next((p for p in self._routes.get(hint.key[0], ()) if p.site_id == site), None)
+        if holder is None:
+            return peers
+        return [holder, *(p for p in peers if p.site_id != site)]
+
+    def _remember(self, hint: SequenceHint, site: str) -> None:
+        """The sequence went on at `site` (an END forgets it)."""
+        if hint.end:
+            self._sequences.pop(hint.key, None)
+            return
+        self._sequences[hint.key] = site
+        self._sequences.move_to_end(hint.key)
+        if len(self._sequences) > SEQUENCES_KEPT:
+            self._sequences.popitem(last=False)
 
     async def forward_grpc(
         self,

@@ -11,6 +11,7 @@ agent's own error mapping."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -22,9 +23,13 @@ from edgeplex.agent.batching.sequences import SequenceNotHere
 from edgeplex.agent.fleet.forward import (
     SEQUENCE_NOT_HERE,
     SEQUENCE_SEARCH,
+    SEQUENCES_KEPT,
     SERVED_BY,
+    GrpcForward,
+    HttpForward,
     Peer,
     Router,
+    SequenceHint,
 )
 from edgeplex.agent.fleet.routing import choose_route
 from edgeplex.agent.oip.errors import Unavailable
@@ -137,4 +142,53 @@ async def test_a_search_stays_within_one_deadline(sites: Sites) -> None:
     # Each time the deadline passed at the first silent holder; the second time that
     # was s2, s1 having been set aside as down after its silence.
     assert sites.calls == {"s0": 2, "s1": 1, "s2": 1}
+    await router.close()
+
+
+async def _in_sequence_http(router: Router, peers: list[Peer], sequence: int, end: bool) -> str:
+    parameters = {"sequence_id": sequence, "sequence_start": False, "sequence_end": end}
+    body = json.dumps({"inputs": [], "parameters": parameters}).encode()
+    call = HttpForward(MODEL, f"/v2/models/{MODEL}/infer", body, {})
+    status, _, headers = await router.forward(call, peers, "r", "")  # type: ignore[misc]
+    assert status == 200
+    return str(headers[SERVED_BY])
+
+
+async def _in_sequence_grpc(router: Router, peers: list[Peer], sequence: int, end: bool) -> str:
+    request = pb.ModelInferRequest(model_name=MODEL)
+    request.parameters["sequence_id"].int64_param = sequence
+    request.parameters["sequence_end"].bool_param = end
+    _, trailers = await router.forward(GrpcForward(request, 5), peers, "r", "")  # type: ignore[misc]
+    return str(dict(trailers)[SERVED_BY])
+
+
+@pytest.mark.parametrize("door", [_in_sequence_http, _in_sequence_grpc], ids=["http", "grpc"])
+async def test_a_sequences_next_requests_go_straight_to_its_holder(sites: Sites, door: Any) -> None:
+    """Once a search found the sequence at a busy holder, the sequence's next
+    requests go there first: no search each time. Its END forgets it."""
+    sites.keeping = {"s1"}  # where the sequence began; busy now
+    router, peers = _routed(sites, {"s0": 1.0, "s1": 0.0, "s2": 0.5})
+    assert await door(router, peers, 7, end=False) == "s1"
+    assert sites.calls == {"s0": 1, "s2": 1, "s1": 1}  # found by the search
+    assert await door(router, peers, 7, end=False) == "s1"
+    assert await door(router, peers, 7, end=True) == "s1"
+    assert sites.calls == {"s0": 1, "s2": 1, "s1": 3}  # straight there
+    assert await door(router, peers, 7, end=False) == "s1"  # ended: found by a search again
+    assert sites.calls == {"s0": 2, "s2": 2, "s1": 4}
+    await router.close()
+
+
+async def test_the_holders_remembered_are_bounded(sites: Sites) -> None:
+    """At most SEQUENCES_KEPT sequences are remembered, the least recently used
+    forgotten first."""
+    sites.keeping = {"s1"}
+    router, peers = _routed(sites, {"s0": 1.0, "s1": 0.0})
+    for sequence in range(1, SEQUENCES_KEPT + 2):  # one more than kept: the first goes
+        hint = SequenceHint((MODEL, "", str(sequence)), start=False, end=False)
+        router._remember(hint, "s1")  # what a served forward records
+    assert len(router._sequences) == SEQUENCES_KEPT
+    assert await _in_sequence_grpc(router, peers, 2, end=False) == "s1"
+    assert sites.calls == {"s1": 1}  # remembered: straight there
+    assert await _in_sequence_grpc(router, peers, 1, end=False) == "s1"
+    assert sites.calls == {"s1": 2, "s0": 1}  # forgotten: the route first, then the search
     await router.close()
