@@ -30,8 +30,8 @@ from edgeplex.fleet import desired_topic, parse_mqtt_url, routes_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from edgeplex.signing import DESIRED, ROUTES, Signer, key_id, region_audience, site_audience
-from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, join_token
-from tests.support.fleet import Fleet, agent_tier, rejected_messages
+from tests.services import TOKEN, join_token
+from tests.support.fleet import Fleet, agent_tier, rejected_messages, running_fleet
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -40,23 +40,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     workdir = tmp_path_factory.mktemp("trust")
-    r, m = RedisServer(workdir), Mosquitto(workdir)
-    r.start()
-    m.start()
-    cp = ControlPlane(workdir, r, m.url())
-    cp.start()
-    f = Fleet(workdir, r, m, cp)
-    demo.make_mlp(workdir / "src" / "base", width=64, layers=2, in_width=32)
-    f.start_agent("a1", "a", {"EDGEPLEX_AGENT_FLEET__ARTIFACT_DEADLINE_S": "3"})
-    f.add_model("base", workdir / "src" / "base" / "1" / "model.onnx", min_replicas=1)
-    try:
+    with running_fleet(workdir) as f:
+        demo.make_mlp(workdir / "src" / "base", width=64, layers=2, in_width=32)
+        f.start_agent("a1", "a", {"EDGEPLEX_AGENT_FLEET__ARTIFACT_DEADLINE_S": "3"})
+        f.add_model("base", workdir / "src" / "base" / "1" / "model.onnx", min_replicas=1)
         yield f
-    finally:
-        for agent in f.agents.values():
-            agent.stop()
-        cp.stop()
-        m.stop()
-        r.stop()
 
 
 def publish(fleet: Fleet, topic: str, payloads: list[bytes]) -> None:

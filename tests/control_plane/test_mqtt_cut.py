@@ -16,8 +16,7 @@ import pytest
 
 from edgeplex.agent.catalog import demo
 from edgeplex.fleet import MQTT_KEEPALIVE_S, MQTT_SILENCE_S
-from tests.services import ControlPlane, Mosquitto, RedisServer
-from tests.support.fleet import Fleet, agent_tier
+from tests.support.fleet import Fleet, agent_tier, running_fleet
 from tests.support.netcut import cut_open_connections, needs_cut
 from tests.support.waiting import wait_until
 
@@ -34,24 +33,13 @@ PUBLISHER_RESENDS_WITHIN_S = MQTT_SILENCE_S + 4
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     workdir = tmp_path_factory.mktemp("mqtt-cut")
-    r, m = RedisServer(workdir), Mosquitto(workdir)
-    r.start()
-    m.start()
-    cp = ControlPlane(workdir, r, m.url())
-    cp.start()
-    f = Fleet(workdir, r, m, cp)
-    for seed, name in enumerate(("first", "second")):
-        demo.make_mlp(workdir / "src" / name, width=16, layers=1, seed=seed)
-        f.artifacts[name] = workdir / "src" / name / "1" / "model.onnx"
-    agent = f.start_agent("a1", "a")
-    try:
+    with running_fleet(workdir) as f:
+        for seed, name in enumerate(("first", "second")):
+            demo.make_mlp(workdir / "src" / name, width=16, layers=1, seed=seed)
+            f.artifacts[name] = workdir / "src" / name / "1" / "model.onnx"
+        agent = f.start_agent("a1", "a")
         wait_until(lambda: "subscribed to" in agent.log(), what="a1 subscribed")
         yield f
-    finally:
-        agent.stop()
-        cp.stop()
-        m.stop()
-        r.stop()
 
 
 def _placed_and_heard(fleet: Fleet, model: str, cut: AbstractContextManager[None]) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,6 +134,27 @@ class Fleet:
         )
         self.agents[site] = agent
         return agent
+
+
+@contextmanager
+def running_fleet(workdir: Path, **cp_env: str) -> Iterator[Fleet]:
+    """Redis, mosquitto and a control plane (`cp_env`: its settings) started in
+    `workdir`, as a Fleet; the agents started on it, then they, stopped when the
+    block ends."""
+    r, m = RedisServer(workdir), Mosquitto(workdir)
+    r.start()
+    m.start()
+    cp = ControlPlane(workdir, r, m.url(), **cp_env)
+    cp.start()
+    fleet = Fleet(workdir, r, m, cp)
+    try:
+        yield fleet
+    finally:
+        for agent in fleet.agents.values():
+            agent.stop()
+        cp.stop()
+        m.stop()
+        r.stop()
 
 
 def agent_tier(agent: AgentProcess, model: str) -> str:
