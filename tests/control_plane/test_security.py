@@ -153,20 +153,14 @@ def test_agents_serve_tls_and_forward_to_peers_over_it(pki: Path, tmp_path: Path
     import urllib.request
 
     from edgeplex.agent.catalog import demo
-    from tests.support.fleet import Fleet, agent_tier
+    from tests.support.fleet import agent_tier, running_fleet
 
-    r, m = RedisServer(tmp_path), Mosquitto(tmp_path)
-    r.start()
-    m.start()
-    cp = ControlPlane(tmp_path, r, m.url())
-    cp.start()
-    fleet = Fleet(tmp_path, r, m, cp)
     tls = {
         "EDGEPLEX_AGENT_SECURITY__TLS_CERT": str(pki / "server" / "cert.pem"),
         "EDGEPLEX_AGENT_SECURITY__TLS_KEY": str(pki / "server" / "key.pem"),
         "EDGEPLEX_AGENT_FLEET__PEER_TLS_CA": str(pki / "trust" / "ca.pem"),
     }
-    try:
+    with running_fleet(tmp_path) as fleet:
         a1 = fleet.start_agent("a1", "a", tls, tls_ca=pki / "trust" / "ca.pem")
         b1 = fleet.start_agent("b1", "b", tls, tls_ca=pki / "trust" / "ca.pem")
         demo.make_mlp(tmp_path / "src" / "b_only", width=64, layers=2, in_width=32)
@@ -197,9 +191,3 @@ def test_agents_serve_tls_and_forward_to_peers_over_it(pki: Path, tmp_path: Path
 
             live = ipb_grpc.GRPCInferenceServiceStub(channel).ServerLive(ipb.ServerLiveRequest())
             assert live.live
-    finally:
-        for agent in fleet.agents.values():
-            agent.stop()
-        cp.stop()
-        m.stop()
-        r.stop()

@@ -23,12 +23,8 @@ needs_cut = pytest.mark.skipif(
 @contextmanager
 def cut(port: int) -> Iterator[None]:
     """Drop every packet to `port` on loopback until the block ends."""
-    rule = ["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"]
-    subprocess.run(["iptables", "-w", "-I", *rule], check=True)
-    try:
+    with _dropping([["--dport", str(port)]]):
         yield
-    finally:
-        subprocess.run(["iptables", "-w", "-D", *rule], check=True)
 
 
 @contextmanager
@@ -45,11 +41,20 @@ def cut_open_connections(pid: int, port: int) -> Iterator[None]:
         if f"pid={pid}," in line and (m := re.search(r":(\d+)\s+\S+:\d+\s", line))
     ]
     assert local_ports, f"process {pid} holds no connection to port {port}:\n{ours}"
-    rules = [
-        ["INPUT", "-i", "lo", "-p", "tcp", "--sport", str(a), "--dport", str(b), "-j", "DROP"]
+    flows = [
+        ["--sport", str(a), "--dport", str(b)]
         for local in local_ports
         for a, b in ((local, port), (port, local))
     ]
+    with _dropping(flows):
+        yield
+
+
+@contextmanager
+def _dropping(matches: list[list[str]]) -> Iterator[None]:
+    """A DROP rule on loopback's TCP for each of `matches` (iptables match options)
+    while the block runs, every one removed after."""
+    rules = [["INPUT", "-i", "lo", "-p", "tcp", *match, "-j", "DROP"] for match in matches]
     for rule in rules:
         subprocess.run(["iptables", "-w", "-I", *rule], check=True)
     try:
