@@ -226,7 +226,8 @@ class Forecaster:
             )
             recent, by_hour, by_week_hour, bucket_sum, *levels = np.split(flat, cuts)
             packed = np.frombuffer(body, dtype=np.uint8, offset=rates_size * 4)
-            seen = np.unpackbits(packed.reshape(k, -1), axis=1, count=hours).astype(bool)
+            per_key = (hours + 7) // 8  # (not -1: a forecaster with no keys yet has none)
+            seen = np.unpackbits(packed.reshape(k, per_key), axis=1, count=hours).astype(bool)
             seen_hour, seen_week_hour = seen[:, :HOURS_PER_DAY], seen[:, HOURS_PER_DAY:]
         else:
             flat = np.frombuffer(body, dtype="<f8")

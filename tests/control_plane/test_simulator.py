@@ -187,6 +187,13 @@ def test_the_forecasters_state_is_compact_and_reads_the_old_layout() -> None:
         Forecaster.from_bytes(state[:-1])
 
 
+def test_a_forecaster_saved_before_any_demand_reads_back() -> None:
+    """A fleet's first round saves a forecaster that has seen nothing; the next
+    leader reads it back (it once found it unreadable and started afresh)."""
+    empty = Forecaster.from_bytes(Forecaster().to_bytes())
+    assert empty.keys == [] and empty.predict(4 * 86400.0, 3600) == {}
+
+
 def test_the_forecast_follows_todays_level_and_bursts_not_one_periods_noise() -> None:
     """A key whose day runs at twice its usual level is forecast at twice the
     season, from the last hour, not from one noisy observation; a burst the
