@@ -58,6 +58,10 @@ FORECAST_SAVE_S = 60.0  # the forecaster's state is saved to Redis at least this
 UNLIMITED = 1 << 60
 
 
+class NotLeading(Exception):
+    """A round found mid-way that this replica no longer leads."""
+
+
 class Planner:
     def __init__(
         self, settings: ControlPlaneSettings, store: Store, publisher: Publisher, lease: LeaderLease
@@ -128,8 +132,11 @@ class Planner:
                 now = time.monotonic()
                 due = now - last_round >= interval
                 try:
-                    if not was_leader and self._term != self._lease.since:
+                    if self._term != self._lease.since:
+                        # A term of its own, even one begun between two of these
+                        # checks (the lease lost and won again meanwhile).
                         self._new_term()
+                        was_leader = False
                     if not was_leader and not await self._settled():
                         continue
                     changed = await self._check_leases()
@@ -137,6 +144,8 @@ class Planner:
                         was_leader = True
                         await self.round()
                         last_round = now
+                except NotLeading:
+                    log.info("a round stopped: this replica no longer leads")
                 except RedisError as exc:
                     # Tried again soon, not at the next tick: a failover's new primary
                     # is taken up within RETRY_S of answering, and the round with it.
@@ -167,9 +176,18 @@ class Planner:
         as heard at its takeover: their reports may have gone to the replica that
         died, or be waiting out a reconnect, and one site lease is theirs to find
         it. Judging them on the old times would mark live sites down and drop
-        their demand in its first round."""
-        since = self._lease.since
+        their demand in its first round. So does a leader back after a break in
+        its lease (Redis away, or this process paused): the sites' reports had
+        nowhere to go meanwhile."""
+        since = self._lease.hearing_since
         return {s.site_id: max(seen.get(s.site_id, 0.0), since if s.up else 0.0) for s in sites}
+
+    def _still_leading(self) -> None:
+        """Raise NotLeading unless this replica leads now. Called before each write
+        a round makes: a replica paused mid-round (its lease run out meanwhile) must
+        not write what it decided before the pause."""
+        if not self._lease.is_leader:
+            raise NotLeading
 
     async def _settled(self) -> bool:
         """Whether a new leader has heard enough to place: every site that was up has
@@ -204,6 +222,7 @@ class Planner:
         for site in sites:
             up = now - heard[site.site_id] <= self._settings.site_lease_s
             if site.up != up:
+                self._still_leading()
                 log.warning("site %s is %s", site.site_id, "up" if up else "down (lease lapsed)")
                 site.up = up
                 await self._store.put_site(site)
@@ -341,6 +360,7 @@ class Planner:
         read = time.perf_counter()
         result = await asyncio.to_thread(place, inp)
         placed = time.perf_counter()
+        self._still_leading()
         version = await self._store.next_version()
         placement = pb.Placement(
             version=version,
@@ -362,6 +382,7 @@ class Planner:
             s.site_id: (result.loaded[s.site_id], result.staged[s.site_id]) for s in sites
         }
         applied = {site: report.desired_version for site, report in reports.items()}
+        self._still_leading()
         await self._publish(version, inp, result, sites, catalog, site_headroom(reports), applied)
         published = {site: version for site, (_, version, _) in self._published.items()}
         METRICS.export_sites(sites, published, reports)
@@ -477,7 +498,9 @@ class Planner:
             known[site.site_id] = (key, issued, payload)
         # Stored before it is sent: each head, whose models placement holds (a
         # thousand sites' states in full were 100 MB a change).
+        self._still_leading()
         await self._store.put_desired_many(changed)
+        self._still_leading()
         for site in sites:
             _, issued, payload = known[site.site_id]
             self._publisher.publish(

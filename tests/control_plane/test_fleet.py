@@ -395,6 +395,33 @@ def test_redis_restart_and_loss_of_registrations(fleet: Fleet) -> None:
     assert hammer.failures == []
 
 
+def test_a_centre_paused_past_the_site_lease_marks_no_site_down(fleet: Fleet) -> None:
+    """The control plane and Redis stop together (SIGSTOP: the edge cut off from the
+    centre, a paused VM) for longer than a site lease. When they run again every
+    site's last report is older than its lease, but the silence was the centre's
+    own: no site is marked down, nothing moves, and the agents serve throughout."""
+    if fleet.redis.process is None or fleet.cp.process is None:
+        pytest.skip("Redis runs in a container here: this test stops processes")
+    before = fleet.settled_placement()
+    logged = len(fleet.cp.log())
+    paused = [fleet.cp.process.pid, fleet.redis.process.pid]
+    with placed_models_asked_for(fleet, before), Hammer(fleet.agents["a1"], "base") as hammer:
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(3 + 3)  # the site lease (3 s here), and as long again
+        finally:
+            for pid in paused:
+                os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: fleet.placement().version > before.version, what="a round after")
+        after = fleet.settled_placement()
+    log = fleet.cp.log()[logged:]
+    assert "lease lapsed" not in log, log
+    assert all(s.up for s in fleet.call("ListSites", pb.ListSitesRequest()).sites)  # type: ignore[attr-defined]
+    assert loaded_sets(after) == loaded_sets(before)
+    assert hammer.failures == [] and hammer.ok > 20
+
+
 def test_broker_restart_agents_resubscribe_and_get_retained_state(fleet: Fleet) -> None:
     fleet.mqtt.stop()
     fleet.add_model("other", fleet.artifacts["other"], pin=True)  # placed everywhere

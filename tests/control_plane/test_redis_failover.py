@@ -262,6 +262,51 @@ def test_a_primary_killed_under_load_loses_nothing_acknowledged(
         mqtt.stop()
 
 
+def test_a_leader_paused_past_its_lease_does_not_lead_when_it_runs_again(
+    tmp_path: Path,
+) -> None:
+    """A replica whose loop stood still longer than its lease (SIGSTOP, a paused VM,
+    a blocking call) no longer leads the moment it runs again, before it has heard
+    from Redis: another replica may have taken the lease meanwhile. Taking the lease
+    again, it counts its hearing of the sites from then (`hearing_since`)."""
+    import asyncio
+
+    from edgeplex.control_plane.leader import LeaderLease
+    from edgeplex.control_plane.store import Store
+
+    server = RedisServer(tmp_path)
+    server.start()
+
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(200):
+            if condition():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("timed out")
+
+    async def scenario() -> tuple[bool, float, float]:
+        store = Store(server.url)
+        lease = LeaderLease(store.redis, "cp-a", lease_s=1.0)
+        task = asyncio.create_task(lease.run())
+        try:
+            await until(lambda: lease.is_leader)
+            heard = lease.hearing_since
+            time.sleep(1.2)  # the loop stands still past the lease
+            leads_on_waking = lease.is_leader  # nothing else has run yet
+            await until(lambda: lease.is_leader)  # nobody else wanted it: taken again
+            return leads_on_waking, heard, lease.hearing_since
+        finally:
+            task.cancel()
+            await store.close()
+
+    try:
+        leads_on_waking, heard, heard_again = asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert not leads_on_waking
+    assert heard_again >= heard + 1.2
+
+
 def test_a_leader_back_within_a_lease_after_a_blip_resumes_its_term(
     tmp_path: Path,
 ) -> None:

@@ -1,0 +1,392 @@
+"""The fleet under faults: callers at every site that never pause while the fleet's
+central parts fail, one after another, and all at once.
+
+    python bench/fleet_faults.py [--fault-s 12] [--calm-s 8] [--callers 2] [--json out.json]
+
+Starts on this machine, as a fleet runs them: Redis as a primary, a replica and
+three Sentinels; mosquitto; two control-plane replicas (one leads, one stands
+by); three agents, two in region a and one in region b, each given both
+replicas. The catalog holds three small models: `everywhere` (a replica at every
+site), `one` (region a only) and `two` (region b only), so every site serves
+some requests itself and forwards others to the region that holds the model.
+
+Every site has `--callers` closed-loop callers (tritonclient, gRPC), each asking
+its own agent for the three models in turn, one call at a time, never pausing,
+never retrying. The run then goes through these faults, each for `--fault-s`
+seconds and followed by `--calm-s` seconds for the fleet to recover (a fault's
+window runs until the next one starts):
+
+- `runner`: the shared runner at a1 is killed (SIGKILL); the agent restarts
+  it and sends again the batches it had not answered.
+- `leader`: the leading control-plane replica is killed (SIGKILL); the
+  standby takes over. It is started again at the end of the fault.
+- `redis`: the Redis primary is killed (SIGKILL); the Sentinels promote the
+  replica. It is started again at the end of the fault (and becomes a replica).
+- `broker`: mosquitto is killed (SIGKILL) and started again at the end of the
+  fault; agents keep their last desired state and routes meanwhile.
+- `centre`: the whole centre stops answering at once (SIGSTOP: both replicas,
+  Redis, the Sentinels and the broker), as when the edge loses its link to it,
+  and continues (SIGCONT) at the end of the fault. The data plane must not
+  notice; the control plane must not take the silence for sites gone.
+
+The goal for every fault is no failed call: what the agents serve needs none of
+the centre while it runs. For each fault it prints the calls, the failures (and
+their first messages), latency percentiles, the control plane's placement
+rounds that marked a site down, and, after the last fault, whether the
+catalog and sites are intact and how long a catalog change then takes to be
+served at every site.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import platform
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import redis
+import tritonclient.grpc as tg
+from tritonclient.utils import InferenceServerException
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from edgeplex.agent.catalog import demo  # noqa: E402
+from edgeplex.proto import edgeplex_control_pb2 as pb  # noqa: E402
+from tests.services import (  # noqa: E402
+    MASTER,
+    ControlPlane,
+    Mosquitto,
+    RedisReplica,
+    RedisServer,
+    Sentinel,
+    Service,
+    online_replicas,
+    sentinel_url,
+)
+from tests.support.fleet import Fleet  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
+
+SITES = (("a1", "a"), ("a2", "a"), ("b1", "b"))
+# name -> (min replicas, the regions it may be placed in: elsewhere it is forwarded)
+MODELS = {"everywhere": (3, ()), "one": (1, ("a",)), "two": (1, ("b",))}
+X = np.ones((1, 32), np.float32)
+
+
+@dataclass
+class Call:
+    at: float  # monotonic, when it was sent
+    site: str
+    model: str
+    ms: float
+    error: str = ""
+
+
+@dataclass
+class Callers:
+    """Closed-loop callers, each asking its own agent for every model in turn."""
+
+    fleet: Fleet
+    per_site: int
+    calls: list[Call] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def _run(self, site: str, first: int) -> None:
+        client = tg.InferenceServerClient(self.fleet.agents[site].grpc_url)
+        tensor = tg.InferInput("input", list(X.shape), "FP32")
+        tensor.set_data_from_numpy(X)
+        names = list(MODELS)
+        i = first
+        while not self._stop.is_set():
+            model = names[i % len(names)]
+            i += 1
+            started = time.monotonic()
+            error = ""
+            try:
+                client.infer(model, [tensor], client_timeout=10)
+            except InferenceServerException as exc:
+                error = f"{exc.status()}: {exc.message()}"
+            ms = (time.monotonic() - started) * 1000
+            self.calls.append(Call(started, site, model, ms, error))  # list.append: atomic
+
+    def __enter__(self) -> Callers:
+        for site, _ in SITES:
+            for k in range(self.per_site):
+                thread = threading.Thread(target=self._run, args=(site, k), daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(15)
+
+
+@dataclass
+class Centre:
+    """The fleet's central parts: Redis with its replica and Sentinels, the broker,
+    two control-plane replicas."""
+
+    primary: RedisServer
+    replica: RedisReplica
+    sentinels: list[Sentinel]
+    mqtt: Mosquitto
+    replicas: list[ControlPlane]
+
+    def services(self) -> list[Service]:
+        return [self.primary, self.replica, *self.sentinels, self.mqtt, *self.replicas]
+
+    def redis_primary(self) -> RedisServer:
+        """The Redis the Sentinels now call the primary."""
+        port = int(redis.Redis(port=self.sentinels[0].port).sentinel_get_master_addr_by_name(
+            MASTER)[1])  # fmt: skip
+        return self.primary if self.primary.port == port else self.replica
+
+    def leader(self, fleet: Fleet) -> ControlPlane:
+        for cp in self.replicas:
+            if cp.process is not None and cp.process.poll() is None:
+                placement = fleet.call("GetPlacement", pb.PlacementRequest(), cp)
+                for candidate in self.replicas:
+                    if placement.leader == candidate.replica:  # type: ignore[attr-defined]
+                        return candidate
+        raise RuntimeError("no replica leads")
+
+
+def start_centre(work: Path) -> Centre:
+    (work / "primary").mkdir()
+    (work / "replica").mkdir()
+    primary = RedisServer(work / "primary")
+    replica = RedisReplica(work / "replica", primary)
+    sentinels = [Sentinel(work, primary) for _ in range(3)]
+    for service in (primary, replica, *sentinels):
+        service.start()
+    probe = redis.Redis(port=sentinels[0].port)
+    wait_until(
+        lambda: probe.sentinel_slaves(MASTER) and len(probe.sentinel_sentinels(MASTER)) == 2,
+        timeout=30, what="the Sentinels to find the replica and each other",
+    )  # fmt: skip
+    wait_until(lambda: online_replicas(primary.port) == 1, what="the replica in sync")
+    mqtt = Mosquitto(work)
+    mqtt.start()
+    url = sentinel_url(sentinels)
+    env = {
+        "EDGEPLEX_CP_REGION_LATENCY_MS": '{"a,b": 30}',
+        "EDGEPLEX_CP_SITE_LEASE_S": "4",
+    }
+    replicas = [ControlPlane(work, primary, mqtt.url(), url, **env) for _ in range(2)]
+    for cp in replicas:
+        cp.start()
+    return Centre(primary, replica, sentinels, mqtt, replicas)
+
+
+def runner_pid(fleet: Fleet, site: str) -> int:
+    _, body = fleet.agents[site].http_get("/edgeplex/v1/status")
+    pids = {m["runner_pid"] for m in json.loads(body) if m.get("runner_pid")}
+    if len(pids) != 1:
+        raise RuntimeError(f"expected one shared runner at {site}: {pids}")
+    return pids.pop()
+
+
+def serves_everything(fleet: Fleet) -> bool:
+    for site, _ in SITES:
+        client = tg.InferenceServerClient(fleet.agents[site].grpc_url)
+        tensor = tg.InferInput("input", list(X.shape), "FP32")
+        tensor.set_data_from_numpy(X)
+        for model in MODELS:
+            try:
+                client.infer(model, [tensor], client_timeout=10)
+            except InferenceServerException:
+                return False
+    return True
+
+
+def sites_marked_down(centre: Centre) -> int:
+    """Times a replica's log says a site's lease lapsed, so far."""
+    return sum(cp.log().count("down (lease lapsed)") for cp in centre.replicas)
+
+
+@contextlib.contextmanager
+def stopped(services: list[Service]) -> Iterator[None]:
+    """The services' processes stopped (SIGSTOP) while the block runs."""
+    pids = [s.process.pid for s in services if s.process is not None]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+def faults(fleet: Fleet, centre: Centre) -> list[tuple[str, Callable[[], Callable[[], None]]]]:
+    """(name, start): start() breaks something and returns what ends the fault."""
+
+    def runner() -> Callable[[], None]:
+        os.kill(runner_pid(fleet, "a1"), signal.SIGKILL)
+        return lambda: None
+
+    def leader() -> Callable[[], None]:
+        cp = centre.leader(fleet)
+        cp.stop(signal.SIGKILL)
+        return cp.start
+
+    def redis_primary() -> Callable[[], None]:
+        primary = centre.redis_primary()
+        primary.stop(signal.SIGKILL)
+        return primary.start  # the Sentinels make it a replica of the promoted one
+
+    def broker() -> Callable[[], None]:
+        centre.mqtt.stop(signal.SIGKILL)
+        return centre.mqtt.start
+
+    def whole_centre() -> Callable[[], None]:
+        pause = stopped(centre.services())
+        pause.__enter__()
+        return lambda: pause.__exit__(None, None, None)
+
+    return [
+        ("runner", runner),
+        ("leader", leader),
+        ("redis", redis_primary),
+        ("broker", broker),
+        ("centre", whole_centre),
+    ]
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summary(calls: list[Call], start: float, end: float) -> dict[str, object]:
+    window = [c for c in calls if start <= c.at < end]
+    failed = [c for c in window if c.error]
+    first: dict[str, int] = {}
+    for c in failed:
+        key = f"{c.site} {c.model}: {c.error[:160]}"
+        first[key] = first.get(key, 0) + 1
+    ms = [c.ms for c in window if not c.error]
+    return {
+        "calls": len(window),
+        "failed": len(failed),
+        "p50_ms": round(percentile(ms, 50), 2),
+        "p99_ms": round(percentile(ms, 99), 2),
+        "max_ms": round(max(ms, default=float("nan")), 1),
+        "errors": sorted(first.items(), key=lambda kv: -kv[1])[:5],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--fault-s", type=float, default=12.0)
+    parser.add_argument("--calm-s", type=float, default=8.0)
+    parser.add_argument("--callers", type=int, default=2, help="per site")
+    parser.add_argument("--only", default="", help="comma-separated faults to run")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", type=Path, help="run in this new folder and keep its logs")
+    args = parser.parse_args()
+
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            args.keep.mkdir(parents=True)
+            work = args.keep.resolve()
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edgeplex-faults-")))
+        centre = start_centre(work)
+        fleet = Fleet(work, centre.primary, centre.mqtt, centre.replicas[0], centre.replicas[1])
+        try:
+            run(fleet, centre, args)
+        finally:
+            for agent in fleet.agents.values():
+                agent.stop()
+            for service in reversed(centre.services()):
+                with contextlib.suppress(ProcessLookupError):
+                    if service.process is not None:
+                        os.kill(service.process.pid, signal.SIGCONT)
+                service.stop()
+
+
+def run(fleet: Fleet, centre: Centre, args: argparse.Namespace) -> None:
+    for i, name in enumerate(MODELS):
+        demo.make_mlp(fleet.workdir / "src" / name, width=64, layers=2, in_width=32, seed=i)
+        fleet.artifacts[name] = fleet.workdir / "src" / name / "1" / "model.onnx"
+    for site, region in SITES:
+        fleet.start_agent(site, region)
+    for name, (replicas, regions) in MODELS.items():
+        fleet.add_model(name, fleet.artifacts[name], min_replicas=replicas, regions=regions)
+    wait_until(lambda: serves_everything(fleet), timeout=60, what="every site serving")
+    chosen = [f for f in faults(fleet, centre) if not args.only or f[0] in args.only.split(",")]
+    results: dict[str, dict[str, object]] = {}
+    with Callers(fleet, args.callers) as callers:
+        time.sleep(args.calm_s)
+        marks = [("calm", time.monotonic(), sites_marked_down(centre))]
+        time.sleep(args.calm_s)
+        for name, start in chosen:
+            marks.append((name, time.monotonic(), sites_marked_down(centre)))
+            end = start()
+            time.sleep(args.fault_s)
+            end()
+            time.sleep(args.calm_s)
+        marks.append(("end", time.monotonic(), sites_marked_down(centre)))
+    for (name, began, down), (_, ended, down_after) in itertools.pairwise(marks):
+        results[name] = summary(callers.calls, began, ended)
+        results[name]["sites_marked_down"] = down_after - down
+    # After every fault: nothing lost, and the fleet still follows the control plane.
+    models = {m.name for m in fleet.call("ListModels", pb.ListModelsRequest()).models}  # type: ignore[attr-defined]
+    sites = {s.site_id for s in fleet.call("ListSites", pb.ListSitesRequest()).sites}  # type: ignore[attr-defined]
+    demo.make_mlp(fleet.workdir / "src" / "late", width=64, layers=2, in_width=32, seed=9)
+    late = fleet.workdir / "src" / "late" / "1" / "model.onnx"
+    asked = time.monotonic()
+    wait_until(lambda: fleet.add_model("late", late, pin=True) or True, what="the catalog change")
+    wait_until(lambda: late_served(fleet), timeout=60, what="the late model served everywhere")
+    after = {
+        "catalog_intact": models == set(MODELS),
+        "sites_intact": sites == {s for s, _ in SITES},
+        "late_model_everywhere_s": round(time.monotonic() - asked, 2),
+    }
+    report(args, results, after)
+
+
+def late_served(fleet: Fleet) -> bool:
+    for site, _ in SITES:
+        _, body = fleet.agents[site].http_get("/edgeplex/v1/status")
+        if not any(m["name"] == "late" and m["tier"] == "loaded" for m in json.loads(body)):
+            return False
+    return True
+
+
+def report(args: argparse.Namespace, results: dict[str, dict[str, object]], after: dict) -> None:  # type: ignore[type-arg]
+    print(
+        f"fleet_faults: 3 sites (a1, a2 in a; b1 in b), {args.callers} closed-loop gRPC "
+        f"callers a site, 3 models; each fault {args.fault_s:.0f} s, then "
+        f"{args.calm_s:.0f} s calm; {platform.node()} {os.cpu_count()} CPUs, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
+    head = ("calls", "failed", "p50 ms", "p99 ms", "max ms")
+    print(f"{'window':8} " + " ".join(f"{h:>7}" for h in head) + "  sites marked down")
+    for name, r in results.items():
+        print(
+            f"{name:8} {r['calls']:>7} {r['failed']:>7} {r['p50_ms']:>7} {r['p99_ms']:>7} "
+            f"{r['max_ms']:>7}  {r['sites_marked_down']}"
+        )
+        for error, count in r["errors"]:  # type: ignore[attr-defined]
+            print(f"         {count} x {error}")
+    print(json.dumps(after))
+    if args.json:
+        args.json.write_text(json.dumps({"faults": results, "after": after}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
