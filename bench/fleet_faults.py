@@ -7,7 +7,7 @@ Starts on this machine, as a fleet runs them: Redis as a primary, a replica and
 three Sentinels; mosquitto; two control-plane replicas (one leads, one stands
 by); three agents, two in region a and one in region b, each given both
 replicas. The catalog holds three small models: `everywhere` (a replica at every
-site), `one` (region a only) and `two` (region b only), so every site serves
+site), `one` (two replicas, region a only) and `two` (region b only), so every site serves
 some requests itself and forwards others to the region that holds the model.
 
 Every site has `--callers` closed-loop callers (tritonclient, gRPC), each asking
@@ -18,12 +18,19 @@ window runs until the next one starts):
 
 - `runner`: the shared runner at a1 is killed (SIGKILL); the agent restarts
   it and sends again the batches it had not answered.
+- `agent`: the agent at a2 is killed (SIGKILL), and started again (on new
+  ports, as a new process; a2's callers follow it) at the end of the fault.
+  Calls at a2 itself fail while it is gone and are counted apart; b1 forwards
+  `one` to a1 or a2 and must fail none.
 - `leader`: the leading control-plane replica is killed (SIGKILL); the
   standby takes over. It is started again at the end of the fault.
 - `redis`: the Redis primary is killed (SIGKILL); the Sentinels promote the
   replica. It is started again at the end of the fault (and becomes a replica).
 - `broker`: mosquitto is killed (SIGKILL) and started again at the end of the
   fault; agents keep their last desired state and routes meanwhile.
+- `wiped`: as `broker`, and the broker's store is deleted before it starts
+  again: it comes back without the retained desired states and routes, which
+  the control plane sends again.
 - `centre`: the whole centre stops answering at once (SIGSTOP: both replicas,
   Redis, the Sentinels and the broker), as when the edge loses its link to it,
   and continues (SIGCONT) at the end of the fault. The data plane must not
@@ -80,7 +87,7 @@ from tests.support.waiting import wait_until  # noqa: E402
 
 SITES = (("a1", "a"), ("a2", "a"), ("b1", "b"))
 # name -> (min replicas, the regions it may be placed in: elsewhere it is forwarded)
-MODELS = {"everywhere": (3, ()), "one": (1, ("a",)), "two": (1, ("b",))}
+MODELS = {"everywhere": (3, ()), "one": (2, ("a",)), "two": (1, ("b",))}
 X = np.ones((1, 32), np.float32)
 
 
@@ -104,12 +111,16 @@ class Callers:
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def _run(self, site: str, first: int) -> None:
-        client = tg.InferenceServerClient(self.fleet.agents[site].grpc_url)
+        url = self.fleet.agents[site].grpc_url
+        client = tg.InferenceServerClient(url)
         tensor = tg.InferInput("input", list(X.shape), "FP32")
         tensor.set_data_from_numpy(X)
         names = list(MODELS)
         i = first
         while not self._stop.is_set():
+            if self.fleet.agents[site].grpc_url != url:  # the site's agent started anew
+                url = self.fleet.agents[site].grpc_url
+                client = tg.InferenceServerClient(url)
             model = names[i % len(names)]
             i += 1
             started = time.monotonic()
@@ -118,6 +129,7 @@ class Callers:
                 client.infer(model, [tensor], client_timeout=10)
             except InferenceServerException as exc:
                 error = f"{exc.status()}: {exc.message()}"
+                time.sleep(0.01)  # (a caller whose agent is gone is refused at once)
             ms = (time.monotonic() - started) * 1000
             self.calls.append(Call(started, site, model, ms, error))  # list.append: atomic
 
@@ -248,8 +260,22 @@ def faults(fleet: Fleet, centre: Centre) -> list[tuple[str, Callable[[], Callabl
         primary.stop(signal.SIGKILL)
         return primary.start  # the Sentinels make it a replica of the promoted one
 
+    def agent() -> Callable[[], None]:
+        fleet.agents["a2"].process.kill()  # SIGKILL
+        fleet.agents["a2"].process.wait()
+
+        def start_again() -> None:
+            fleet.start_agent("a2", "a")  # on new ports: its callers follow
+
+        return start_again
+
     def broker() -> Callable[[], None]:
         centre.mqtt.stop(signal.SIGKILL)
+        return centre.mqtt.start
+
+    def broker_wiped() -> Callable[[], None]:
+        centre.mqtt.stop(signal.SIGKILL)
+        (centre.mqtt.workdir / "mosquitto.db").unlink(missing_ok=True)  # its retained store
         return centre.mqtt.start
 
     def whole_centre() -> Callable[[], None]:
@@ -259,9 +285,11 @@ def faults(fleet: Fleet, centre: Centre) -> list[tuple[str, Callable[[], Callabl
 
     return [
         ("runner", runner),
+        ("agent", agent),
         ("leader", leader),
         ("redis", redis_primary),
         ("broker", broker),
+        ("wiped", broker_wiped),
         ("centre", whole_centre),
     ]
 
@@ -270,9 +298,14 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def summary(calls: list[Call], start: float, end: float) -> dict[str, object]:
-    window = [c for c in calls if start <= c.at < end]
+def summary(calls: list[Call], start: float, end: float, killed: str) -> dict[str, object]:
+    """The calls answered in [start, end) (a call in flight when a fault began is
+    the fault's): those at the `killed` site (whose agent was killed: they have no
+    server) are counted apart."""
+    ended = [c for c in calls if start <= c.at + c.ms / 1000 < end]
+    window = [c for c in ended if c.site != killed]
     failed = [c for c in window if c.error]
+    at_killed = [c for c in ended if c.site == killed]
     first: dict[str, int] = {}
     for c in failed:
         key = f"{c.site} {c.model}: {c.error[:160]}"
@@ -285,6 +318,7 @@ def summary(calls: list[Call], start: float, end: float) -> dict[str, object]:
         "p99_ms": round(percentile(ms, 99), 2),
         "max_ms": round(max(ms, default=float("nan")), 1),
         "errors": sorted(first.items(), key=lambda kv: -kv[1])[:5],
+        "at_killed_site": f"{sum(1 for c in at_killed if c.error)}/{len(at_killed)} failed",
     }
 
 
@@ -341,7 +375,7 @@ def run(fleet: Fleet, centre: Centre, args: argparse.Namespace) -> None:
             time.sleep(args.calm_s)
         marks.append(("end", time.monotonic(), sites_marked_down(centre)))
     for (name, began, down), (_, ended, down_after) in itertools.pairwise(marks):
-        results[name] = summary(callers.calls, began, ended)
+        results[name] = summary(callers.calls, began, ended, "a2" if name == "agent" else "")
         results[name]["sites_marked_down"] = down_after - down
     # After every fault: nothing lost, and the fleet still follows the control plane.
     models = {m.name for m in fleet.call("ListModels", pb.ListModelsRequest()).models}  # type: ignore[attr-defined]
@@ -381,6 +415,8 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, object]], afte
             f"{name:8} {r['calls']:>7} {r['failed']:>7} {r['p50_ms']:>7} {r['p99_ms']:>7} "
             f"{r['max_ms']:>7}  {r['sites_marked_down']}"
         )
+        if name == "agent":
+            print(f"         at a2 itself: {r['at_killed_site']}")
         for error, count in r["errors"]:  # type: ignore[attr-defined]
             print(f"         {count} x {error}")
     print(json.dumps(after))
