@@ -22,6 +22,10 @@ window runs until the next one starts):
   ports, as a new process; a2's callers follow it) at the end of the fault.
   Calls at a2 itself fail while it is gone and are counted apart; b1 forwards
   `one` to a1 or a2 and must fail none.
+- `hung`: the agent at a1 is stopped (SIGSTOP) and continued at the end of
+  the fault: its kernel still accepts connections and acknowledges bytes, so
+  only an answer that never comes shows it hung. b1 forwards `one` to a1 first
+  and must fail none; calls at a1 itself are counted apart.
 - `leader`: the leading control-plane replica is killed (SIGKILL); the
   standby takes over. It is started again at the end of the fault.
 - `redis`: the Redis primary is killed (SIGKILL); the Sentinels promote the
@@ -269,6 +273,11 @@ def faults(fleet: Fleet, centre: Centre) -> list[tuple[str, Callable[[], Callabl
 
         return start_again
 
+    def hung_agent() -> Callable[[], None]:
+        pid = fleet.agents["a1"].process.pid  # the holder of `one` b1 asks first
+        os.kill(pid, signal.SIGSTOP)  # its kernel still accepts connections and bytes
+        return lambda: os.kill(pid, signal.SIGCONT)
+
     def broker() -> Callable[[], None]:
         centre.mqtt.stop(signal.SIGKILL)
         return centre.mqtt.start
@@ -286,6 +295,7 @@ def faults(fleet: Fleet, centre: Centre) -> list[tuple[str, Callable[[], Callabl
     return [
         ("runner", runner),
         ("agent", agent),
+        ("hung", hung_agent),
         ("leader", leader),
         ("redis", redis_primary),
         ("broker", broker),
@@ -375,7 +385,8 @@ def run(fleet: Fleet, centre: Centre, args: argparse.Namespace) -> None:
             time.sleep(args.calm_s)
         marks.append(("end", time.monotonic(), sites_marked_down(centre)))
     for (name, began, down), (_, ended, down_after) in itertools.pairwise(marks):
-        results[name] = summary(callers.calls, began, ended, "a2" if name == "agent" else "")
+        killed = {"agent": "a2", "hung": "a1"}.get(name, "")
+        results[name] = summary(callers.calls, began, ended, killed)
         results[name]["sites_marked_down"] = down_after - down
     # After every fault: nothing lost, and the fleet still follows the control plane.
     models = {m.name for m in fleet.call("ListModels", pb.ListModelsRequest()).models}  # type: ignore[attr-defined]
@@ -415,8 +426,8 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, object]], afte
             f"{name:8} {r['calls']:>7} {r['failed']:>7} {r['p50_ms']:>7} {r['p99_ms']:>7} "
             f"{r['max_ms']:>7}  {r['sites_marked_down']}"
         )
-        if name == "agent":
-            print(f"         at a2 itself: {r['at_killed_site']}")
+        if name in ("agent", "hung"):
+            print(f"         at the agent's own site: {r['at_killed_site']}")
         for error, count in r["errors"]:  # type: ignore[attr-defined]
             print(f"         {count} x {error}")
     print(json.dumps(after))

@@ -16,7 +16,14 @@ to the region it came from, and the fleet's peer token; a site honours the hop
 headers only from a caller that presents that token (`hop`). A peer that fails
 to connect, or that leaves what was sent to it unacknowledged for
 PEER_SILENCE_S (a cut link, on a connection kept from an earlier forward), is
-skipped for PEER_BACKOFF_S and the next one is tried. A peer that
+skipped for PEER_BACKOFF_S and the next one is tried. So is a peer that is
+reachable but hung (its process stopped, its loop stuck: its kernel still
+accepts and acknowledges, so no timeout of TCP's fires): a forward it has not
+answered in PROBE_AFTER_S has the peer asked whether it is live (a gRPC
+ServerLive, at most one in flight per peer, answered from the peer's event
+loop); no answer in PROBE_TIMEOUT_S and the forward goes to the next peer. A
+peer that answers is only slow (a long inference), and the forward waits on.
+A peer that
 answers `edgeplex-not-here` (the routes reached this site before the model did, or
 after it left) is dropped from the model's routes until the next table, and the
 request is routed again (`StaleRoute`): a stale table costs a hop, never a request.
@@ -35,6 +42,7 @@ by the core; connections to peers are cached per address.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import re
@@ -77,6 +85,10 @@ PEER_CONNECT_TIMEOUT_S = 2.0
 # at its deadline. Acknowledgement is the peer's kernel's, so a long inference at a
 # live peer is not cut; several retransmissions fit in it at WAN round trips.
 PEER_SILENCE_S = 3.0
+# A forward a peer has not answered this long has the peer asked whether it is live;
+# no answer within PROBE_TIMEOUT_S and the peer is taken for hung.
+PROBE_AFTER_S = 1.0
+PROBE_TIMEOUT_S = 1.0
 FORWARD_TIMEOUT_S = 30.0  # a gRPC forward, when the caller set no deadline
 HTTP_FORWARD_TIMEOUT_S = 60.0  # an HTTP forward (its deadline is in the undecoded body)
 ASK_TIMEOUT_S = 10.0  # a question about a model (metadata, config, readiness)
@@ -210,6 +222,10 @@ class Forwarded:
     reply: HttpReply | GrpcReply
 
 
+class PeerHung(TimeoutError):
+    """A peer left a forward unanswered and did not answer whether it is live."""
+
+
 @dataclass(frozen=True)
 class Peer:
     site_id: str
@@ -235,6 +251,8 @@ class Router:
         self.peer_token = ""  # from the signed desired state
         # Where each sequence forwarded lately went on: its holder's site id.
         self._sequences: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        # Per peer, the liveness question in flight or last answered, and when asked.
+        self._probes: dict[str, tuple[float, asyncio.Future[bool]]] = {}
 
     def hop(self, header: Callable[[str], str | None]) -> tuple[bool, str]:
         """(forwarded, origin region) from a request's hop headers: honoured only
@@ -312,6 +330,42 @@ class Router:
 
     def peer_failed(self, peer: Peer) -> None:
         self._down_until[peer.site_id] = time.monotonic() + PEER_BACKOFF_S
+
+    async def _unless_hung(self, peer: Peer, attempt: Awaitable[T]) -> T:
+        """What `attempt` (a forward to `peer`) gives; PeerHung, with the attempt
+        cancelled and the peer skipped for PEER_BACKOFF_S, when it is unanswered
+        PROBE_AFTER_S and the peer then does not answer whether it is live."""
+        task = asyncio.ensure_future(attempt)
+        try:
+            while True:
+                done, _ = await asyncio.wait((task,), timeout=PROBE_AFTER_S)
+                if done:
+                    return task.result()
+                if not await self._live(peer):
+                    self.peer_failed(peer)
+                    raise PeerHung(f"site '{peer.site_id}' did not answer whether it is live")
+        finally:
+            task.cancel()  # (done: no effect)
+
+    async def _live(self, peer: Peer) -> bool:
+        """Whether `peer` answers a liveness question (any status is an answer) within
+        PROBE_TIMEOUT_S. Forwards waiting on one peer share one question a period."""
+        now = time.monotonic()
+        asked = self._probes.get(peer.site_id)
+        if asked is None or now - asked[0] >= PROBE_AFTER_S:
+            asked = (now, asyncio.ensure_future(self._ask_live(peer)))
+            self._probes[peer.site_id] = asked
+        return await asyncio.shield(asked[1])
+
+    async def _ask_live(self, peer: Peer) -> bool:
+        try:
+            await self._stub(peer).ServerLive(pb.ServerLiveRequest(), timeout=PROBE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code() not in (
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.UNAVAILABLE,
+            )
+        return True
 
     # --- the two proxies ------------------------------------------------------------------
 
@@ -396,7 +450,11 @@ class Router:
         for peer in tries:
             call = self._stub(peer).ModelInfer(request, metadata=metadata, timeout=tries.left_s())
             try:
-                response = await call
+                response = await self._unless_hung(peer, call)
+            except PeerHung as exc:
+                call.cancel()
+                last, tries.unanswered = None, exc
+                continue
             except grpc.aio.AioRpcError as exc:
                 last = exc
                 marks = {key for key, _ in exc.trailing_metadata() or ()}
@@ -418,12 +476,17 @@ class Router:
             served_by = str(trailers.get(SERVED_BY, peer.site_id))
             passed = tuple((k, str(trailers[k])) for k in PASSED_BACK if k in trailers)
             return response, ((SERVED_BY, served_by), *passed)
+        hung = tries.unanswered if isinstance(tries.unanswered, PeerHung) else None
         if miss is not None:
             if tries.searched_all:  # every holder answered: none has the sequence
                 raise miss
+            if hung is not None:
+                raise _hung_error(hung)
             raise tries.unanswered or tries.past_deadline()
         if stale:
             raise StaleRoute(request.model_name)
+        if last is None and hung is not None:  # the last peer tried was hung
+            raise _hung_error(hung)
         raise last or tries.past_deadline()
 
     async def forward_http(
@@ -451,36 +514,39 @@ class Router:
         stale = False
         miss: HttpReply | None = None  # a holder without the sequence: its answer
         tries = _Tries(self, model, peers, timeout_s)
+        scheme = "https" if self._ssl else "http"
+
+        async def post(peer: Peer) -> tuple[int, bytes, Mapping[str, str]]:
+            async with session.post(
+                f"{scheme}://{peer.http_address}{path}",
+                data=body,
+                headers=out,
+                ssl=self._ssl if self._ssl else True,
+                timeout=aiohttp.ClientTimeout(
+                    total=tries.left_s(), sock_connect=PEER_CONNECT_TIMEOUT_S
+                ),
+            ) as reply:
+                return reply.status, await reply.read(), reply.headers
+
         for peer in tries:
             try:
-                scheme = "https" if self._ssl else "http"
-                async with session.post(
-                    f"{scheme}://{peer.http_address}{path}",
-                    data=body,
-                    headers=out,
-                    ssl=self._ssl if self._ssl else True,
-                    timeout=aiohttp.ClientTimeout(
-                        total=tries.left_s(), sock_connect=PEER_CONNECT_TIMEOUT_S
-                    ),
-                ) as reply:
-                    payload = await reply.read()
-                    if reply.status == 503 and NOT_HERE in reply.headers:
-                        self.drop(model, peer)
-                        stale = True
-                        continue
-                    kept = {
-                        k: v for k, v in reply.headers.items() if k.lower() in HTTP_RESPONSE_HEADERS
-                    }
-                    kept.setdefault(SERVED_BY, peer.site_id)
-                    if SEQUENCE_NOT_HERE in reply.headers:
-                        miss = reply.status, payload, kept
-                        tries.search()
-                        continue
-                    self.forwarded += 1
-                    return reply.status, payload, kept
-            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                status, payload, headers_back = await self._unless_hung(peer, post(peer))
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:  # PeerHung too
                 self.peer_failed(peer)
                 tries.unanswered = exc
+                continue
+            if status == 503 and NOT_HERE in headers_back:
+                self.drop(model, peer)
+                stale = True
+                continue
+            kept = {k: v for k, v in headers_back.items() if k.lower() in HTTP_RESPONSE_HEADERS}
+            kept.setdefault(SERVED_BY, peer.site_id)
+            if SEQUENCE_NOT_HERE in headers_back:
+                miss = status, payload, kept
+                tries.search()
+                continue
+            self.forwarded += 1
+            return status, payload, kept
         if miss is not None:
             if tries.searched_all:  # every holder answered: none has the sequence
                 return miss  # the last one's answer
@@ -635,6 +701,12 @@ async def via_peers(
         except StaleRoute:
             continue
     raise Unavailable(f"routes are changing; retry in {NO_ROUTE_RETRY_S:g} s")
+
+
+def _hung_error(exc: PeerHung) -> Unavailable:
+    error = Unavailable(f"{exc}; retry in {NO_ROUTE_RETRY_S:g} s")
+    error.retry_after_s = NO_ROUTE_RETRY_S
+    return error
 
 
 def peer_error(exc: grpc.aio.AioRpcError) -> ServeError:
