@@ -6,6 +6,7 @@ the replica has them, WAIT), and placement misses at most one round."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import json
@@ -262,6 +263,15 @@ def test_a_primary_killed_under_load_loses_nothing_acknowledged(
         mqtt.stop()
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (up to 10 s) until `condition` holds, on the event loop."""
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")
+
+
 def test_a_leader_paused_past_its_lease_does_not_lead_when_it_runs_again(
     tmp_path: Path,
 ) -> None:
@@ -269,20 +279,11 @@ def test_a_leader_paused_past_its_lease_does_not_lead_when_it_runs_again(
     a blocking call) no longer leads the moment it runs again, before it has heard
     from Redis: another replica may have taken the lease meanwhile. Taking the lease
     again, it counts its hearing of the sites from then (`hearing_since`)."""
-    import asyncio
-
     from edgeplex.control_plane.leader import LeaderLease
     from edgeplex.control_plane.store import Store
 
     server = RedisServer(tmp_path)
     server.start()
-
-    async def until(condition: Callable[[], bool]) -> None:
-        for _ in range(200):
-            if condition():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("timed out")
 
     async def scenario() -> tuple[bool, float, float]:
         store = Store(server.url)
@@ -315,20 +316,11 @@ def test_a_leader_back_within_a_lease_after_a_blip_resumes_its_term(
     (`since` unchanged: the planner need not wait out the fleet's reports again).
     Away longer than a lease, when another replica could have led, it starts a new
     one."""
-    import asyncio
-
     from edgeplex.control_plane.leader import LeaderLease
     from edgeplex.control_plane.store import Store
 
     server = RedisServer(tmp_path)
     server.start()
-
-    async def until(condition: Callable[[], bool]) -> None:
-        for _ in range(200):
-            if condition():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("timed out")
 
     async def scenario() -> tuple[float, float, float]:
         store = Store(server.url)
