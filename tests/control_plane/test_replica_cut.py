@@ -85,7 +85,8 @@ def _report_streams(cp: ControlPlane) -> float:
 
 def test_a_site_cut_off_from_its_replica_moves_to_the_next(fleet) -> None:  # type: ignore[no-untyped-def]
     first, second, agent = fleet
-    wait_until(lambda: _up(second), what="a1 up")
+    # The replica marks the site up before the agent has read its reply: wait for both.
+    wait_until(lambda: _up(second) and REGISTERED in agent.log(), what="a1 up and registered")
     assert agent.log().count(REGISTERED) == 1  # at the first replica it knows
     assert _report_streams(first) == 1 and _report_streams(second) == 0
     with cut(first.port):
