@@ -24,14 +24,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tests.conftest import free_port
-
-if TYPE_CHECKING:
-    from tests.conftest import AgentProcess
 
 
 def wait_port(port: int, timeout: float = 15.0) -> None:
@@ -364,31 +360,3 @@ def fleet_env(cp: ControlPlane, mqtt_url: str, site_id: str, region: str) -> dic
         # Every request's access line (tests count them against the usage records).
         "EDGEPLEX_AGENT_ACCESS_LOG_RATE": "100000",
     }
-
-
-@contextlib.contextmanager
-def running_fleet(
-    workdir: Path, sites: tuple[tuple[str, str], ...], **cp_env: str
-) -> Iterator[tuple[ControlPlane, Mosquitto, list[AgentProcess]]]:
-    """Redis, mosquitto, a control plane (`cp_env` added to its environment) and one
-    agent per (site, region), each joined with its own token; all stopped after."""
-    from tests.conftest import start_agent
-
-    r, m = RedisServer(workdir), Mosquitto(workdir)
-    r.start()
-    m.start()
-    cp = ControlPlane(workdir, r, m.url(), **cp_env)
-    cp.start()
-    agents = []
-    try:
-        for sid, region in sites:
-            repo = workdir / f"repo-{sid}"
-            repo.mkdir()
-            agents.append(start_agent(repo, workdir, env=fleet_env(cp, m.url(), sid, region)))
-        yield cp, m, agents
-    finally:
-        for agent in agents:
-            agent.stop()
-        cp.stop()
-        m.stop()
-        r.stop()

@@ -23,10 +23,12 @@ from edgeplex.control_plane.batch import SiteLoad, is_night, make_job, pick_site
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.conftest import AgentProcess
-from tests.services import TOKEN, ControlPlane, running_fleet
+from tests.services import TOKEN, ControlPlane
+from tests.support.fleet import running_fleet
 from tests.support.waiting import wait_until
 
 AUTH = [("authorization", f"Bearer {TOKEN}")]
+SITES = (("a1", "a"), ("b1", "b"))
 
 
 def site(sid: str, region: str, util: float = 0.0, loaded: tuple[str, ...] = ()) -> SiteLoad:
@@ -69,7 +71,8 @@ def batch_fleet(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[ControlPlane, Path, list[AgentProcess]]]:
     workdir = tmp_path_factory.mktemp("batch")
-    with running_fleet(workdir, (("a1", "a"), ("b1", "b"))) as (cp, _, agents):
+    with running_fleet(workdir) as fleet:
+        cp, agents = fleet.cp, [fleet.start_agent(sid, region) for sid, region in SITES]
         demo.make_mlp(workdir / "src", width=64, layers=2, in_width=32, seed=5)
         model = workdir / "src" / "1" / "model.onnx"
         with grpc.insecure_channel(cp.address) as channel:

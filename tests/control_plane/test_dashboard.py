@@ -21,7 +21,8 @@ from edgeplex.artifacts import sha256_of
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.conftest import AgentProcess, free_port
-from tests.services import TOKEN, ControlPlane, running_fleet
+from tests.services import TOKEN, ControlPlane
+from tests.support.fleet import running_fleet
 from tests.support.waiting import wait_until
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
@@ -65,7 +66,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     workdir = tmp_path_factory.mktemp("dashboard")
     port = free_port()
     sites = (("a1", "a"), ("b1", "b"))
-    with running_fleet(workdir, sites, EDGEPLEX_CP_HTTP_PORT=str(port)) as (cp, _, agents):
+    with running_fleet(workdir, EDGEPLEX_CP_HTTP_PORT=str(port)) as started:
+        cp, agents = started.cp, [started.start_agent(sid, region) for sid, region in sites]
         demo.make_mlp(workdir / "src", width=64, layers=2, in_width=32, seed=5)
         model = workdir / "src" / "1" / "model.onnx"
         handle = Fleet(cp, f"http://127.0.0.1:{port}", workdir, agents)
