@@ -82,7 +82,7 @@ from tests.services import (  # noqa: E402
     MASTER,
     TOKEN,
     ControlPlane,
-    Mosquitto,
+    FleetBroker,
     RedisReplica,
     RedisServer,
     Sentinel,
@@ -94,33 +94,6 @@ from tests.services import (  # noqa: E402
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 REGIONS = ("us-west", "us-east", "eu", "asia", "oceania")
 PROBE_TENANT = "scale-probe"
-
-
-class ManagedMosquitto(Mosquitto):
-    """mosquitto with the password and ACL files the control plane rewrites, and a
-    pid file it sends SIGHUP to reload them; with `tls` (a folder of ca.pem,
-    cert.pem and key.pem), its one listener speaks TLS only (mqtts)."""
-
-    def __init__(self, workdir: Path, tls: Path | None) -> None:
-        super().__init__(workdir, workdir / "passwd")
-        self.acl_file, self.pid_file = workdir / "acl", workdir / "mosquitto.pid"
-        self.tls = tls
-
-    def command(self) -> list[str]:
-        command = super().command()
-        conf = Path(command[-1])
-        extra = f"acl_file {self.acl_file}\npid_file {self.pid_file}\nmax_queued_messages 10000\n"
-        if self.tls is not None:  # applies to the listener above
-            extra += (
-                f"cafile {self.tls / 'ca.pem'}\ncertfile {self.tls / 'cert.pem'}\n"
-                f"keyfile {self.tls / 'key.pem'}\n"
-            )
-        conf.write_text(conf.read_text() + extra)
-        return command
-
-    def url(self, user: str = "", password: str = "") -> str:
-        plain = super().url(user, password)
-        return plain.replace("mqtt://", "mqtts://", 1) if self.tls is not None else plain
 
 
 def grpc_credentials(ca: str | None):  # type: ignore[no-untyped-def]
@@ -665,14 +638,14 @@ def main() -> None:
         "EDGEPLEX_CP_TLS_KEY": str(server_tls / "key.pem"),
         "EDGEPLEX_CP_MQTT_TLS_CA": str(server_tls / "ca.pem"),
     }  # fmt: skip
-    mqtt = ManagedMosquitto(work, server_tls)
+    mqtt = FleetBroker(work, tls=server_tls)
     if args.failover:
         redis, replica, sentinels = redis_ha(work, args.down_after_ms)
         redis_url = sentinel_url(sentinels)
     else:
         redis, replica, sentinels, redis_url = RedisServer(work), None, [], None
         redis.start()
-    cp_password = set_password(mqtt.password_file, "edgeplex-cp")  # type: ignore[arg-type]
+    cp_password = set_password(mqtt.password_file, "edgeplex-cp")
     mqtt.acl_file.write_text(acl_text({}))  # the control plane's user; sites as they join
     mqtt.start()
     http_port = free_port()

@@ -24,10 +24,14 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.conftest import free_port
+
+if TYPE_CHECKING:
+    import grpc
 
 
 def wait_port(port: int, timeout: float = 15.0) -> None:
@@ -262,6 +266,73 @@ class Mosquitto(Service):
         return f"mqtt://{auth}127.0.0.1:{self.port}"
 
 
+@dataclass(frozen=True)
+class Bridge:
+    """A bridge from one broker to another: the remote broker's port, the bridge's
+    user there, and the CA that signed the remote's certificate (when it speaks TLS)."""
+
+    port: int
+    user: str
+    password: str
+    ca: Path | None = None
+
+
+class FleetBroker(Mosquitto):
+    """mosquitto as a fleet runs it: reading the password and ACL files the control
+    plane rewrites (in `files`; every broker of a fleet reads the same ones, as
+    brokers kept in step by configuration management do) and writing a pid file, for
+    the SIGHUP that reloads them. With `tls` (a folder of ca.pem, cert.pem and
+    key.pem), its one listener speaks TLS only (mqtts); with `bridge`, it brings
+    the fleet's topics in from another broker, as a regional broker does."""
+
+    password_file: Path
+
+    def __init__(
+        self,
+        workdir: Path,
+        files: Path | None = None,  # else workdir
+        tls: Path | None = None,
+        bridge: Bridge | None = None,
+    ) -> None:
+        workdir.mkdir(exist_ok=True)
+        files = files or workdir
+        super().__init__(workdir, files / "passwd")
+        self.acl_file, self.pid_file = files / "acl", workdir / "mosquitto.pid"
+        self.tls, self.bridge = tls, bridge
+
+    def command(self) -> list[str]:
+        command = super().command()
+        conf = Path(command[-1])
+        # A thousand sites' desired states and routes can wait for one subscriber.
+        text = f"acl_file {self.acl_file}\npid_file {self.pid_file}\nmax_queued_messages 10000\n"
+        if self.tls is not None:  # applies to the listener above
+            text += (
+                f"cafile {self.tls / 'ca.pem'}\ncertfile {self.tls / 'cert.pem'}\n"
+                f"keyfile {self.tls / 'key.pem'}\n"
+            )
+        if self.bridge is not None:
+            b = self.bridge
+            text += (
+                f"connection to-the-control-planes\naddress 127.0.0.1:{b.port}\n"
+                f"remote_username {b.user}\nremote_password {b.password}\n"
+                f"remote_clientid {b.user}\nkeepalive_interval 10\nrestart_timeout 1 5\n"
+                "topic edgeplex/v1/# in 1\n"
+            )
+            if b.ca is not None:
+                text += f"bridge_cafile {b.ca}\n"
+        conf.write_text(conf.read_text() + text)
+        return command
+
+    def url(self, user: str = "", password: str = "") -> str:
+        plain = super().url(user, password)
+        return plain.replace("mqtt://", "mqtts://", 1) if self.tls is not None else plain
+
+    def reload(self) -> None:
+        """Read the password and ACL files again (what the control plane does to the
+        broker whose pid file it has; a regional broker's own management does it)."""
+        os.kill(int(self.pid_file.read_text()), signal.SIGHUP)
+
+
 TOKEN = "test-admin-token"
 
 
@@ -274,9 +345,11 @@ class ControlPlane(Service):
         redis: RedisServer,
         mqtt_url: str,
         redis_url: str | None = None,  # else `redis`'s
+        tls_ca: Path | None = None,  # the CA of its certificate, when it serves TLS
         **env: str,
     ) -> None:
         super().__init__(workdir)
+        self.tls_ca = tls_ca
         self.redis = redis
         self.redis_url = redis_url or redis.url
         self.mqtt_url = mqtt_url
@@ -326,31 +399,49 @@ class ControlPlane(Service):
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def channel(self) -> grpc.Channel:
+        """A channel to its gRPC port: over TLS, checked against its CA, when it
+        serves TLS."""
+        import grpc
 
-def join_token(cp: ControlPlane, site_id: str, region: str) -> str:
-    """`edgeplex admin site add` through the admin API: the site's join token."""
-    import grpc
+        if self.tls_ca is None:
+            return grpc.insecure_channel(self.address)
+        creds = grpc.ssl_channel_credentials(self.tls_ca.read_bytes())
+        return grpc.secure_channel(self.address, creds)
 
+
+def add_site(cp: ControlPlane, site_id: str, region: str) -> tuple[str, str]:
+    """`edgeplex admin site add` through the admin API: the site's join token and,
+    where the control plane manages the broker's users, its broker password."""
     from edgeplex.proto import edgeplex_control_pb2 as pb
     from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 
-    with grpc.insecure_channel(cp.address) as channel:
+    with cp.channel() as channel:
         reply = pb_grpc.AdminServiceStub(channel).AddSite(
             pb.AddSiteRequest(site_id=site_id, region=region),
             metadata=(("authorization", f"Bearer {TOKEN}"),),
             timeout=10,
         )
-    return reply.join_token
+    return reply.join_token, reply.mqtt_password
+
+
+def join_token(cp: ControlPlane, site_id: str, region: str) -> str:
+    return add_site(cp, site_id, region)[0]
 
 
 def fleet_env(cp: ControlPlane, mqtt_url: str, site_id: str, region: str) -> dict[str, str]:
-    """The environment of an agent joining `cp` as `site_id`, with its own join token."""
+    """The environment of an agent joining `cp` as `site_id`, with its own join token
+    (and its own broker user, where the control plane made one)."""
+    token, password = add_site(cp, site_id, region)
+    if password:
+        mqtt_url = mqtt_url.replace("://", f"://{site_id}:{password}@", 1)
     return {
         "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": cp.address,
         "EDGEPLEX_AGENT_FLEET__SITE_ID": site_id,
         "EDGEPLEX_AGENT_FLEET__REGION": region,
         "EDGEPLEX_AGENT_FLEET__MQTT_URL": mqtt_url,
-        "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": join_token(cp, site_id, region),
+        "EDGEPLEX_AGENT_FLEET__JOIN_TOKEN": token,
+        **({"EDGEPLEX_AGENT_FLEET__TLS_CA": str(cp.tls_ca)} if cp.tls_ca else {}),
         "EDGEPLEX_AGENT_FLEET__ARTIFACT_FILE_ROOTS": json.dumps([str(cp.workdir)]),
         "EDGEPLEX_AGENT_FLEET__ARTIFACT_SCHEMES": '["https", "http"]',
         # Usage records of this fleet only (not the user's state directory), kept by

@@ -17,36 +17,10 @@ import grpc
 from edgeplex.control_plane.broker_files import acl_text, set_password
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
-from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, wait_port
+from tests.services import TOKEN, Bridge, ControlPlane, FleetBroker, RedisServer, wait_port
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 BRIDGE = "edgeplex-bridge-b"
-
-
-class FleetBroker(Mosquitto):
-    """mosquitto reading the password and ACL files the control plane rewrites (both
-    brokers read the same ones, as brokers kept in step by configuration management
-    do), optionally bridged to another broker."""
-
-    def __init__(self, workdir: Path, files: Path, bridge_to: int = 0, bridge_password: str = ""):
-        workdir.mkdir(exist_ok=True)
-        super().__init__(workdir, files / "passwd")
-        self.acl_file, self.pid_file = files / "acl", workdir / "mosquitto.pid"
-        self.bridge_to, self.bridge_password = bridge_to, bridge_password
-
-    def command(self) -> list[str]:
-        command = super().command()
-        conf = Path(command[-1])
-        text = conf.read_text() + f"acl_file {self.acl_file}\npid_file {self.pid_file}\n"
-        if self.bridge_to:
-            text += (
-                f"connection to-the-control-planes\naddress 127.0.0.1:{self.bridge_to}\n"
-                f"remote_username {BRIDGE}\nremote_password {self.bridge_password}\n"
-                f"remote_clientid {BRIDGE}\nkeepalive_interval 10\n"
-                "topic edgeplex/v1/# in 1\n"
-            )
-        conf.write_text(text)
-        return command
 
 
 def opened(payload: bytes) -> bytes:
@@ -98,7 +72,7 @@ def test_sites_on_a_bridged_broker_receive_every_message(tmp_path: Path) -> None
         EDGEPLEX_CP_MQTT_BRIDGE_USERS=json.dumps([BRIDGE]),
     )  # fmt: skip
     cp.start()
-    second = FleetBroker(tmp_path / "b", files, first.port, bridge_password)
+    second = FleetBroker(tmp_path / "b", files, bridge=Bridge(first.port, BRIDGE, bridge_password))
     try:
         sites = {}
         with grpc.insecure_channel(cp.address) as channel:

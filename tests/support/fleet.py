@@ -10,13 +10,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-
 from edgeplex.artifacts import sha256_of
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
 from tests.conftest import AgentProcess, start_agent
-from tests.services import TOKEN, ControlPlane, Mosquitto, RedisServer, fleet_env
+from tests.services import TOKEN, ControlPlane, FleetBroker, Mosquitto, RedisServer, fleet_env
 from tests.support.waiting import wait_until
 
 AUTH = [("authorization", f"Bearer {TOKEN}")]
@@ -34,11 +32,12 @@ class Fleet:
     cp: ControlPlane
     standby: ControlPlane | None = None
     agents: dict[str, AgentProcess] = field(default_factory=dict)
+    # A region's own broker, bridged to `mqtt`, which its sites use instead.
+    regional: dict[str, FleetBroker] = field(default_factory=dict)
     artifacts: dict[str, Path] = field(default_factory=dict)
 
     def admin(self, cp: ControlPlane | None = None) -> pb_grpc.AdminServiceStub:
-        channel = grpc.insecure_channel((cp or self.cp).address)
-        return pb_grpc.AdminServiceStub(channel)
+        return pb_grpc.AdminServiceStub((cp or self.cp).channel())
 
     def call(self, method: str, request: object, cp: ControlPlane | None = None) -> object:
         return getattr(self.admin(cp), method)(request, metadata=AUTH, timeout=10)
@@ -118,11 +117,15 @@ class Fleet:
     ) -> AgentProcess:
         repo = self.workdir / f"repo-{site}"
         repo.mkdir(exist_ok=True)
+        broker = self.regional.get(region)
+        joined = fleet_env(self.cp, (broker or self.mqtt).url(), site, region)
+        if broker is not None:
+            broker.reload()  # the control plane reloads only its own broker
         agent = start_agent(
             repo,
             self.workdir,
             env={
-                **fleet_env(self.cp, self.mqtt.url(), site, region),
+                **joined,
                 "EDGEPLEX_AGENT_FLEET__CONTROL_PLANE": ",".join(
                     cp.address for cp in (self.cp, self.standby) if cp is not None
                 ),
