@@ -27,6 +27,10 @@ log = logging.getLogger("edgeplex.control_plane.publisher")
 
 
 WINDOW = 64  # messages in flight to the broker at once (QoS 1, each acknowledged)
+# The publisher is one client a fleet (the leader's), so it retries its broker
+# often: desired state waits for it. Agents, a thousand to a broker, keep the wider
+# spread of the default backoff.
+RECONNECT_CAP_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ class Publisher:
             raise failed
 
     async def run(self) -> None:
-        backoff = Backoff()
+        backoff = Backoff(cap_s=RECONNECT_CAP_S)
         refresh_s = self._ttl_s / 3
         while True:
             await self._active.wait()
@@ -149,8 +153,13 @@ class Publisher:
                         while self._pending:
                             await self._send(client)
                         self._wake.clear()
+                        # Idle, but not deaf: a broker lost meanwhile (restarted, maybe
+                        # without its retained messages) is reconnected to, and sent
+                        # every message again, at once rather than at the next change.
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._wake.wait(), refresh_s)
+                            await unless_lost(
+                                client, asyncio.wait_for(self._wake.wait(), refresh_s)
+                            )
                         if not self._wake.is_set():  # time to re-seal before expiry
                             self._pending = dict(self._latest)
                 self.connected = False

@@ -34,7 +34,7 @@ from tritonclient.utils import InferenceServerException
 
 from edgeplex.agent.catalog import demo
 from edgeplex.artifacts import sha256_of
-from edgeplex.fleet import parse_mqtt_url, presence_topic
+from edgeplex.fleet import desired_topic, parse_mqtt_url, presence_topic
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.proto import inference_pb2 as ipb
 from edgeplex.proto import inference_pb2_grpc as ipb_grpc
@@ -56,17 +56,23 @@ def infer(agent: AgentProcess, model: str) -> np.ndarray:
     return result.as_numpy("output")
 
 
-def presence(fleet: Fleet, site: str) -> bytes:
-    """The retained presence message of `site`, read by a fresh subscriber."""
+def first_message(fleet: Fleet, topic: str, timeout: float = 5.0) -> bytes:
+    """The first message a fresh subscriber to `topic` gets: the retained one, if
+    the broker has one."""
 
     async def read() -> bytes:
         kwargs = parse_mqtt_url(fleet.mqtt.url()).client_kwargs()
         async with aiomqtt.Client(**kwargs) as client:  # type: ignore[arg-type]
-            await client.subscribe(presence_topic(site), qos=1)
-            message = await asyncio.wait_for(anext(aiter(client.messages)), 5)
+            await client.subscribe(topic, qos=1)
+            message = await asyncio.wait_for(anext(aiter(client.messages)), timeout)
             return bytes(message.payload)  # type: ignore[arg-type]
 
     return asyncio.run(read())
+
+
+def presence(fleet: Fleet, site: str) -> bytes:
+    """The retained presence message of `site`."""
+    return first_message(fleet, presence_topic(site))
 
 
 @pytest.fixture(scope="module")
@@ -438,6 +444,22 @@ def test_broker_restart_agents_resubscribe_and_get_retained_state(fleet: Fleet) 
             timeout=30,
             what=f"other loaded at {site} after the broker came back",
         )
+
+
+def test_a_broker_back_without_its_store_has_every_desired_state_again(fleet: Fleet) -> None:
+    """A broker that comes back without its retained messages (killed, its store
+    lost) has every site's desired state again as soon as the leader reconnects,
+    with nothing changed meanwhile: a site starting then finds its own. Before, an
+    idle leader noticed the lost connection only at its next message, which in a
+    quiet fleet is the re-signing a third of the message lifetime later."""
+    fleet.settled_placement()  # nothing left to publish
+    fleet.mqtt.stop(signal.SIGKILL)
+    (fleet.mqtt.workdir / "mosquitto.db").unlink()
+    fleet.mqtt.start()
+    started = time.monotonic()
+    for site in ("a1", "b1"):
+        assert first_message(fleet, desired_topic(site), timeout=10)
+    assert time.monotonic() - started < 5
 
 
 def test_a_dead_site_is_marked_down_and_its_models_move(fleet: Fleet) -> None:
