@@ -1,14 +1,19 @@
 """The fleet under faults: callers at every site that never pause while the fleet's
 central parts fail, one after another, and all at once.
 
-    python bench/fleet_faults.py [--fault-s 12] [--calm-s 8] [--callers 2] [--json out.json]
+    python bench/fleet_faults.py [--fault-s 12] [--calm-s 8] [--callers 2] [--plain]
+                                 [--only broker,regional] [--json out.json] [--keep DIR]
 
 Starts on this machine, as a fleet runs them: Redis as a primary, a replica and
-three Sentinels; mosquitto; two control-plane replicas (one leads, one stands
-by); three agents, two in region a and one in region b, each given both
-replicas. The catalog holds three small models: `everywhere` (a replica at every
-site), `one` (two replicas, region a only) and `two` (region b only), so every site serves
-some requests itself and forwards others to the region that holds the model.
+three Sentinels; the control plane's broker (mosquitto); two control-plane
+replicas (one leads, one stands by); three agents, two in region a and one in
+region b, each given both replicas. As a fleet is deployed, the control plane's
+gRPC and the brokers speak TLS, each site is its own broker user, and region b
+has a broker of its own, bridged to the control plane's, which b1 uses
+(`--plain`: no TLS, one anonymous broker for all). The catalog holds three small
+models: `everywhere` (a replica at every site), `one` (two replicas, region a
+only) and `two` (region b only), so every site serves some requests itself and
+forwards others to the region that holds the model.
 
 Every site has `--callers` closed-loop callers (tritonclient, gRPC), each asking
 its own agent for the three models in turn, one call at a time, never pausing,
@@ -30,8 +35,11 @@ window runs until the next one starts):
   standby takes over. It is started again at the end of the fault.
 - `redis`: the Redis primary is killed (SIGKILL); the Sentinels promote the
   replica. It is started again at the end of the fault (and becomes a replica).
-- `broker`: mosquitto is killed (SIGKILL) and started again at the end of the
-  fault; agents keep their last desired state and routes meanwhile.
+- `broker`: the control plane's broker is killed (SIGKILL) and started again at
+  the end of the fault; agents keep their last desired state and routes
+  meanwhile, and region b's broker has its bridge to reconnect.
+- `regional`: region b's broker is killed and started again (not with
+  `--plain`): b1 alone loses its broker.
 - `wiped`: as `broker`, and the broker's store is deleted before it starts
   again: it comes back without the retained desired states and routes, which
   the control plane sends again.
@@ -42,10 +50,11 @@ window runs until the next one starts):
 
 The goal for every fault is no failed call: what the agents serve needs none of
 the centre while it runs. For each fault it prints the calls, the failures (and
-their first messages), latency percentiles, the control plane's placement
-rounds that marked a site down, and, after the last fault, whether the
-catalog and sites are intact and how long a catalog change then takes to be
-served at every site.
+their first messages), latency percentiles, the sites a control plane marked
+down ("down"), and how long a catalog change made as the fault ends takes to be
+loaded at every site ("change s": a pinned model added, the add retried while
+the control plane refuses it); after the last fault, whether the catalog and
+sites are intact and how long one more change takes.
 """
 
 from __future__ import annotations
@@ -74,10 +83,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from edgeplex.agent.catalog import demo  # noqa: E402
+from edgeplex.control_plane.broker_files import acl_text, set_password  # noqa: E402
 from edgeplex.proto import edgeplex_control_pb2 as pb  # noqa: E402
+from edgeplex.rig.certs import issue  # noqa: E402
 from tests.services import (  # noqa: E402
     MASTER,
+    Bridge,
     ControlPlane,
+    FleetBroker,
     Mosquitto,
     RedisReplica,
     RedisServer,
@@ -93,6 +106,7 @@ SITES = (("a1", "a"), ("a2", "a"), ("b1", "b"))
 # name -> (min replicas, the regions it may be placed in: elsewhere it is forwarded)
 MODELS = {"everywhere": (3, ()), "one": (2, ("a",)), "two": (1, ("b",))}
 X = np.ones((1, 32), np.float32)
+BRIDGE = "edgeplex-bridge-b"  # region b's broker's user at the control plane's
 
 
 @dataclass
@@ -161,6 +175,7 @@ class Centre:
     sentinels: list[Sentinel]
     mqtt: Mosquitto
     replicas: list[ControlPlane]
+    regional: FleetBroker | None = None  # region b's broker, at the edge: not the centre's
 
     def services(self) -> list[Service]:
         return [self.primary, self.replica, *self.sentinels, self.mqtt, *self.replicas]
@@ -181,7 +196,7 @@ class Centre:
         raise RuntimeError("no replica leads")
 
 
-def start_centre(work: Path) -> Centre:
+def start_centre(work: Path, plain: bool) -> Centre:
     (work / "primary").mkdir()
     (work / "replica").mkdir()
     primary = RedisServer(work / "primary")
@@ -195,17 +210,47 @@ def start_centre(work: Path) -> Centre:
         timeout=30, what="the Sentinels to find the replica and each other",
     )  # fmt: skip
     wait_until(lambda: online_replicas(primary.port) == 1, what="the replica in sync")
-    mqtt = Mosquitto(work)
-    mqtt.start()
     url = sentinel_url(sentinels)
     env = {
         "EDGEPLEX_CP_REGION_LATENCY_MS": '{"a,b": 30}',
         "EDGEPLEX_CP_SITE_LEASE_S": "4",
     }
-    replicas = [ControlPlane(work, primary, mqtt.url(), url, **env) for _ in range(2)]
+    if plain:
+        mqtt = Mosquitto(work)
+        mqtt.start()
+        replicas = [ControlPlane(work, primary, mqtt.url(), url, **env) for _ in range(2)]
+        for cp in replicas:
+            cp.start()
+        return Centre(primary, replica, sentinels, mqtt, replicas)
+    # As a fleet is deployed: TLS on the control plane's gRPC and both brokers, a
+    # broker user a site, and region b on a broker of its own, bridged to the
+    # control plane's.
+    tls = issue(work / "pki", "server", ["127.0.0.1"])
+    central = FleetBroker(work / "broker", tls=tls)
+    cp_password = set_password(central.password_file, "edgeplex-cp")
+    bridge = Bridge(
+        central.port, BRIDGE, set_password(central.password_file, BRIDGE), tls / "ca.pem"
+    )
+    central.acl_file.write_text(acl_text({}, bridges=[BRIDGE]))
+    central.start()
+    env |= {
+        "EDGEPLEX_CP_TLS_CERT": str(tls / "cert.pem"),
+        "EDGEPLEX_CP_TLS_KEY": str(tls / "key.pem"),
+        "EDGEPLEX_CP_MQTT_TLS_CA": str(tls / "ca.pem"),
+        "EDGEPLEX_CP_MQTT_PASSWORD_FILE": str(central.password_file),
+        "EDGEPLEX_CP_MQTT_ACL_FILE": str(central.acl_file),
+        "EDGEPLEX_CP_MQTT_PID_FILE": str(central.pid_file),
+        "EDGEPLEX_CP_MQTT_BRIDGE_USERS": json.dumps([BRIDGE]),
+    }
+    mqtt_url = central.url("edgeplex-cp", cp_password)
+    replicas = [
+        ControlPlane(work, primary, mqtt_url, url, tls_ca=tls / "ca.pem", **env) for _ in range(2)
+    ]
     for cp in replicas:
         cp.start()
-    return Centre(primary, replica, sentinels, mqtt, replicas)
+    regional = FleetBroker(work / "regional", files=work / "broker", tls=tls, bridge=bridge)
+    regional.start()
+    return Centre(primary, replica, sentinels, central, replicas, regional)
 
 
 def runner_pid(fleet: Fleet, site: str) -> int:
@@ -282,6 +327,11 @@ def faults(fleet: Fleet, centre: Centre) -> list[tuple[str, Callable[[], Callabl
         centre.mqtt.stop(signal.SIGKILL)
         return centre.mqtt.start
 
+    def regional_broker() -> Callable[[], None]:
+        assert centre.regional is not None
+        centre.regional.stop(signal.SIGKILL)
+        return centre.regional.start
+
     def broker_wiped() -> Callable[[], None]:
         centre.mqtt.stop(signal.SIGKILL)
         (centre.mqtt.workdir / "mosquitto.db").unlink(missing_ok=True)  # its retained store
@@ -292,16 +342,18 @@ def faults(fleet: Fleet, centre: Centre) -> list[tuple[str, Callable[[], Callabl
         pause.__enter__()
         return lambda: pause.__exit__(None, None, None)
 
-    return [
+    chosen = [
         ("runner", runner),
         ("agent", agent),
         ("hung", hung_agent),
         ("leader", leader),
         ("redis", redis_primary),
         ("broker", broker),
+        ("regional", regional_broker),
         ("wiped", broker_wiped),
         ("centre", whole_centre),
     ]
+    return [f for f in chosen if f[0] != "regional" or centre.regional is not None]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -338,6 +390,12 @@ def main() -> None:
     parser.add_argument("--calm-s", type=float, default=8.0)
     parser.add_argument("--callers", type=int, default=2, help="per site")
     parser.add_argument("--only", default="", help="comma-separated faults to run")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="one anonymous broker and no TLS (by default the fleet runs as deployed: TLS, "
+        "a broker user a site, and region b on its own broker, bridged)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="run in this new folder and keep its logs")
     args = parser.parse_args()
@@ -348,13 +406,17 @@ def main() -> None:
             work = args.keep.resolve()
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edgeplex-faults-")))
-        centre = start_centre(work)
+        centre = start_centre(work, args.plain)
         fleet = Fleet(work, centre.primary, centre.mqtt, centre.replicas[0], centre.replicas[1])
+        if centre.regional is not None:
+            fleet.regional["b"] = centre.regional
         try:
             run(fleet, centre, args)
         finally:
             for agent in fleet.agents.values():
                 agent.stop()
+            if centre.regional is not None:
+                centre.regional.stop()
             for service in reversed(centre.services()):
                 with contextlib.suppress(ProcessLookupError):
                     if service.process is not None:
@@ -373,6 +435,7 @@ def run(fleet: Fleet, centre: Centre, args: argparse.Namespace) -> None:
     wait_until(lambda: serves_everything(fleet), timeout=60, what="every site serving")
     chosen = [f for f in faults(fleet, centre) if not args.only or f[0] in args.only.split(",")]
     results: dict[str, dict[str, object]] = {}
+    reached: dict[str, float] = {}
     with Callers(fleet, args.callers) as callers:
         time.sleep(args.calm_s)
         marks = [("calm", time.monotonic(), sites_marked_down(centre))]
@@ -382,32 +445,40 @@ def run(fleet: Fleet, centre: Centre, args: argparse.Namespace) -> None:
             end = start()
             time.sleep(args.fault_s)
             end()
-            time.sleep(args.calm_s)
+            # A catalog change made as the fault ends: how long until every site has it.
+            reached[name] = change_reaches_every_site(fleet, f"after-{name}")
+            time.sleep(max(0.0, args.calm_s - reached[name]))
         marks.append(("end", time.monotonic(), sites_marked_down(centre)))
     for (name, began, down), (_, ended, down_after) in itertools.pairwise(marks):
         killed = {"agent": "a2", "hung": "a1"}.get(name, "")
         results[name] = summary(callers.calls, began, ended, killed)
         results[name]["sites_marked_down"] = down_after - down
+        results[name]["change_everywhere_s"] = reached.get(name, float("nan"))
     # After every fault: nothing lost, and the fleet still follows the control plane.
     models = {m.name for m in fleet.call("ListModels", pb.ListModelsRequest()).models}  # type: ignore[attr-defined]
     sites = {s.site_id for s in fleet.call("ListSites", pb.ListSitesRequest()).sites}  # type: ignore[attr-defined]
-    demo.make_mlp(fleet.workdir / "src" / "late", width=64, layers=2, in_width=32, seed=9)
-    late = fleet.workdir / "src" / "late" / "1" / "model.onnx"
-    asked = time.monotonic()
-    wait_until(lambda: fleet.add_model("late", late, pin=True) or True, what="the catalog change")
-    wait_until(lambda: late_served(fleet), timeout=60, what="the late model served everywhere")
     after = {
-        "catalog_intact": models == set(MODELS),
+        "catalog_intact": models == set(MODELS) | {f"after-{name}" for name in reached},
         "sites_intact": sites == {s for s, _ in SITES},
-        "late_model_everywhere_s": round(time.monotonic() - asked, 2),
+        "late_model_everywhere_s": change_reaches_every_site(fleet, "late"),
     }
     report(args, results, after)
 
 
-def late_served(fleet: Fleet) -> bool:
+def change_reaches_every_site(fleet: Fleet, name: str) -> float:
+    """Seconds from adding `name` to the catalog (pinned: every site loads it; the
+    add retried while the control plane refuses it) until every site has it loaded."""
+    asked = time.monotonic()
+    artifact = fleet.artifacts["everywhere"]  # the same bytes, under another name
+    wait_until(lambda: fleet.add_model(name, artifact, pin=True) or True, what="the catalog change")
+    wait_until(lambda: loaded_everywhere(fleet, name), timeout=120, what=f"{name} everywhere")
+    return round(time.monotonic() - asked, 2)
+
+
+def loaded_everywhere(fleet: Fleet, name: str) -> bool:
     for site, _ in SITES:
         _, body = fleet.agents[site].http_get("/edgeplex/v1/status")
-        if not any(m["name"] == "late" and m["tier"] == "loaded" for m in json.loads(body)):
+        if not any(m["name"] == name and m["tier"] == "loaded" for m in json.loads(body)):
             return False
     return True
 
@@ -415,16 +486,22 @@ def late_served(fleet: Fleet) -> bool:
 def report(args: argparse.Namespace, results: dict[str, dict[str, object]], after: dict) -> None:  # type: ignore[type-arg]
     print(
         f"fleet_faults: 3 sites (a1, a2 in a; b1 in b), {args.callers} closed-loop gRPC "
-        f"callers a site, 3 models; each fault {args.fault_s:.0f} s, then "
+        f"callers a site, 3 models; "
+        + (
+            "no TLS, one anonymous broker; "
+            if args.plain
+            else "TLS, a broker user a site, b1 on a bridged broker; "
+        )
+        + f"each fault {args.fault_s:.0f} s, then "
         f"{args.calm_s:.0f} s calm; {platform.node()} {os.cpu_count()} CPUs, "
         f"{time.strftime('%Y-%m-%d')}"
     )
-    head = ("calls", "failed", "p50 ms", "p99 ms", "max ms")
-    print(f"{'window':8} " + " ".join(f"{h:>7}" for h in head) + "  sites marked down")
+    head = ("calls", "failed", "p50 ms", "p99 ms", "max ms", "down", "change s")
+    print(f"{'window':8} " + " ".join(f"{h:>8}" for h in head))
     for name, r in results.items():
         print(
-            f"{name:8} {r['calls']:>7} {r['failed']:>7} {r['p50_ms']:>7} {r['p99_ms']:>7} "
-            f"{r['max_ms']:>7}  {r['sites_marked_down']}"
+            f"{name:8} {r['calls']:>8} {r['failed']:>8} {r['p50_ms']:>8} {r['p99_ms']:>8} "
+            f"{r['max_ms']:>8} {r['sites_marked_down']:>8} {r['change_everywhere_s']:>8}"
         )
         if name in ("agent", "hung"):
             print(f"         at the agent's own site: {r['at_killed_site']}")

@@ -156,6 +156,9 @@ class RedisServer(Service):
             "--appendonly", "yes",
             "--appendfsync", "always",
             "--save", "",
+            # A replica that (re)connects is synced at once, not after 5 s waiting for
+            # others to share the transfer (docs/deployment.md).
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
 
     @property
