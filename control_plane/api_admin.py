@@ -119,6 +119,9 @@ class AdminServicer(BatchAdmin, TenantAdmin, pb_grpc.AdminServiceServicer):
         # Artifacts already verified, by sha256: their size (content-addressed, so a
         # second model with the same artifact needs no second probe).
         self._verified: dict[str, int] = {}
+        # Checks under way, by (sha256, URI): models added together that name the same
+        # artifact wait for one fetch and probe, not one each.
+        self._checking: dict[tuple[str, str], asyncio.Future[int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- catalog --------------------------------------------------------------------------
@@ -195,15 +198,7 @@ class AdminServicer(BatchAdmin, TenantAdmin, pb_grpc.AdminServiceServicer):
             try:
                 size = self._verified.get(model.sha256, -1)
                 if size < 0:
-                    path = await asyncio.to_thread(
-                        self._artifacts.fetch,
-                        model.artifact_uri,
-                        model.sha256,
-                        progress=log_progress(log, f"model {model.name}"),
-                    )
-                    onnx = model_file(path)
-                    await asyncio.to_thread(probe_onnx, onnx)
-                    size = self._verified[model.sha256] = artifact_bytes(path)
+                    size = await self._checked(model)
                 state, reason = "READY", ""
             except ArtifactError as exc:
                 state, reason, size = "FAILED", str(exc), 0
@@ -222,6 +217,34 @@ class AdminServicer(BatchAdmin, TenantAdmin, pb_grpc.AdminServiceServicer):
             log.warning("verification of %s interrupted: %s", name, exc)
         finally:
             self._verifying.discard(name)
+
+    async def _checked(self, model: pb.CatalogModel) -> int:
+        """The size of `model`'s artifact, fetched and opened by ONNX Runtime: once for
+        all the models that name it while the check runs. Raises ArtifactError."""
+        key = (model.sha256, model.artifact_uri)
+        check = self._checking.get(key)
+        if check is None:
+            check = self._checking[key] = asyncio.ensure_future(self._check(model))
+
+            def done(ended: asyncio.Future[int]) -> None:
+                del self._checking[key]
+                if not ended.cancelled():
+                    ended.exception()  # retrieved here too, should no model wait any more
+
+            check.add_done_callback(done)
+        return await asyncio.shield(check)  # one waiter cancelled stops no other's
+
+    async def _check(self, model: pb.CatalogModel) -> int:
+        path = await asyncio.to_thread(
+            self._artifacts.fetch,
+            model.artifact_uri,
+            model.sha256,
+            progress=log_progress(log, f"model {model.name}"),
+        )
+        await asyncio.to_thread(probe_onnx, model_file(path))
+        size = self._verified[model.sha256] = artifact_bytes(path)
+        log.info("artifact %s fetched and opened: %d bytes", model.sha256[:12], size)
+        return size
 
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext

@@ -19,6 +19,8 @@ import grpc
 import pytest
 import redis
 
+from edgeplex.agent.catalog import demo
+from edgeplex.artifacts import sha256_of
 from edgeplex.control_plane.site_identity import Refused, check_address
 from edgeplex.control_plane.store import Store
 from edgeplex.proto import edgeplex_control_pb2 as pb
@@ -55,6 +57,33 @@ def code(call, request, token: str) -> grpc.StatusCode:  # type: ignore[no-untyp
     except grpc.RpcError as err:
         return err.code()  # type: ignore[no-any-return]
     return grpc.StatusCode.OK
+
+
+def test_models_added_together_naming_one_artifact_have_it_checked_once(
+    cp: ControlPlane,
+) -> None:
+    """A catalog filled in bulk (thousands of models, a few hundred artifacts) fetches
+    and opens each artifact once: the models added while its check runs wait for it.
+    Before, each of them started a check of its own, and 10,000 models took ONNX
+    Runtime probes one a model, at six at a time."""
+    demo.make_mlp(cp.workdir / "bulk", width=8, layers=1, in_width=8, seed=11)
+    artifact = cp.workdir / "bulk" / "1" / "model.onnx"
+    sha = sha256_of(artifact)
+    names = [f"bulk-{i}" for i in range(24)]
+    with cp.channel() as channel:
+        admin = pb_grpc.AdminServiceStub(channel)
+        for name in names:
+            model = pb.CatalogModel(name=name, artifact_uri=artifact.as_uri(), sha256=sha)
+            admin.AddModel(model, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=10)
+
+        def ready() -> bool:
+            listed = admin.ListModels(
+                pb.ListModelsRequest(), metadata=(("authorization", f"Bearer {TOKEN}"),)
+            )
+            return {m.name for m in listed.models if m.state == "READY"} >= set(names)
+
+        wait_until(ready, timeout=60, what="every bulk model READY")
+    assert cp.log().count(f"artifact {sha[:12]} fetched and opened") == 1
 
 
 def test_each_role_may_make_its_calls_only(cp: ControlPlane) -> None:
