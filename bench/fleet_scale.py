@@ -26,7 +26,8 @@ measures:
 - fan-out: a tenant added through the admin API changes every site's desired
   state; the time until each site's subscriber has the new state (median and
   the last of them);
-- memory: the control plane's resident set.
+- memory: the control plane's resident set;
+- the rest of the centre: the broker's and Redis's CPU over the window.
 Goals: placement round <= 2 s, a desired-state change at every
 site within 5 s, 500 reports a second ingested using under one core.
 Everything shares this machine's cores, harness included.
@@ -692,6 +693,8 @@ def main() -> None:
               f"{ready['ready_s']:.0f} s", flush=True)  # fmt: skip
         json.loads(harness_proc.stdout.readline())  # settled: the window starts
         before, cpu0, t0 = metrics(http_port), cpu_seconds(cp.process.pid), time.monotonic()
+        others = {"broker": mqtt.process, "redis": redis.process}  # the centre's other parts
+        others_cpu0 = {k: cpu_seconds(p.pid) for k, p in others.items() if p is not None}
         rounds_seen = RoundWatch(cp.log_path)
         spy = None
         if args.py_spy:
@@ -737,6 +740,12 @@ def main() -> None:
         if spy is not None:
             spy.wait()
         after, cpu1, t1 = metrics(http_port), cpu_seconds(cp.process.pid), time.monotonic()
+        # Redis's primary may have changed (--failover): its CPU is the first one's.
+        others_cpu = {
+            k: cpu_seconds(others[k].pid) - v  # type: ignore[union-attr]
+            for k, v in others_cpu0.items()
+            if others[k] is not None and others[k].poll() is None  # type: ignore[union-attr]
+        }
         rss = rss_bytes(cp.process.pid)
     finally:
         if harness_proc is not None and harness_proc.poll() is None:
@@ -763,6 +772,8 @@ def main() -> None:
         "sites": args.sites, "models": args.models, "window_s": window,
         "reports_per_s": reports / window, "reports_sent_per_s": done["reports_sent_per_s"],
         "cp_cpu_cores": (cpu1 - cpu0) / window,
+        "broker_cpu_cores": others_cpu.get("broker", float("nan")) / window,
+        "redis_cpu_cores": others_cpu.get("redis", float("nan")) / window,
         "placement_rounds": rounds, "placement_mean_s": spent / rounds if rounds else None,
         "placement_slowest_le_s": slowest, "placement_rounds_over_2s": over_2s,
         "placement_round_s": rounds_seen.times,
@@ -808,6 +819,8 @@ def main() -> None:
           f"{done['failures_seen']}")  # fmt: skip
     print(f"memory     control plane {rss / 2**20:.0f} MiB resident; harness "
           f"{report['harness_cpu_cores']:.2f} cores")  # fmt: skip
+    print(f"the centre broker {report['broker_cpu_cores']:.2f} cores, Redis "
+          f"{report['redis_cpu_cores']:.2f} cores over the window")  # fmt: skip
     if replica is not None:
         after = report["round_after_promotion_s"]
         print(f"failover   primary killed {3.0:.0f} s into the window (Sentinels: down after "
