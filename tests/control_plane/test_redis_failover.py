@@ -7,6 +7,7 @@ the replica has them, WAIT), and placement misses at most one round."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import json
@@ -14,8 +15,9 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
@@ -39,6 +41,9 @@ from tests.services import (
     usage_minutes_on,
 )
 from tests.support.waiting import wait_until
+
+if TYPE_CHECKING:
+    from edgeplex.control_plane.leader import LeaderLease
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 ROUND_S = 3.0  # the control plane's placement interval here
@@ -272,6 +277,24 @@ async def until(condition: Callable[[], bool]) -> None:
     raise AssertionError("timed out")
 
 
+@contextlib.asynccontextmanager
+async def leading(redis_url: str, lease_s: float) -> AsyncIterator[LeaderLease]:
+    """Replica cp-a's leader lease on the Redis at `redis_url`, its loop running,
+    once it holds the lease."""
+    from edgeplex.control_plane.leader import LeaderLease
+    from edgeplex.control_plane.store import Store
+
+    store = Store(redis_url)
+    lease = LeaderLease(store.redis, "cp-a", lease_s=lease_s)
+    task = asyncio.create_task(lease.run())
+    try:
+        await until(lambda: lease.is_leader)
+        yield lease
+    finally:
+        task.cancel()
+        await store.close()
+
+
 def test_a_leader_paused_past_its_lease_does_not_lead_when_it_runs_again(
     tmp_path: Path,
 ) -> None:
@@ -279,26 +302,16 @@ def test_a_leader_paused_past_its_lease_does_not_lead_when_it_runs_again(
     a blocking call) no longer leads the moment it runs again, before it has heard
     from Redis: another replica may have taken the lease meanwhile. Taking the lease
     again, it counts its hearing of the sites from then (`hearing_since`)."""
-    from edgeplex.control_plane.leader import LeaderLease
-    from edgeplex.control_plane.store import Store
-
     server = RedisServer(tmp_path)
     server.start()
 
     async def scenario() -> tuple[bool, float, float]:
-        store = Store(server.url)
-        lease = LeaderLease(store.redis, "cp-a", lease_s=1.0)
-        task = asyncio.create_task(lease.run())
-        try:
-            await until(lambda: lease.is_leader)
+        async with leading(server.url, lease_s=1.0) as lease:
             heard = lease.hearing_since
             time.sleep(1.2)  # the loop stands still past the lease
             leads_on_waking = lease.is_leader  # nothing else has run yet
             await until(lambda: lease.is_leader)  # nobody else wanted it: taken again
             return leads_on_waking, heard, lease.hearing_since
-        finally:
-            task.cancel()
-            await store.close()
 
     try:
         leads_on_waking, heard, heard_again = asyncio.run(scenario())
@@ -316,18 +329,11 @@ def test_a_leader_back_within_a_lease_after_a_blip_resumes_its_term(
     (`since` unchanged: the planner need not wait out the fleet's reports again).
     Away longer than a lease, when another replica could have led, it starts a new
     one."""
-    from edgeplex.control_plane.leader import LeaderLease
-    from edgeplex.control_plane.store import Store
-
     server = RedisServer(tmp_path)
     server.start()
 
     async def scenario() -> tuple[float, float, float]:
-        store = Store(server.url)
-        lease = LeaderLease(store.redis, "cp-a", lease_s=3.0)
-        task = asyncio.create_task(lease.run())
-        try:
-            await until(lambda: lease.is_leader)
+        async with leading(server.url, lease_s=3.0) as lease:
             began = lease.since
             server.stop()
             await until(lambda: not lease.is_leader)
@@ -340,9 +346,6 @@ def test_a_leader_back_within_a_lease_after_a_blip_resumes_its_term(
             server.start()
             await until(lambda: lease.is_leader)
             return began, resumed, lease.since
-        finally:
-            task.cancel()
-            await store.close()
 
     try:
         began, resumed, renewed = asyncio.run(scenario())
