@@ -6,7 +6,10 @@ Each attack must leave the victim with zero errors and a p99 within 3x of its
 baseline measured alone just before (a baseline under 2 ms counts as 2 ms: on
 a 2-core box running the whole suite, single-millisecond p99s are scheduler
 noise), keep the agent's memory bounded, and end with the attacker refused or
-disconnected. The agent runs with short deadlines (2 s) so the tests are quick;
+disconnected. A p99 over that bound is measured once more, baseline and attack
+anew, before the test fails: the attacker and the victim share the box's two
+cores with the agent, so one run's p99 can be the scheduler's; a door that
+stalls the victim fails both. The agent runs with short deadlines (2 s) so the tests are quick;
 the defaults are checked in test_limits.py.
 """
 
@@ -64,7 +67,18 @@ SOURCES = iter(f"127.0.0.{i}" for i in range(10, 250))  # one address per attack
 
 
 def attack(agent, name: str, grpc: bool = False, seconds: float = SECONDS, **options):
-    """Baseline the victim alone, then run `name` with the victim running through it."""
+    """Baseline the victim alone, then run `name` with the victim running through it;
+    once more if the victim's p99 was over 3x its baseline."""
+    for attempt in (1, 2):
+        summary, report, within = _attack_once(agent, name, grpc, seconds, **options)
+        if within:
+            break
+        print(f"{name}: attempt {attempt}: victim p99 over 3x its baseline", report)
+    assert within, report
+    return summary, report
+
+
+def _attack_once(agent, name: str, grpc: bool, seconds: float, **options):
     pid = agent.process.pid
     victim = attacks.Victim(agent.http_port, VICTIM).start()
     time.sleep(1.0)
@@ -94,9 +108,8 @@ def attack(agent, name: str, grpc: bool = False, seconds: float = SECONDS, **opt
     print(name, report)
     assert not victim.errors, (victim.errors, report)
     assert victim.latencies, report
-    assert victim.percentile(0.99) <= 3 * baseline, report
     assert agent.process.poll() is None, agent.log()
-    return summary, report
+    return summary, report, victim.percentile(0.99) <= 3 * baseline
 
 
 def test_adversarial_json_is_refused_in_milliseconds(agent):
