@@ -349,12 +349,15 @@ def run_harness(argv: list[str]) -> None:
 
 class RoundWatch:
     """Each placement round's time, phases and end, from the control plane's log
-    (its line "round N: T s (read R, place P, publish U)"), read every 0.1 s. It
+    (its line "round N: T s (read R, place P, publish U); C of S sites' desired
+    states changed"), read every 0.1 s. It
     used to read /metrics ten times a second: exporting a thousand sites' series
     each time took an eighth of the control plane's CPU, work the harness put on
     the process it measures."""
 
-    LINE = re.compile(rb"round \d+: ([\d.]+) s \(read ([\d.]+), place ([\d.]+), publish ([\d.]+)\)")
+    LINE = re.compile(
+        rb"round \d+: ([\d.]+) s \(read ([\d.]+), place ([\d.]+), publish ([\d.]+)\); (\d+) of"
+    )
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
@@ -362,6 +365,7 @@ class RoundWatch:
         self.ends: list[float] = []
         self.times: list[float] = []
         self.phases: list[dict[str, float]] = []  # each round's read, place, publish
+        self.changed: list[int] = []  # each round's sites whose desired state changed
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -376,8 +380,9 @@ class RoundWatch:
                 for line in lines:
                     found = self.LINE.search(line)
                     if found is not None:
-                        took, read, place, publish = map(float, found.groups())
+                        took, read, place, publish = map(float, found.groups()[:4])
                         self.times.append(took)
+                        self.changed.append(int(found.group(5)))
                         self.phases.append({"read": read, "place": place, "publish": publish})
                         self.ends.append(seen)
                 time.sleep(0.1)
@@ -778,6 +783,7 @@ def main() -> None:
         "placement_slowest_le_s": slowest, "placement_rounds_over_2s": over_2s,
         "placement_round_s": rounds_seen.times,
         "placement_round_phases_s": rounds_seen.phases,
+        "placement_round_sites_changed": rounds_seen.changed,
         "placement_phase_mean_s": phase_means, "tls": not args.plain,
         "cp_rss_bytes": rss,
         "failed_calls": done["failed_calls"], "failures_seen": done["failures_seen"],
@@ -803,6 +809,7 @@ def main() -> None:
         worst = max(range(len(rounds_seen.times)), key=rounds_seen.times.__getitem__)
         split = rounds_seen.phases[worst].items()
         print("           the slowest round: " + ", ".join(f"{k} {v:.2f} s" for k, v in split))
+        print(f"           sites whose desired state a round changed: {rounds_seen.changed}")
     print(
         f"fan-out    a desired-state change reached {done['fanout_reached']}/{args.sites} "
         f"sites: median {done['fanout_p50_s']:.2f} s, last {done['fanout_last_s']:.2f} s "

@@ -75,9 +75,9 @@ class Planner:
         self._routes_key: tuple[object, ...] = ()  # what the routes last built came from
         # Per site, the desired state this leader last published, with what decides
         # whether it changed (its models' sha256, the peer token, the tenants) and its
-        # bytes: a round compares tuples instead of reading and parsing every site's
+        # bytes (head, models): a round compares tuples instead of reading and parsing every site's
         # state back from Redis. Emptied when a new term begins (_new_term).
-        self._published: dict[str, tuple[tuple[object, ...], int, bytes]] = {}
+        self._published: dict[str, tuple[tuple[object, ...], int, tuple[bytes, bytes]]] = {}
         self._forecaster: Forecaster | None = None  # loaded from Redis on first use
         self._catalog_read: tuple[bytes | None, list[pb.CatalogModel]] = (None, [])
         self._demand_written: tuple[Demand, float] | None = None  # while leading
@@ -90,6 +90,7 @@ class Planner:
         self.observed: Demand = {}  # the last round's demand EWMA (explain shows it)
         self.forecast: Demand = {}  # and its forecast one horizon ahead
         self.rounds = 0
+        self.changed_last_round = 0  # sites whose desired state the last round changed
         self._term = 0.0  # the leader term (LeaderLease.since) the memory above is of
         self._settling_logged = False
 
@@ -394,8 +395,10 @@ class Planner:
         METRICS.placement_phase_seconds.labels(phase="publish").inc(ended - placed)
         METRICS.placement_version.set(version)
         log.info(
-            "round %d: %.2f s (read %.2f, place %.2f, publish %.2f)",
+            "round %d: %.2f s (read %.2f, place %.2f, publish %.2f); %d of %d sites' "
+            "desired states changed",
             version, ended - started, read - started, placed - read, ended - placed,
+            self.changed_last_round, len(sites),
         )  # fmt: skip
         return placement
 
@@ -479,12 +482,12 @@ class Planner:
                 head, sent_digest = stored[site.site_id]
                 sent = pb.DesiredState.FromString(head)
                 last = ((sent_digest, sent.peer_token, sent.tenants_json), sent.version,
-                        head + models)  # fmt: skip
+                        (head, models))  # fmt: skip
             # A site that applied a version above what this leader knows of it (one
             # a leader sent before Redis lost it) would refuse the older one as
             # stale and keep what it has: it is sent its state anew.
             if last is not None and last[0] == key and applied.get(site.site_id, 0) <= last[1]:
-                issued, payload = last[1], last[2]  # unchanged: agents have applied it
+                issued, parts = last[1], last[2]  # unchanged: agents have applied it
             else:
                 head = pb.DesiredState(
                     version=version,
@@ -493,22 +496,24 @@ class Planner:
                     peer_token=peer_token,
                     tenants_json=tenants_json,
                 ).SerializeToString()
-                issued, payload = version, head + models  # fields parse in any order
+                issued, parts = version, (head, models)  # fields parse in any order
                 changed[site.site_id] = (head, digest)
-            known[site.site_id] = (key, issued, payload)
+            known[site.site_id] = (key, issued, parts)
         # Stored before it is sent: each head, whose models placement holds (a
         # thousand sites' states in full were 100 MB a change).
         self._still_leading()
         await self._store.put_desired_many(changed)
         self._still_leading()
+        self.changed_last_round = len(changed)
         for site in sites:
-            _, issued, payload = known[site.site_id]
+            _, issued, (head, models) = known[site.site_id]
             self._publisher.publish(
                 desired_topic(site.site_id),
                 DESIRED,
                 site_audience(site.site_id),
                 issued,
-                payload,
+                head,
+                models,  # the tail: deflated once while the site's models stay
             )
         # Routes change only with what decides them: unchanged (the usual round), none
         # is rebuilt (five regions of a thousand sites' holders: a quarter second).

@@ -8,6 +8,11 @@ again, so a broker that lost its retained messages (restarted without
 persistence) gets them back; and every third of the message lifetime it
 re-seals and re-sends them all, so the retained copies never expire while this
 replica leads.
+
+A message may come as a head and a tail (a site's desired state: its version and
+tenants, then its models). The tail is deflated apart and kept per topic, so a
+change of the head alone, a tenant added at every site, re-seals a thousand
+states in a tenth of the time (edgeplex/signing.py, deflate_joined).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 import aiomqtt
 
 from edgeplex.fleet import Backoff, mqtt_session, parse_mqtt_url, unless_lost
-from edgeplex.signing import Signer
+from edgeplex.signing import Signer, deflate_joined, raw_deflate
 
 log = logging.getLogger("edgeplex.control_plane.publisher")
 
@@ -38,7 +43,8 @@ class Outgoing:
     kind: str
     audience: str
     version: int
-    payload: bytes
+    payload: bytes  # the head, when there is a tail
+    tail: bytes = b""
 
 
 class Publisher:
@@ -59,6 +65,7 @@ class Publisher:
         self._ttl_s = ttl_s
         self._latest: dict[str, Outgoing] = {}
         self._pending: dict[str, Outgoing] = {}
+        self._tails: dict[str, tuple[bytes, bytes]] = {}  # topic -> its tail, deflated
         self._wake = asyncio.Event()
         self._active = asyncio.Event()  # set while this replica leads
         self.connected = False
@@ -73,9 +80,12 @@ class Publisher:
             self._active.clear()
             self._wake.set()  # a connected publisher sees it and disconnects
 
-    def publish(self, topic: str, kind: str, audience: str, version: int, payload: bytes) -> None:
-        """Queue the newest message of `topic`; older unsent ones are dropped."""
-        message = Outgoing(kind, audience, version, payload)
+    def publish(
+        self, topic: str, kind: str, audience: str, version: int, payload: bytes, tail: bytes = b""
+    ) -> None:
+        """Queue the newest message of `topic`, `payload + tail`; older unsent ones
+        are dropped. Give what recurs from message to message as the tail."""
+        message = Outgoing(kind, audience, version, payload, tail)
         if self._latest.get(topic) == message:
             return
         self._latest[topic] = message
@@ -86,15 +96,23 @@ class Publisher:
         """Stop republishing (this replica is no longer the leader)."""
         self._latest.clear()
         self._pending.clear()
+        self._tails.clear()
 
-    def _seal(self, message: Outgoing) -> bytes:
+    def _seal(self, topic: str, message: Outgoing) -> bytes:
+        deflated = None
+        if message.tail and self._compress:
+            kept = self._tails.get(topic)
+            if kept is None or kept[0] != message.tail:
+                kept = self._tails[topic] = (message.tail, raw_deflate(message.tail))
+            deflated = deflate_joined(message.payload, message.tail, kept[1])
         return self._signer.seal(
             message.kind,
             message.audience,
             message.version,
-            message.payload,
+            message.payload + message.tail,
             self._ttl_s,
             self._compress,
+            deflated,
         )
 
     async def _send(self, client: aiomqtt.Client) -> None:
@@ -105,7 +123,7 @@ class Publisher:
         # Sealed in a thread: deflating and signing a thousand sites' states is about
         # a second of work, which the loop's other tasks (reports) need not wait out.
         try:
-            sealed = await asyncio.to_thread(lambda: [self._seal(m) for _, m in batch])
+            sealed = await asyncio.to_thread(lambda: [self._seal(t, m) for t, m in batch])
         except BaseException:
             for topic, message in batch:
                 self._pending.setdefault(topic, message)

@@ -47,6 +47,8 @@ CATALOG_ENTRY = "catalog-entry"
 MAX_MESSAGE_BYTES = 16 << 20  # as sent, and as inflated
 ZLIB = "zlib"
 COMPRESS_ABOVE = 1024  # smaller payloads are sent as they are
+LEVEL = 6  # deflate's; level 3 halves the time for about 23% more bytes a message
+ZLIB_HEADER = b"\x78\x9c"  # deflate, 32 KiB window, the default level
 
 
 class Rejected(Exception):
@@ -72,6 +74,27 @@ def _inflated(body: pb.SignedBody) -> bytes:
     if inflate.unconsumed_tail or not inflate.eof:
         raise Rejected("malformed", f"the payload inflates beyond {MAX_MESSAGE_BYTES} bytes")
     return payload
+
+
+def raw_deflate(data: bytes) -> bytes:
+    """`data` deflated alone, without zlib's header and checksum: a tail that
+    `deflate_joined` puts after a head."""
+    deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return deflate.compress(data) + deflate.flush()
+
+
+def deflate_joined(head: bytes, tail: bytes, tail_deflated: bytes) -> bytes:
+    """The zlib stream of `head + tail`, with the tail's `raw_deflate` made before:
+    the head is deflated and flushed to a byte boundary with its history dropped
+    (Z_FULL_FLUSH), so the tail's blocks follow as they were deflated alone, and
+    the checksum covers both. Any inflater reads it as one stream. A site's models
+    recur from round to round while its head (version, tenants) changes: this
+    deflates them once, not at every change of the head (2 ms a state of 770
+    models; the head alone, some 50 us)."""
+    deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+    blocks = deflate.compress(head) + deflate.flush(zlib.Z_FULL_FLUSH)
+    checksum = zlib.adler32(tail, zlib.adler32(head))
+    return b"".join((ZLIB_HEADER, blocks, tail_deflated, checksum.to_bytes(4, "big")))
 
 
 def _b64_key(text: str) -> bytes:
@@ -130,12 +153,15 @@ class Signer:
         payload: bytes,
         ttl_s: float,
         compress: bool = False,
+        deflated: bytes | None = None,
     ) -> bytes:
         """`payload` signed for `audience`; deflated first with `compress` when that
-        makes it smaller (a desired state of a thousand models: about 2.7x)."""
+        makes it smaller (a desired state of a thousand models: about 2.7x).
+        `deflated`: the payload deflated already (`deflate_joined`), used instead."""
         encoding = ""
         if compress and len(payload) > COMPRESS_ABOVE:
-            deflated = zlib.compress(payload, 6)
+            if deflated is None:
+                deflated = zlib.compress(payload, LEVEL)
             if len(deflated) < len(payload):
                 payload, encoding = deflated, ZLIB
         body = pb.SignedBody(

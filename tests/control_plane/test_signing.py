@@ -20,6 +20,8 @@ from edgeplex.signing import (
     Rejected,
     Signer,
     TrustStore,
+    deflate_joined,
+    raw_deflate,
     site_audience,
 )
 
@@ -193,6 +195,51 @@ def test_a_deflated_message_opens_to_what_was_sealed(signer, store):
         pb.SignedMessage.FromString(signer.seal(DESIRED, SITE, 5, desired(5), 60, True)).body
     )
     assert small.encoding == "" and small.payload == desired(5)
+
+
+def test_a_head_deflated_before_a_kept_tail_opens_to_both(signer, store):
+    """A site's desired state as the publisher seals it: the head (version, tenants)
+    deflated anew, the models' deflate kept from before. It opens to head + tail,
+    as small as deflating the whole within a few bytes."""
+    models = big_desired(0)
+    tail = raw_deflate(models)
+    for version in (5, 6):
+        head = pb.DesiredState(version=version, site_id="s1", tenants_json='[{"name": "t"}]')
+        payload = head.SerializeToString() + models
+        joined = deflate_joined(head.SerializeToString(), models, tail)
+        assert zlib.decompress(joined) == payload
+        assert len(joined) <= len(zlib.compress(payload, 6)) + 16
+        sealed = signer.seal(DESIRED, SITE, version, payload, 60, True, joined)
+        assert store.open(sealed, DESIRED, SITE).payload == payload
+
+
+def test_the_publisher_deflates_a_tail_once_while_it_stays(signer, store, monkeypatch):
+    """A change of a site's head alone (a tenant added) does not deflate its models
+    again; a change of its models does."""
+    from edgeplex.control_plane import publisher as module
+
+    deflated: list[int] = []
+
+    def counted(data: bytes) -> bytes:
+        deflated.append(len(data))
+        return raw_deflate(data)
+
+    monkeypatch.setattr(module, "raw_deflate", counted)
+    publisher = module.Publisher("mqtt://127.0.0.1:1", "cp", signer, 60)
+    topic = "edgeplex/v1/sites/s1/desired"
+
+    def seal(version: int, tenants: str, models: bytes) -> bytes:
+        head = pb.DesiredState(version=version, site_id="s1", tenants_json=tenants)
+        message = module.Outgoing(DESIRED, SITE, version, head.SerializeToString(), models)
+        opened = store.open(publisher._seal(topic, message), DESIRED, SITE).payload
+        assert opened == message.payload + models
+        return opened
+
+    seal(1, "[]", big_desired(0))
+    seal(2, '[{"name": "new"}]', big_desired(0))  # equal bytes, another object
+    assert len(deflated) == 1
+    seal(3, '[{"name": "new"}]', big_desired(0, models=400))
+    assert len(deflated) == 2
 
 
 def sealed_with(signer: Signer, payload: bytes, encoding: str) -> bytes:
