@@ -23,9 +23,11 @@ measures:
   apart);
 - placement: the rounds' time (edgeplex_cp_placement_seconds: mean, and the
   bucket the slowest fell in);
-- fan-out: a tenant added through the admin API changes every site's desired
-  state; the time until each site's subscriber has the new state (median and
-  the last of them);
+- fan-out, two changes of every site's desired state, one after the other: a
+  tenant added through the admin API (sent on the placement the control plane
+  has: no round waited for), then a model added pinned (which a round must
+  place at every site); for each, the time until each site's subscriber has
+  the new state (median and the last of them);
 - memory: the control plane's resident set;
 - the rest of the centre: the broker's and Redis's CPU over the window.
 Goals: placement round <= 2 s, a desired-state change at every
@@ -68,6 +70,7 @@ import threading
 import time
 import urllib.request
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +97,8 @@ from tests.services import (  # noqa: E402
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 REGIONS = ("us-west", "us-east", "eu", "asia", "oceania")
-PROBE_TENANT = "scale-probe"
+PROBE_TENANT = "scale-probe"  # a tenant added: every site's state anew, nothing placed
+PROBE_MODEL = "scale-probe-model"  # a model pinned: placed at every site
 
 
 def grpc_credentials(ca: str | None):  # type: ignore[no-untyped-def]
@@ -142,7 +146,8 @@ def model_bytes(name: str) -> int:
 
 
 async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
-                  duration: float, settle: float, ca: str | None) -> dict:  # fmt: skip
+                  duration: float, settle: float, ca: str | None,
+                  probe_artifact: tuple[str, str]) -> dict:  # fmt: skip
     import ssl
 
     import aiomqtt
@@ -151,13 +156,13 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
     tls = {"tls_context": ssl.create_default_context(cafile=ca)} if ca else {}
 
     started = time.monotonic()
-    arrivals: dict[str, float] = {}
+    # Per probe (its marker in a desired state's bytes): when each site had it.
+    arrivals: dict[bytes, dict[str, float]] = {}
     connected = sent = 0
     failures: list[str] = []  # calls that failed while the harness ran
     sizes: list[int] = []  # of the desired-state messages received
     inflated: list[int] = []  # ...and of their payloads, inflated
     distinct: list[int] = []  # ...deflated as if each model had its own artifact
-    probe_at: list[float] = []
     last_seen: dict[str, tuple[int, float]] = {}  # site -> the highest version, its arrival
     stop = asyncio.Event()
 
@@ -194,9 +199,9 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
             distinct.append(len(zlib.compress(every_model_its_own(payload), 6)))
         if body.version > last_seen.get(site["site_id"], (0, 0.0))[0]:  # as an agent applies
             last_seen[site["site_id"]] = (body.version, time.monotonic())
-        first = probe_at and site["site_id"] not in arrivals
-        if first and PROBE_TENANT.encode() in payload:
-            arrivals[site["site_id"]] = time.monotonic()
+        for marker, seen in arrivals.items():
+            if site["site_id"] not in seen and marker in payload:
+                seen[site["site_id"]] = time.monotonic()
 
     async def agent(site: dict, stub: pb_grpc.AgentServiceStub, index: int) -> None:
         """Register and report until stopped; a failed call is counted and tried
@@ -264,35 +269,64 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
         await asyncio.sleep(0.5)
     ready_s = time.monotonic() - started
     print(json.dumps({"event": "ready", "connected": connected, "ready_s": ready_s}), flush=True)
+
+    async def probe(marker: bytes, ask: Callable[[], object]) -> dict:
+        """Make a change (`ask`, retried while Redis fails over) whose states carry
+        `marker`; when each site had it, counted from when it was asked."""
+        first: float | None = None
+        seen = arrivals[marker] = {}
+        while True:
+            began = time.monotonic()
+            first = first or began
+            try:
+                ask()
+                break
+            except grpc.RpcError as exc:
+                # Redis failing over (--failover): refused, try again. A refused write
+                # may have been made (no replica acknowledged it in time): then the
+                # retry finds it, and the change went out with the first try.
+                if exc.code() == grpc.StatusCode.ALREADY_EXISTS and first < began:
+                    began = first
+                    break
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                await asyncio.sleep(0.5)
+        while len(seen) < len(sites) and time.monotonic() < began + 60:
+            await asyncio.sleep(0.05)
+        times = sorted(t - began for t in seen.values())
+
+        def missed(site_id: str) -> tuple[str, int | None, float | None]:
+            if site_id not in last_seen:
+                return site_id, None, None
+            version, at = last_seen[site_id]
+            return site_id, version, round(at - began, 2)
+
+        return {
+            "reached": len(times),
+            "p50_s": times[len(times) // 2] if times else None,
+            "last_s": times[-1] if times else None,
+            # Sites it never reached: the version of the last state each was sent, and
+            # when it came (seconds after the change was made).
+            "missed": [missed(s["site_id"]) for s in sites if s["site_id"] not in seen][:10],
+        }
+
     await asyncio.sleep(settle)
     print(json.dumps({"event": "settled"}), flush=True)
     started = time.monotonic()
     sent0, sent_t0 = sent, time.monotonic()
     await asyncio.sleep(duration / 2)
     cpu0 = time.process_time()
-    with admin_channel(address, ca) as admin:  # the change that reaches every site
-        first: float | None = None
-        while not probe_at:
-            began = time.monotonic()
-            first = first or began
-            try:
-                pb_grpc.AdminServiceStub(admin).AddTenant(
-                    pb.TenantSpec(name=PROBE_TENANT), metadata=AUTH, timeout=10
-                )
-                probe_at.append(began)
-            except grpc.RpcError as exc:
-                # Redis failing over (--failover): refused, try again. A refused write
-                # may have been made (no replica acknowledged it in time): then the
-                # retry finds it, and the change went out with the first try.
-                if exc.code() == grpc.StatusCode.ALREADY_EXISTS and first < began:
-                    probe_at.append(first)
-                elif exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise
-                else:
-                    await asyncio.sleep(0.5)
-    deadline = probe_at[0] + 60
-    while len(arrivals) < len(sites) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    with admin_channel(address, ca) as opened:  # the changes that reach every site
+        admin = pb_grpc.AdminServiceStub(opened)
+        tenant = await probe(
+            PROBE_TENANT.encode(),
+            lambda: admin.AddTenant(pb.TenantSpec(name=PROBE_TENANT), metadata=AUTH, timeout=10),
+        )
+        uri, sha256 = probe_artifact
+        model = pb.CatalogModel(name=PROBE_MODEL, artifact_uri=uri, sha256=sha256, pin=True)
+        pinned = await probe(
+            PROBE_MODEL.encode(), lambda: admin.AddModel(model, metadata=AUTH, timeout=10)
+        )
     await asyncio.sleep(max(0.0, started + duration - time.monotonic()))
     harness_cpu = time.process_time() - cpu0
     sent_per_s = (sent - sent0) / (time.monotonic() - sent_t0)
@@ -302,14 +336,6 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
     await asyncio.wait(agents, timeout=5)  # the streams end with their next report
     for open_channel in channels:
         await open_channel.close()
-    times = sorted(t - probe_at[0] for t in arrivals.values())
-
-    def missed(site_id: str) -> tuple[str, int | None, float | None]:
-        if site_id not in last_seen:
-            return site_id, None, None
-        version, at = last_seen[site_id]
-        return site_id, version, round(at - probe_at[0], 2)
-
     return {
         "event": "done",
         "connected": connected,
@@ -321,12 +347,7 @@ async def harness(address: str, mqtt_port: int, sites: list[dict], models: int,
         "desired_mean_inflated_bytes": sum(inflated) / len(inflated) if inflated else 0,
         "desired_mean_distinct_deflated_bytes": sum(distinct) / len(distinct) if distinct else 0,
         "failures_seen": sorted(set(failures))[:5],
-        "fanout_reached": len(times),
-        "fanout_p50_s": times[len(times) // 2] if times else None,
-        "fanout_last_s": times[-1] if times else None,
-        # Sites the change never reached: the version of the last state each was sent,
-        # and when it came (seconds after the change was made).
-        "fanout_missed": [missed(s["site_id"]) for s in sites if s["site_id"] not in arrivals][:10],
+        "fanout": {"tenant": tenant, "pinned_model": pinned},
         "harness_cpu_s_second_half": harness_cpu,
     }
 
@@ -356,7 +377,7 @@ class RoundWatch:
     the process it measures."""
 
     LINE = re.compile(
-        rb"round \d+: ([\d.]+) s \(read ([\d.]+), place ([\d.]+), publish ([\d.]+)\); (\d+) of"
+        rb"round \d+: ([\d.]+) s \(read ([\d.]+), place ([\d.]+), publish ([\d.]+)\)(?:; (\d+) of)?"
     )
 
     def __init__(self, log_path: Path) -> None:
@@ -382,7 +403,8 @@ class RoundWatch:
                     if found is not None:
                         took, read, place, publish = map(float, found.groups()[:4])
                         self.times.append(took)
-                        self.changed.append(int(found.group(5)))
+                        if found.group(5) is not None:
+                            self.changed.append(int(found.group(5)))
                         self.phases.append({"read": read, "place": place, "publish": publish})
                         self.ends.append(seen)
                 time.sleep(0.1)
@@ -546,7 +568,8 @@ def artifacts(base: Path, directory: Path, n: int) -> list[tuple[str, str]]:
 
 def enrol(
     address: str, n_sites: int, n_models: int, artifact: Path, n_artifacts: int, ca: str | None
-) -> list[dict]:
+) -> tuple[list[dict], tuple[str, str]]:
+    """Every site and model added; the sites, and an artifact (URI, sha256) verified."""
     began = time.monotonic()
     made = artifacts(artifact, artifact.parent.parent.parent / "artifacts", n_artifacts)
     with admin_channel(address, ca) as opened:
@@ -580,7 +603,7 @@ def enrol(
         while True:  # every model verified before the clock starts
             listed = admin.ListModels(pb.ListModelsRequest(), metadata=AUTH, timeout=60).models
             if all(m.state != "PENDING" for m in listed):
-                return sites
+                return sites, made[0]
             time.sleep(1.0)
 
 
@@ -680,7 +703,9 @@ def main() -> None:
     try:
         assert cp.process is not None
         began = time.monotonic()
-        sites = enrol(cp.address, args.sites, args.models, artifact, args.artifacts, ca)
+        sites, probe_artifact = enrol(
+            cp.address, args.sites, args.models, artifact, args.artifacts, ca
+        )
         report["enrol_s"] = time.monotonic() - began
         print(f"enrolled {args.models} models and {args.sites} sites in {report['enrol_s']:.0f} s",
               flush=True)  # fmt: skip
@@ -688,7 +713,8 @@ def main() -> None:
         config.write_text(json.dumps({"address": cp.address, "mqtt_port": mqtt.port,
                                       "sites": sites, "models": args.models,
                                       "duration": args.duration,
-                                      "settle": args.settle, "ca": ca}))  # fmt: skip
+                                      "settle": args.settle, "ca": ca,
+                                      "probe_artifact": probe_artifact}))  # fmt: skip
         harness_proc = subprocess.Popen(
             [sys.executable, __file__, "_harness", str(config)], stdout=subprocess.PIPE, text=True
         )
@@ -791,8 +817,7 @@ def main() -> None:
         "desired_mean_bytes": done["desired_mean_bytes"],
         "desired_mean_inflated_bytes": done["desired_mean_inflated_bytes"],
         "desired_mean_distinct_deflated_bytes": done["desired_mean_distinct_deflated_bytes"],
-        "fanout_reached": done["fanout_reached"], "fanout_p50_s": done["fanout_p50_s"],
-        "fanout_last_s": done["fanout_last_s"],
+        "fanout": done["fanout"],
         "harness_cpu_cores": done["harness_cpu_s_second_half"] / (args.duration / 2),
     })  # fmt: skip
     print(f"# {report['command']} on {report['machine']}; gRPC and MQTT "
@@ -810,18 +835,20 @@ def main() -> None:
         split = rounds_seen.phases[worst].items()
         print("           the slowest round: " + ", ".join(f"{k} {v:.2f} s" for k, v in split))
         print(f"           sites whose desired state a round changed: {rounds_seen.changed}")
-    print(
-        f"fan-out    a desired-state change reached {done['fanout_reached']}/{args.sites} "
-        f"sites: median {done['fanout_p50_s']:.2f} s, last {done['fanout_last_s']:.2f} s "
-        "(goal: 5 s)"
-    )
+    for what, probe in (("a tenant added", done["fanout"]["tenant"]),
+                        ("a model pinned", done["fanout"]["pinned_model"])):  # fmt: skip
+        p50, last = (
+            f"{v:.2f}" if v is not None else "-" for v in (probe["p50_s"], probe["last_s"])
+        )
+        print(f"fan-out    {what} reached {probe['reached']}/{args.sites} sites: median {p50} s, "
+              f"last {last} s (goal: 5 s)")  # fmt: skip
+        if probe["missed"]:
+            print(f"           not reached (site, last version sent, when): {probe['missed']}")
     print(f"messages   {done['desired_messages']} desired states received, "
           f"{done['desired_mean_bytes'] / 1024:.1f} KiB each on average as sent "
           f"({done['desired_mean_inflated_bytes'] / 1024:.1f} KiB inflated; "
           f"{done['desired_mean_distinct_deflated_bytes'] / 1024:.1f} KiB deflated if every "
           "model had its own artifact)")  # fmt: skip
-    if done["fanout_missed"]:
-        print(f"           not reached (site, last version sent, when): {done['fanout_missed']}")
     print(f"failures   {done['failed_calls']} agent calls failed (tried again after 1 s): "
           f"{done['failures_seen']}")  # fmt: skip
     print(f"memory     control plane {rss / 2**20:.0f} MiB resident; harness "

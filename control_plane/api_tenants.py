@@ -1,7 +1,7 @@
 """The tenant verbs of AdminService: add, update, list, show, remove, keys issued
 and revoked, and the usage the sites recorded. The table lives in Redis
-(store.py); every change pokes the planner, which sends it to every site inside
-its next signed desired state."""
+(store.py); every change tells the planner, which sends it at once to every site
+inside a new signed desired state, on the placement it has (no round waited for)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 from edgeplex import tenants
 from edgeplex.control_plane import usage
 from edgeplex.control_plane.api_batch import redis_down
+from edgeplex.control_plane.planner import Planner
 from edgeplex.control_plane.store import Store
 from edgeplex.proto import edgeplex_control_pb2 as pb
 from edgeplex.tenants import Tenant, TenantTable
@@ -45,7 +46,7 @@ class TenantAdmin:
     """The tenant verbs of AdminService (mixed into AdminServicer)."""
 
     _store: Store
-    _poke: Callable[[], None]
+    _planner: Planner
 
     async def AddTenant(
         self, request: pb.TenantSpec, context: grpc.aio.ServicerContext
@@ -155,6 +156,6 @@ class TenantAdmin:
         except RedisError:
             await redis_down(context)
             raise
-        self._poke()
+        self._planner.tenants_changed()
         tenant = table.tenants.get(shown)
         return tenant_info(tenant) if tenant is not None else pb.TenantInfo()

@@ -4,7 +4,10 @@ state and routes, and publish them.
 One task (`run`) owns the loop; it starts a round every `placement_interval_s`
 (from the start of the last: rounds keep their period while they take less), wakes
 every second to check site leases, and at once when `poke()` is called (a catalog
-change, a registration) or a pub/sub event arrives from another replica.
+change, a registration) or a pub/sub event arrives from another replica. A change
+placement does not read (the tenants: `tenants_changed()`) does not wait for a
+round: each site's desired state is made anew at once on the last round's
+placement (`restate`).
 Standbys run the loop too but do nothing until they hold the lease.
 
 A round reads everything from Redis, so a new leader (or a restarted one)
@@ -91,6 +94,13 @@ class Planner:
         self.forecast: Demand = {}  # and its forecast one horizon ahead
         self.rounds = 0
         self.changed_last_round = 0  # sites whose desired state the last round changed
+        self._poked = False  # a round asked for (poke)
+        self._restate = False  # desired states anew asked for (tenants_changed)
+        # What the last round placed and published from (restate publishes from it anew)
+        self._last_round: (
+            tuple[PlacementInput, PlacementResult, list[pb.Site], list[pb.CatalogModel],
+                  dict[str, float], dict[str, int]] | None
+        ) = None  # fmt: skip
         self._term = 0.0  # the leader term (LeaderLease.since) the memory above is of
         self._settling_logged = False
 
@@ -106,8 +116,17 @@ class Planner:
         self._demand_written = None
         self._placed = None
         self._entries_of = (None, {})
+        self._last_round = None
 
     def poke(self) -> None:
+        """A change placement reads (the catalog, a site): a round at once."""
+        self._poked = True
+        self._wake.set()
+
+    def tenants_changed(self) -> None:
+        """A change placement does not read: every site's desired state anew at once,
+        on the last round's placement (a round when this term has none yet)."""
+        self._restate = True
         self._wake.set()
 
     async def run(self) -> None:
@@ -123,7 +142,8 @@ class Planner:
                 wait_s = min(1.0, until_due) if until_due > 0 else 1.0
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
-                poked = self._wake.is_set()
+                poked, restate = self._poked, self._restate
+                self._poked = self._restate = False
                 self._wake.clear()
                 if not self._lease.is_leader:
                     if was_leader:
@@ -141,10 +161,18 @@ class Planner:
                     if not was_leader and not await self._settled():
                         continue
                     changed = await self._check_leases()
-                    if poked or due or changed or not was_leader:
+                    if (
+                        poked
+                        or due
+                        or changed
+                        or not was_leader
+                        or (restate and self._last_round is None)
+                    ):
                         was_leader = True
                         await self.round()
                         last_round = now
+                    elif restate:
+                        await self.restate()
                 except NotLeading:
                     log.info("a round stopped: this replica no longer leads")
                 except RedisError as exc:
@@ -152,7 +180,7 @@ class Planner:
                     # is taken up within RETRY_S of answering, and the round with it.
                     log.warning("placement round skipped: Redis unavailable (%s)", exc)
                     await asyncio.sleep(RETRY_S)
-                    self._wake.set()
+                    self.poke()
                 except Exception:
                     log.exception("placement round failed")
                     await asyncio.sleep(1.0)
@@ -384,7 +412,8 @@ class Planner:
         }
         applied = {site: report.desired_version for site, report in reports.items()}
         self._still_leading()
-        await self._publish(version, inp, result, sites, catalog, site_headroom(reports), applied)
+        self._last_round = (inp, result, sites, catalog, site_headroom(reports), applied)
+        await self._publish(version, *self._last_round)
         published = {site: version for site, (_, version, _) in self._published.items()}
         METRICS.export_sites(sites, published, reports)
         self.rounds += 1
@@ -401,6 +430,21 @@ class Planner:
             self.changed_last_round, len(sites),
         )  # fmt: skip
         return placement
+
+    async def restate(self) -> None:
+        """Every site's desired state anew, on the last round's placement with the
+        tenants as they are now: no reports read, nothing placed. A tenant added
+        reaches the sites in the time it takes to send their states, not a round's."""
+        assert self._last_round is not None
+        started = time.perf_counter()
+        self._still_leading()
+        version = await self._store.next_version()
+        await self._publish(version, *self._last_round)
+        log.info(
+            "desired states anew for the tenants: %.2f s; %d of %d sites' desired states "
+            "changed",
+            time.perf_counter() - started, self.changed_last_round, len(self._last_round[2]),
+        )  # fmt: skip
 
     async def _fleet_rates(
         self, tenants: TenantTable, sites: list[str], now: float
