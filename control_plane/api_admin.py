@@ -167,6 +167,9 @@ class AdminServicer(BatchAdmin, TenantAdmin, pb_grpc.AdminServiceServicer):
                 model.state, model.reason = existing.state, existing.reason
                 model.size_bytes, model.device_bytes = existing.size_bytes, existing.device_bytes
                 model.added_at = existing.added_at
+            elif model.sha256 in self._verified:  # an artifact checked for another model
+                _ready(model, self._verified[model.sha256])
+                log.info("model %s: READY (its artifact was checked before)", model.name)
             await self._store.put_model(model)
             await self._store.notify("catalog")
         except RedisError:
@@ -205,10 +208,10 @@ class AdminServicer(BatchAdmin, TenantAdmin, pb_grpc.AdminServiceServicer):
             current = await self._store.get_model(name)
             if current is None or current.sha256 != model.sha256:
                 return  # removed or replaced meanwhile
-            current.state, current.reason, current.size_bytes = state, reason, size
-            # A session needs about its weights plus ORT's working memory until an
-            # agent reports the measured figure.
-            current.device_bytes = int(size * 1.1)
+            if state == "READY":
+                _ready(current, size)
+            else:
+                current.state, current.reason, current.size_bytes = state, reason, size
             await self._store.put_model(current)
             await self._store.notify("catalog")
             log.info("model %s: %s%s", name, state, f" ({reason})" if reason else "")
@@ -412,3 +415,10 @@ async def set_site_flag(store: Store, site_id: str, flag: str, on: bool) -> pb.S
     await store.put_site(site)
     await store.notify("sites")
     return site
+
+
+def _ready(model: pb.CatalogModel, size: int) -> None:
+    """`model` verified: its artifact is `size` bytes. A session needs about its
+    weights plus ORT's working memory until an agent reports the measured figure."""
+    model.state, model.reason, model.size_bytes = "READY", "", size
+    model.device_bytes = int(size * 1.1)

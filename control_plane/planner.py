@@ -160,19 +160,16 @@ class Planner:
                         was_leader = False
                     if not was_leader and not await self._settled():
                         continue
+                    if restate and was_leader and self._last_round is not None:
+                        # Before a round, due or not: rounds that take longer than the
+                        # interval are always due, and would hold it back a round.
+                        await self.restate()
+                        restate = False
                     changed = await self._check_leases()
-                    if (
-                        poked
-                        or due
-                        or changed
-                        or not was_leader
-                        or (restate and self._last_round is None)
-                    ):
+                    if poked or due or changed or not was_leader or restate:
                         was_leader = True
                         await self.round()
                         last_round = now
-                    elif restate:
-                        await self.restate()
                 except NotLeading:
                     log.info("a round stopped: this replica no longer leads")
                 except RedisError as exc:

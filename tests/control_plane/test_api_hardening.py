@@ -83,6 +83,11 @@ def test_models_added_together_naming_one_artifact_have_it_checked_once(
             return {m.name for m in listed.models if m.state == "READY"} >= set(names)
 
         wait_until(ready, timeout=60, what="every bulk model READY")
+        # Once checked, an artifact makes a model added later READY at once: placement
+        # need not wait a round for a check it has made.
+        later = pb.CatalogModel(name="bulk-later", artifact_uri=artifact.as_uri(), sha256=sha)
+        added = admin.AddModel(later, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=10)
+        assert (added.state, added.size_bytes) == ("READY", artifact.stat().st_size)
     assert cp.log().count(f"artifact {sha[:12]} fetched and opened") == 1
 
 
