@@ -115,19 +115,47 @@ class Publisher:
             deflated,
         )
 
-    async def _send(self, client: aiomqtt.Client) -> None:
-        """Up to WINDOW pending messages, in flight together: one after another, a
-        thousand sites' messages took a thousand broker round trips (about 10 s
-        under load). A message not acknowledged stays pending."""
-        batch = [self._pending.popitem() for _ in range(min(WINDOW, len(self._pending)))]
-        # Sealed in a thread: deflating and signing a thousand sites' states is about
-        # a second of work, which the loop's other tasks (reports) need not wait out.
+    async def _send_all(self, client: aiomqtt.Client) -> None:
+        """Every pending message, WINDOW at a time in flight together (one after
+        another, a thousand sites' messages took a thousand broker round trips:
+        about 10 s under load). Each window is sealed while the one before it is in
+        flight. A message not acknowledged stays pending."""
+        unacked: dict[str, Outgoing] = {}
+
+        def take() -> list[tuple[str, Outgoing]]:
+            batch = [self._pending.popitem() for _ in range(min(WINDOW, len(self._pending)))]
+            unacked.update(batch)
+            return batch
+
+        batch = take()
+        sealing: asyncio.Future[list[bytes]] | None = self._sealing(batch)
         try:
-            sealed = await asyncio.to_thread(lambda: [self._seal(t, m) for t, m in batch])
-        except BaseException:
-            for topic, message in batch:
+            while sealing is not None:
+                sealed = await sealing
+                following = take()
+                sealing = self._sealing(following) if following else None
+                await self._send_window(client, batch, sealed, unacked)
+                batch = following
+        finally:
+            if sealing is not None:
+                sealing.cancel()
+            for topic, message in unacked.items():
                 self._pending.setdefault(topic, message)
-            raise
+
+    def _sealing(self, batch: list[tuple[str, Outgoing]]) -> asyncio.Future[list[bytes]]:
+        # In a thread: deflating and signing a thousand sites' states is seconds of
+        # work, which the loop's other tasks (reports) need not wait out.
+        return asyncio.ensure_future(
+            asyncio.to_thread(lambda: [self._seal(t, m) for t, m in batch])
+        )
+
+    async def _send_window(
+        self,
+        client: aiomqtt.Client,
+        batch: list[tuple[str, Outgoing]],
+        sealed: list[bytes],
+        unacked: dict[str, Outgoing],
+    ) -> None:
         sends = asyncio.gather(
             *(
                 client.publish(t, data, qos=1, retain=True)
@@ -135,19 +163,15 @@ class Publisher:
             ),
             return_exceptions=True,
         )
-        try:
-            results = await unless_lost(client, sends)
-        except BaseException:
-            for topic, message in batch:
-                self._pending.setdefault(topic, message)
-            raise
+        results = await unless_lost(client, sends)
         failed = None
         for (topic, message), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
-                self._pending.setdefault(topic, message)
                 failed = failed or result
-            else:
-                self.published += 1
+                continue
+            self.published += 1
+            if unacked.get(topic) is message:  # not a newer one taken since
+                del unacked[topic]
         if failed is not None:
             raise failed
 
@@ -169,7 +193,7 @@ class Publisher:
                     self._pending = dict(self._latest)
                     while self._active.is_set():
                         while self._pending:
-                            await self._send(client)
+                            await self._send_all(client)
                         self._wake.clear()
                         # Idle, but not deaf: a broker lost meanwhile (restarted, maybe
                         # without its retained messages) is reconnected to, and sent
