@@ -93,10 +93,11 @@ class Publisher:
         self._wake.set()
 
     def forget(self) -> None:
-        """Stop republishing (this replica is no longer the leader)."""
+        """Stop republishing (this replica is no longer the leader). The deflated
+        tails stay: they hold for the same bytes whoever leads, and a leader back
+        after a lapse of its lease sends every site's state again."""
         self._latest.clear()
         self._pending.clear()
-        self._tails.clear()
 
     def _seal(self, topic: str, message: Outgoing) -> bytes:
         deflated = None
@@ -204,6 +205,8 @@ class Publisher:
                             )
                         if not self._wake.is_set():  # time to re-seal before expiry
                             self._pending = dict(self._latest)
+                            for gone in self._tails.keys() - self._latest.keys():
+                                del self._tails[gone]  # a site removed
                 self.connected = False
             except aiomqtt.MqttError as exc:
                 self.connected = False

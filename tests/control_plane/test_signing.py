@@ -215,7 +215,7 @@ def test_a_head_deflated_before_a_kept_tail_opens_to_both(signer, store):
 
 def test_the_publisher_deflates_a_tail_once_while_it_stays(signer, store, monkeypatch):
     """A change of a site's head alone (a tenant added) does not deflate its models
-    again; a change of its models does."""
+    again, nor does a lapse of the leader's lease; a change of its models does."""
     from edgeplex.control_plane import publisher as module
 
     deflated: list[int] = []
@@ -239,6 +239,9 @@ def test_the_publisher_deflates_a_tail_once_while_it_stays(signer, store, monkey
     seal(2, '[{"name": "new"}]', big_desired(0))  # equal bytes, another object
     assert len(deflated) == 1
     seal(3, '[{"name": "new"}]', big_desired(0, models=400))
+    assert len(deflated) == 2
+    publisher.forget()  # the lease lapsed: its states are sent again once it leads again
+    seal(4, '[{"name": "new"}]', big_desired(0, models=400))
     assert len(deflated) == 2
 
 
