@@ -98,7 +98,7 @@ from tests.services import (  # noqa: E402
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 REGIONS = ("us-west", "us-east", "eu", "asia", "oceania")
 PROBE_TENANT = "scale-probe"  # a tenant added: every site's state anew, nothing placed
-PROBE_MODEL = "scale-probe-model"  # a model pinned: placed at every site
+PROBE_MODEL = "pinned-probe"  # a model pinned: placed at every site
 
 
 def grpc_credentials(ca: str | None):  # type: ignore[no-untyped-def]
@@ -387,6 +387,7 @@ class RoundWatch:
         self.times: list[float] = []
         self.phases: list[dict[str, float]] = []  # each round's read, place, publish
         self.changed: list[int] = []  # each round's sites whose desired state changed
+        self.stepped_down = 0  # times the leader's lease lapsed (under its own load)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -399,6 +400,7 @@ class RoundWatch:
                 *lines, partial = (partial + log.read()).split(b"\n")
                 seen = time.monotonic()
                 for line in lines:
+                    self.stepped_down += b" is a standby" in line
                     found = self.LINE.search(line)
                     if found is not None:
                         took, read, place, publish = map(float, found.groups()[:4])
@@ -810,6 +812,7 @@ def main() -> None:
         "placement_round_s": rounds_seen.times,
         "placement_round_phases_s": rounds_seen.phases,
         "placement_round_sites_changed": rounds_seen.changed,
+        "leader_stepped_down": rounds_seen.stepped_down,
         "placement_phase_mean_s": phase_means, "tls": not args.plain,
         "cp_rss_bytes": rss,
         "failed_calls": done["failed_calls"], "failures_seen": done["failures_seen"],
@@ -835,6 +838,9 @@ def main() -> None:
         split = rounds_seen.phases[worst].items()
         print("           the slowest round: " + ", ".join(f"{k} {v:.2f} s" for k, v in split))
         print(f"           sites whose desired state a round changed: {rounds_seen.changed}")
+    if rounds_seen.stepped_down:
+        print(f"           the leader's lease lapsed {rounds_seen.stepped_down} time(s) under "
+              "its load (its term resumed or not: the control plane's log)")  # fmt: skip
     for what, probe in (("a tenant added", done["fanout"]["tenant"]),
                         ("a model pinned", done["fanout"]["pinned_model"])):  # fmt: skip
         p50, last = (

@@ -18,7 +18,15 @@ that (SIGSTOP, a paused VM, a loop blocked) no longer leads when it runs again,
 before it has heard anything from Redis: by then another replica may lead, and
 what this one remembers of the fleet is as old as its pause.
 
-Owned by one task (`run`); `is_leader` may be read from any task on the loop.
+The control plane runs the lease on a thread of its own, with an event loop and
+a Redis connection of its own (`run_on_thread`): on the process's loop, busy with
+a thousand sites' reports and a round, a renewal waited its turn twice (to send,
+then to read the reply) and the lease lapsed although the loop had not stopped.
+The thread counts the process's loop as running while a heartbeat from it is
+younger than the lease's time, and never holds the lease past that: a loop that
+stands still still stops leading when its time runs out.
+
+Owned by one task (`run`); `is_leader` may be read from any task on any thread.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -42,6 +52,7 @@ RETRY_S = 0.25
 # The share of a lease this side does not count on: the renewal's own time and the
 # difference between this host's clock rate and Redis's.
 DRIFT = 0.1
+BEAT_S = 0.25  # how often the process's loop says it runs (run_on_thread)
 
 _EXTEND = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -73,12 +84,18 @@ class LeaderLease:
         self._term = (0.0, 0.0)  # the last term's start, and when it was left
         self._redis_ok = True
         self.changed = asyncio.Event()  # set on every change of leadership
+        self._notify: Callable[[], None] = self.changed.set
+        # On a thread (run_on_thread): when the process's loop last ran, and the thread.
+        self._beat: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     @property
     def is_leader(self) -> bool:
-        """Whether this replica leads now: Redis gave it the lease, and the time the
-        lease was given for has not run out since (counted from the call's start)."""
-        return self._held and time.monotonic() < self._valid_until
+        """Whether this replica leads now: Redis gave it the lease, the time the lease
+        was given for has not run out since (counted from the call's start), and the
+        process's loop has run within that time (run_on_thread)."""
+        return self._held and time.monotonic() < self._valid_until and self._loop_runs()
 
     async def run(self) -> None:
         while True:
@@ -110,6 +127,47 @@ class LeaderLease:
                 self._change(held)
             await asyncio.sleep(pause)
 
+    def _loop_runs(self) -> bool:
+        """Whether the process's loop has run within the lease's time (always, when
+        the lease runs on that loop)."""
+        return self._beat is None or time.monotonic() < self._beat + self._lease_ms / 1000 * (
+            1 - DRIFT
+        )
+
+    async def run_on_thread(self) -> None:
+        """`run` on a thread of its own (module doc), while this task beats for the
+        process's loop; cancelled, the thread releases the lease and ends."""
+        main = asyncio.get_running_loop()
+
+        def notify() -> None:
+            with contextlib.suppress(RuntimeError):  # the process's loop closed
+                main.call_soon_threadsafe(self.changed.set)
+
+        self._notify = notify
+        self._beat = time.monotonic()
+        self._thread = threading.Thread(target=self._on_thread, name="leader lease", daemon=True)
+        self._thread.start()
+        try:
+            while True:
+                self._beat = time.monotonic()
+                await asyncio.sleep(BEAT_S)
+        finally:
+            await self.release()
+
+    def _on_thread(self) -> None:
+        async def main() -> None:
+            task = asyncio.create_task(self.run())
+            while not self._stop.is_set() and not task.done():
+                await asyncio.sleep(0.05)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await self._release_here()
+            with contextlib.suppress(RedisError):
+                await self._redis.aclose()
+
+        asyncio.run(main())
+
     def _change(self, held: bool, left: float | None = None) -> None:
         """Leading or not, from now; `left`: when the lease was lost, if before now."""
         now = time.time()
@@ -125,10 +183,12 @@ class LeaderLease:
         if held:
             self.hearing_since = now
         self._held = held
-        self.changed.set()
+        self._notify()
         log.info("%s is %s", self.replica_id, state)
 
     async def _try_acquire(self) -> bool:
+        if not self._loop_runs():
+            return False  # the process's loop stands still: let the lease lapse
         if self._held:
             return bool(await self._redis.eval(_EXTEND, 1, KEY, self.replica_id, self._lease_ms))
         won = await self._redis.set(KEY, self.replica_id, nx=True, px=self._lease_ms)
@@ -145,6 +205,14 @@ class LeaderLease:
         return _text(raw) if raw else ""
 
     async def release(self) -> None:
+        """Give the lease up (on its thread, which then ends, when it runs on one)."""
+        if self._thread is None:
+            await self._release_here()
+            return
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, 2.0)
+
+    async def _release_here(self) -> None:
         with contextlib.suppress(RedisError):
             await self._redis.eval(_RELEASE, 1, KEY, self.replica_id)
         self._held = False

@@ -78,8 +78,8 @@ class Planner:
         self._routes_key: tuple[object, ...] = ()  # what the routes last built came from
         # Per site, the desired state this leader last published, with what decides
         # whether it changed (its models' sha256, the peer token, the tenants) and its
-        # bytes (head, models): a round compares tuples instead of reading and parsing every site's
-        # state back from Redis. Emptied when a new term begins (_new_term).
+        # bytes (head, models): a round compares tuples instead of reading and parsing
+        # every site's state back from Redis. Emptied when a new term begins (_new_term).
         self._published: dict[str, tuple[tuple[object, ...], int, tuple[bytes, bytes]]] = {}
         self._forecaster: Forecaster | None = None  # loaded from Redis on first use
         self._catalog_read: tuple[bytes | None, list[pb.CatalogModel]] = (None, [])

@@ -37,6 +37,7 @@ from edgeplex.control_plane.leader import LeaderLease
 from edgeplex.control_plane.metrics import METRICS
 from edgeplex.control_plane.planner import Planner
 from edgeplex.control_plane.publisher import Publisher
+from edgeplex.control_plane.redis_client import connect
 from edgeplex.control_plane.store import Store
 from edgeplex.net import grpc_silence_options, is_loopback
 from edgeplex.proto import edgeplex_control_pb2_grpc as pb_grpc
@@ -92,7 +93,8 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
     check_binds(settings)
     artifact_dir = settings.artifact_dir or Path(tempfile.mkdtemp(prefix="edgeplex-cp-artifacts-"))
     store = Store(settings.redis_url, settings.redis_wait_replicas, settings.redis_wait_ms)
-    lease = LeaderLease(store.own_client(), settings.replica_id, settings.leader_lease_s)
+    # Its own connection, used and closed on the lease's own thread (leader.py).
+    lease = LeaderLease(connect(store.url, 1)[0], settings.replica_id, settings.leader_lease_s)
     signer = Signer.from_file(settings.signing_key_file or state_dir() / "signing-key")
     log.info(
         "signing control messages with key %s (public key %s)",
@@ -204,7 +206,7 @@ async def serve(settings: ControlPlaneSettings, stop: asyncio.Event | None = Non
 
     batches = BatchRunner(store, lease, settings.region_clock_offset_h)
     tasks = [
-        asyncio.create_task(lease.run(), name="the leader lease"),
+        asyncio.create_task(lease.run_on_thread(), name="the leader lease"),
         asyncio.create_task(batches.run(), name="batch jobs"),
         asyncio.create_task(planner.run(), name="placement"),
         asyncio.create_task(sink.run(), name="the report sink"),

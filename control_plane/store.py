@@ -50,7 +50,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from edgeplex.control_plane.redis_client import NotReplicated, P, as_bytes, connect, text
@@ -79,7 +78,6 @@ class Store:
         self._next_wait: asyncio.Future[tuple[int, int]] | None = None  # not yet started
         self._replicas_missing = False  # the last WAIT found too few
         self._waits: set[asyncio.Task[None]] = set()
-        self._own: list[aioredis.Redis] = []
         self.usage = UsageStore(self.redis, self.replicated)
 
     async def replicated(self) -> None:
@@ -125,15 +123,8 @@ class Store:
             self._replicas_missing = acked < self.wait_replicas
             shared.set_result((acked, wait_ms))
 
-    def own_client(self) -> aioredis.Redis:
-        """A client with a connection of its own (the leader lease: renewed on time
-        whatever else waits for Redis); closed with the store."""
-        client = connect(self.url, 1)[0]
-        self._own.append(client)
-        return client
-
     async def close(self) -> None:
-        for client in [self.redis, *self._own] + ([self._waiter] if self._waiter else []):
+        for client in [self.redis] + ([self._waiter] if self._waiter else []):
             await client.aclose()
 
     async def ping(self) -> bool:

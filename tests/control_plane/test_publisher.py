@@ -68,6 +68,9 @@ def test_every_site_gets_every_change_a_window_at_a_time(tmp_path: Path) -> None
                             break
                 for i in range(SITES):
                     assert arrived[f"s{i}"] == head(i, version, tenants) + tails[i]
+        async with asyncio.timeout(10):  # its acknowledgements, each counted once
+            while publisher.published < 2 * SITES:
+                await asyncio.sleep(0.05)
         assert publisher.published == 2 * SITES
         task.cancel()
 

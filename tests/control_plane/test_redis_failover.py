@@ -295,6 +295,43 @@ async def leading(redis_url: str, lease_s: float) -> AsyncIterator[LeaderLease]:
         await store.close()
 
 
+def test_a_leader_whose_loop_is_saturated_keeps_its_lease(tmp_path: Path) -> None:
+    """A control plane's loop busy for seconds on end (a thousand sites' reports and
+    a round) ran a renewal on the loop only between its busy stretches, twice a
+    renewal: the lease lapsed with the loop running. On its own thread the lease
+    holds while the loop runs, busy or not, and the term does not change."""
+    from edgeplex.control_plane.leader import LeaderLease
+    from edgeplex.control_plane.redis_client import connect
+
+    server = RedisServer(tmp_path)
+    server.start()
+
+    async def scenario() -> tuple[list[bool], float, float]:
+        lease = LeaderLease(connect(server.url, 1)[0], "cp-a", lease_s=2.0)
+        task = asyncio.create_task(lease.run_on_thread())
+        try:
+            await until(lambda: lease.is_leader)
+            since, seen = lease.since, []
+            for _ in range(12):  # 0.5 s busy, one turn for the other tasks, again
+                time.sleep(0.5)
+                seen.append(lease.is_leader)
+                await asyncio.sleep(0)
+            return seen, since, lease.since
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    try:
+        seen, since, since_after = asyncio.run(scenario())
+        with redis.Redis.from_url(server.url) as client:
+            assert client.get("edgeplex:leader") is None  # released as it stopped
+    finally:
+        server.stop()
+    assert all(seen), seen
+    assert since_after == since
+
+
 def test_a_leader_paused_past_its_lease_does_not_lead_when_it_runs_again(
     tmp_path: Path,
 ) -> None:
