@@ -101,13 +101,17 @@ class LeaderLease:
         while True:
             pause = self._lease_ms / 3000
             if self._held and not self.is_leader:
-                # Paused or stalled past the lease: stepped down when it ran out.
-                ran_out = time.time() - (time.monotonic() - self._valid_until)
+                # Paused or stalled past the lease (or the process's loop stood still
+                # past it, run_on_thread): stepped down when that time ran out.
+                ended = self._valid_until
+                if self._beat is not None:
+                    ended = min(ended, self._beat + self._lease_ms / 1000 * (1 - DRIFT))
+                late = time.monotonic() - ended
                 log.warning(
                     "%s held the leader lease past its time (%.1f s late): stepping down",
-                    self.replica_id, time.monotonic() - self._valid_until,
+                    self.replica_id, late,
                 )  # fmt: skip
-                self._change(False, ran_out)
+                self._change(False, time.time() - late)
             asked = time.monotonic()
             try:
                 held = await self._try_acquire()
